@@ -1,0 +1,166 @@
+"""Every error agentjournal raises on purpose.
+
+    JournalError                    root: catch this to catch them all
+    ├── InvalidRunIdError           a run id that could name a file elsewhere, or is too long
+    ├── RunNotFoundError            no events recorded for that run id
+    ├── ConflictError               the log moved on: expected_seq is stale
+    ├── FencedError                 the writer's lease epoch was superseded
+    ├── LeaseHeldError              another owner holds a live lease
+    ├── CorruptLogError             damage before the tail of a log
+    ├── DurabilityError             an fsync or commit failed; the handle is now closed for writes
+    ├── EncodingError               a payload that cannot be stored (NaN, infinity, unknown type)
+    ├── UnknownEventTypeError       an event type string this release does not know
+    ├── UnsupportedVersionError     an event schema version newer than this release
+    ├── StoreUrlError               a store URL that names no backend we have
+    └── MissingExtraError           an optional dependency is not installed
+
+Errors carry their data as attributes (``run_id``, ``seq``, ...) so callers
+branch on fields, never on message text.
+"""
+
+from __future__ import annotations
+
+
+class JournalError(Exception):
+    """Root of every error agentjournal raises on purpose."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class InvalidRunIdError(JournalError, ValueError):
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(
+            f"invalid run id {run_id[:80]!r}: {reason}. Use 1-128 characters from "
+            "letters, digits, '.', '_', '-' and ':', starting with a letter or digit.",
+            run_id=run_id,
+        )
+        self.reason = reason
+
+
+class RunNotFoundError(JournalError, LookupError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"run {run_id!r} has no events in this store. Check the run id "
+            "(`agentjournal runs` lists them) and the store URL.",
+            run_id=run_id,
+        )
+
+
+class ConflictError(JournalError):
+    """Another writer appended first. Re-read the log, re-fold, and decide again."""
+
+    retryable = True
+
+    def __init__(self, run_id: str, expected_seq: int, actual_seq: int) -> None:
+        super().__init__(
+            f"run {run_id!r}: append expected the log to end at seq {expected_seq}, "
+            f"but it ends at seq {actual_seq}. Another writer appended first; "
+            "re-read the log and fold before appending again.",
+            run_id=run_id,
+        )
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+
+
+class FencedError(JournalError):
+    """A writer whose lease was taken over. It must stop: another worker owns the run."""
+
+    def __init__(self, run_id: str, epoch: int, current_epoch: int) -> None:
+        super().__init__(
+            f"run {run_id!r}: writer epoch {epoch} was superseded by epoch "
+            f"{current_epoch}. Another worker took over this run's lease; stop "
+            "this writer and let the current owner continue.",
+            run_id=run_id,
+        )
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class LeaseHeldError(JournalError):
+    retryable = True
+
+    def __init__(self, run_id: str, owner: str, expires_in: float) -> None:
+        super().__init__(
+            f"run {run_id!r} is leased by {owner!r} for another {expires_in:.1f}s. "
+            "Wait for the lease to expire or be released, then acquire again.",
+            run_id=run_id,
+        )
+        self.owner = owner
+        self.expires_in = expires_in
+
+
+class CorruptLogError(JournalError):
+    """Damage before the tail. The run is refused, never silently shortened."""
+
+    def __init__(self, run_id: str, seq: int, detail: str) -> None:
+        super().__init__(
+            f"run {run_id!r} is corrupt at seq {seq}: {detail}. The log was not "
+            "changed. Restore it from a backup or inspect it by hand; agentjournal "
+            "will not resume a run from a damaged log.",
+            run_id=run_id,
+        )
+        self.seq = seq
+        self.detail = detail
+
+
+class DurabilityError(JournalError):
+    """An fsync or commit failed. The data may be lost; the handle refuses writes."""
+
+    def __init__(self, detail: str, *, run_id: str | None = None) -> None:
+        super().__init__(
+            f"durable write failed ({detail}). This store handle refuses further "
+            "appends: the operating system may have dropped unsynced data. Reopen "
+            "the store and re-read the log to learn what was kept.",
+            run_id=run_id,
+        )
+        self.detail = detail
+
+
+class EncodingError(JournalError, ValueError):
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"cannot encode event payload: {detail}. Payloads must be JSON: "
+            "finite numbers, strings, booleans, null, lists and string-keyed objects."
+        )
+        self.detail = detail
+
+
+class UnknownEventTypeError(JournalError, ValueError):
+    def __init__(self, type_name: str) -> None:
+        super().__init__(
+            f"unknown event type {type_name!r}. The log was written by a release "
+            "that knows this type; upgrade agentjournal to read it."
+        )
+        self.type_name = type_name
+
+
+class UnsupportedVersionError(JournalError, ValueError):
+    def __init__(self, what: str, version: int, supported: int) -> None:
+        super().__init__(
+            f"{what} has schema version {version}, but this release reads up to "
+            f"version {supported}. Upgrade agentjournal; a newer version is never guessed."
+        )
+        self.version = version
+        self.supported = supported
+
+
+class StoreUrlError(JournalError, ValueError):
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(
+            f"cannot open store {url!r}: {detail}. Use sqlite:///path.db, "
+            "jsonl:///directory or postgresql://user@host/dbname."
+        )
+        self.url = url
+
+
+class MissingExtraError(JournalError, ImportError):
+    def __init__(self, extra: str, module: str) -> None:
+        super().__init__(
+            f"this feature needs the {module!r} package. Install it with: "
+            f"pip install 'agentjournal[{extra}]'"
+        )
+        self.extra = extra

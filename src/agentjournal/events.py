@@ -1,0 +1,153 @@
+"""Layer 1: the event vocabulary, the envelope and its one canonical encoding.
+
+An event records one new fact (a decision or an occurrence), never computed
+state. Its envelope says which run it belongs to, where it sits in that run's
+log (``seq``, contiguous from 1), which schema version its payload follows,
+when it was written (UTC) and by which lease epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+import msgspec
+
+from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionError
+
+#: The schema version this release writes. Older versions are upcast on read.
+SCHEMA_VERSION = 1
+
+
+class EventType(str, Enum):
+    RUN_STARTED = "run_started"
+    USER_MESSAGE = "user_message"
+    MODEL_TURN = "model_turn"
+    TOOL_CALL_STARTED = "tool_call_started"
+    TOOL_CALL_COMPLETED = "tool_call_completed"
+    TOOL_CALL_UNCERTAIN = "tool_call_uncertain"
+    TOOL_CALL_RECONCILED = "tool_call_reconciled"
+    TOOL_CALL_DENIED = "tool_call_denied"
+    TOOL_RESULT_SERVED = "tool_result_served"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_DECIDED = "approval_decided"
+    GUARDRAIL_TRIGGERED = "guardrail_triggered"
+    CONTEXT_COMPACTED = "context_compacted"
+    MEMORY_WRITTEN = "memory_written"
+    RUN_RESUMED = "run_resumed"
+    RUN_PAUSED = "run_paused"
+    RUN_ESCALATED = "run_escalated"
+    RUN_FINISHED = "run_finished"
+
+    @classmethod
+    def parse(cls, name: str) -> EventType:
+        """The type named ``name``; an unknown name raises, naming it."""
+        try:
+            return cls(name)
+        except ValueError:
+            raise UnknownEventTypeError(name) from None
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """One recorded fact. ``payload`` is plain JSON data."""
+
+    run_id: str
+    seq: int
+    type: EventType
+    ts: datetime
+    epoch: int = 0
+    v: int = SCHEMA_VERSION
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def make_events(
+    run_id: str,
+    after_seq: int,
+    epoch: int,
+    facts: Iterable[tuple[EventType, Mapping[str, Any]]],
+) -> list[Event]:
+    """Envelopes for ``facts``, numbered from ``after_seq + 1``, all stamped now."""
+    ts = now()
+    return [
+        Event(run_id=run_id, seq=after_seq + i, type=t, ts=ts, epoch=epoch, payload=dict(p))
+        for i, (t, p) in enumerate(facts, start=1)
+    ]
+
+
+# --- the codec ---------------------------------------------------------------
+#
+# One canonical form: compact JSON, object keys sorted, UTF-8. Strings are
+# escaped by msgspec, so an encoded event never contains a raw newline byte and
+# a JSON Lines file may be split on b"\n" alone.
+
+_encoder = msgspec.json.Encoder(order="sorted")
+_decoder = msgspec.json.Decoder(Event)
+_raw_decoder = msgspec.json.Decoder()
+
+
+def _check_finite(value: Any, path: str = "payload") -> None:
+    # msgspec writes NaN and infinities as null; refuse them instead of
+    # silently storing a different value.
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise EncodingError(f"{where} is {item!r}; NaN and infinities are not JSON")
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    raise EncodingError(f"{where} has a non-string key {k!r}")
+                stack.append((v, f"{where}.{k}"))
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+
+
+def encode(event: Event) -> bytes:
+    """The canonical bytes of ``event``. Refuses NaN, infinities and non-JSON values."""
+    _check_finite(event.payload)
+    try:
+        return _encoder.encode(event)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise EncodingError(str(exc)) from None
+
+
+def encode_value(value: Any) -> bytes:
+    """Canonical JSON for any payload value (sorted keys, refusing NaN)."""
+    _check_finite(value, "value")
+    try:
+        return _encoder.encode(value)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise EncodingError(str(exc)) from None
+
+
+def decode(data: bytes | memoryview | str) -> Event:
+    """The event encoded in ``data``, upcast to the current schema version.
+
+    An unknown event type or a version newer than this release raises.
+    """
+    try:
+        event = _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raw = _raw_decoder.decode(data)
+        if isinstance(raw, dict) and "type" in raw:
+            EventType.parse(str(raw["type"]))  # raises naming an unknown type
+        raise EncodingError(f"not a valid event: {exc}") from None
+    if event.v != SCHEMA_VERSION:
+        return upcast(event)
+    return event
+
+
+def upcast(event: Event) -> Event:
+    """Bring ``event`` to :data:`SCHEMA_VERSION`; refuse a newer version."""
+    if event.v > SCHEMA_VERSION:
+        raise UnsupportedVersionError(f"event {event.run_id}#{event.seq}", event.v, SCHEMA_VERSION)
+    # Version 1 is the first; upcasters are registered here as versions appear.
+    return event

@@ -1,0 +1,338 @@
+"""Layer 2: a run's state, and the pure fold that derives it from the log.
+
+``fold`` is the definition of what a run's state means. Every event type
+either has a rule in ``FOLD_RULES`` or is listed in ``RECORD_ONLY``; a test
+keeps the two sets exact. The live loop applies the same rules one event at a
+time (``apply``), so a resumed run holds exactly the state the live run held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import UnknownEventTypeError
+from .events import Event, EventType
+
+#: Bumped whenever a fold rule changes meaning (snapshots record it).
+FOLD_VERSION = 1
+
+Trust = Literal["user", "assistant", "tool", "untrusted"]
+Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished"]
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call as the model asked for it. ``id`` is the model's, never part of a key."""
+
+    id: str
+    name: str
+    args: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    trust: Trust
+    seq: int  # the event that produced this message
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class PendingCall(msgspec.Struct, kw_only=True):
+    """A tool call started and not yet completed: in flight, or uncertain after a crash."""
+
+    started_seq: int
+    key: str
+    tool: str
+    args: dict[str, Any]
+    call_id: str
+    effect: str
+    attempt: int
+    started_at: datetime
+    last_error: str | None = None
+
+
+class CompletedCall(msgspec.Struct, kw_only=True):
+    result: Any
+    seq: int
+    source: str = "tool"  # "tool" or "reconciliation"
+
+
+class Approval(msgspec.Struct, kw_only=True):
+    approval_id: str
+    key: str
+    tool: str
+    args: dict[str, Any]
+    reason: str
+    requested_seq: int
+    requested_at: datetime
+
+
+class ApprovalDecision(msgspec.Struct, kw_only=True):
+    approved: bool
+    by: str
+    reason: str
+    seq: int
+    decided_at: datetime
+
+
+class GuardrailHit(msgspec.Struct, kw_only=True):
+    name: str
+    action: Literal["flag", "redact"]
+    severity: str
+    seq: int
+    message_index: int | None = None
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    run_id: str = ""
+    status: Status = "new"
+    outcome: Any = None
+    task: str = ""
+    scope: str = ""
+    origin: dict[str, Any] | None = None
+    last_seq: int = 0
+    messages: list[Message] = msgspec.field(default_factory=list)
+    turns: int = 0
+    usage: Usage = msgspec.field(default_factory=Usage)
+    cost_usd: float = 0.0
+    completed: dict[str, CompletedCall] = msgspec.field(default_factory=dict)
+    pending: dict[int, PendingCall] = msgspec.field(default_factory=dict)
+    approvals: dict[str, Approval] = msgspec.field(default_factory=dict)
+    decisions: dict[str, ApprovalDecision] = msgspec.field(default_factory=dict)
+    guardrails: list[GuardrailHit] = msgspec.field(default_factory=list)
+    memory: dict[str, Any] = msgspec.field(default_factory=dict)
+    compactions: int = 0
+    tool_calls: int = 0
+    resumes: int = 0
+    pause_reason: str | None = None
+    escalation: dict[str, Any] | None = None
+
+    @property
+    def uncertain(self) -> dict[str, PendingCall]:
+        """Calls started without a completion, by idempotency key.
+
+        While a run is live this is the call in flight; after a crash every
+        entry is a call whose effect may or may not have happened.
+        """
+        return {p.key: p for p in self.pending.values()}
+
+    @property
+    def pending_approvals(self) -> dict[str, Approval]:
+        return self.approvals
+
+    def copy(self) -> RunState:
+        return msgspec.json.decode(msgspec.json.encode(self), type=RunState)
+
+
+# --- fold rules: one function per state-changing event type --------------------
+
+
+def _run_started(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    st.run_id = ev.run_id
+    st.status = "running"
+    st.task = p.get("task", "")
+    st.scope = p.get("scope") or f"run:{ev.run_id}"
+    st.origin = p.get("origin")
+
+
+def _user_message(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    st.messages.append(
+        Message(role="user", content=p["content"], trust=p.get("trust", "user"), seq=ev.seq)
+    )
+
+
+def _model_turn(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    calls = [msgspec.convert(c, ToolCall) for c in p.get("tool_calls", ())]
+    st.messages.append(
+        Message(
+            role="assistant", content=p.get("text", ""), trust="assistant", seq=ev.seq,
+            tool_calls=calls,
+        )
+    )
+    st.turns += 1
+    usage = p.get("usage") or {}
+    st.usage.input_tokens += usage.get("input_tokens", 0)
+    st.usage.output_tokens += usage.get("output_tokens", 0)
+    st.cost_usd += p.get("cost_usd", 0.0)
+
+
+def _tool_call_started(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    st.pending[ev.seq] = PendingCall(
+        started_seq=ev.seq, key=p["key"], tool=p["tool"], args=p.get("args", {}),
+        call_id=p.get("call_id", ""), effect=p.get("effect", "irreversible"),
+        attempt=p.get("attempt", 1), started_at=ev.ts,
+    )
+    st.tool_calls += 1
+
+
+def _tool_message(st: RunState, ev: Event, content: str, is_error: bool) -> None:
+    p = ev.payload
+    st.messages.append(
+        Message(
+            role="tool", content=content, trust=p.get("trust", "tool"), seq=ev.seq,
+            tool_call_id=p.get("call_id"), name=p.get("tool"), is_error=is_error,
+        )
+    )
+
+
+def _tool_call_completed(st: RunState, ev: Event) -> None:
+    # A completion is both an observation (the tool message the model sees)
+    # and, only when it carries an idempotency key, a deduplication fact. A
+    # proven failure carries no key, so it may be attempted again.
+    p = ev.payload
+    st.pending.pop(p["started_seq"], None)
+    is_error = bool(p.get("is_error", False))
+    _tool_message(st, ev, p.get("content", ""), is_error)
+    if key := p.get("idempotency_key"):
+        st.completed[key] = CompletedCall(
+            result=p.get("result"), seq=ev.seq, source=p.get("source", "tool")
+        )
+
+
+def _tool_call_uncertain(st: RunState, ev: Event) -> None:
+    pending = st.pending.get(ev.payload["started_seq"])
+    if pending is not None:
+        pending.last_error = ev.payload.get("error")
+
+
+def _tool_call_reconciled(st: RunState, ev: Event) -> None:
+    # found / absent settle the call (a found call's completion follows);
+    # conflict and unknown leave it uncertain for a person.
+    if ev.payload["verdict"] in ("found", "absent"):
+        st.pending.pop(ev.payload["started_seq"], None)
+
+
+def _tool_call_denied(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    _tool_message(st, ev, f"denied: {p.get('reason', '')}", True)
+
+
+def _approval_requested(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    st.approvals[p["approval_id"]] = Approval(
+        approval_id=p["approval_id"], key=p["key"], tool=p["tool"], args=p.get("args", {}),
+        reason=p.get("reason", ""), requested_seq=ev.seq, requested_at=ev.ts,
+    )
+    st.status = "waiting_approval"
+
+
+def _approval_decided(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    st.approvals.pop(p["approval_id"], None)
+    st.decisions[p["approval_id"]] = ApprovalDecision(
+        approved=bool(p["approved"]), by=p.get("by", ""), reason=p.get("reason", ""),
+        seq=ev.seq, decided_at=ev.ts,
+    )
+    if not st.approvals and st.status == "waiting_approval":
+        st.status = "running"
+
+
+def _guardrail_triggered(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    index = p.get("message_index")
+    st.guardrails.append(
+        GuardrailHit(
+            name=p.get("name", ""), action=p["action"], severity=p.get("severity", "warn"),
+            seq=ev.seq, message_index=index,
+        )
+    )
+    if p["action"] == "redact" and index is not None and 0 <= index < len(st.messages):
+        st.messages[index].content = p.get("replacement", "[redacted]")
+
+
+def _context_compacted(st: RunState, ev: Event) -> None:
+    # Replace the discarded span with the live run's exact summary, so a
+    # resumed run sees the context the live run had, not the full history.
+    p = ev.payload
+    kept = int(p.get("kept", 0))
+    head = st.messages[:1]
+    tail = st.messages[-kept:] if kept else []
+    summary = Message(role="user", content=p["summary"], trust="untrusted", seq=ev.seq)
+    st.messages = [*head, summary, *tail]
+    st.compactions += 1
+
+
+def _memory_written(st: RunState, ev: Event) -> None:
+    st.memory[ev.payload["key"]] = ev.payload.get("value")
+
+
+def _run_resumed(st: RunState, ev: Event) -> None:
+    st.resumes += 1
+    if st.status in ("paused", "new"):
+        st.status = "running"
+        st.pause_reason = None
+
+
+def _run_paused(st: RunState, ev: Event) -> None:
+    st.status = "paused"
+    st.pause_reason = ev.payload.get("reason", "")
+
+
+def _run_escalated(st: RunState, ev: Event) -> None:
+    st.status = "escalated"
+    st.escalation = dict(ev.payload)
+
+
+def _run_finished(st: RunState, ev: Event) -> None:
+    st.status = "finished"
+    st.outcome = ev.payload.get("outcome")
+
+
+Rule = Callable[[RunState, Event], None]
+
+FOLD_RULES: dict[EventType, Rule] = {
+    EventType.RUN_STARTED: _run_started,
+    EventType.USER_MESSAGE: _user_message,
+    EventType.MODEL_TURN: _model_turn,
+    EventType.TOOL_CALL_STARTED: _tool_call_started,
+    EventType.TOOL_CALL_COMPLETED: _tool_call_completed,
+    EventType.TOOL_CALL_UNCERTAIN: _tool_call_uncertain,
+    EventType.TOOL_CALL_RECONCILED: _tool_call_reconciled,
+    EventType.TOOL_CALL_DENIED: _tool_call_denied,
+    EventType.APPROVAL_REQUESTED: _approval_requested,
+    EventType.APPROVAL_DECIDED: _approval_decided,
+    EventType.GUARDRAIL_TRIGGERED: _guardrail_triggered,
+    EventType.CONTEXT_COMPACTED: _context_compacted,
+    EventType.MEMORY_WRITTEN: _memory_written,
+    EventType.RUN_RESUMED: _run_resumed,
+    EventType.RUN_PAUSED: _run_paused,
+    EventType.RUN_ESCALATED: _run_escalated,
+    EventType.RUN_FINISHED: _run_finished,
+}
+
+#: Deliberate no-ops: facts kept for audit that change no state.
+RECORD_ONLY: frozenset[EventType] = frozenset({EventType.TOOL_RESULT_SERVED})
+
+
+def apply(state: RunState, event: Event) -> RunState:
+    """Apply one event to ``state`` in place (the live loop's path) and return it."""
+    rule = FOLD_RULES.get(event.type)
+    if rule is not None:
+        rule(state, event)
+    elif event.type not in RECORD_ONLY:
+        raise UnknownEventTypeError(str(event.type))
+    state.last_seq = event.seq
+    return state
+
+
+def fold(events: Iterable[Event], state: RunState | None = None) -> RunState:
+    """The state after ``events``, starting from ``state`` (not modified) or empty."""
+    st = RunState() if state is None else state.copy()
+    for event in events:
+        apply(st, event)
+    return st

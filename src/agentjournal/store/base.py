@@ -1,0 +1,111 @@
+"""Layer 3: the store contract every backend implements and the conformance suite checks.
+
+- ``append(run_id, events, expected_seq=, epoch=) -> last_seq``: atomic for the
+  batch; seqs contiguous from 1; ``ConflictError`` if the log does not end at
+  ``expected_seq``; ``FencedError`` if ``epoch`` is not the run's lease epoch.
+  Acknowledged means durable under the store's ``Durability``.
+- ``read(run_id, after_seq=0)`` yields events in order.
+- Leases: ``acquire`` takes over only an expired or released lease (or none)
+  and then increments the epoch, the fencing token; ``renew``; ``release``.
+  Epoch 0 means "no lease": it may append only while nobody ever took one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from ..errors import InvalidRunIdError
+from ..events import Event
+
+MAX_RUN_ID = 128
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+
+
+def validate_run_id(run_id: object) -> str:
+    """``run_id`` if it is safe as a file name and a key; else ``InvalidRunIdError``."""
+    if not isinstance(run_id, str):
+        raise InvalidRunIdError(repr(run_id), "it is not a string")
+    if not run_id:
+        raise InvalidRunIdError(run_id, "it is empty")
+    if len(run_id) > MAX_RUN_ID:
+        raise InvalidRunIdError(run_id, f"it is {len(run_id)} characters, over {MAX_RUN_ID}")
+    if not _RUN_ID.fullmatch(run_id):
+        raise InvalidRunIdError(run_id, "it contains a character outside the allowed set")
+    return run_id
+
+
+class Durability(str, Enum):
+    """When an append is acknowledged.
+
+    ``FSYNC`` (default): after the bytes are on stable storage (fsync /
+    synchronous=FULL / a committed Postgres transaction with synchronous_commit
+    on). Nothing acknowledged is lost by a process crash or a power cut.
+
+    ``BATCHED``: after the bytes reach the operating system (jsonl: written,
+    fsynced every ``batch_every`` appends and on close; sqlite:
+    synchronous=NORMAL in WAL; postgres: synchronous_commit=off). A process
+    crash loses nothing; an OS crash or power cut may lose the last appends
+    acknowledged since the previous sync. Use it only with tools whose
+    receivers dedupe on the idempotency key or offer a reconcile lookup.
+    """
+
+    FSYNC = "fsync"
+    BATCHED = "batched"
+
+
+class Lease(msgspec.Struct, frozen=True):
+    run_id: str
+    owner: str
+    epoch: int
+    expires_at: float  # seconds since the epoch, by the store's clock
+
+
+class RunInfo(msgspec.Struct, frozen=True):
+    run_id: str
+    last_seq: int
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+def check_batch(run_id: str, events: Sequence[Event], expected_seq: int, epoch: int) -> None:
+    """Refuse a batch whose envelopes do not match where it is being appended."""
+    if not events:
+        raise ValueError("append needs at least one event")
+    for i, ev in enumerate(events, start=expected_seq + 1):
+        if ev.run_id != run_id or ev.seq != i or ev.epoch != epoch:
+            raise ValueError(
+                f"event {ev.run_id!r}#{ev.seq} (epoch {ev.epoch}) does not belong at "
+                f"{run_id!r}#{i} (epoch {epoch}); build envelopes with make_events()"
+            )
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What every backend offers. See the module docstring for the contract."""
+
+    url: str
+    durability: Durability
+
+    def append(
+        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int
+    ) -> int: ...
+
+    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]: ...
+
+    def last_seq(self, run_id: str) -> int: ...
+
+    def list_runs(self, *, limit: int | None = None) -> list[RunInfo]: ...
+
+    def acquire(self, run_id: str, owner: str, ttl: float) -> Lease: ...
+
+    def renew(self, lease: Lease, ttl: float) -> Lease: ...
+
+    def release(self, lease: Lease) -> None: ...
+
+    def close(self) -> None: ...

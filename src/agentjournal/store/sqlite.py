@@ -1,0 +1,208 @@
+"""The embedded default: one SQLite file in WAL mode.
+
+Appends run in ``BEGIN IMMEDIATE`` transactions, which take the write lock
+before reading the log's last seq, so no stale read can slip past the
+expected-seq check; the lease epoch is checked in the same transaction, and
+``PRIMARY KEY (run_id, seq)`` enforces uniqueness underneath both.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import ConflictError, DurabilityError, FencedError, LeaseHeldError, StoreUrlError
+from ..events import Event, decode, encode
+from .base import Durability, Lease, RunInfo, check_batch, validate_run_id
+
+# Numbered, append-only migrations; PRAGMA user_version records how many ran.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE events (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        ts TEXT NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE leases (
+        run_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        expires_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    """,
+)
+
+
+class SQLiteStore:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        durability: Durability = Durability.FSYNC,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.path = Path(path)
+        self.url = f"sqlite:///{self.path}"
+        self.durability = Durability(durability)
+        self._lock = threading.RLock()
+        self._broken: str | None = None
+        if self.path.is_dir():
+            raise StoreUrlError(self.url, "the path is a directory, not a database file")
+        try:
+            self._db = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            sync = "FULL" if self.durability is Durability.FSYNC else "NORMAL"
+            self._db.execute(f"PRAGMA synchronous={sync}")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreUrlError(self.url, f"not an agentjournal SQLite store ({exc})") from None
+
+    def _migrate(self) -> None:
+        with self._tx():
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in filter(str.strip, script.split(";")):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={number}")
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding the database's write lock from its first read."""
+        with self._lock:
+            if self._broken:
+                raise DurabilityError(self._broken)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            try:
+                self._sync()
+            except sqlite3.Error as exc:
+                # Never retried into success: the handle is closed for writes.
+                self._broken = f"commit failed: {exc}"
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise DurabilityError(self._broken) from exc
+
+    def _sync(self) -> None:
+        """The durability point (a fault-injection seam for tests)."""
+        self._db.execute("COMMIT")
+
+    # --- the log ---------------------------------------------------------------
+
+    def append(
+        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int
+    ) -> int:
+        validate_run_id(run_id)
+        check_batch(run_id, events, expected_seq, epoch)
+        rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), encode(e)) for e in events]
+        with self._tx() as db:
+            last = self._last_seq(db, run_id)
+            if last != expected_seq:
+                raise ConflictError(run_id, expected_seq, last)
+            current = self._epoch(db, run_id)
+            if epoch != current:
+                raise FencedError(run_id, epoch, current)
+            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
+        return events[-1].seq
+
+    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
+        validate_run_id(run_id)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                (run_id, after_seq),
+            ).fetchall()
+        for (body,) in rows:
+            yield decode(body)
+
+    def last_seq(self, run_id: str) -> int:
+        validate_run_id(run_id)
+        with self._lock:
+            return self._last_seq(self._db, run_id)
+
+    @staticmethod
+    def _last_seq(db: sqlite3.Connection, run_id: str) -> int:
+        row = db.execute("SELECT max(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
+        return int(row[0] or 0)
+
+    def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
+        from datetime import datetime
+
+        sql = (
+            "SELECT run_id, max(seq), min(ts), max(ts) FROM events GROUP BY run_id "
+            "ORDER BY max(ts) DESC"
+        )
+        with self._lock:
+            rows = self._db.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
+        return [
+            RunInfo(r[0], r[1], datetime.fromisoformat(r[2]), datetime.fromisoformat(r[3]))
+            for r in rows
+        ]
+
+    # --- leases ----------------------------------------------------------------
+
+    @staticmethod
+    def _epoch(db: sqlite3.Connection, run_id: str) -> int:
+        row = db.execute("SELECT epoch FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
+        validate_run_id(run_id)
+        with self._tx() as db:
+            now = time.time()
+            row = db.execute(
+                "SELECT owner, epoch, expires_at FROM leases WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                epoch = 1
+            elif row[0] == owner and row[2] > now:
+                epoch = row[1]  # the holder re-acquiring: a renewal
+            elif row[2] > now:
+                raise LeaseHeldError(run_id, row[0], row[2] - now)
+            else:
+                epoch = row[1] + 1  # takeover of an expired or released lease
+            db.execute(
+                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)",
+                (run_id, owner, epoch, now + ttl),
+            )
+        return Lease(run_id, owner, epoch, now + ttl)
+
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        with self._tx() as db:
+            current = self._epoch(db, lease.run_id)
+            if current != lease.epoch:
+                raise FencedError(lease.run_id, lease.epoch, current)
+            expires = time.time() + ttl
+            db.execute(
+                "UPDATE leases SET expires_at = ? WHERE run_id = ?", (expires, lease.run_id)
+            )
+        return Lease(lease.run_id, lease.owner, lease.epoch, expires)
+
+    def release(self, lease: Lease) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE leases SET expires_at = 0 WHERE run_id = ? AND epoch = ?",
+                (lease.run_id, lease.epoch),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

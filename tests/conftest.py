@@ -1,0 +1,79 @@
+"""Shared fixtures: a store factory per backend, Postgres included when a server is up."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agentjournal import open_store
+from agentjournal.store import Store
+
+POSTGRES_URL = os.environ.get(
+    "AGENTJOURNAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
+)
+BACKENDS = ("jsonl", "sqlite", "postgres")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="run long soak tests at full size")
+
+
+def postgres_reason() -> str | None:
+    """Why Postgres tests cannot run here, or None. In CI they must run."""
+    try:
+        import psycopg
+
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            return None
+    except Exception as exc:  # any failure to reach the server
+        reason = f"no PostgreSQL server reachable at {POSTGRES_URL}: {exc}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {reason}")
+    return reason
+
+
+def drop_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store URL for the backend named by ``request.param``."""
+    backend = request.param
+    if backend == "jsonl":
+        yield f"jsonl:///{tmp_path / 'runs'}"
+    elif backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'journal.db'}"
+    else:
+        if reason := postgres_reason():
+            pytest.skip(reason)
+        schema = f"t_{uuid.uuid4().hex[:16]}"
+        sep = "&" if "?" in POSTGRES_URL else "?"
+        yield f"{POSTGRES_URL}{sep}schema={schema}"
+        drop_schema(schema)
+
+
+@pytest.fixture
+def make_store(store_url: str) -> Iterator[Callable[[], Store]]:
+    """Opens the same store again each call (a reopen); closes them all afterwards."""
+    opened: list[Store] = []
+
+    def make() -> Store:
+        store = open_store(store_url)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def backend_params() -> pytest.MarkDecorator:
+    return pytest.mark.parametrize("store_url", BACKENDS, indirect=True)

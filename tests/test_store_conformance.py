@@ -1,0 +1,275 @@
+"""The one store conformance suite: every backend runs every test here.
+
+Test ids read ``TestConformance::test_...[jsonl|sqlite|postgres]``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentjournal import (
+    ConflictError,
+    DurabilityError,
+    EncodingError,
+    EventType,
+    FencedError,
+    InvalidRunIdError,
+    LeaseHeldError,
+    encode,
+    make_events,
+    open_store,
+)
+from agentjournal.store import Store
+
+from .conftest import backend_params
+
+MakeStore = Callable[[], Store]
+
+
+def facts(*payloads: dict[str, Any]) -> list[tuple[EventType, dict[str, Any]]]:
+    return [(EventType.USER_MESSAGE, p) for p in payloads]
+
+
+def append(store: Store, run_id: str, *payloads: dict[str, Any], epoch: int = 0) -> int:
+    last = store.last_seq(run_id)
+    events = make_events(run_id, last, epoch, facts(*payloads))
+    return store.append(run_id, events, expected_seq=last, epoch=epoch)
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+def race_in_process(url: str, run_id: str, name: str, barrier: Any, results: Any) -> None:
+    """One racer: append at seq 1, and on conflict re-read and append after the winner."""
+    store = open_store(url)
+    barrier.wait()
+    try:
+        events = make_events(run_id, 0, 0, facts({"content": name}))
+        store.append(run_id, events, expected_seq=0, epoch=0)
+        results.put((name, "won"))
+    except ConflictError:
+        last = store.last_seq(run_id)
+        events = make_events(run_id, last, 0, facts({"content": name}))
+        store.append(run_id, events, expected_seq=last, epoch=0)
+        results.put((name, "conflict"))
+    finally:
+        store.close()
+
+
+@backend_params()
+class TestConformance:
+    def test_conformance_round_trip(self, make_store: MakeStore) -> None:
+        store = make_store()
+        assert store.last_seq("r1") == 0
+        assert list(store.read("r1")) == []
+        events = make_events("r1", 0, 0, facts({"content": "a"}, {"content": "b"}))
+        assert store.append("r1", events, expected_seq=0, epoch=0) == 2
+        more = make_events("r1", 2, 0, facts({"content": "c"}))
+        assert store.append("r1", more, expected_seq=2, epoch=0) == 3
+        got = list(store.read("r1"))
+        assert got == events + more
+        assert [e.seq for e in store.read("r1", after_seq=1)] == [2, 3]
+        assert store.last_seq("r1") == 3
+
+    def test_conformance_conflict_on_wrong_expected_seq(self, make_store: MakeStore) -> None:
+        store = make_store()
+        append(store, "r1", {"content": "a"}, {"content": "b"})
+        stale = make_events("r1", 1, 0, facts({"content": "late"}))
+        with pytest.raises(ConflictError) as info:
+            store.append("r1", stale, expected_seq=1, epoch=0)
+        assert (info.value.expected_seq, info.value.actual_seq) == (1, 2)
+        ahead = make_events("r1", 5, 0, facts({"content": "ahead"}))
+        with pytest.raises(ConflictError):
+            store.append("r1", ahead, expected_seq=5, epoch=0)
+        assert [e.payload["content"] for e in store.read("r1")] == ["a", "b"]
+
+    def test_conformance_lease_takeover_increments_epoch(self, make_store: MakeStore) -> None:
+        store = make_store()
+        first = store.acquire("r1", "worker-a", ttl=30)
+        assert first.epoch == 1
+        assert store.acquire("r1", "worker-a", ttl=30).epoch == 1  # holder re-acquiring
+        with pytest.raises(LeaseHeldError):
+            store.acquire("r1", "worker-b", ttl=30)
+        store.release(first)
+        second = store.acquire("r1", "worker-b", ttl=0.05)
+        assert second.epoch == 2
+        time.sleep(0.15)
+        third = store.acquire("r1", "worker-c", ttl=30)
+        assert third.epoch == 3
+        renewed = store.renew(third, ttl=60)
+        assert renewed.epoch == 3 and renewed.expires_at >= third.expires_at
+        with pytest.raises(FencedError):
+            store.renew(second, ttl=30)
+
+    def test_conformance_paused_worker_is_fenced(self, make_store: MakeStore) -> None:
+        # Worker A holds the lease, pauses past its expiry, B takes over; when
+        # A wakes it may append nothing.
+        a_store, b_store = make_store(), make_store()
+        lease_a = a_store.acquire("r1", "worker-a", ttl=0.1)
+        append(a_store, "r1", {"content": "from a"}, epoch=lease_a.epoch)
+        time.sleep(0.25)
+        lease_b = b_store.acquire("r1", "worker-b", ttl=30)
+        assert lease_b.epoch == lease_a.epoch + 1
+        late = make_events("r1", 1, lease_a.epoch, facts({"content": "a woke up"}))
+        with pytest.raises(FencedError) as info:
+            a_store.append("r1", late, expected_seq=1, epoch=lease_a.epoch)
+        assert info.value.current_epoch == lease_b.epoch
+        with pytest.raises(FencedError):  # epoch 0, "no lease", is fenced too now
+            a_store.append("r1", make_events("r1", 1, 0, facts({})), expected_seq=1, epoch=0)
+        append(b_store, "r1", {"content": "from b"}, epoch=lease_b.epoch)
+        assert [e.payload["content"] for e in b_store.read("r1")] == ["from a", "from b"]
+
+    @pytest.mark.parametrize("shared", [False, True], ids=["own-handles", "shared-handle"])
+    def test_conformance_thread_race_one_winner(
+        self, make_store: MakeStore, shared: bool
+    ) -> None:
+        stores = [make_store()] * 2 if shared else [make_store(), make_store()]
+        barrier = threading.Barrier(2)
+        outcomes: dict[str, str] = {}
+
+        def racer(name: str, store: Store) -> None:
+            barrier.wait()
+            try:
+                store.append("r1", make_events("r1", 0, 0, facts({"content": name})),
+                             expected_seq=0, epoch=0)
+                outcomes[name] = "won"
+            except ConflictError:
+                outcomes[name] = "conflict"
+                append(store, "r1", {"content": name})
+
+        threads = [threading.Thread(target=racer, args=(f"t{i}", s)) for i, s in enumerate(stores)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcomes.values()) == ["conflict", "won"]
+        log = list(make_store().read("r1"))
+        assert [e.seq for e in log] == [1, 2]
+        assert {e.payload["content"] for e in log} == {"t0", "t1"}
+
+    def test_conformance_process_race_one_winner(self, store_url: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(2), ctx.Queue()
+        procs = [
+            ctx.Process(target=race_in_process, args=(store_url, "r1", f"p{i}", barrier, results))
+            for i in range(2)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+        outcomes = dict(results.get(timeout=5) for _ in procs)
+        assert sorted(outcomes.values()) == ["conflict", "won"]
+        store = open_store(store_url)
+        log = list(store.read("r1"))
+        store.close()
+        assert [e.seq for e in log] == [1, 2]
+        assert {e.payload["content"] for e in log} == {"p0", "p1"}
+
+    def test_conformance_reopen_reads_identical_bytes(self, make_store: MakeStore) -> None:
+        store = make_store()
+        payloads = [{"content": "x", "n": 1.5, "nested": {"b": [1, None, True], "a": "é"}}]
+        events = make_events("r1", 0, 0, facts(*payloads))
+        store.append("r1", events, expected_seq=0, epoch=0)
+        store.close()
+        again = list(make_store().read("r1"))
+        assert [encode(e) for e in again] == [encode(e) for e in events]
+
+    def test_conformance_framing_round_trips(self, make_store: MakeStore) -> None:
+        tricky = ["line\nbreak", "ls\u2028", "ps\u2029", "nel\u0085", "nul\x00byte", "\r\n\r"]
+        big = "y" * (10 * 1024 * 1024)
+        payloads = [{"content": s} for s in [*tricky, big]]
+        store = make_store()
+        for p in payloads:
+            append(store, "r1", p)
+        store.close()
+        log = list(make_store().read("r1"))
+        assert len(log) == len(payloads)
+        assert [e.payload for e in log] == payloads
+
+    @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+    def test_conformance_non_finite_numbers_refused(
+        self, make_store: MakeStore, bad: float
+    ) -> None:
+        store = make_store()
+        events = make_events("r1", 0, 0, facts({"content": "x", "amount": {"v": [bad]}}))
+        with pytest.raises(EncodingError, match="NaN and infinities"):
+            store.append("r1", events, expected_seq=0, epoch=0)
+        assert store.last_seq("r1") == 0
+
+    @pytest.mark.parametrize(
+        "run_id", ["../x", "a/b", "", "r" * 300, "a\x00b", "/abs", "a\\b", ".hidden"]
+    )
+    def test_conformance_bad_run_ids_refused(
+        self, make_store: MakeStore, tmp_path: Path, run_id: str
+    ) -> None:
+        store = make_store()
+        before = files_under(tmp_path.parent)
+        events = make_events(run_id, 0, 0, facts({"content": "x"}))
+        attempts: list[Callable[[], object]] = [
+            lambda: store.append(run_id, events, expected_seq=0, epoch=0),
+            lambda: list(store.read(run_id)),
+            lambda: store.last_seq(run_id),
+            lambda: store.acquire(run_id, "w", ttl=5),
+        ]
+        for attempt in attempts:
+            with pytest.raises(InvalidRunIdError):
+                attempt()
+        assert files_under(tmp_path.parent) == before
+        assert store.list_runs() == []
+
+    def test_conformance_failed_sync_is_never_retried(
+        self, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = make_store()
+        append(store, "r1", {"content": "kept"})
+        failure = sync_failure(store)
+
+        def failing_sync(*args: object) -> None:
+            raise failure
+
+        monkeypatch.setattr(store, "_sync", failing_sync)
+        with pytest.raises(DurabilityError):
+            append(store, "r1", {"content": "lost"})
+        monkeypatch.undo()  # the disk is healthy again; the handle must still refuse
+        with pytest.raises(DurabilityError):
+            append(store, "r1", {"content": "after"})
+        with pytest.raises(DurabilityError):
+            store.acquire("r1", "w", ttl=5)
+        reopened = make_store()
+        assert [e.payload["content"] for e in reopened.read("r1")] == ["kept"]
+        append(reopened, "r1", {"content": "after reopen"})
+        assert reopened.last_seq("r1") == 2
+
+    def test_conformance_list_runs(self, make_store: MakeStore) -> None:
+        store = make_store()
+        append(store, "alpha", {"content": "1"})
+        append(store, "beta", {"content": "1"}, {"content": "2"})
+        runs = {r.run_id: r for r in store.list_runs()}
+        assert set(runs) == {"alpha", "beta"}
+        assert runs["beta"].last_seq == 2
+        assert runs["beta"].created_at is not None
+        assert len(store.list_runs(limit=1)) == 1
+
+
+def sync_failure(store: Store) -> Exception:
+    """The error each backend's durability point raises when the disk fails."""
+    kind = type(store).__name__
+    if kind == "JsonlStore":
+        return OSError(5, os.strerror(5))
+    if kind == "SQLiteStore":
+        return sqlite3.OperationalError("disk I/O error")
+    import psycopg
+
+    return psycopg.OperationalError("server closed the connection unexpectedly")
