@@ -23,7 +23,7 @@ from .errors import (
 )
 from .events import SCHEMA_VERSION, Event, EventType, decode, encode, make_events
 from .keys import canonical_args, idempotency_key, operation_scope, run_scope
-from .state import RECORD_ONLY, FOLD_RULES, Message, RunState, apply, fold
+from .state import FOLD_RULES, RECORD_ONLY, Message, RunState, apply, fold
 from .store import DEFAULT_URL, Durability, Lease, RunInfo, Store, open_store
 
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import msgspec
@@ -22,7 +22,7 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 SCHEMA_VERSION = 1
 
 
-class EventType(str, Enum):
+class EventType(StrEnum):
     RUN_STARTED = "run_started"
     USER_MESSAGE = "user_message"
     MODEL_TURN = "model_turn"

@@ -27,7 +27,8 @@ def _durability(url: str, query: dict[str, list[str]]) -> Durability:
     try:
         return Durability(value)
     except ValueError:
-        raise StoreUrlError(url, f"durability must be 'fsync' or 'batched', not {value!r}") from None
+        choices = "'fsync' or 'batched'"
+        raise StoreUrlError(url, f"durability must be {choices}, not {value!r}") from None
 
 
 def open_store(url: str | None = None) -> Store:

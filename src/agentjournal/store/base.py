@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -40,7 +40,7 @@ def validate_run_id(run_id: object) -> str:
     return run_id
 
 
-class Durability(str, Enum):
+class Durability(StrEnum):
     """When an append is acknowledged.
 
     ``FSYNC`` (default): after the bytes are on stable storage (fsync /
