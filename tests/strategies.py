@@ -14,7 +14,7 @@ text = st.text(max_size=12)
 OPS = (
     "user", "turn", "start", "complete", "fail", "uncertain", "reconcile", "deny", "served",
     "ask", "decide", "flag", "redact", "compact", "memory", "resumed", "paused", "escalated",
-    "finished",
+    "finished", "budget",
 )
 
 
@@ -51,7 +51,7 @@ def run_logs(draw: st.DrawFn, max_events: int = 40, run_id: str = "run-1") -> li
         elif op in ("complete", "fail") and pending:
             seq = draw(st.sampled_from(sorted(pending)))
             ok = op == "complete"
-            emit(EventType.TOOL_CALL_COMPLETED, started_seq=seq, call_id="c", tool="t",
+            emit(EventType.TOOL_CALL_COMPLETED, started_seq=seq, call_id=f"c{draw(st.integers(0, 2))}", tool="t",
                  idempotency_key=pending.pop(seq) if ok else None, is_error=not ok,
                  content=draw(text), result={"v": draw(st.integers())})
             messages += 1
@@ -60,15 +60,19 @@ def run_logs(draw: st.DrawFn, max_events: int = 40, run_id: str = "run-1") -> li
             emit(EventType.TOOL_CALL_UNCERTAIN, started_seq=seq, key=pending[seq], error="timeout")
         elif op == "reconcile" and pending:
             seq = draw(st.sampled_from(sorted(pending)))
-            verdict = draw(st.sampled_from(["found", "absent", "conflict", "unknown"]))
+            verdict = draw(st.sampled_from(["found", "absent", "retry", "conflict", "unknown"]))
             emit(EventType.TOOL_CALL_RECONCILED, started_seq=seq, key=pending[seq], verdict=verdict)
-            if verdict in ("found", "absent"):
+            if verdict in ("found", "absent", "retry"):
                 pending.pop(seq)
         elif op == "deny":
             emit(EventType.TOOL_CALL_DENIED, call_id="c", tool="t", reason=draw(text))
             messages += 1
         elif op == "served":
-            emit(EventType.TOOL_RESULT_SERVED, key=key, call_id="c")
+            emit(EventType.TOOL_RESULT_SERVED, key=key, call_id=f"c{draw(st.integers(0, 2))}",
+                 tool="t", content=draw(text))
+            messages += 1
+        elif op == "budget":
+            emit(EventType.BUDGET_EXCEEDED, budget="turns", limit=3, used=3)
         elif op == "ask":
             approval_id = f"a{len(events)}"
             emit(EventType.APPROVAL_REQUESTED, approval_id=approval_id, key=key, tool="t",

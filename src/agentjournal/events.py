@@ -41,6 +41,7 @@ class EventType(StrEnum):
     RUN_PAUSED = "run_paused"
     RUN_ESCALATED = "run_escalated"
     RUN_FINISHED = "run_finished"
+    BUDGET_EXCEEDED = "budget_exceeded"
 
     @classmethod
     def parse(cls, name: str) -> EventType:

@@ -108,6 +108,8 @@ class RunState(msgspec.Struct, kw_only=True):
     cost_usd: float = 0.0
     completed: dict[str, CompletedCall] = msgspec.field(default_factory=dict)
     pending: dict[int, PendingCall] = msgspec.field(default_factory=dict)
+    awaiting: dict[str, ToolCall] = msgspec.field(default_factory=dict)
+    attempts: dict[str, int] = msgspec.field(default_factory=dict)
     approvals: dict[str, Approval] = msgspec.field(default_factory=dict)
     decisions: dict[str, ApprovalDecision] = msgspec.field(default_factory=dict)
     guardrails: list[GuardrailHit] = msgspec.field(default_factory=list)
@@ -163,6 +165,7 @@ def _model_turn(st: RunState, ev: Event) -> None:
             tool_calls=calls,
         )
     )
+    st.awaiting = {c.id: c for c in calls}
     st.turns += 1
     usage = p.get("usage") or {}
     st.usage.input_tokens += usage.get("input_tokens", 0)
@@ -177,11 +180,14 @@ def _tool_call_started(st: RunState, ev: Event) -> None:
         call_id=p.get("call_id", ""), effect=p.get("effect", "irreversible"),
         attempt=p.get("attempt", 1), started_at=ev.ts,
     )
+    st.attempts[p["key"]] = st.attempts.get(p["key"], 0) + 1
     st.tool_calls += 1
 
 
 def _tool_message(st: RunState, ev: Event, content: str, is_error: bool) -> None:
+    # A tool message answers the model's call: it is no longer awaited.
     p = ev.payload
+    st.awaiting.pop(p.get("call_id", ""), None)
     st.messages.append(
         Message(
             role="tool", content=content, trust=p.get("trust", "tool"), seq=ev.seq,
@@ -195,7 +201,8 @@ def _tool_call_completed(st: RunState, ev: Event) -> None:
     # and, only when it carries an idempotency key, a deduplication fact. A
     # proven failure carries no key, so it may be attempted again.
     p = ev.payload
-    st.pending.pop(p["started_seq"], None)
+    if p.get("started_seq") is not None:
+        st.pending.pop(p["started_seq"], None)
     is_error = bool(p.get("is_error", False))
     _tool_message(st, ev, p.get("content", ""), is_error)
     if key := p.get("idempotency_key"):
@@ -210,11 +217,21 @@ def _tool_call_uncertain(st: RunState, ev: Event) -> None:
         pending.last_error = ev.payload.get("error")
 
 
+#: Verdicts that settle an uncertain call: it happened (a completion follows),
+#: it provably did not, or the receiver dedupes so a retry with the same key
+#: is safe. "conflict" and "unknown" leave it uncertain for a person.
+SETTLING_VERDICTS = frozenset({"found", "absent", "retry"})
+
+
 def _tool_call_reconciled(st: RunState, ev: Event) -> None:
-    # found / absent settle the call (a found call's completion follows);
-    # conflict and unknown leave it uncertain for a person.
-    if ev.payload["verdict"] in ("found", "absent"):
+    if ev.payload["verdict"] in SETTLING_VERDICTS:
         st.pending.pop(ev.payload["started_seq"], None)
+
+
+def _tool_result_served(st: RunState, ev: Event) -> None:
+    # The model asked again for a call already completed: it sees the stored
+    # result, and the tool is not called.
+    _tool_message(st, ev, ev.payload.get("content", ""), False)
 
 
 def _tool_call_denied(st: RunState, ev: Event) -> None:
@@ -272,8 +289,10 @@ def _memory_written(st: RunState, ev: Event) -> None:
 
 
 def _run_resumed(st: RunState, ev: Event) -> None:
+    # Recovery runs again on every open, so a paused or escalated run is
+    # live again; it pauses again if nothing new settles its calls.
     st.resumes += 1
-    if st.status in ("paused", "new"):
+    if st.status in ("paused", "escalated", "new"):
         st.status = "running"
         st.pause_reason = None
 
@@ -304,6 +323,7 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.TOOL_CALL_UNCERTAIN: _tool_call_uncertain,
     EventType.TOOL_CALL_RECONCILED: _tool_call_reconciled,
     EventType.TOOL_CALL_DENIED: _tool_call_denied,
+    EventType.TOOL_RESULT_SERVED: _tool_result_served,
     EventType.APPROVAL_REQUESTED: _approval_requested,
     EventType.APPROVAL_DECIDED: _approval_decided,
     EventType.GUARDRAIL_TRIGGERED: _guardrail_triggered,
@@ -316,7 +336,7 @@ FOLD_RULES: dict[EventType, Rule] = {
 }
 
 #: Deliberate no-ops: facts kept for audit that change no state.
-RECORD_ONLY: frozenset[EventType] = frozenset({EventType.TOOL_RESULT_SERVED})
+RECORD_ONLY: frozenset[EventType] = frozenset({EventType.BUDGET_EXCEEDED})
 
 
 def apply(state: RunState, event: Event) -> RunState:

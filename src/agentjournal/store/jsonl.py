@@ -1,0 +1,412 @@
+"""One JSON Lines file per run, in a directory.
+
+Each record is one line: ``<crc32 as 8 lowercase hex> <canonical JSON>\\n``.
+msgspec escapes every newline inside strings, so records split on ``b"\\n"``
+alone. A torn tail (an unfinished last write) is cut off and reported in
+``JsonlStore.repairs``; damage anywhere before it raises ``CorruptLogError``
+and leaves the file alone.
+
+Writers (and readers, so they never see an unacknowledged record) hold an
+exclusive ``flock`` on ``<run_id>.lock``; under it the store learns the true
+last seq, checks the lease epoch in ``<run_id>.lease`` and writes the whole
+batch with one ``os.write`` to a file opened ``O_APPEND``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import datetime
+from pathlib import Path
+from typing import NamedTuple
+
+import msgspec
+
+from ..errors import (
+    ConflictError,
+    CorruptLogError,
+    DurabilityError,
+    EncodingError,
+    FencedError,
+    InvalidRunIdError,
+    LeaseHeldError,
+    StoreUrlError,
+)
+from ..events import Event, decode, encode
+from .base import Durability, Lease, RunInfo, check_batch, validate_run_id
+
+log = logging.getLogger("agentjournal")
+
+_CHUNK = 1 << 24
+
+
+class TailRepair(msgspec.Struct, frozen=True):
+    """A torn tail cut off a run's file: ``dropped_bytes`` from ``offset`` on."""
+
+    run_id: str
+    offset: int
+    dropped_bytes: int
+    reason: str
+
+
+class _LeaseRecord(msgspec.Struct):
+    owner: str
+    epoch: int
+    expires_at: float
+
+
+class _Tail(NamedTuple):
+    """What a scan learned about a run's file, up to ``size`` bytes."""
+
+    size: int
+    last_seq: int
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+_EMPTY = _Tail(0, 0, None, None)
+
+
+def _frame(body: bytes) -> bytes:
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+class JsonlStore:
+    """A directory holding ``<run_id>.jsonl`` (the log), ``.lock`` and ``.lease`` per run.
+
+    ``Durability.FSYNC`` fsyncs the file after every append. ``BATCHED`` fsyncs
+    a run's file every ``batch_every`` appends to that run and on ``close()``:
+    a process crash loses nothing (the bytes are in the OS), but an OS crash or
+    power cut may lose the appends to a run since its last fsync. Lease changes
+    are always fsynced. A failed fsync is never retried: the append is rolled
+    back (best effort) and this handle refuses every later write.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        durability: Durability = Durability.FSYNC,
+        batch_every: int = 64,
+    ) -> None:
+        self.path = Path(directory)
+        self.url = f"jsonl:///{self.path}"
+        self.durability = Durability(durability)
+        if batch_every < 1:
+            raise ValueError("batch_every must be at least 1")
+        self.batch_every = batch_every
+        self.repairs: list[TailRepair] = []
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        self._tails: dict[str, _Tail] = {}
+        self._unsynced: dict[str, int] = {}  # BATCHED: appends since the run's last fsync
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreUrlError(self.url, "the path is a file, not a directory")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUrlError(self.url, f"cannot create the directory ({exc})") from None
+
+    def _file(self, run_id: str, suffix: str) -> Path:
+        return self.path / f"{run_id}{suffix}"
+
+    @contextmanager
+    def _locked(self, run_id: str, *, write: bool) -> Iterator[None]:
+        """This instance's thread lock plus the run's cross-process flock."""
+        with self._lock:
+            if write and self._broken:
+                raise DurabilityError(self._broken, run_id=run_id)
+            fd = os.open(self._file(run_id, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing releases the flock
+
+    # --- durability ------------------------------------------------------------
+
+    def _sync(self, fd: int) -> None:
+        """The durability point (a fault-injection seam for tests)."""
+        os.fsync(fd)
+
+    def _durable(self, fd: int, run_id: str, rollback_to: int | None = None) -> None:
+        try:
+            self._sync(fd)
+        except OSError as exc:
+            # Never retried: after a failed fsync the OS may have dropped the
+            # dirty pages while still showing them, so this handle stops writing.
+            if rollback_to is not None:
+                with suppress(OSError):
+                    os.ftruncate(fd, rollback_to)
+            self._broken = f"fsync failed: {exc}"
+            raise DurabilityError(self._broken, run_id=run_id) from exc
+
+    def _sync_dir(self, run_id: str) -> None:
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._durable(fd, run_id)
+        finally:
+            os.close(fd)
+
+    # --- scanning --------------------------------------------------------------
+
+    def _scan(self, run_id: str, fd: int, start: _Tail) -> tuple[_Tail, list[Event]]:
+        """Verify and decode the records from ``start.size`` on; cut a torn tail.
+
+        Call with the run's flock held, so no writer is mid-append.
+        """
+        chunks, offset = [], start.size
+        while chunk := os.pread(fd, _CHUNK, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        data = b"".join(chunks)
+        events: list[Event] = []
+        pos = 0
+        while pos < len(data):
+            seq = start.last_seq + len(events) + 1
+            nl = data.find(b"\n", pos)
+            if nl == -1:
+                self._cut(run_id, start.size + pos, len(data) - pos, "unfinished final record")
+                break
+            line = data[pos:nl]
+            body = line[9:]
+            if line[8:9] != b" " or line[:8] != b"%08x" % zlib.crc32(body):
+                if nl + 1 == len(data):  # the last line: a write torn mid-way
+                    self._cut(run_id, start.size + pos, len(data) - pos, "bad checksum")
+                    break
+                raise CorruptLogError(run_id, seq, f"bad checksum at byte {start.size + pos}")
+            # The checksum holds, so these bytes are exactly as written: any
+            # problem below is real damage (or a newer release), never a torn write.
+            try:
+                event = decode(body)
+            except (msgspec.DecodeError, EncodingError) as exc:
+                raise CorruptLogError(run_id, seq, f"undecodable record: {exc}") from None
+            if event.seq != seq or event.run_id != run_id:
+                raise CorruptLogError(
+                    run_id, seq, f"found {event.run_id!r}#{event.seq} where seq {seq} belongs"
+                )
+            events.append(event)
+            pos = nl + 1
+        if not events:
+            return start._replace(size=start.size + pos), events
+        tail = _Tail(
+            start.size + pos,
+            events[-1].seq,
+            start.created_at or events[0].ts,
+            events[-1].ts,
+        )
+        return tail, events
+
+    def _cut(self, run_id: str, offset: int, dropped: int, reason: str) -> None:
+        fd = os.open(self._file(run_id, ".jsonl"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, offset)
+            self._durable(fd, run_id)
+        finally:
+            os.close(fd)
+        self.repairs.append(TailRepair(run_id, offset, dropped, reason))
+        log.warning(
+            "run %r: cut a torn tail (%s) of %d bytes at offset %d; it was never acknowledged",
+            run_id,
+            reason,
+            dropped,
+            offset,
+        )
+
+    def _refresh(self, run_id: str, fd: int) -> _Tail:
+        """The run's tail, rescanning only what changed since this instance last looked."""
+        known = self._tails.get(run_id)
+        size = os.fstat(fd).st_size
+        if known is not None and size == known.size:
+            return known
+        if known is None or size < known.size:  # first touch, or shrunk under us
+            known = _EMPTY
+        tail, _ = self._scan(run_id, fd, known)
+        self._tails[run_id] = tail
+        return tail
+
+    def _tail(self, run_id: str) -> _Tail:
+        path = self._file(run_id, ".jsonl")
+        if not path.exists():
+            return _EMPTY
+        with self._locked(run_id, write=False):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return self._refresh(run_id, fd)
+            finally:
+                os.close(fd)
+
+    # --- the log ---------------------------------------------------------------
+
+    def append(self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int) -> int:
+        validate_run_id(run_id)
+        check_batch(run_id, events, expected_seq, epoch)
+        data = b"".join(_frame(encode(e)) for e in events)
+        path = self._file(run_id, ".jsonl")
+        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+        with self._locked(run_id, write=True):
+            fd = os.open(path, flags) if path.exists() else None
+            try:
+                tail = _EMPTY if fd is None else self._refresh(run_id, fd)
+                if tail.last_seq != expected_seq:
+                    raise ConflictError(run_id, expected_seq, tail.last_seq)
+                current = self._epoch(run_id)
+                if epoch != current:
+                    raise FencedError(run_id, epoch, current)
+                if fd is None:  # a new run: create its file, its directory entry durable
+                    fd = os.open(path, flags | os.O_CREAT, 0o644)
+                    self._sync_dir(run_id)
+                try:
+                    written = os.write(fd, data)
+                    if written != len(data):
+                        raise OSError(f"short write: {written} of {len(data)} bytes")
+                except OSError:
+                    try:
+                        os.ftruncate(fd, tail.size)
+                    except OSError as exc:  # a torn record may now sit at the end
+                        self._broken = f"write failed and could not be undone: {exc}"
+                    raise
+                self._after_write(fd, run_id, tail.size)
+                self._tails[run_id] = _Tail(
+                    tail.size + len(data),
+                    events[-1].seq,
+                    tail.created_at or events[0].ts,
+                    events[-1].ts,
+                )
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        return events[-1].seq
+
+    def _after_write(self, fd: int, run_id: str, size_before: int) -> None:
+        if self.durability is Durability.BATCHED:
+            pending = self._unsynced.get(run_id, 0) + 1
+            if pending < self.batch_every:
+                self._unsynced[run_id] = pending
+                return
+            self._unsynced.pop(run_id, None)
+        self._durable(fd, run_id, rollback_to=size_before)
+
+    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
+        validate_run_id(run_id)
+        path = self._file(run_id, ".jsonl")
+        if not path.exists():
+            return
+        with self._locked(run_id, write=False):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                tail, events = self._scan(run_id, fd, _EMPTY)
+            finally:
+                os.close(fd)
+            self._tails[run_id] = tail
+        for event in events:
+            if event.seq > after_seq:
+                yield event
+
+    def last_seq(self, run_id: str) -> int:
+        validate_run_id(run_id)
+        return self._tail(run_id).last_seq
+
+    def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
+        runs: list[RunInfo] = []
+        for path in self.path.glob("*.jsonl"):
+            run_id = path.name[: -len(".jsonl")]
+            try:
+                validate_run_id(run_id)
+            except InvalidRunIdError:
+                continue  # not a file this store wrote
+            tail = self._tail(run_id)
+            if tail.last_seq:  # a run exists once it has events, as in SQLiteStore
+                runs.append(RunInfo(run_id, tail.last_seq, tail.created_at, tail.updated_at))
+        runs.sort(key=lambda r: (r.updated_at, r.run_id), reverse=True)
+        return runs[:limit] if limit else runs
+
+    # --- leases ----------------------------------------------------------------
+
+    def _read_lease(self, run_id: str) -> _LeaseRecord | None:
+        try:
+            raw = self._file(run_id, ".lease").read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return msgspec.json.decode(raw, type=_LeaseRecord)
+        except msgspec.DecodeError as exc:
+            raise CorruptLogError(run_id, 0, f"unreadable lease file: {exc}") from None
+
+    def _epoch(self, run_id: str) -> int:
+        lease = self._read_lease(run_id)
+        return lease.epoch if lease else 0
+
+    def _write_lease(self, run_id: str, record: _LeaseRecord) -> None:
+        # Write-fsync-rename-fsync(dir): readers see the old lease or the new, never half.
+        tmp = self._file(run_id, ".lease.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, msgspec.json.encode(record))
+            self._durable(fd, run_id)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self._file(run_id, ".lease"))
+        self._sync_dir(run_id)
+
+    def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
+        validate_run_id(run_id)
+        with self._locked(run_id, write=True):
+            now = time.time()
+            row = self._read_lease(run_id)
+            if row is None:
+                epoch = 1
+            elif row.owner == owner and row.expires_at > now:
+                epoch = row.epoch  # the holder re-acquiring: a renewal
+            elif row.expires_at > now:
+                raise LeaseHeldError(run_id, row.owner, row.expires_at - now)
+            else:
+                epoch = row.epoch + 1  # takeover of an expired or released lease
+            self._write_lease(run_id, _LeaseRecord(owner, epoch, now + ttl))
+        return Lease(run_id, owner, epoch, now + ttl)
+
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        validate_run_id(lease.run_id)
+        with self._locked(lease.run_id, write=True):
+            row = self._read_lease(lease.run_id)
+            current = row.epoch if row else 0
+            if row is None or current != lease.epoch:
+                raise FencedError(lease.run_id, lease.epoch, current)
+            expires = time.time() + ttl
+            self._write_lease(lease.run_id, _LeaseRecord(row.owner, row.epoch, expires))
+        return Lease(lease.run_id, lease.owner, lease.epoch, expires)
+
+    def release(self, lease: Lease) -> None:
+        validate_run_id(lease.run_id)
+        with self._locked(lease.run_id, write=True):
+            row = self._read_lease(lease.run_id)
+            if row is not None and row.epoch == lease.epoch:
+                self._write_lease(lease.run_id, _LeaseRecord(row.owner, row.epoch, 0.0))
+
+    def close(self) -> None:
+        """Fsync what BATCHED left unsynced; raise ``DurabilityError`` if that fails."""
+        with self._lock:
+            pending, self._unsynced = list(self._unsynced), {}
+            failure: DurabilityError | None = None
+            for run_id in pending:
+                fd = os.open(self._file(run_id, ".jsonl"), os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    self._durable(fd, run_id)
+                except DurabilityError as exc:
+                    failure = failure or exc
+                finally:
+                    os.close(fd)
+            if failure:
+                raise failure
+
+    def __enter__(self) -> JsonlStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

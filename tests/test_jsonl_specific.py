@@ -1,0 +1,257 @@
+"""JsonlStore only: torn tails, mid-log damage, failed fsyncs, batching, framing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import zlib
+from pathlib import Path
+
+import pytest
+
+from agentjournal import (
+    CorruptLogError,
+    DurabilityError,
+    EventType,
+    InvalidRunIdError,
+    StoreUrlError,
+    make_events,
+)
+from agentjournal.store import Durability
+from agentjournal.store.jsonl import JsonlStore
+
+
+def add(store: JsonlStore, run_id: str, *contents: str) -> int:
+    last = store.last_seq(run_id)
+    facts = [(EventType.USER_MESSAGE, {"content": c}) for c in contents]
+    events = make_events(run_id, last, 0, facts)
+    return store.append(run_id, events, expected_seq=last, epoch=0)
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> tuple[Path, list[bytes]]:
+    """A run ``r1`` with three events, one append each; returns (file, its lines)."""
+    with JsonlStore(tmp_path / "src") as store:
+        for c in ("one", "two", "three"):
+            add(store, "r1", c)
+    log = tmp_path / "src" / "r1.jsonl"
+    return log, log.read_bytes().splitlines(keepends=True)
+
+
+def copy_with(tmp_path: Path, name: str, data: bytes) -> Path:
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "r1.jsonl").write_bytes(data)
+    return directory
+
+
+def test_record_framing(three: tuple[Path, list[bytes]]) -> None:
+    _, lines = three
+    assert len(lines) == 3
+    for line in lines:
+        crc, body = line.rstrip(b"\n").split(b" ", 1)
+        assert crc == b"%08x" % zlib.crc32(body)
+
+
+def test_torn_final_record_at_every_byte(
+    tmp_path: Path, three: tuple[Path, list[bytes]], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, lines = three
+    good = b"".join(lines[:2])
+    for cut in range(len(lines[2])):
+        directory = copy_with(tmp_path, f"cut{cut}", good + lines[2][:cut])
+        store = JsonlStore(directory)
+        with caplog.at_level(logging.WARNING, logger="agentjournal"):
+            caplog.clear()
+            got = [e.payload["content"] for e in store.read("r1")]
+        assert got == ["one", "two"], cut
+        if cut:
+            assert len(store.repairs) == 1
+            repair = store.repairs[0]
+            assert (repair.run_id, repair.offset, repair.dropped_bytes) == ("r1", len(good), cut)
+            assert "torn tail" in caplog.text
+        else:
+            assert store.repairs == []
+        assert (directory / "r1.jsonl").read_bytes() == good
+        assert add(store, "r1", "three again") == 3
+        store.close()
+        reopened = JsonlStore(directory)
+        assert [e.seq for e in reopened.read("r1")] == [1, 2, 3]
+        assert reopened.repairs == []
+
+
+@pytest.mark.parametrize("touch", ["read", "last_seq", "append"])
+def test_every_first_touch_repairs(
+    tmp_path: Path, three: tuple[Path, list[bytes]], touch: str
+) -> None:
+    _, lines = three
+    directory = copy_with(tmp_path, "torn", b"".join(lines[:2]) + lines[2][:-1])
+    store = JsonlStore(directory)
+    if touch == "read":
+        assert len(list(store.read("r1"))) == 2
+    elif touch == "last_seq":
+        assert store.last_seq("r1") == 2
+    else:
+        assert add(store, "r1", "three again") == 3
+    assert len(store.repairs) == 1
+
+
+def test_garbage_final_line_with_newline_is_a_torn_tail(
+    tmp_path: Path, three: tuple[Path, list[bytes]]
+) -> None:
+    # A power cut can leave the newline's page on disk but not an earlier one.
+    _, lines = three
+    torn = lines[2][:20] + b"\x00" * (len(lines[2]) - 21) + b"\n"
+    store = JsonlStore(copy_with(tmp_path, "zeros", b"".join(lines[:2]) + torn))
+    assert store.last_seq("r1") == 2
+    assert store.repairs[0].reason == "bad checksum"
+
+
+def test_flipped_byte_in_middle_record_is_corruption(
+    tmp_path: Path, three: tuple[Path, list[bytes]]
+) -> None:
+    _, lines = three
+    for i in range(len(lines[1]) - 1):  # every byte but the newline
+        middle = bytearray(lines[1])
+        middle[i] ^= 0x01
+        data = lines[0] + bytes(middle) + lines[2]
+        directory = copy_with(tmp_path, f"flip{i}", data)
+        store = JsonlStore(directory)
+        for touch in ("read", "last_seq", "append"):
+            with pytest.raises(CorruptLogError) as info:
+                if touch == "read":
+                    list(store.read("r1"))
+                elif touch == "last_seq":
+                    store.last_seq("r1")
+                else:
+                    add(store, "r1", "more")
+            assert info.value.seq == 2 and info.value.run_id == "r1", (i, touch)
+        assert (directory / "r1.jsonl").read_bytes() == data
+        assert store.repairs == []
+
+
+def test_seq_gap_is_corruption_even_at_the_tail(
+    tmp_path: Path, three: tuple[Path, list[bytes]]
+) -> None:
+    # A record with a valid checksum was written whole: never cut it off.
+    _, lines = three
+    for data, seq in [
+        (lines[0] + lines[2], 2),
+        (lines[0] + lines[2] + lines[1], 2),
+        (lines[1] + lines[2], 1),
+    ]:
+        directory = copy_with(tmp_path, f"gap{len(list(tmp_path.iterdir()))}", data)
+        with pytest.raises(CorruptLogError) as info:
+            JsonlStore(directory).last_seq("r1")
+        assert info.value.seq == seq
+        assert (directory / "r1.jsonl").read_bytes() == data
+
+
+def test_failed_fsync_breaks_the_handle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    add(store, "r1", "kept")
+    size = (tmp_path / "runs" / "r1.jsonl").stat().st_size
+
+    def failing_sync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(store, "_sync", failing_sync)
+    with pytest.raises(DurabilityError) as info:
+        add(store, "r1", "lost")
+    assert info.value.run_id == "r1" and "fsync failed" in info.value.detail
+    assert (tmp_path / "runs" / "r1.jsonl").stat().st_size == size  # rolled back
+    monkeypatch.undo()  # the disk recovers; the handle still refuses writes
+    with pytest.raises(DurabilityError):
+        add(store, "r1", "after")
+    with pytest.raises(DurabilityError):
+        add(store, "other", "after")
+    with pytest.raises(DurabilityError):
+        store.acquire("r1", "w", ttl=5)
+    assert [e.payload["content"] for e in store.read("r1")] == ["kept"]  # reads still work
+    reopened = JsonlStore(tmp_path / "runs")
+    assert [e.payload["content"] for e in reopened.read("r1")] == ["kept"]
+    assert add(reopened, "r1", "after reopen") == 2
+
+
+def test_failed_lease_fsync_keeps_the_old_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    lease = store.acquire("r1", "a", ttl=30)
+    monkeypatch.setattr(store, "_sync", lambda fd: (_ for _ in ()).throw(OSError(5, "EIO")))
+    with pytest.raises(DurabilityError):
+        store.release(lease)
+    assert JsonlStore(tmp_path / "runs").renew(lease, ttl=30).epoch == 1
+
+
+def test_batched_syncs_every_n_and_on_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JsonlStore(tmp_path / "runs", durability=Durability.BATCHED, batch_every=3)
+    add(store, "r1", "first")  # creating the file fsyncs the directory
+    synced: list[int] = []
+    monkeypatch.setattr(store, "_sync", synced.append)
+    for i in range(7):
+        add(store, "r1", str(i))
+    assert len(synced) == 2  # after appends 3 and 6 of this run
+    store.close()
+    assert len(synced) == 3
+    store.close()  # nothing left to sync
+    assert len(synced) == 3
+
+
+def test_line_separators_do_not_split_records(tmp_path: Path) -> None:
+    tricky = ["a\u2028b", "c\u2029d", "e\u0085f", "g\nh", "i\rj", "\x1c\x1d\x1e"]
+    with JsonlStore(tmp_path / "runs") as store:
+        add(store, "r1", *tricky)
+    data = (tmp_path / "runs" / "r1.jsonl").read_bytes()
+    assert data.count(b"\n") == len(tricky)
+    store = JsonlStore(tmp_path / "runs")
+    assert [e.payload["content"] for e in store.read("r1")] == tricky
+
+
+def test_cache_sees_appends_from_another_handle(tmp_path: Path) -> None:
+    a, b = JsonlStore(tmp_path / "runs"), JsonlStore(tmp_path / "runs")
+    add(a, "r1", "1")
+    assert b.last_seq("r1") == 1
+    add(a, "r1", "2", "3")
+    assert b.last_seq("r1") == 3
+    assert add(b, "r1", "4") == 4
+    assert a.last_seq("r1") == 4
+    assert [r.run_id for r in a.list_runs()] == ["r1"]
+
+
+def test_list_runs_newest_first(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    for run_id in ("a", "b", "c"):
+        add(store, run_id, "x")
+    add(store, "a", "y")
+    runs = store.list_runs()
+    assert [r.run_id for r in runs] == ["a", "c", "b"]
+    assert runs[0].last_seq == 2 and runs[0].created_at is not None
+    assert runs[0].updated_at is not None and runs[0].created_at <= runs[0].updated_at
+    assert [r.run_id for r in store.list_runs(limit=2)] == ["a", "c"]
+
+
+def test_no_files_for_unknown_or_invalid_runs(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    assert list(store.read("ghost")) == []
+    assert store.last_seq("ghost") == 0
+    assert store.list_runs() == []
+    for bad in ("../escape", ".lock", "a/b"):
+        with pytest.raises(InvalidRunIdError):
+            list(store.read(bad))
+        with pytest.raises(InvalidRunIdError):
+            store.acquire(bad, "w", ttl=1)
+    assert os.listdir(tmp_path / "runs") == []
+    assert sorted(os.listdir(tmp_path)) == ["runs"]
+
+
+def test_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(StoreUrlError):
+        JsonlStore(tmp_path / "f")
+    store = JsonlStore(tmp_path / "deep" / "er")
+    assert store.url == f"jsonl:///{tmp_path / 'deep' / 'er'}"
+    shutil.rmtree(tmp_path / "deep")
