@@ -51,7 +51,8 @@ def run_logs(draw: st.DrawFn, max_events: int = 40, run_id: str = "run-1") -> li
         elif op in ("complete", "fail") and pending:
             seq = draw(st.sampled_from(sorted(pending)))
             ok = op == "complete"
-            emit(EventType.TOOL_CALL_COMPLETED, started_seq=seq, call_id=f"c{draw(st.integers(0, 2))}", tool="t",
+            call_id = f"c{draw(st.integers(0, 2))}"
+            emit(EventType.TOOL_CALL_COMPLETED, started_seq=seq, call_id=call_id, tool="t",
                  idempotency_key=pending.pop(seq) if ok else None, is_error=not ok,
                  content=draw(text), result={"v": draw(st.integers())})
             messages += 1

@@ -80,6 +80,8 @@ class Approval(msgspec.Struct, kw_only=True):
 
 class ApprovalDecision(msgspec.Struct, kw_only=True):
     approved: bool
+    key: str
+    args: dict[str, Any]  # the exact call approved: a changed call is refused
     by: str
     reason: str
     seq: int
@@ -101,6 +103,7 @@ class RunState(msgspec.Struct, kw_only=True):
     task: str = ""
     scope: str = ""
     origin: dict[str, Any] | None = None
+    started_at: datetime | None = None
     last_seq: int = 0
     messages: list[Message] = msgspec.field(default_factory=list)
     turns: int = 0
@@ -147,6 +150,7 @@ def _run_started(st: RunState, ev: Event) -> None:
     st.task = p.get("task", "")
     st.scope = p.get("scope") or f"run:{ev.run_id}"
     st.origin = p.get("origin")
+    st.started_at = ev.ts
 
 
 def _user_message(st: RunState, ev: Event) -> None:
@@ -250,9 +254,10 @@ def _approval_requested(st: RunState, ev: Event) -> None:
 
 def _approval_decided(st: RunState, ev: Event) -> None:
     p = ev.payload
-    st.approvals.pop(p["approval_id"], None)
+    asked = st.approvals.pop(p["approval_id"], None)
     st.decisions[p["approval_id"]] = ApprovalDecision(
-        approved=bool(p["approved"]), by=p.get("by", ""), reason=p.get("reason", ""),
+        approved=bool(p["approved"]), key=asked.key if asked else "",
+        args=asked.args if asked else {}, by=p.get("by", ""), reason=p.get("reason", ""),
         seq=ev.seq, decided_at=ev.ts,
     )
     if not st.approvals and st.status == "waiting_approval":

@@ -1,0 +1,362 @@
+"""Layer 4: the durable loop.
+
+``Agent.run(store, run_id, task)`` starts a run or resumes it: the same call.
+Opening replays the log; then uncertain calls are settled before the model
+is asked anything; then the loop alternates model turns and tool calls, each
+fact made durable before it is relied on. A tool call is:
+
+    completed key  -> serve the stored result, do not call the tool
+    uncertain key  -> recovery (reconcile or a person), never a blind call
+    otherwise      -> policy -> tool_call_started (durable) -> invoke -> completed
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from .events import EventType, encode_value, now
+from .faults import fault_point
+from .journal import Observer, RunJournal, open_journal
+from .keys import run_scope
+from .models import Model, ModelError, ModelRequest, ModelResponse
+from .policy import (
+    AllowAll,
+    Budget,
+    Compaction,
+    Deny,
+    Guardrail,
+    Policy,
+    RequireApproval,
+)
+from .state import Approval, PendingCall, RunState, Status, ToolCall
+from .store import Store
+from .tools import Absent, Conflict, Effect, Found, Tool, ToolContext, ToolFailed, Unknown
+
+E = EventType
+
+
+class RunResult(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    status: Status
+    outcome: Any
+    last_seq: int
+    uncertain: list[PendingCall]
+    approvals: list[Approval]
+    pause_reason: str | None
+    escalation: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, state: RunState) -> RunResult:
+        return cls(
+            run_id=state.run_id, status=state.status, outcome=state.outcome,
+            last_seq=state.last_seq, uncertain=list(state.pending.values()),
+            approvals=list(state.approvals.values()), pause_reason=state.pause_reason,
+            escalation=state.escalation,
+        )
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as plain JSON data (a tool's result must be storable)."""
+    try:
+        plain = msgspec.to_builtins(value)
+        encode_value(plain)
+        return plain
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def render(result: Any) -> str:
+    return result if isinstance(result, str) else encode_value(result).decode()
+
+
+class Agent:
+    def __init__(
+        self,
+        model: Model,
+        tools: Sequence[Tool],
+        *,
+        policy: Policy | None = None,
+        guardrails: Sequence[Guardrail] = (),
+        compaction: Compaction | None = None,
+        budget: Budget | None = None,
+        max_attempts: int = 3,
+        model_retries: int = 3,
+        lease_ttl: float = 30.0,
+    ) -> None:
+        self.model = model
+        self.tools = {t.name: t for t in tools}
+        self.policy = policy or AllowAll()
+        self.guardrails = list(guardrails)
+        self.compaction = compaction
+        self.budget = budget or Budget()
+        self.max_attempts = max_attempts
+        self.model_retries = model_retries
+        self.lease_ttl = lease_ttl
+
+    # --- the one entry point ---------------------------------------------------------
+
+    def run(
+        self,
+        store: Store,
+        run_id: str | None = None,
+        task: str | None = None,
+        *,
+        scope: str | None = None,
+        owner: str | None = None,
+        observer: Observer | None = None,
+    ) -> RunResult:
+        """Start ``run_id`` with ``task``, or resume it. Returns where the run stopped."""
+        run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
+        with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl,
+                          observer=observer) as j:
+            if j.state.last_seq == 0:
+                if task is None:
+                    raise ValueError(f"run {run_id!r} does not exist yet; give it a task")
+                j.record(E.RUN_STARTED, task=task, scope=scope or run_scope(run_id))
+                j.record(E.USER_MESSAGE, content=task)
+                self._guard(j)
+            elif j.state.status != "finished":
+                j.record(E.RUN_RESUMED)
+            self._drive(j)
+            return RunResult.of(j.state)
+
+    def _drive(self, j: RunJournal) -> None:
+        if not self._recover(j):
+            return
+        while j.state.status == "running":
+            if j.state.awaiting:
+                for call in list(j.state.awaiting.values()):
+                    if not self._dispatch(j, call):
+                        return
+                self._compact(j)
+                continue
+            if self._over_budget(j):
+                return
+            response = self._ask_model(j)
+            if response is None:
+                return
+            j.record(
+                E.MODEL_TURN, text=response.text,
+                tool_calls=msgspec.to_builtins(response.tool_calls),
+                usage=msgspec.to_builtins(response.usage), cost_usd=response.cost_usd,
+            )
+            if not response.tool_calls:
+                j.record(E.RUN_FINISHED, outcome=response.text)
+
+    # --- recovery: settle uncertain calls before anything else -------------------------
+
+    def _recover(self, j: RunJournal) -> bool:
+        for pending in list(j.state.pending.values()):
+            if pending.started_seq in j.state.pending:
+                self._settle(j, pending)
+        if j.state.pending:
+            self._pause(j, "uncertain tool calls need a decision")
+        return j.state.status == "running"
+
+    def _settle(self, j: RunJournal, p: PendingCall) -> bool:
+        """Resolve one uncertain call from evidence; True if it is settled."""
+        tool = self.tools.get(p.tool)
+        if tool is None:
+            return self._verdict(j, p, "unknown", reason=f"tool {p.tool!r} is not registered")
+        if tool.reconcile is not None:
+            try:
+                evidence = tool.reconcile(p)
+            except Exception as exc:
+                evidence = Unknown(f"lookup failed: {type(exc).__name__}: {exc}")
+            return self._apply_evidence(j, tool, p, evidence)
+        if tool.effect in (Effect.READ_ONLY, Effect.IDEMPOTENT):
+            if blocked := self._retry_blocked(tool, p):
+                return self._verdict(j, p, "unknown", reason=blocked)
+            self._verdict(j, p, "retry", reason=f"{tool.effect} tool: retry with the same key")
+            return self._execute(j, self._call_of(p), tool, p.key)
+        return False  # reversible / irreversible with no lookup: a person decides
+
+    def _apply_evidence(
+        self, j: RunJournal, tool: Tool, p: PendingCall, evidence: Any
+    ) -> bool:
+        match evidence:
+            case Found(result=result):
+                self._verdict(j, p, "found", evidence=as_json(result))
+                self._complete(j, p.started_seq, self._call_of(p), p.key, result,
+                               source="reconciliation")
+                return True
+            case Absent(final=True):
+                if blocked := self._retry_blocked(tool, p):
+                    return self._verdict(j, p, "unknown", reason=blocked)
+                self._verdict(j, p, "absent")
+                return self._execute(j, self._call_of(p), tool, p.key)
+            case Absent():
+                return self._verdict(j, p, "unknown", reason="absent now, but may still commit")
+            case Conflict(found=found):
+                self._verdict(j, p, "conflict", evidence=as_json(found))
+                j.record(E.RUN_ESCALATED, reason="conflicting effect found at the receiver",
+                         key=p.key, tool=p.tool, ours=p.args, theirs=as_json(found),
+                         started_at=p.started_at.isoformat())
+                return False
+            case Unknown(reason=reason):
+                return self._verdict(j, p, "unknown", reason=reason)
+        raise TypeError(f"reconcile for {tool.name!r} returned {evidence!r}")
+
+    def _retry_blocked(self, tool: Tool, p: PendingCall) -> str | None:
+        if p.attempt >= self.max_attempts:
+            return f"gave up after {p.attempt} attempts"
+        age = (now() - p.started_at).total_seconds()
+        if tool.key_retention is not None and age > tool.key_retention:
+            return (f"started {age:.0f}s ago; the receiver keeps keys {tool.key_retention:.0f}s, "
+                    "so a retry could apply twice")
+        return None
+
+    @staticmethod
+    def _verdict(j: RunJournal, p: PendingCall, verdict: str, **detail: Any) -> bool:
+        j.record(E.TOOL_CALL_RECONCILED, started_seq=p.started_seq, key=p.key, tool=p.tool,
+                 verdict=verdict, by="agentjournal", **detail)
+        return verdict in ("found", "absent", "retry")
+
+    @staticmethod
+    def _call_of(p: PendingCall) -> ToolCall:
+        return ToolCall(id=p.call_id, name=p.tool, args=p.args)
+
+    def _pause(self, j: RunJournal, reason: str) -> None:
+        if j.state.status != "running":
+            return  # escalated or waiting: that already says why it stopped
+        uncertain = [
+            {"key": p.key, "tool": p.tool, "args": p.args, "effect": p.effect,
+             "started_at": p.started_at.isoformat(), "attempt": p.attempt,
+             "last_error": p.last_error}
+            for p in j.state.pending.values()
+        ]
+        j.record(E.RUN_PAUSED, reason=reason, uncertain=uncertain)
+
+    # --- one tool call -------------------------------------------------------------
+
+    def _dispatch(self, j: RunJournal, call: ToolCall) -> bool:
+        """Answer one of the model's calls; False when the run must stop here."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return self._deny(j, call, None, f"unknown tool {call.name!r}")
+        try:
+            tool.check_args(call.args)
+        except msgspec.ValidationError as exc:
+            return self._deny(j, call, None, f"invalid arguments: {exc}")
+        key = tool.key(j.state.scope, call.args)
+        if (done := j.state.completed.get(key)) is not None:
+            j.record(E.TOOL_RESULT_SERVED, call_id=call.id, tool=call.name, key=key,
+                     content=render(done.result), served_from_seq=done.seq)
+            return True
+        for p in list(j.state.pending.values()):
+            if p.key == key and not self._settle(j, p):
+                self._pause(j, f"call {call.name} {key[:12]} is uncertain")
+                return False
+        if key in j.state.completed:
+            return self._dispatch(j, call)  # settled as found: serve it
+        decision = self.policy.decide(call, tool, j.state)
+        if isinstance(decision, Deny):
+            return self._deny(j, call, key, decision.reason)
+        if isinstance(decision, RequireApproval) and not self._approved(j, call, key, decision):
+            return j.state.status == "running"
+        if not self._execute(j, call, tool, key):
+            self._pause(j, f"call {call.name} {key[:12]} is uncertain")
+            return False
+        return True
+
+    def _approved(self, j: RunJournal, call: ToolCall, key: str, ask: RequireApproval) -> bool:
+        approval_id = f"approval-{key[:16]}"
+        decided = j.state.decisions.get(approval_id)
+        if decided is None:
+            if approval_id not in j.state.approvals:
+                j.record(E.APPROVAL_REQUESTED, approval_id=approval_id, key=key, tool=call.name,
+                         args=call.args, call_id=call.id, reason=ask.reason)
+            return False
+        if not decided.approved:
+            self._deny(j, call, key, f"denied by {decided.by}: {decided.reason}")
+        elif decided.args != call.args:
+            self._deny(j, call, key, "the call changed after it was approved")
+        return decided.approved and decided.args == call.args
+
+    def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str) -> bool:
+        j.record(E.TOOL_CALL_DENIED, call_id=call.id, tool=call.name, key=key, reason=reason)
+        return True
+
+    def _execute(self, j: RunJournal, call: ToolCall, tool: Tool, key: str) -> bool:
+        """Start (durably), invoke, complete. False if the call ends uncertain."""
+        attempt = j.state.attempts.get(key, 0) + 1
+        start = j.record(E.TOOL_CALL_STARTED, key=key, tool=tool.name, args=call.args,
+                         call_id=call.id, effect=tool.effect.value, attempt=attempt)
+        ctx = ToolContext(run_id=j.run_id, key=key, attempt=attempt, epoch=j.lease.epoch,
+                          call_id=call.id, scope=j.state.scope)
+        fault_point("before_effect")
+        try:
+            result = tool.invoke(call.args, ctx)
+        except ToolFailed as exc:
+            self._fail(j, start.seq, call, str(exc))
+            return True
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if tool.effect is Effect.READ_ONLY:
+                self._fail(j, start.seq, call, error)
+                return True
+            j.record(E.TOOL_CALL_UNCERTAIN, started_seq=start.seq, key=key, error=error)
+            return self._settle(j, j.state.pending[start.seq])
+        fault_point("after_effect")
+        self._complete(j, start.seq, call, key, result, source="tool")
+        return True
+
+    def _complete(self, j: RunJournal, started_seq: int, call: ToolCall, key: str,
+                  result: Any, *, source: str) -> None:
+        plain = as_json(result)
+        j.record(E.TOOL_CALL_COMPLETED, started_seq=started_seq, call_id=call.id,
+                 tool=call.name, idempotency_key=key, result=plain, content=render(plain),
+                 source=source)
+        self._guard(j)
+
+    def _fail(self, j: RunJournal, started_seq: int, call: ToolCall, error: str) -> None:
+        # A proven failure carries no idempotency key: the action may be tried again.
+        j.record(E.TOOL_CALL_COMPLETED, started_seq=started_seq, call_id=call.id,
+                 tool=call.name, idempotency_key=None, is_error=True, content=f"error: {error}")
+
+    # --- model, guardrails, compaction, budget ---------------------------------------
+
+    def _ask_model(self, j: RunJournal) -> ModelResponse | None:
+        request = ModelRequest(run_id=j.run_id, turn=j.state.turns,
+                               messages=list(j.state.messages),
+                               tools=[t.spec() for t in self.tools.values()])
+        for attempt in range(self.model_retries + 1):
+            fault_point("model_call")
+            try:
+                return self.model.complete(request)
+            except ModelError as exc:
+                if not exc.retryable or attempt == self.model_retries:
+                    j.record(E.RUN_PAUSED, reason=f"model error: {exc}")
+                    return None
+                time.sleep(min(0.1 * 2**attempt, 5.0))
+        return None
+
+    def _guard(self, j: RunJournal) -> None:
+        index = len(j.state.messages) - 1
+        for guardrail in self.guardrails:
+            verdict = guardrail.inspect(j.state.messages[index])
+            if verdict is not None:
+                j.record(E.GUARDRAIL_TRIGGERED, message_index=index,
+                         **msgspec.to_builtins(verdict))
+
+    def _compact(self, j: RunJournal) -> None:
+        if self.compaction is not None and (plan := self.compaction.plan(j.state.messages)):
+            summary, kept = plan
+            j.record(E.CONTEXT_COMPACTED, summary=summary, kept=kept)
+
+    def _over_budget(self, j: RunJournal) -> bool:
+        started: datetime | None = j.state.started_at
+        elapsed = (now() - started).total_seconds() if started else 0.0
+        hit = self.budget.exceeded(j.state, elapsed)
+        if hit is None:
+            return False
+        name, limit, used = hit
+        j.record(E.BUDGET_EXCEEDED, budget=name, limit=limit, used=used)
+        j.record(E.RUN_PAUSED, reason=f"budget exceeded: {name} {used:g} of {limit:g}")
+        return True

@@ -1,0 +1,1 @@
+"""The quarterly-reconciliation demo: a ledger service and a scripted agent."""

@@ -1,0 +1,340 @@
+"""Shared and multi-host: one PostgreSQL schema holding ``events`` and ``runs``.
+
+``runs`` has one row per run: where its log ends and its lease. Every write
+first locks that row (``SELECT ... FOR UPDATE``) and only then checks
+``expected_seq`` and the lease epoch, so writers to one run serialize on it
+while writers to different runs never wait for each other; ``PRIMARY KEY
+(run_id, seq)`` on ``events`` enforces uniqueness underneath. Bodies are the
+exact bytes of :func:`~agentjournal.events.encode` in ``bytea`` (``jsonb``
+would reorder keys and refuse ``\\u0000``), so reads are byte-identical.
+
+Lease times come from the server's clock, so workers on hosts with skewed
+clocks agree on when a lease expires.
+
+Durability: ``FSYNC`` acknowledges an append once its commit is flushed
+(synchronous_commit as configured on the server, on by default). ``BATCHED``
+sets ``synchronous_commit = off`` for appends only: a server crash or power
+cut may lose the most recent acknowledged appends (up to about three
+``wal_writer_delay``, 600 ms by default), always a suffix of the log, never a
+hole; a client crash loses nothing acknowledged. Lease writes always commit
+synchronously: a lost lease grant could hand the same epoch out twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, LiteralString
+from urllib.parse import quote, urlencode
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.errors import UniqueViolation
+from psycopg_pool import ConnectionPool
+
+from ..errors import ConflictError, DurabilityError, FencedError, LeaseHeldError, StoreUrlError
+from ..events import Event, decode, encode
+from .base import Durability, Lease, RunInfo, check_batch, validate_run_id
+
+DEFAULT_SCHEMA = "agentjournal"
+# Postgres silently truncates identifiers past 63 bytes, which could alias two schemas.
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_CONNECT_TIMEOUT = 10  # seconds, unless the conninfo sets connect_timeout
+_MIGRATION_LOCK = 0x414A  # advisory lock key ("AJ"), paired with hashtext(schema)
+_PAGE = 1000  # events per read query: a long run is never held in memory at once
+
+# Numbered, append-only migrations; {s} is the quoted schema. The
+# schema_version table records which ran.
+MIGRATIONS: tuple[LiteralString, ...] = (
+    """
+    CREATE TABLE {s}.events (
+        run_id text NOT NULL,
+        seq bigint NOT NULL,
+        type text NOT NULL,
+        ts timestamptz NOT NULL,
+        body bytea NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    );
+    CREATE TABLE {s}.runs (
+        run_id text PRIMARY KEY,
+        last_seq bigint NOT NULL,
+        lease_owner text,
+        lease_epoch bigint NOT NULL DEFAULT 0,
+        lease_expires_at timestamptz,
+        created_at timestamptz,
+        updated_at timestamptz
+    );
+    """,
+)
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+Cursor = psycopg.Cursor[tuple[Any, ...]]
+
+
+def _public_url(params: dict[str, Any], schema: str) -> str:
+    """The connection as a ``postgresql://`` URL open_store accepts, minus any secret."""
+    p = {k: str(v) for k, v in params.items() if "password" not in k}
+    user, host, port, db = (p.pop(k, "") for k in ("user", "host", "port", "dbname"))
+    if schema != DEFAULT_SCHEMA:
+        p["schema"] = schema
+    netloc = (quote(user, safe="") + "@" if user else "") + quote(host, safe=",")
+    netloc += f":{port}" if port else ""
+    query = urlencode(p)
+    return f"postgresql://{netloc}/{quote(db, safe='')}" + (f"?{query}" if query else "")
+
+
+def _oneline(exc: BaseException) -> str:
+    return " ".join(str(exc).split())  # libpq's messages span lines
+
+
+def _configure(conn: Conn) -> None:
+    # RunInfo datetimes come back in UTC, as from the other backends.
+    conn.execute("SET TIME ZONE 'UTC'")
+    conn.commit()
+
+
+class PostgresStore:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        durability: Durability = Durability.FSYNC,
+        pool_size: int = 4,
+    ) -> None:
+        self.schema = schema
+        self.durability = Durability(durability)
+        self._broken: str | None = None
+        try:
+            params = conninfo_to_dict(conninfo)
+        except psycopg.Error as exc:
+            detail = f"invalid connection string: {_oneline(exc)}"
+            raise StoreUrlError("postgresql://", detail) from None
+        self.url = _public_url(params, schema)
+        if not _SCHEMA.fullmatch(schema):
+            raise StoreUrlError(self.url, f"schema {schema!r} is not a plain lowercase identifier")
+        self._s = sql.Identifier(schema)
+        params.setdefault("connect_timeout", _CONNECT_TIMEOUT)
+        params.setdefault("application_name", "agentjournal")
+        timeout = float(str(params["connect_timeout"]))
+        dsn = make_conninfo("", **params)
+        try:
+            # A direct connection first: it fails fast with libpq's reason,
+            # where the pool would retry quietly until its timeout.
+            with psycopg.connect(dsn) as conn:
+                self._migrate(conn)
+        except psycopg.OperationalError as exc:
+            raise StoreUrlError(self.url, f"cannot connect: {_oneline(exc)}") from None
+        except psycopg.Error as exc:
+            detail = f"cannot set up schema {schema!r}: {_oneline(exc)}"
+            raise StoreUrlError(self.url, detail) from None
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            configure=_configure,
+            # One empty round trip per checkout, so a server restart costs no failed call.
+            check=ConnectionPool.check_connection,
+            name=f"agentjournal.{schema}",
+        )
+        try:
+            self._pool.open(wait=True, timeout=timeout)
+        except psycopg.Error as exc:  # PoolTimeout is an OperationalError
+            self._pool.close()
+            raise StoreUrlError(self.url, f"cannot connect: {_oneline(exc)}") from None
+
+    def _q(self, text: LiteralString) -> sql.Composed:
+        return sql.SQL(text).format(s=self._s)
+
+    def _migrate(self, conn: Conn) -> None:
+        # Two processes opening a fresh schema at once would both try to create
+        # it; the lock serializes them and the second finds the work done.
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK, self.schema)
+        )
+        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,))
+        if exists.fetchone() is None:  # skipped otherwise: it needs CREATE on the database
+            conn.execute(self._q("CREATE SCHEMA {s}"))
+        conn.execute(
+            self._q(
+                "CREATE TABLE IF NOT EXISTS {s}.schema_version ("
+                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+        )
+        ((version,),) = conn.execute(
+            self._q("SELECT coalesce(max(version), 0) FROM {s}.schema_version")
+        ).fetchall()
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            conn.execute(self._q(script))
+            conn.execute(self._q("INSERT INTO {s}.schema_version (version) VALUES (%s)"), (number,))
+        conn.commit()
+
+    @contextmanager
+    def _write(self, run_id: str, *, batched: bool = False) -> Iterator[Cursor]:
+        """A transaction committed by :meth:`_sync`; a failed commit breaks the handle."""
+        if self._broken:
+            raise DurabilityError(self._broken, run_id=run_id)
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            if batched:
+                cur.execute("SET LOCAL synchronous_commit = off")
+            yield cur  # an exception here rolls back as the pool's context exits
+            try:
+                self._sync(conn)
+            except psycopg.Error as exc:
+                # The server may or may not have committed, so this is never
+                # retried into success: the handle refuses writes until reopened.
+                self._broken = f"commit failed: {_oneline(exc)}"
+                raise DurabilityError(self._broken, run_id=run_id) from exc
+
+    def _sync(self, conn: Conn) -> None:
+        """The durability point (a fault-injection seam for tests)."""
+        conn.commit()
+
+    def _lock_run(self, cur: Cursor, run_id: str) -> tuple[Any, ...]:
+        """Lock the run's row, creating it if missing, and read it with the server's clock.
+
+        Returns (last_seq, lease_epoch, lease_owner, lease expiry, now), times in
+        epoch seconds.
+        """
+        cur.execute(
+            self._q(
+                "INSERT INTO {s}.runs (run_id, last_seq) VALUES (%s, 0) ON CONFLICT DO NOTHING"
+            ),
+            (run_id,),
+        )
+        cur.execute(
+            self._q(
+                "SELECT last_seq, lease_epoch, lease_owner,"
+                " coalesce(extract(epoch FROM lease_expires_at), 0)::float8,"
+                " extract(epoch FROM clock_timestamp())::float8"
+                " FROM {s}.runs WHERE run_id = %s FOR UPDATE"
+            ),
+            (run_id,),
+        )
+        (row,) = cur.fetchall()
+        return row
+
+    # --- the log ---------------------------------------------------------------
+
+    def append(
+        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int
+    ) -> int:
+        validate_run_id(run_id)
+        check_batch(run_id, events, expected_seq, epoch)
+        rows = [(run_id, e.seq, e.type.value, e.ts, encode(e)) for e in events]
+        stamps = [e.ts for e in events]
+        try:
+            with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
+                last, current, *_ = self._lock_run(cur, run_id)
+                if last != expected_seq:
+                    raise ConflictError(run_id, expected_seq, last)
+                if epoch != current:
+                    raise FencedError(run_id, epoch, current)
+                cur.executemany(self._q("INSERT INTO {s}.events VALUES (%s, %s, %s, %s, %s)"), rows)
+                # created_at/updated_at span the events' own timestamps, as in SQLite.
+                cur.execute(
+                    self._q(
+                        "UPDATE {s}.runs SET last_seq = %s, created_at = least(created_at, %s),"
+                        " updated_at = greatest(updated_at, %s) WHERE run_id = %s"
+                    ),
+                    (events[-1].seq, min(stamps), max(stamps), run_id),
+                )
+        except UniqueViolation:
+            # Only the events key can collide (runs rows are inserted ON CONFLICT
+            # DO NOTHING): rows exist past runs.last_seq, so report the real end.
+            raise ConflictError(run_id, expected_seq, self.last_seq(run_id)) from None
+        return events[-1].seq
+
+    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
+        validate_run_id(run_id)
+        query = self._q(
+            "SELECT seq, body FROM {s}.events WHERE run_id = %s AND seq > %s ORDER BY seq LIMIT %s"
+        )
+        while True:
+            # A connection is held per page, never while the caller iterates.
+            with self._pool.connection() as conn:
+                rows = conn.execute(query, (run_id, after_seq, _PAGE)).fetchall()
+            for _, body in rows:
+                yield decode(body)
+            if len(rows) < _PAGE:
+                return
+            after_seq = rows[-1][0]
+
+    def last_seq(self, run_id: str) -> int:
+        validate_run_id(run_id)
+        with self._pool.connection() as conn:
+            ((last,),) = conn.execute(
+                self._q("SELECT coalesce(max(seq), 0) FROM {s}.events WHERE run_id = %s"),
+                (run_id,),
+            ).fetchall()
+        return int(last)
+
+    def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._q(
+                    "SELECT run_id, last_seq, created_at, updated_at FROM {s}.runs"
+                    " WHERE last_seq > 0 ORDER BY updated_at DESC, run_id LIMIT %s"
+                ),
+                (limit if limit and limit > 0 else None,),  # like SQLite: 0 means no limit
+            ).fetchall()
+        return [RunInfo(r[0], r[1], r[2], r[3]) for r in rows]
+
+    # --- leases ----------------------------------------------------------------
+
+    def _set_expiry(self, cur: Cursor, run_id: str, owner: str, epoch: int, ttl: float) -> float:
+        cur.execute(
+            self._q(
+                "UPDATE {s}.runs SET lease_owner = %s, lease_epoch = %s,"
+                " lease_expires_at = clock_timestamp() + make_interval(secs => %s::float8)"
+                " WHERE run_id = %s RETURNING extract(epoch FROM lease_expires_at)::float8"
+            ),
+            (owner, epoch, ttl, run_id),
+        )
+        ((expires,),) = cur.fetchall()
+        return float(expires)
+
+    def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
+        validate_run_id(run_id)
+        with self._write(run_id) as cur:
+            _, current, holder, expires, now = self._lock_run(cur, run_id)
+            if holder is None or current == 0:
+                epoch = 1
+            elif holder == owner and expires > now:
+                epoch = current  # the holder re-acquiring: a renewal
+            elif expires > now:
+                raise LeaseHeldError(run_id, holder, expires - now)
+            else:
+                epoch = current + 1  # takeover of an expired or released lease
+            expires_at = self._set_expiry(cur, run_id, owner, epoch, ttl)
+        return Lease(run_id, owner, epoch, expires_at)
+
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        with self._write(lease.run_id) as cur:
+            _, current, *_ = self._lock_run(cur, lease.run_id)
+            if current != lease.epoch:
+                raise FencedError(lease.run_id, lease.epoch, current)
+            expires_at = self._set_expiry(cur, lease.run_id, lease.owner, lease.epoch, ttl)
+        return Lease(lease.run_id, lease.owner, lease.epoch, expires_at)
+
+    def release(self, lease: Lease) -> None:
+        with self._write(lease.run_id) as cur:
+            cur.execute(
+                self._q(
+                    "UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)"
+                    " WHERE run_id = %s AND lease_epoch = %s"
+                ),
+                (lease.run_id, lease.epoch),
+            )
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,164 @@
+"""Tools: functions the model may call, each declaring the effect it has on the world.
+
+    @tool(effect="irreversible", identity=["correction_id"], reconcile=find_correction)
+    def post_correction(ctx: ToolContext, ledger: str, correction_id: str, amount: int) -> dict:
+        return ledger_api.post(..., headers={"Idempotency-Key": ctx.key})
+
+The argument schema comes from the type hints. The tool receives a context
+carrying its idempotency key, to send to the receiver (provider-side
+idempotency), and the run's lease epoch, for receivers that fence.
+
+Exceptions are classified. ``ToolFailed`` means the tool proves the effect
+did not happen: it is recorded without a key and may be tried again. Any
+other exception from a tool with an effect may have happened after the
+request left (a timeout, a reset connection): it is *uncertain*, and only
+recovery may decide what happens next. A read-only tool's exceptions are
+plain failures.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+
+from .keys import idempotency_key
+from .state import PendingCall
+
+
+class Effect(StrEnum):
+    READ_ONLY = "read_only"  # no effect: retry freely
+    IDEMPOTENT = "idempotent"  # the receiver dedupes on the key we send
+    REVERSIBLE = "reversible"  # has a compensation
+    IRREVERSIBLE = "irreversible"  # neither: an uncertain call goes to a person
+
+
+class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    key: str
+    attempt: int
+    epoch: int
+    call_id: str
+    scope: str
+
+
+class ToolFailed(Exception):
+    """Raise from a tool when it knows the effect did not happen (e.g. a 4xx refusal)."""
+
+
+class ToolUncertain(Exception):
+    """Raise from a tool when the effect may have happened (e.g. a timeout after sending)."""
+
+
+# --- what a reconcile lookup may conclude ------------------------------------------
+
+
+class Found(msgspec.Struct, frozen=True):
+    """The effect happened, with the same semantic fields; ``result`` is what it returned."""
+
+    result: Any
+
+
+class Absent(msgspec.Struct, frozen=True):
+    """The effect is not there. ``final``: it cannot commit later either."""
+
+    final: bool = True
+
+
+class Conflict(msgspec.Struct, frozen=True):
+    """Something with this identity happened, but with different fields."""
+
+    found: Any
+
+
+class Unknown(msgspec.Struct, frozen=True):
+    """The lookup could not tell (unavailable, stale, ambiguous)."""
+
+    reason: str
+
+
+Reconciliation = Found | Absent | Conflict | Unknown
+Reconciler = Callable[[PendingCall], Reconciliation]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    fn: Callable[..., Any]
+    effect: Effect
+    description: str = ""
+    identity: tuple[str, ...] = ()
+    reconcile: Reconciler | None = None
+    compensate: Callable[[PendingCall, Any], Any] | None = None
+    key_retention: float | None = None  # seconds the receiver remembers keys
+    args_type: type[msgspec.Struct] = field(default=msgspec.Struct, repr=False)
+    schema: dict[str, Any] = field(default_factory=dict, repr=False)
+    takes_context: bool = False
+
+    def key(self, scope: str, args: dict[str, Any]) -> str:
+        return idempotency_key(scope, self.name, args, self.identity or None)
+
+    def check_args(self, args: dict[str, Any]) -> msgspec.Struct:
+        """The arguments, validated against the schema; ``msgspec.ValidationError`` if not."""
+        return msgspec.convert(args, self.args_type)
+
+    def invoke(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        checked = self.check_args(args)
+        kwargs = {f: getattr(checked, f) for f in self.args_type.__struct_fields__}
+        return self.fn(ctx, **kwargs) if self.takes_context else self.fn(**kwargs)
+
+    def spec(self) -> dict[str, Any]:
+        """The tool as a model sees it: name, description, JSON schema of its arguments."""
+        return {"name": self.name, "description": self.description, "parameters": self.schema}
+
+
+def _args_struct(name: str, fn: Callable[..., Any]) -> tuple[type[msgspec.Struct], bool]:
+    hints = typing.get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters.values())
+    takes_context = bool(params) and (
+        hints.get(params[0].name) is ToolContext or params[0].name == "ctx"
+    )
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for p in params[1:] if takes_context else params:
+        hint = hints.get(p.name, Any)
+        fields.append((p.name, hint) if p.default is p.empty else (p.name, hint, p.default))
+    struct = msgspec.defstruct(f"{name}_args", fields, forbid_unknown_fields=True, kw_only=True)
+    return struct, takes_context
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    effect: Effect | str = Effect.IRREVERSIBLE,
+    identity: Sequence[str] = (),
+    reconcile: Reconciler | None = None,
+    compensate: Callable[[PendingCall, Any], Any] | None = None,
+    key_retention: float | None = None,
+    description: str | None = None,
+) -> Any:
+    """Declare a tool. The default effect is the cautious one: ``irreversible``."""
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        tool_name = name or f.__name__
+        args_type, takes_context = _args_struct(tool_name, f)
+        _schemas, components = msgspec.json.schema_components([args_type])
+        schema = components[args_type.__name__]
+        schema.pop("title", None)
+        missing = [i for i in identity if i not in args_type.__struct_fields__]
+        if missing:
+            raise ValueError(f"tool {tool_name!r}: identity fields {missing} are not arguments")
+        return Tool(
+            name=tool_name, fn=f, effect=Effect(effect),
+            description=description or inspect.getdoc(f) or "",
+            identity=tuple(identity), reconcile=reconcile, compensate=compensate,
+            key_retention=key_retention, args_type=args_type, schema=schema,
+            takes_context=takes_context,
+        )
+
+    return wrap(fn) if fn is not None else wrap

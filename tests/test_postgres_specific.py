@@ -1,0 +1,183 @@
+"""Behaviour only the Postgres backend has: migrations, bytea bodies, commit failure.
+
+Needs a server: $AGENTJOURNAL_TEST_POSTGRES (default postgresql://postgres@127.0.0.1:5432/test).
+Skipped when it is unreachable, except under CI=true, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+psycopg = pytest.importorskip("psycopg")
+
+from agentjournal.errors import ConflictError, DurabilityError, StoreUrlError  # noqa: E402
+from agentjournal.events import EventType, encode, make_events  # noqa: E402
+from agentjournal.store.base import Durability  # noqa: E402
+from agentjournal.store.postgres import PostgresStore  # noqa: E402
+
+PG_URL = os.environ.get("AGENTJOURNAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _unreachable() -> str | None:
+    try:
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return f"PostgreSQL at {PG_URL} is unreachable ({' '.join(str(exc).split())})"
+    return None
+
+
+_why = _unreachable()
+if _why:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{_why}; CI=true requires it", pytrace=False)
+    pytest.skip(f"{_why}; set AGENTJOURNAL_TEST_POSTGRES", allow_module_level=True)
+
+
+def _sql(query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex}"
+    yield name
+    _sql(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def store(schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(PG_URL, schema=schema) as s:
+        yield s
+
+
+def _facts(n: int) -> list[tuple[EventType, dict[str, Any]]]:
+    return [(EventType.USER_MESSAGE, {"text": f"m{i}"}) for i in range(n)]
+
+
+def test_concurrent_open_migrates_once(schema: str) -> None:
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            barrier.wait()
+            PostgresStore(PG_URL, schema=schema).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    PostgresStore(PG_URL, schema=schema).close()  # reopening is a no-op
+    assert _sql(f'SELECT version FROM "{schema}".schema_version') == [(1,)]
+
+
+def test_round_trip_is_byte_identical(store: PostgresStore, schema: str) -> None:
+    # Unsorted keys, NUL, non-ASCII, nesting and big ints: what jsonb would mangle.
+    payload = {"z": 1, "a": "nul\u0000here", "m": {"y": [1.5, None], "b": "é🙂"}, "n": 2**62}
+    events = make_events("run-1", 0, 0, [(EventType.RUN_STARTED, payload), *_facts(2)])
+    assert store.append("run-1", events, expected_seq=0, epoch=0) == 3
+    assert list(store.read("run-1")) == events
+    assert list(store.read("run-1", after_seq=2)) == events[2:]
+    rows = _sql(f'SELECT body FROM "{schema}".events WHERE run_id = %s ORDER BY seq', ("run-1",))
+    assert [bytes(r[0]) for r in rows] == [encode(e) for e in events]
+    assert store.last_seq("run-1") == 3
+    assert store.last_seq("unknown") == 0
+
+
+def test_read_spans_pages(store: PostgresStore) -> None:
+    n = 2500  # crosses two page boundaries
+    for start in range(0, n, 500):
+        batch = make_events("long", start, 0, _facts(500))
+        store.append("long", batch, expected_seq=start, epoch=0)
+    assert [e.seq for e in store.read("long")] == list(range(1, n + 1))
+    assert [e.seq for e in store.read("long", after_seq=1000)] == list(range(1001, n + 1))
+
+
+def test_unique_violation_is_a_conflict(store: PostgresStore, schema: str) -> None:
+    # A row the runs table does not account for: only the primary key catches it.
+    stray = make_events("r", 0, 0, _facts(1))[0]
+    _sql(
+        f'INSERT INTO "{schema}".events VALUES (%s, 1, %s, now(), %s)',
+        ("r", stray.type.value, encode(stray)),
+    )
+    with pytest.raises(ConflictError) as info:
+        store.append("r", make_events("r", 0, 0, _facts(2)), expected_seq=0, epoch=0)
+    assert (info.value.expected_seq, info.value.actual_seq) == (0, 1)
+    # Nothing half-written, and the handle still works.
+    assert [e.seq for e in store.read("r")] == [1]
+    other = make_events("other", 0, 0, _facts(1))
+    assert store.append("other", other, expected_seq=0, epoch=0) == 1
+
+
+def test_failed_commit_breaks_the_handle(
+    store: PostgresStore, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    acked = make_events("r", 0, 0, _facts(2))
+    store.append("r", acked, expected_seq=0, epoch=0)
+
+    def failing_sync(conn: Any) -> None:
+        raise psycopg.OperationalError("simulated: server closed the connection")
+
+    monkeypatch.setattr(store, "_sync", failing_sync)
+    more = make_events("r", 2, 0, _facts(1))
+    with pytest.raises(DurabilityError) as info:
+        store.append("r", more, expected_seq=2, epoch=0)
+    assert info.value.run_id == "r"
+    assert "commit failed" in info.value.detail
+    monkeypatch.undo()  # the commit works again, but the handle stays closed for writes
+    with pytest.raises(DurabilityError):
+        store.append("r", more, expected_seq=2, epoch=0)
+    with pytest.raises(DurabilityError):
+        store.acquire("r", "w", 10)
+    with PostgresStore(PG_URL, schema=schema) as fresh:
+        assert list(fresh.read("r")) == acked
+        assert fresh.append("r", more, expected_seq=2, epoch=0) == 3
+
+
+@pytest.mark.parametrize("durability", list(Durability))
+def test_batched_turns_off_synchronous_commit_for_appends_only(
+    schema: str, durability: Durability, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+    with PostgresStore(PG_URL, schema=schema, durability=durability) as s:
+        real = s._sync
+
+        def spy(conn: Any) -> None:
+            seen.append(conn.execute("SHOW synchronous_commit").fetchone()[0])
+            real(conn)
+
+        monkeypatch.setattr(s, "_sync", spy)
+        s.append("r", make_events("r", 0, 0, _facts(1)), expected_seq=0, epoch=0)
+        s.acquire("r", "w", 10)
+    default = _sql("SHOW synchronous_commit")[0][0]
+    appended = "off" if durability is Durability.BATCHED else default
+    assert seen == [appended, default]
+
+
+def test_unreachable_server_is_a_store_url_error() -> None:
+    start = time.monotonic()
+    with pytest.raises(StoreUrlError) as info:
+        PostgresStore("postgresql://postgres:hunter2@127.0.0.1:1/test", schema="x_y")
+    assert time.monotonic() - start < 5
+    assert "cannot connect" in str(info.value)
+    assert "hunter2" not in str(info.value)
+    assert info.value.url == "postgresql://postgres@127.0.0.1:1/test?schema=x_y"
+
+
+def test_url_and_schema_validation(store: PostgresStore, schema: str) -> None:
+    assert store.url.endswith(f"?schema={schema}")
+    with pytest.raises(StoreUrlError):
+        PostgresStore(PG_URL, schema='x"; DROP TABLE y; --')
