@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentjournal import (
@@ -53,6 +53,7 @@ def test_fold_is_deterministic(log: list[Event]) -> None:
     assert as_bytes(fold(log)) == as_bytes(fold(log))
 
 
+@settings(max_examples=300)
 @given(run_logs(), st.data())
 def test_fold_in_two_chunks_equals_fold_whole(log: list[Event], data: st.DataObject) -> None:
     cut = data.draw(st.integers(0, len(log)))
@@ -62,6 +63,7 @@ def test_fold_in_two_chunks_equals_fold_whole(log: list[Event], data: st.DataObj
     assert as_bytes(head) == before  # fold never modifies the state it starts from
 
 
+@settings(max_examples=300)
 @given(run_logs())
 def test_live_apply_equals_replay_of_every_prefix(log: list[Event]) -> None:
     live = RunState()
@@ -131,3 +133,18 @@ def test_redaction_rewrites_the_message_the_model_will_see() -> None:
     ])
     assert state.messages[0].content == "my card is [redacted]"
     assert state.guardrails[0].severity == "high"
+
+
+def test_compaction_keeping_everything_never_shares_messages() -> None:
+    # Regression: keeping more than the tail aliased the head message, so a
+    # later redaction changed two messages live but one in a replay.
+    log = [ev(1, EventType.USER_MESSAGE, content="task"),
+           ev(2, EventType.USER_MESSAGE, content="b"),
+           ev(3, EventType.CONTEXT_COMPACTED, summary="s", kept=2),
+           ev(4, EventType.GUARDRAIL_TRIGGERED, name="pii", action="redact", message_index=0,
+              replacement="[x]")]
+    live = RunState()
+    for event in log:
+        apply(live, event)
+    assert as_bytes(live) == as_bytes(fold(log))
+    assert [m.content for m in live.messages] == ["[x]", "s", "b"]

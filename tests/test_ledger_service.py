@@ -23,6 +23,13 @@ def service(tmp_path: Path) -> Iterator[LedgerService]:
         yield svc
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerService]:
+    """One service for tests that must apply nothing (saves a process start each)."""
+    with LedgerService(tmp_path_factory.mktemp("shared") / "ledger.db") as svc:
+        yield svc
+
+
 def correction(cid: str = "corr-1", amount: int = 1250, ledger: str = "ledger-a") -> dict[str, Any]:
     return {"correction_id": cid, "ledger": ledger, "amount": amount, "memo": "Q1 close"}
 
@@ -138,19 +145,24 @@ def test_ledgers_are_seeded_and_corrections_close_the_discrepancy(service: Ledge
     ("/nowhere", b"{}", 404),
 ])
 def test_bad_requests_get_json_errors(
-    service: LedgerService, path: str, data: bytes, status: int
+    shared: LedgerService, path: str, data: bytes, status: int
 ) -> None:
-    got, raw = raw_post(service, path, data)
+    got, raw = raw_post(shared, path, data)
     assert got == status
     assert "error" in json.loads(raw)
-    assert service.effects()["corrections"] == {}
+    assert shared.effects() == {"corrections": {}, "tickets": {}, "replays": 0}
 
 
-def test_unknown_get_path_is_json_404(service: LedgerService) -> None:
-    status, body = http_json("GET", service.url + "/no/such/thing")
-    assert status == 404
-    assert body["error"] == "not found"
-    assert http_json("GET", service.url + "/health") == (200, {"ok": True})
+def test_unknown_paths_and_methods_are_json(shared: LedgerService) -> None:
+    status, body = http_json("GET", shared.url + "/no/such/thing")
+    assert (status, body["error"]) == (404, "not found")
+    assert http_json("GET", shared.url + "/health") == (200, {"ok": True})
+    assert http_json("POST", shared.url + "/health", {})[0] == 405
+    with pytest.raises(urllib.error.HTTPError) as raised:  # 5xx propagate from http_json
+        http_json("PUT", shared.url + "/corrections", {})
+    assert raised.value.code == 501
+    assert "error" in json.loads(raised.value.read())
+    raised.value.close()
 
 
 def test_data_and_keys_survive_a_restart(tmp_path: Path) -> None:
@@ -171,6 +183,7 @@ def test_latency_opens_an_uncertain_window(tmp_path: Path) -> None:
         # The client saw only a timeout, yet the effect was committed.
         assert svc.effects()["corrections"] == {"corr-1": 1}
         assert http_json("GET", svc.url + "/corrections/corr-1")[0] == 200
+    assert svc.stderr() == ""  # the hung-up client is not logged as an error
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "example.com"])

@@ -23,7 +23,7 @@ import msgspec
 from .events import EventType, encode_value, now
 from .faults import fault_point
 from .journal import Observer, RunJournal, open_journal
-from .keys import run_scope
+from .keys import idempotency_key, run_scope
 from .models import Model, ModelError, ModelRequest, ModelResponse
 from .policy import (
     AllowAll,
@@ -266,7 +266,9 @@ class Agent:
         return True
 
     def _approved(self, j: RunJournal, call: ToolCall, key: str, ask: RequireApproval) -> bool:
-        approval_id = f"approval-{key[:16]}"
+        # The id binds the exact call, arguments included: a changed call needs
+        # its own approval even when its idempotency key is the same.
+        approval_id = "approval-" + idempotency_key(key, call.name, call.args)[:16]
         decided = j.state.decisions.get(approval_id)
         if decided is None:
             if approval_id not in j.state.approvals:

@@ -74,10 +74,16 @@ def make_events(
     epoch: int,
     facts: Iterable[tuple[EventType, Mapping[str, Any]]],
 ) -> list[Event]:
-    """Envelopes for ``facts``, numbered from ``after_seq + 1``, all stamped now."""
+    """Envelopes for ``facts``, numbered from ``after_seq + 1``, all stamped now.
+
+    Payloads are put in canonical form (sorted keys, plain JSON types) here, so
+    the live state folded from these events is byte for byte the state a
+    replay of the stored log gives.
+    """
     ts = now()
     return [
-        Event(run_id=run_id, seq=after_seq + i, type=t, ts=ts, epoch=epoch, payload=dict(p))
+        Event(run_id=run_id, seq=after_seq + i, type=t, ts=ts, epoch=epoch,
+              payload=_raw_decoder.decode(encode_value(p)))
         for i, (t, p) in enumerate(facts, start=1)
     ]
 

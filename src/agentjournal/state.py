@@ -274,7 +274,9 @@ def _guardrail_triggered(st: RunState, ev: Event) -> None:
         )
     )
     if p["action"] == "redact" and index is not None and 0 <= index < len(st.messages):
-        st.messages[index].content = p.get("replacement", "[redacted]")
+        # Replace, never mutate: a Message object may be shared with a copy.
+        redacted = p.get("replacement", "[redacted]")
+        st.messages[index] = msgspec.structs.replace(st.messages[index], content=redacted)
 
 
 def _context_compacted(st: RunState, ev: Event) -> None:
@@ -283,7 +285,7 @@ def _context_compacted(st: RunState, ev: Event) -> None:
     p = ev.payload
     kept = int(p.get("kept", 0))
     head = st.messages[:1]
-    tail = st.messages[-kept:] if kept else []
+    tail = st.messages[max(1, len(st.messages) - kept):] if kept else []
     summary = Message(role="user", content=p["summary"], trust="untrusted", seq=ev.seq)
     st.messages = [*head, summary, *tail]
     st.compactions += 1

@@ -1,0 +1,83 @@
+"""A person's decisions about a run: approvals, and the outcome of uncertain calls.
+
+Each decision is appended as an event naming who decided and why; the run
+acts on it the next time it is opened. A decision takes the run's lease for
+the moment it writes, so it never races a live worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from .errors import JournalError
+from .events import Event, EventType, encode_value
+from .journal import open_journal
+from .state import PendingCall
+from .store import Store
+
+Outcome = Literal["happened", "did_not_happen", "conflict"]
+
+
+class NotPendingError(JournalError, LookupError):
+    """The approval or uncertain call named is not open in that run."""
+
+    def __init__(self, run_id: str, what: str, open_ids: list[str]) -> None:
+        listing = ", ".join(open_ids) if open_ids else "none"
+        super().__init__(
+            f"run {run_id!r} has no open {what}. Open ones: {listing}.", run_id=run_id
+        )
+
+
+def decide_approval(
+    store: Store, run_id: str, approval_id: str, *, approved: bool, by: str, reason: str = ""
+) -> Event:
+    """Approve or deny a pending approval request."""
+    with open_journal(store, run_id, owner=f"decision:{by}", must_exist=True) as j:
+        if approval_id not in j.state.approvals:
+            raise NotPendingError(run_id, f"approval {approval_id!r}", list(j.state.approvals))
+        return j.record(EventType.APPROVAL_DECIDED, approval_id=approval_id,
+                        approved=approved, by=by, reason=reason)
+
+
+def find_uncertain(calls: list[PendingCall], key: str) -> PendingCall | None:
+    """The uncertain call whose key is ``key`` or starts with it (an unambiguous prefix)."""
+    hits = [p for p in calls if p.key == key] or [p for p in calls if p.key.startswith(key)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def resolve_uncertain(
+    store: Store,
+    run_id: str,
+    key: str,
+    *,
+    outcome: Outcome,
+    by: str,
+    reason: str = "",
+    result: Any = None,
+) -> list[Event]:
+    """Record what a person established about an uncertain call.
+
+    ``happened``: the effect took place (``result`` is what it returned); the
+    run continues as if the call had completed. ``did_not_happen``: the run
+    retries it with the same key. ``conflict``: something else happened; the
+    run is escalated.
+    """
+    with open_journal(store, run_id, owner=f"decision:{by}", must_exist=True) as j:
+        pending = find_uncertain(list(j.state.pending.values()), key)
+        if pending is None:
+            raise NotPendingError(run_id, f"uncertain call {key!r}", list(j.state.uncertain))
+        verdict = {"happened": "found", "did_not_happen": "absent", "conflict": "conflict"}
+        common = {"started_seq": pending.started_seq, "key": pending.key, "tool": pending.tool}
+        events = [j.record(EventType.TOOL_CALL_RECONCILED, verdict=verdict[outcome], by=by,
+                           reason=reason, **common)]
+        if outcome == "happened":
+            content = result if isinstance(result, str) else encode_value(result).decode()
+            events.append(j.record(
+                EventType.TOOL_CALL_COMPLETED, call_id=pending.call_id, tool=pending.tool,
+                started_seq=pending.started_seq, idempotency_key=pending.key, result=result,
+                content=content, source="person",
+            ))
+        elif outcome == "conflict":
+            events.append(j.record(EventType.RUN_ESCALATED, reason=reason or "conflict",
+                                   by=by, key=pending.key, tool=pending.tool, ours=pending.args))
+        return events

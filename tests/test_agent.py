@@ -1,0 +1,394 @@
+"""The durable loop, in process: invocation path, recovery table, policy, approvals,
+guardrails, compaction, budgets, forking, and live state against replay at every prefix."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentjournal import EventType, RunState, fold, open_store
+from agentjournal.agent import Agent
+from agentjournal.decisions import NotPendingError, decide_approval, resolve_uncertain
+from agentjournal.events import Event
+from agentjournal.journal import fork
+from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
+from agentjournal.policy import Budget, Compaction, RegexGuardrail, Rules
+from agentjournal.state import PendingCall
+from agentjournal.store import Store
+from agentjournal.tools import (
+    Absent,
+    Conflict,
+    Found,
+    ToolContext,
+    ToolFailed,
+    Unknown,
+    tool,
+)
+
+E = EventType
+
+
+class Receiver:
+    """An in-memory stand-in for a world that records effects; dedupes on keys if asked."""
+
+    def __init__(self, *, dedupe: bool = False) -> None:
+        self.applied: Counter[str] = Counter()
+        self.by_key: dict[str, Any] = {}
+        self.dedupe = dedupe
+        self.fail_next: list[Exception] = []
+
+    def post(self, key: str, name: str, after_effect: Exception | None = None) -> dict[str, Any]:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        if not (self.dedupe and key in self.by_key):
+            self.applied[name] += 1
+            self.by_key[key] = {"name": name, "n": self.applied[name]}
+        if after_effect is not None:
+            raise after_effect  # the effect happened, the response was lost
+        return dict(self.by_key[key])
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return open_store(f"sqlite:///{tmp_path / 'j.db'}")
+
+
+def types(store: Store, run_id: str) -> list[str]:
+    return [e.type.value for e in store.read(run_id)]
+
+
+def make_post(receiver: Receiver, effect: str = "irreversible", reconcile: Any = None,
+              lost_response: list[bool] | None = None) -> Any:
+    lost = lost_response if lost_response is not None else []
+
+    @tool(effect=effect, identity=["name"], reconcile=reconcile)
+    def post(ctx: ToolContext, name: str, amount: int = 0) -> dict[str, Any]:
+        """Post an entry."""
+        return receiver.post(ctx.key, name, TimeoutError("read timed out") if lost and lost.pop()
+                             else None)
+
+    return post
+
+
+def script_posts(*names: str) -> ScriptedModel:
+    return ScriptedModel([calls(*[("post", {"name": n, "amount": 1}) for n in names]),
+                          reply("posted")])
+
+
+def test_tool_schema_comes_from_type_hints() -> None:
+    post = make_post(Receiver())
+    assert post.spec()["parameters"]["properties"] == {
+        "name": {"type": "string"}, "amount": {"type": "integer", "default": 0},
+    }
+    assert post.spec()["parameters"]["required"] == ["name"]
+    assert post.takes_context and post.effect == "irreversible"
+
+
+def test_seeds_regression_resumed_run_does_not_repeat_effect(store: Store) -> None:
+    receiver = Receiver()
+    agent = Agent(script_posts("charge"), [make_post(receiver)])
+    assert agent.run(store, "r1", "charge the card").status == "finished"
+    fresh = Agent(script_posts("charge"), [make_post(receiver)])
+    assert fresh.run(store, "r1").status == "finished"
+    assert receiver.applied == {"charge": 1}
+
+
+def test_start_then_resume_appends_run_resumed(store: Store) -> None:
+    receiver = Receiver()
+    approve = Rules(require_approval=["post"])
+    agent = Agent(script_posts("a"), [make_post(receiver)], policy=approve)
+    assert agent.run(store, "r1", "task").status == "waiting_approval"
+    assert agent.run(store, "r1").status == "waiting_approval"
+    log = types(store, "r1")
+    assert log.count("run_started") == 1 and log.count("run_resumed") == 1
+    assert log.count("approval_requested") == 1  # asked once, not once per open
+
+
+def test_completed_key_is_served_from_the_journal(store: Store) -> None:
+    receiver = Receiver()
+    model = ScriptedModel([calls(("post", {"name": "x", "amount": 1})),
+                           calls(("post", {"amount": 1, "name": "x"})), reply("ok")])
+    assert Agent(model, [make_post(receiver)]).run(store, "r1", "t").status == "finished"
+    assert receiver.applied == {"x": 1}
+    served = [e for e in store.read("r1") if e.type is E.TOOL_RESULT_SERVED]
+    assert len(served) == 1 and served[0].payload["call_id"] == "call_1_0"
+
+
+def test_proven_failure_is_recorded_without_key_and_may_be_retried(store: Store) -> None:
+    receiver = Receiver()
+    receiver.fail_next.append(ToolFailed("card declined"))
+    model = ScriptedModel([calls(("post", {"name": "x"})), calls(("post", {"name": "x"})),
+                           reply("ok")])
+    assert Agent(model, [make_post(receiver)]).run(store, "r1", "t").status == "finished"
+    done = [e.payload for e in store.read("r1") if e.type is E.TOOL_CALL_COMPLETED]
+    assert [d["idempotency_key"] is None for d in done] == [True, False]
+    starts = [e.payload["attempt"] for e in store.read("r1") if e.type is E.TOOL_CALL_STARTED]
+    assert starts == [1, 2] and receiver.applied == {"x": 1}
+
+
+def test_timeout_on_idempotent_tool_retries_with_the_same_key(store: Store) -> None:
+    receiver = Receiver(dedupe=True)
+    post = make_post(receiver, effect="idempotent", lost_response=[True])
+    assert Agent(script_posts("x"), [post]).run(store, "r1", "t").status == "finished"
+    log = list(store.read("r1"))
+    starts = [e.payload for e in log if e.type is E.TOOL_CALL_STARTED]
+    assert [s["attempt"] for s in starts] == [1, 2] and starts[0]["key"] == starts[1]["key"]
+    assert [e.payload["verdict"] for e in log if e.type is E.TOOL_CALL_RECONCILED] == ["retry"]
+    assert receiver.applied == {"x": 1}
+
+
+def test_timeout_on_irreversible_tool_without_lookup_pauses(store: Store) -> None:
+    receiver = Receiver()
+    post = make_post(receiver, lost_response=[True])
+    result = Agent(script_posts("x"), [post]).run(store, "r1", "t")
+    assert result.status == "paused" and receiver.applied == {"x": 1}
+    (uncertain,) = result.uncertain
+    assert uncertain.tool == "post" and "timed out" in (uncertain.last_error or "")
+    paused = [e for e in store.read("r1") if e.type is E.RUN_PAUSED][-1].payload
+    assert paused["uncertain"][0]["key"] == uncertain.key
+    assert {"args", "started_at", "last_error", "effect"} <= set(paused["uncertain"][0])
+    # Opening again without new evidence pauses again; it never guesses.
+    again = Agent(script_posts("x"), [make_post(receiver)]).run(store, "r1")
+    assert again.status == "paused" and receiver.applied == {"x": 1}
+    # A person establishes it happened; the run continues without a second effect.
+    resolve_uncertain(store, "r1", uncertain.key[:10], outcome="happened", by="ana",
+                      reason="seen in the ledger", result={"n": 1})
+    assert Agent(script_posts("x"), [make_post(receiver)]).run(store, "r1").status == "finished"
+    assert receiver.applied == {"x": 1}
+
+
+def test_person_says_it_did_not_happen_so_the_run_retries(store: Store) -> None:
+    receiver = Receiver()
+    receiver.fail_next.append(ConnectionResetError("reset before sending"))
+    result = Agent(script_posts("x"), [make_post(receiver)]).run(store, "r1", "t")
+    assert result.status == "paused" and receiver.applied == {}
+    resolve_uncertain(store, "r1", result.uncertain[0].key, outcome="did_not_happen", by="bo")
+    assert Agent(script_posts("x"), [make_post(receiver)]).run(store, "r1").status == "finished"
+    assert receiver.applied == {"x": 1}
+    with pytest.raises(NotPendingError):
+        resolve_uncertain(store, "r1", "nope", outcome="happened", by="bo")
+
+
+@pytest.mark.parametrize(
+    "evidence, status, verdicts, applied",
+    [
+        (Found({"n": 1, "source": "lookup"}), "finished", ["found"], 1),
+        (Absent(final=True), "finished", ["absent"], 2),
+        (Absent(final=False), "paused", ["unknown"], 1),
+        (Conflict({"name": "x", "amount": 999}), "escalated", ["conflict"], 1),
+        (Unknown("ledger API down"), "paused", ["unknown"], 1),
+    ],
+)
+def test_reconcile_table(store: Store, evidence: Any, status: str, verdicts: list[str],
+                         applied: int) -> None:
+    receiver = Receiver()
+    seen: list[PendingCall] = []
+
+    def lookup(call: PendingCall) -> Any:
+        seen.append(call)
+        return evidence
+
+    post = make_post(receiver, reconcile=lookup, lost_response=[True])
+    result = Agent(script_posts("x"), [post]).run(store, "r1", "t")
+    assert result.status == status
+    assert seen[0].args == {"name": "x", "amount": 1}
+    log = list(store.read("r1"))
+    assert [e.payload["verdict"] for e in log if e.type is E.TOOL_CALL_RECONCILED] == verdicts
+    assert receiver.applied["x"] == applied  # "absent" here is the lookup's (wrong) word
+    if status == "finished" and verdicts == ["found"]:
+        done = [e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED]
+        assert done[-1]["source"] == "reconciliation"
+    if status == "escalated":
+        escalation = result.escalation or {}
+        assert escalation["ours"] == {"name": "x", "amount": 1}
+        assert escalation["theirs"] == {"name": "x", "amount": 999}
+
+
+def test_recovery_runs_before_the_model(store: Store) -> None:
+    # A log that ends with a started call: the model must not be asked first.
+    receiver = Receiver()
+    asked: list[int] = []
+
+    def turn0(req: ModelRequest) -> ModelResponse:
+        asked.append(len(list(store.read("r1"))))
+        return calls(("post", {"name": "x"}))
+
+    post = make_post(receiver, reconcile=lambda call: Found({"n": 1}))
+    crash = make_post(receiver, lost_response=[True])
+    Agent(ScriptedModel([turn0, reply("ok")]), [crash]).run(store, "r1", "t")  # pauses
+    asked.clear()
+    result = Agent(ScriptedModel([turn0, lambda req: reply("ok")]), [post]).run(store, "r1")
+    assert result.status == "finished" and not asked  # turn 0 was not asked again
+    log = types(store, "r1")
+    assert log.index("tool_call_reconciled", log.index("run_resumed")) < len(log) - 2
+
+
+def test_policy_denial_is_recorded_and_seen_by_the_model(store: Store) -> None:
+    seen: list[str] = []
+
+    def check(req: ModelRequest) -> ModelResponse:
+        seen.append(req.messages[-1].content)
+        return reply("understood")
+
+    model = ScriptedModel([calls(("post", {"name": "x"})), check])
+    agent = Agent(model, [make_post(Receiver())], policy=Rules(deny=["post"]))
+    assert agent.run(store, "r1", "t").status == "finished"
+    assert seen == ["denied: policy forbids 'post'"]
+
+
+def test_approval_pauses_durably_and_binds_the_exact_call(store: Store) -> None:
+    receiver = Receiver()
+    policy = Rules(approve_if={"post": lambda call: call.args.get("amount", 0) > 100})
+    model = ScriptedModel([calls(("post", {"name": "big", "amount": 500})), reply("done")])
+    agent = Agent(model, [make_post(receiver)], policy=policy)
+    result = agent.run(store, "r1", "t")
+    assert result.status == "waiting_approval" and receiver.applied == {}
+    (approval,) = result.approvals
+    assert approval.args == {"name": "big", "amount": 500}
+    with pytest.raises(NotPendingError):
+        decide_approval(store, "r1", "approval-nope", approved=True, by="ana")
+    decide_approval(store, "r1", approval.approval_id, approved=True, by="ana", reason="ok")
+    assert agent.run(store, "r1").status == "finished" and receiver.applied == {"big": 1}
+    state = fold(store.read("r1"))
+    decision = state.decisions[approval.approval_id]
+    assert decision.by == "ana" and decision.decided_at >= approval.requested_at
+
+
+def test_approval_binds_the_exact_arguments(store: Store) -> None:
+    # Identity fields make the key ignore "amount"; an approval must not.
+    receiver = Receiver()
+    policy = Rules(require_approval=["post"])
+    model = ScriptedModel([calls(("post", {"name": "x", "amount": 5})),
+                           calls(("post", {"name": "x", "amount": 5000})), reply("ok")])
+    agent = Agent(model, [make_post(receiver)], policy=policy)
+    first = agent.run(store, "r1", "t").approvals[0]
+    decide_approval(store, "r1", first.approval_id, approved=False, by="ana", reason="no")
+    second = agent.run(store, "r1")
+    assert second.status == "waiting_approval"  # the changed call is asked about anew
+    assert second.approvals[0].approval_id != first.approval_id
+    assert second.approvals[0].args == {"name": "x", "amount": 5000}
+    assert receiver.applied == {}
+
+
+def test_denied_approval_reaches_the_model(store: Store) -> None:
+    policy = Rules(require_approval=["post"])
+    agent = Agent(script_posts("x"), [make_post(Receiver())], policy=policy)
+    result = agent.run(store, "r1", "t")
+    decide_approval(store, "r1", result.approvals[0].approval_id, approved=False, by="ana",
+                    reason="not this quarter")
+    assert agent.run(store, "r1").status == "finished"
+    denied = [e.payload for e in store.read("r1") if e.type is E.TOOL_CALL_DENIED]
+    assert denied[0]["reason"] == "denied by ana: not this quarter"
+
+
+def test_guardrail_redacts_tool_output(store: Store) -> None:
+    @tool(effect="read_only")
+    def lookup(customer: str) -> str:
+        return f"{customer} card 4242-4242-4242-4242"
+
+    seen: list[str] = []
+
+    def check(req: ModelRequest) -> ModelResponse:
+        seen.append(req.messages[-1].content)
+        return reply("ok")
+
+    model = ScriptedModel([calls(("lookup", {"customer": "ann"})), check])
+    card = RegexGuardrail("card", r"\d{4}(?:-\d{4}){3}", severity="high")
+    Agent(model, [lookup], guardrails=[card]).run(store, "r1", "t")
+    assert seen == ["ann card [redacted]"]
+    hit = next(e.payload for e in store.read("r1") if e.type is E.GUARDRAIL_TRIGGERED)
+    assert hit["severity"] == "high" and hit["action"] == "redact"
+
+
+def test_compaction_resumed_run_sees_the_live_context(store: Store) -> None:
+    receiver = Receiver()
+    contexts: dict[int, list[tuple[str, str]]] = {}
+
+    def turn(n: int) -> Any:
+        def respond(req: ModelRequest) -> ModelResponse:
+            contexts.setdefault(n, [(m.role, m.content) for m in req.messages])
+            return calls(("post", {"name": f"n{n}"})) if n < 5 else reply("done")
+        return respond
+
+    compaction = Compaction(max_messages=6, keep=2)
+    model = ScriptedModel([turn(n) for n in range(6)])
+    agent = Agent(model, [make_post(receiver)], compaction=compaction,
+                  budget=Budget(max_turns=3))
+    assert agent.run(store, "r1", "t").status == "paused"  # stopped by the budget
+    live = dict(contexts)
+    contexts.clear()
+    resumed = Agent(model, [make_post(receiver)], compaction=compaction)
+    assert resumed.run(store, "r1").status == "finished"
+    state = fold(store.read("r1"))
+    assert state.compactions >= 2
+    assert set(live) == {0, 1, 2} and set(contexts) == {3, 4, 5}
+    # Replaying the log gives the next turn exactly the context the live run built.
+    log = list(store.read("r1"))
+    turn3 = next(e.seq for e in log if e.type is E.MODEL_TURN and fold(log[: e.seq]).turns == 4)
+    before = fold(log[: turn3 - 1])
+    assert [(m.role, m.content) for m in before.messages] == contexts[3]
+    assert receiver.applied == Counter({f"n{i}": 1 for i in range(5)})
+
+
+def test_budget_stop_is_an_event(store: Store) -> None:
+    model = ScriptedModel([calls(("post", {"name": f"n{i}"})) for i in range(10)])
+    result = Agent(model, [make_post(Receiver())], budget=Budget(max_tool_calls=2)).run(
+        store, "r1", "t")
+    assert result.status == "paused" and "tool_calls" in (result.pause_reason or "")
+    assert types(store, "r1")[-2:] == ["budget_exceeded", "run_paused"]
+
+
+def test_fork_never_reexecutes_recorded_effects(store: Store) -> None:
+    receiver = Receiver()
+    agent = Agent(script_posts("a", "b"), [make_post(receiver)])
+    agent.run(store, "r1", "t")
+    log = list(store.read("r1"))
+    after_posts = max(e.seq for e in log if e.type is E.TOOL_CALL_COMPLETED)
+    new_id = fork(store, "r1", at_seq=after_posts)
+    state = fold(store.read(new_id))
+    assert state.origin == {"run_id": "r1", "at_seq": after_posts}
+    assert state.scope == "run:r1"
+    # The fork's model asks again for "a": served from the journal, not re-posted.
+    replay = ScriptedModel([reply("unused"), calls(("post", {"name": "a", "amount": 1})),
+                            reply("ok")])
+    assert Agent(replay, [make_post(receiver)]).run(store, new_id).status == "finished"
+    assert receiver.applied == {"a": 1, "b": 1}
+
+
+def test_live_state_equals_replay_at_every_prefix(store: Store) -> None:
+    receiver = Receiver(dedupe=True)
+    captured: list[tuple[int, bytes]] = []
+
+    def observe(event: Event, state: RunState) -> None:
+        captured.append((event.seq, msgspec.json.encode(state)))
+
+    policy = Rules(require_approval=["refund"])
+
+    @tool(effect="idempotent")
+    def refund(ctx: ToolContext, name: str) -> dict[str, Any]:
+        return receiver.post(ctx.key, name)
+
+    model = ScriptedModel([
+        calls(("post", {"name": "a"}), ("post", {"name": "b"})),
+        calls(("refund", {"name": "a"}), ("post", {"name": "a"})),
+        reply("done"),
+    ])
+    lost = [False, True]  # the second post's response is lost: recovery retries it
+    post = make_post(receiver, effect="idempotent", lost_response=lost)
+    agent = Agent(model, [post, refund], policy=policy,
+                  guardrails=[RegexGuardrail("n", r"\"n\"", action="flag")],
+                  compaction=Compaction(max_messages=5, keep=2))
+    result = agent.run(store, "r1", "t", observer=observe)
+    decision = decide_approval(store, "r1", result.approvals[0].approval_id, approved=True,
+                               by="ana")
+    agent.run(store, "r1", observer=observe)
+    log = list(store.read("r1"))
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    assert {seq for seq, _ in captured} == set(range(1, len(log) + 1)) - {decision.seq}
+    for seq, live in captured:
+        assert msgspec.json.encode(fold(log[:seq])) == live, f"state differs at seq {seq}"
+    assert fold(log).status == "finished"
