@@ -125,10 +125,12 @@ class TestConformance:
         with pytest.raises(FencedError) as info:
             a_store.append("r1", late, expected_seq=1, epoch=lease_a.epoch)
         assert info.value.current_epoch == lease_b.epoch
+        append(b_store, "r1", {"content": "b moves on"}, epoch=lease_b.epoch)
+        with pytest.raises(FencedError):  # stale seq too: still told it is fenced
+            a_store.append("r1", late, expected_seq=1, epoch=lease_a.epoch)
         with pytest.raises(FencedError):  # epoch 0, "no lease", is fenced too now
             a_store.append("r1", make_events("r1", 1, 0, facts({})), expected_seq=1, epoch=0)
-        append(b_store, "r1", {"content": "from b"}, epoch=lease_b.epoch)
-        assert [e.payload["content"] for e in b_store.read("r1")] == ["from a", "from b"]
+        assert [e.payload["content"] for e in b_store.read("r1")] == ["from a", "b moves on"]
 
     @pytest.mark.parametrize("shared", [False, True], ids=["own-handles", "shared-handle"])
     def test_conformance_thread_race_one_winner(

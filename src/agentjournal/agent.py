@@ -50,6 +50,7 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     approvals: list[Approval]
     pause_reason: str | None
     escalation: dict[str, Any] | None
+    state: RunState  # the whole folded state, as the run left it
 
     @classmethod
     def of(cls, state: RunState) -> RunResult:
@@ -57,7 +58,7 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
             run_id=state.run_id, status=state.status, outcome=state.outcome,
             last_seq=state.last_seq, uncertain=list(state.pending.values()),
             approvals=list(state.approvals.values()), pause_reason=state.pause_reason,
-            escalation=state.escalation,
+            escalation=state.escalation, state=state,
         )
 
 
@@ -86,6 +87,7 @@ class Agent:
         compaction: Compaction | None = None,
         budget: Budget | None = None,
         max_attempts: int = 3,
+        max_recoveries: int = 20,
         model_retries: int = 3,
         lease_ttl: float = 30.0,
     ) -> None:
@@ -96,6 +98,7 @@ class Agent:
         self.compaction = compaction
         self.budget = budget or Budget()
         self.max_attempts = max_attempts
+        self.max_recoveries = max_recoveries
         self.model_retries = model_retries
         self.lease_ttl = lease_ttl
 
@@ -204,8 +207,12 @@ class Agent:
         raise TypeError(f"reconcile for {tool.name!r} returned {evidence!r}")
 
     def _retry_blocked(self, tool: Tool, p: PendingCall) -> str | None:
-        if p.attempt >= self.max_attempts:
-            return f"gave up after {p.attempt} attempts"
+        # Errors the tool raised count against max_attempts; a worker that died
+        # mid-call left no error, and only a crash loop (max_recoveries) stops it.
+        if p.last_error is not None and p.attempt >= self.max_attempts:
+            return f"gave up after {p.attempt} attempts; last error: {p.last_error}"
+        if p.attempt >= self.max_recoveries:
+            return f"the call was interrupted {p.attempt} times; a person should look"
         age = (now() - p.started_at).total_seconds()
         if tool.key_retention is not None and age > tool.key_retention:
             return (f"started {age:.0f}s ago; the receiver keeps keys {tool.key_retention:.0f}s, "

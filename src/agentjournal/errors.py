@@ -83,13 +83,15 @@ class FencedError(JournalError):
 class LeaseHeldError(JournalError):
     retryable = True
 
-    def __init__(self, run_id: str, owner: str, expires_in: float) -> None:
+    def __init__(self, run_id: str, owner: str, epoch: int, expires_in: float) -> None:
         super().__init__(
             f"run {run_id!r} is leased by {owner!r} for another {expires_in:.1f}s. "
-            "Wait for the lease to expire or be released, then acquire again.",
+            "Another worker is running it: wait for the lease to expire or be "
+            "released, then acquire again.",
             run_id=run_id,
         )
         self.owner = owner
+        self.epoch = epoch
         self.expires_in = expires_in
 
 

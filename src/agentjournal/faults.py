@@ -1,9 +1,11 @@
 """Named fault points, for crash tests that kill a real process at a chosen instant.
 
 The loop calls ``fault_point(name)`` at each dangerous window. Normally it does
-nothing. With ``AGENTJOURNAL_FAULT=name[:n]`` in the environment, the n-th
-time (default the first) the process sends itself SIGKILL there: no cleanup,
-no flush, no atexit, exactly like an eviction.
+nothing. With ``AGENTJOURNAL_FAULT=name[:n[:action]]`` in the environment, the
+n-th time (default the first) the process sends itself SIGKILL there (no
+cleanup, no flush, no atexit, exactly like an eviction) or, with action
+``stop``, SIGSTOP: a worker frozen mid-call, as in a long GC pause, that a test
+can wake with SIGCONT after its lease was taken over.
 
 Points: ``model_call`` (while waiting for the model), ``before_effect`` (the
 start is durable, the tool has not run), ``after_effect`` (the tool returned,
@@ -18,7 +20,8 @@ import signal
 ENV_VAR = "AGENTJOURNAL_FAULT"
 POINTS = ("model_call", "before_effect", "after_effect")
 
-_armed: tuple[str, int] | None = None
+_armed: tuple[str, int, signal.Signals] | None = None
+_ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 _seen: dict[str, int] = {}
 
 
@@ -29,10 +32,12 @@ def arm(spec: str | None) -> None:
     if not spec:
         _armed = None
         return
-    name, _, nth = spec.partition(":")
+    name, nth, action = [*spec.split(":"), "", ""][:3]
     if name not in POINTS:
         raise ValueError(f"unknown fault point {name!r}; choose from {', '.join(POINTS)}")
-    _armed = (name, int(nth or 1))
+    if (action or "kill") not in _ACTIONS:
+        raise ValueError(f"unknown fault action {action!r}; choose kill or stop")
+    _armed = (name, int(nth or 1), _ACTIONS[action or "kill"])
 
 
 def fault_point(name: str) -> None:
@@ -40,7 +45,7 @@ def fault_point(name: str) -> None:
         return
     _seen[name] = _seen.get(name, 0) + 1
     if _seen[name] == _armed[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _armed[2])
 
 
 arm(os.environ.get(ENV_VAR))

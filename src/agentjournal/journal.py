@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import JournalError, RunNotFoundError
+from .errors import JournalError, LeaseHeldError, RunNotFoundError
 from .events import Event, EventType, make_events
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
@@ -27,7 +27,39 @@ Observer = Callable[[Event, RunState], None]
 
 
 def default_owner() -> str:
+    """``host:pid:nonce``: unique per process incarnation, and checkable on this host."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def holder_is_dead(owner: str) -> bool:
+    """True only if ``owner`` names a process on this host that no longer runs.
+
+    A dead process cannot append, so its lease may be taken over at once rather
+    than after its TTL; anything we cannot prove dead (another host, a stopped
+    but living process) keeps its lease until it expires.
+    """
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{pid_text}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"  # a zombie
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def take_lease(store: Store, run_id: str, owner: str, ttl: float) -> Lease:
+    """Acquire the run's lease, taking it over at once from a holder proven dead."""
+    try:
+        return store.acquire(run_id, owner, ttl)
+    except LeaseHeldError as held:
+        if not holder_is_dead(held.owner):
+            raise
+        store.release(Lease(run_id, held.owner, held.epoch, 0.0))  # no-op if it moved on
+        return store.acquire(run_id, owner, ttl)
 
 
 class RunJournal:
@@ -89,7 +121,7 @@ def open_journal(
 ) -> RunJournal:
     """Take the run's lease and fold its log. Appends nothing."""
     validate_run_id(run_id)
-    lease = store.acquire(run_id, owner or default_owner(), ttl)
+    lease = take_lease(store, run_id, owner or default_owner(), ttl)
     try:
         state = fold(store.read(run_id))
         if must_exist and state.last_seq == 0:

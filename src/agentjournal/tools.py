@@ -23,7 +23,7 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -131,8 +131,12 @@ def _args_struct(name: str, fn: Callable[..., Any]) -> tuple[type[msgspec.Struct
     return struct, takes_context
 
 
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
 def tool(
-    fn: Callable[..., Any] | None = None,
     *,
     name: str | None = None,
     effect: Effect | str = Effect.IRREVERSIBLE,
@@ -141,7 +145,21 @@ def tool(
     compensate: Callable[[PendingCall, Any], Any] | None = None,
     key_retention: float | None = None,
     description: str | None = None,
-) -> Any:
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    effect: Effect | str = Effect.IRREVERSIBLE,
+    identity: Sequence[str] = (),
+    reconcile: Reconciler | None = None,
+    compensate: Callable[[PendingCall, Any], Any] | None = None,
+    key_retention: float | None = None,
+    description: str | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool. The default effect is the cautious one: ``irreversible``."""
 
     def wrap(f: Callable[..., Any]) -> Tool:

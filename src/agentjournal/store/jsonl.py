@@ -254,11 +254,11 @@ class JsonlStore:
             fd = os.open(path, flags) if path.exists() else None
             try:
                 tail = _EMPTY if fd is None else self._refresh(run_id, fd)
+                current = self._epoch(run_id)
+                if epoch != current:  # fencing first: a stale writer must stop, not retry
+                    raise FencedError(run_id, epoch, current)
                 if tail.last_seq != expected_seq:
                     raise ConflictError(run_id, expected_seq, tail.last_seq)
-                current = self._epoch(run_id)
-                if epoch != current:
-                    raise FencedError(run_id, epoch, current)
                 if fd is None:  # a new run: create its file, its directory entry durable
                     fd = os.open(path, flags | os.O_CREAT, 0o644)
                     self._sync_dir(run_id)
@@ -365,7 +365,7 @@ class JsonlStore:
             elif row.owner == owner and row.expires_at > now:
                 epoch = row.epoch  # the holder re-acquiring: a renewal
             elif row.expires_at > now:
-                raise LeaseHeldError(run_id, row.owner, row.expires_at - now)
+                raise LeaseHeldError(run_id, row.owner, row.epoch, row.expires_at - now)
             else:
                 epoch = row.epoch + 1  # takeover of an expired or released lease
             self._write_lease(run_id, _LeaseRecord(owner, epoch, now + ttl))

@@ -229,10 +229,10 @@ class PostgresStore:
         try:
             with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
                 last, current, *_ = self._lock_run(cur, run_id)
+                if epoch != current:  # fencing first: a stale writer must stop, not retry
+                    raise FencedError(run_id, epoch, current)
                 if last != expected_seq:
                     raise ConflictError(run_id, expected_seq, last)
-                if epoch != current:
-                    raise FencedError(run_id, epoch, current)
                 cur.executemany(self._q("INSERT INTO {s}.events VALUES (%s, %s, %s, %s, %s)"), rows)
                 # created_at/updated_at span the events' own timestamps, as in SQLite.
                 cur.execute(
@@ -306,7 +306,7 @@ class PostgresStore:
             elif holder == owner and expires > now:
                 epoch = current  # the holder re-acquiring: a renewal
             elif expires > now:
-                raise LeaseHeldError(run_id, holder, expires - now)
+                raise LeaseHeldError(run_id, holder, current, expires - now)
             else:
                 epoch = current + 1  # takeover of an expired or released lease
             expires_at = self._set_expiry(cur, run_id, owner, epoch, ttl)

@@ -108,12 +108,12 @@ class SQLiteStore:
         check_batch(run_id, events, expected_seq, epoch)
         rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), encode(e)) for e in events]
         with self._tx() as db:
+            current = self._epoch(db, run_id)
+            if epoch != current:  # fencing first: a stale writer must stop, not retry
+                raise FencedError(run_id, epoch, current)
             last = self._last_seq(db, run_id)
             if last != expected_seq:
                 raise ConflictError(run_id, expected_seq, last)
-            current = self._epoch(db, run_id)
-            if epoch != current:
-                raise FencedError(run_id, epoch, current)
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
         return events[-1].seq
 
@@ -170,7 +170,7 @@ class SQLiteStore:
             elif row[0] == owner and row[2] > now:
                 epoch = row[1]  # the holder re-acquiring: a renewal
             elif row[2] > now:
-                raise LeaseHeldError(run_id, row[0], row[2] - now)
+                raise LeaseHeldError(run_id, row[0], row[1], row[2] - now)
             else:
                 epoch = row[1] + 1  # takeover of an expired or released lease
             db.execute(

@@ -1,0 +1,203 @@
+"""Real processes, real SIGKILL, a real receiver: the agent runs in a child process, is
+killed in a chosen (or random) window, and is resumed in a new process; the ledger
+service, itself a separate process with its own SQLite file, counts the effects."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentjournal import EventType, fold, open_store
+from agentjournal.demo.ledger import LedgerService
+from agentjournal.demo.reconcile import LEDGERS
+
+E = EventType
+CORRECTIONS = {f"q3-{n}" for n in LEDGERS}
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LedgerService]:
+    idempotency = getattr(request, "param", True)
+    with LedgerService(tmp_path / "ledger.db", idempotency=idempotency, latency_ms=5) as svc:
+        yield svc
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'journal.db'}"
+
+
+def agent_cmd(store_url: str, ledger: LedgerService, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "agentjournal.demo.reconcile", "--store", store_url,
+            "--run-id", "q3", "--ledger", ledger.url, *extra]
+
+
+def run_agent(store_url: str, ledger: LedgerService, *extra: str,
+              fault: str | None = None) -> tuple[int, dict[str, Any]]:
+    env = {**os.environ, "AGENTJOURNAL_FAULT": fault or ""}
+    done = subprocess.run(agent_cmd(store_url, ledger, *extra), env=env, capture_output=True,
+                          text=True, timeout=60)
+    out = json.loads(done.stdout) if done.stdout.strip() else {}
+    assert done.returncode in (0, -signal.SIGKILL), done.stderr
+    return done.returncode, out
+
+
+def log_of(store_url: str) -> list[Any]:
+    store = open_store(store_url)
+    try:
+        return list(store.read("q3"))
+    finally:
+        store.close()
+
+
+def verdicts(log: list[Any]) -> list[str]:
+    return [e.payload["verdict"] for e in log if e.type is E.TOOL_CALL_RECONCILED]
+
+
+@pytest.mark.parametrize("mode", ["lookup", "idempotent"])
+@pytest.mark.parametrize(
+    "fault, expected",
+    [("model_call:3", []), ("before_effect:4", ["absent", "retry"]),
+     ("after_effect:4", ["found", "retry"])],
+    ids=["during-model-call", "before-effect", "after-effect"],
+)
+def test_kill_in_window_then_resume_applies_each_effect_once(
+    store_url: str, ledger: LedgerService, mode: str, fault: str, expected: list[str]
+) -> None:
+    code, _ = run_agent(store_url, ledger, "--mode", mode, fault=fault)
+    assert code == -signal.SIGKILL
+    code, out = run_agent(store_url, ledger, "--mode", mode)
+    assert code == 0 and out["status"] == "finished"
+    effects = ledger.effects()
+    assert effects["corrections"] == dict.fromkeys(CORRECTIONS, 1)
+    assert list(effects["tickets"].values()) == [1]
+    got = verdicts(log_of(store_url))
+    if expected:  # lookup mode reconciles; idempotent mode retries with the same key
+        assert got == [expected[0] if mode == "lookup" else expected[1]]
+    else:
+        assert got == []
+
+
+@pytest.mark.parametrize("ledger", [False], indirect=True, ids=["receiver-ignores-keys"])
+@pytest.mark.parametrize("fault, applied", [("after_effect:4", 1), ("before_effect:4", 0)],
+                         ids=["after-effect", "before-effect"])
+def test_irreversible_without_keys_or_lookup_pauses_for_a_person(
+    store_url: str, ledger: LedgerService, fault: str, applied: int
+) -> None:
+    code, _ = run_agent(store_url, ledger, "--mode", "none", fault=fault)
+    assert code == -signal.SIGKILL
+    code, out = run_agent(store_url, ledger, "--mode", "none")
+    assert code == 0 and out["status"] == "paused" and len(out["uncertain"]) == 1
+    assert ledger.effects()["corrections"].get("q3-ledger-a", 0) == applied
+    state = fold(log_of(store_url))
+    (pending,) = state.pending.values()
+    assert pending.tool == "post_correction" and pending.args["correction_id"] == "q3-ledger-a"
+    # Opening it again changes nothing: it is never guessed.
+    code, out = run_agent(store_url, ledger, "--mode", "none")
+    assert out["status"] == "paused" and ledger.effects()["corrections"].get(
+        "q3-ledger-a", 0) == applied
+
+
+def kill_at_random(store_url: str, ledger: LedgerService, kills: int, seed: int,
+                   extra: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
+    """Kill the agent ``kills`` times at random moments, resuming each time, then let it end.
+
+    Each kill waits for the log to grow by 0-2 events (so kills land all along the
+    run, not only in start-up), then a random 0-20 ms more, so they land at
+    arbitrary instructions: mid-model-call, mid-tool-call, mid-append.
+    """
+    rng = random.Random(seed)
+    store = open_store(store_url)
+    done = 0
+    try:
+        while done < kills:
+            start_seq = store.last_seq("q3")
+            child = subprocess.Popen(agent_cmd(store_url, ledger, *extra),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            target = start_seq + rng.randint(0, 2)
+            deadline = time.monotonic() + 30
+            while child.poll() is None and store.last_seq("q3") < target:
+                assert time.monotonic() < deadline, "the agent made no progress"
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.02))
+            if child.poll() is None:
+                child.send_signal(signal.SIGKILL)
+                done += 1
+            out, err = child.communicate(timeout=30)
+            if child.returncode == 0 and json.loads(out)["status"] == "finished":
+                break
+            assert child.returncode in (0, -signal.SIGKILL), err
+    finally:
+        store.close()
+    return done, run_agent(store_url, ledger, *extra)[1]
+
+
+@pytest.mark.parametrize("mode", ["lookup", "idempotent"])
+def test_random_kills_every_effect_exactly_once(
+    store_url: str, ledger: LedgerService, mode: str, request: pytest.FixtureRequest
+) -> None:
+    kills = 200 if request.config.getoption("--slow") else 30
+    done, out = kill_at_random(store_url, ledger, kills, seed=len(mode),
+                               extra=("--mode", mode, "--parts", "6", "--model-delay", "0.02"))
+    assert done == kills, f"the run finished after only {done} kills"
+    assert out["status"] == "finished"
+    effects = ledger.effects()
+    expected = {f"q3-{n}-{p}of6" for n in LEDGERS for p in range(1, 7)}
+    assert effects["corrections"] == dict.fromkeys(expected, 1)
+    assert list(effects["tickets"].values()) == [1]
+    log = log_of(store_url)
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    replayed = fold(log)
+    assert replayed.status == "finished"
+    assert hashlib.sha256(msgspec.json.encode(replayed)).hexdigest() == out["state_digest"]
+
+
+def test_handover_race_and_a_paused_worker_wakes_fenced(
+    store_url: str, ledger: LedgerService
+) -> None:
+    # Two workers released together: one gets the lease, the other appends nothing.
+    start_at = str(time.time() + 1.0)
+    racers = [subprocess.Popen(agent_cmd(store_url, ledger, "--start-at", start_at),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    outs = [json.loads(p.communicate(timeout=60)[0]) for p in racers]
+    assert sorted(o.get("error", o.get("status")) for o in outs) == ["LeaseHeldError",
+                                                                     "finished"]
+    assert {e.epoch for e in log_of(store_url)} == {1}
+    assert ledger.effects()["corrections"] == dict.fromkeys(CORRECTIONS, 1)
+
+
+def test_worker_frozen_after_effect_is_fenced_and_successor_reconciles(
+    tmp_path: Path, ledger: LedgerService
+) -> None:
+    store_url = f"sqlite:///{tmp_path / 'handover.db'}"
+    first = subprocess.Popen(agent_cmd(store_url, ledger, "--lease-ttl", "1"),
+                             env={**os.environ, "AGENTJOURNAL_FAULT": "after_effect:4:stop"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while ledger.effects()["corrections"].get("q3-ledger-a") != 1:
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.01)
+    time.sleep(1.5)  # frozen after the effect, before its completion, past its lease
+    code, out = run_agent(store_url, ledger, "--lease-ttl", "1")
+    assert code == 0 and out["status"] == "finished"
+    first.send_signal(signal.SIGCONT)  # it wakes up and tries to record its completion
+    stdout, _ = first.communicate(timeout=30)
+    assert json.loads(stdout)["error"] == "FencedError"
+    log = log_of(store_url)
+    takeover = next(e.seq for e in log if e.epoch == 2)
+    assert all(e.epoch == 2 for e in log[takeover - 1:])  # the old epoch appended nothing
+    assert verdicts(log) == ["found"]
+    assert ledger.effects()["corrections"] == dict.fromkeys(CORRECTIONS, 1)
