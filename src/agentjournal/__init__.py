@@ -1,11 +1,17 @@
 """agentjournal: durable, crash-resumable runs for LLM agents.
 
 A run's append-only event log is its single source of truth; its state is a
-pure fold over that log; a resumed run never repeats a recorded side effect.
+pure fold over that log; a resumed run never repeats a recorded side effect,
+and an effect whose outcome is unknown is reconciled or handed to a person.
+
+Layers (each uses only those above it): events -> state -> store ->
+execution (agent, tools, models, policy) -> surfaces (cli, demo).
 """
 
 from __future__ import annotations
 
+from .agent import Agent, RunResult
+from .decisions import decide_approval, resolve_uncertain
 from .errors import (
     ConflictError,
     CorruptLogError,
@@ -16,15 +22,42 @@ from .errors import (
     JournalError,
     LeaseHeldError,
     MissingExtraError,
+    NotPendingError,
     RunNotFoundError,
     StoreUrlError,
     UnknownEventTypeError,
     UnsupportedVersionError,
 )
 from .events import SCHEMA_VERSION, Event, EventType, decode, encode, make_events
+from .journal import fork
 from .keys import canonical_args, idempotency_key, operation_scope, run_scope
-from .state import FOLD_RULES, RECORD_ONLY, Message, RunState, apply, fold
+from .models import Model, ModelError, ModelRequest, ModelResponse, ScriptedModel, calls, reply
+from .policy import (
+    Allow,
+    Budget,
+    Compaction,
+    Deny,
+    Guardrail,
+    GuardrailVerdict,
+    Policy,
+    RegexGuardrail,
+    RequireApproval,
+    Rules,
+)
+from .state import FOLD_RULES, RECORD_ONLY, Message, PendingCall, RunState, ToolCall, apply, fold
 from .store import DEFAULT_URL, Durability, Lease, RunInfo, Store, open_store
+from .tools import (
+    Absent,
+    Conflict,
+    Effect,
+    Found,
+    Tool,
+    ToolContext,
+    ToolFailed,
+    ToolUncertain,
+    Unknown,
+    tool,
+)
 
 __version__ = "0.1.0"
 
@@ -33,35 +66,70 @@ __all__ = [
     "FOLD_RULES",
     "RECORD_ONLY",
     "SCHEMA_VERSION",
+    "Absent",
+    "Agent",
+    "Allow",
+    "Budget",
+    "Compaction",
+    "Conflict",
     "ConflictError",
     "CorruptLogError",
+    "Deny",
     "Durability",
     "DurabilityError",
+    "Effect",
     "EncodingError",
     "Event",
     "EventType",
     "FencedError",
+    "Found",
+    "Guardrail",
+    "GuardrailVerdict",
     "InvalidRunIdError",
     "JournalError",
     "Lease",
     "LeaseHeldError",
     "Message",
     "MissingExtraError",
+    "Model",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "NotPendingError",
+    "PendingCall",
+    "Policy",
+    "RegexGuardrail",
+    "RequireApproval",
+    "Rules",
     "RunInfo",
     "RunNotFoundError",
+    "RunResult",
     "RunState",
+    "ScriptedModel",
     "Store",
     "StoreUrlError",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolFailed",
+    "ToolUncertain",
     "UnknownEventTypeError",
     "UnsupportedVersionError",
+    "Unknown",
     "apply",
+    "calls",
     "canonical_args",
+    "decide_approval",
     "decode",
     "encode",
     "fold",
+    "fork",
     "idempotency_key",
     "make_events",
     "open_store",
     "operation_scope",
+    "reply",
+    "resolve_uncertain",
     "run_scope",
+    "tool",
 ]

@@ -113,15 +113,22 @@ class Agent:
         scope: str | None = None,
         owner: str | None = None,
         observer: Observer | None = None,
+        agent_ref: str | None = None,
     ) -> RunResult:
-        """Start ``run_id`` with ``task``, or resume it. Returns where the run stopped."""
+        """Start ``run_id`` with ``task``, or resume it. Returns where the run stopped.
+
+        ``scope`` is the idempotency scope (default: the run; see keys.py);
+        ``agent_ref`` ("module:object") is recorded so `agentjournal resume`
+        can find this agent again.
+        """
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl,
                           observer=observer) as j:
             if j.state.last_seq == 0:
                 if task is None:
                     raise ValueError(f"run {run_id!r} does not exist yet; give it a task")
-                j.record(E.RUN_STARTED, task=task, scope=scope or run_scope(run_id))
+                j.record(E.RUN_STARTED, task=task, scope=scope or run_scope(run_id),
+                         agent=agent_ref)
                 j.record(E.USER_MESSAGE, content=task)
                 self._guard(j)
             elif j.state.status != "finished":

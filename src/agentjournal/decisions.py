@@ -9,23 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .errors import JournalError
+from .errors import NotPendingError
 from .events import Event, EventType, encode_value
 from .journal import open_journal
 from .state import PendingCall
 from .store import Store
 
 Outcome = Literal["happened", "did_not_happen", "conflict"]
-
-
-class NotPendingError(JournalError, LookupError):
-    """The approval or uncertain call named is not open in that run."""
-
-    def __init__(self, run_id: str, what: str, open_ids: list[str]) -> None:
-        listing = ", ".join(open_ids) if open_ids else "none"
-        super().__init__(
-            f"run {run_id!r} has no open {what}. Open ones: {listing}.", run_id=run_id
-        )
 
 
 def decide_approval(

@@ -3,6 +3,7 @@
     JournalError                    root: catch this to catch them all
     ├── InvalidRunIdError           a run id that could name a file elsewhere, or is too long
     ├── RunNotFoundError            no events recorded for that run id
+    ├── NotPendingError             no such open approval or uncertain call in the run
     ├── ConflictError               the log moved on: expected_seq is stale
     ├── FencedError                 the writer's lease epoch was superseded
     ├── LeaseHeldError              another owner holds a live lease
@@ -47,6 +48,16 @@ class RunNotFoundError(JournalError, LookupError):
             f"run {run_id!r} has no events in this store. Check the run id "
             "(`agentjournal runs` lists them) and the store URL.",
             run_id=run_id,
+        )
+
+
+class NotPendingError(JournalError, LookupError):
+    """The approval or uncertain call named is not open in that run."""
+
+    def __init__(self, run_id: str, what: str, open_ids: list[str]) -> None:
+        listing = ", ".join(open_ids) if open_ids else "none"
+        super().__init__(
+            f"run {run_id!r} has no open {what}. Open ones: {listing}.", run_id=run_id
         )
 
 

@@ -103,6 +103,7 @@ class RunState(msgspec.Struct, kw_only=True):
     task: str = ""
     scope: str = ""
     origin: dict[str, Any] | None = None
+    agent: str | None = None  # "module:object" of the agent that runs it, if known
     started_at: datetime | None = None
     last_seq: int = 0
     messages: list[Message] = msgspec.field(default_factory=list)
@@ -150,6 +151,7 @@ def _run_started(st: RunState, ev: Event) -> None:
     st.task = p.get("task", "")
     st.scope = p.get("scope") or f"run:{ev.run_id}"
     st.origin = p.get("origin")
+    st.agent = p.get("agent")
     st.started_at = ev.ts
 
 
