@@ -141,6 +141,29 @@ class RunState(msgspec.Struct, kw_only=True):
         return msgspec.json.decode(msgspec.json.encode(self), type=RunState)
 
 
+def durable_fields(state: RunState) -> dict[str, Any]:
+    """The fields a resumed run relies on, in a form stable across releases.
+
+    Snapshot+tail must equal full replay on every one of these; permanent
+    fixtures record them at every seq.
+    """
+    return {
+        "status": state.status,
+        "outcome": state.outcome,
+        "turns": state.turns,
+        "input_tokens": state.usage.input_tokens,
+        "output_tokens": state.usage.output_tokens,
+        "cost_usd": round(state.cost_usd, 9),
+        "completed": {k: c.result for k, c in sorted(state.completed.items())},
+        "uncertain": sorted(p.key for p in state.pending.values()),
+        "approvals": sorted(state.approvals),
+        "decisions": {k: d.approved for k, d in sorted(state.decisions.items())},
+        "messages": [[m.role, m.trust, m.content] for m in state.messages],
+        "compactions": state.compactions,
+        "memory": dict(sorted(state.memory.items())),
+    }
+
+
 # --- fold rules: one function per state-changing event type --------------------
 
 
