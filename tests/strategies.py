@@ -41,8 +41,8 @@ def run_logs(draw: st.DrawFn, max_events: int = 40, run_id: str = "run-1") -> li
             calls = [{"id": f"c{i}", "name": "t", "args": {"x": i}}
                      for i in range(draw(st.integers(0, 2)))]
             emit(EventType.MODEL_TURN, text=draw(text), tool_calls=calls,
-                 usage={"input_tokens": draw(st.integers(0, 99)), "output_tokens": 3},
-                 cost_usd=draw(st.sampled_from([0.0, 0.25, 0.001])))
+                 usage={"input_tokens": draw(st.integers(0, 99)), "output_tokens": 3,
+                        "cost_usd": draw(st.sampled_from([0.0, 0.25, 0.001]))})
             messages += 1
         elif op == "start":
             emit(EventType.TOOL_CALL_STARTED, key=key, tool="t", args={"k": key}, call_id="c",

@@ -77,5 +77,5 @@ def test_git_history_never_modified_or_deleted_a_fixture() -> None:
 def test_a_newer_schema_version_is_refused() -> None:
     line = EVENT_LOGS[0].read_bytes().splitlines()[0]
     future = line.replace(b'"v":1', f'"v":{SCHEMA_VERSION + 1}'.encode())
-    with pytest.raises(UnsupportedVersionError, match="(?i)upgrade agentjournal"):
+    with pytest.raises(UnsupportedVersionError, match=r"(?i)upgrade agentjournal"):
         decode(future)

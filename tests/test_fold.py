@@ -111,7 +111,7 @@ def test_approvals_status_usage_and_outcome() -> None:
     state = fold([
         ev(1, EventType.RUN_STARTED, task="reconcile"),
         ev(2, EventType.MODEL_TURN, text="", tool_calls=[{"id": "c", "name": "pay", "args": {}}],
-           usage={"input_tokens": 10, "output_tokens": 5}, cost_usd=0.5),
+           usage={"input_tokens": 10, "output_tokens": 5, "cost_usd": 0.5}),
         ev(3, EventType.APPROVAL_REQUESTED, approval_id="a1", key="k", tool="pay", args={},
            reason="over limit"),
     ])
@@ -148,3 +148,14 @@ def test_compaction_keeping_everything_never_shares_messages() -> None:
         apply(live, event)
     assert as_bytes(live) == as_bytes(fold(log))
     assert [m.content for m in live.messages] == ["[x]", "s", "b"]
+
+
+def test_v1_model_turn_is_upcast_to_v2() -> None:
+    v1 = (b'{"epoch":0,"payload":{"cost_usd":0.5,"text":"hi","tool_calls":[],'
+          b'"usage":{"input_tokens":3,"output_tokens":2}},"run_id":"r","seq":1,'
+          b'"ts":"2026-01-01T00:00:00Z","type":"model_turn","v":1}')
+    event = decode(v1)
+    assert event.v == 2
+    assert event.payload == {"text": "hi", "tool_calls": [], "usage": {
+        "input_tokens": 3, "output_tokens": 2, "cached_input_tokens": 0, "cost_usd": 0.5}}
+    assert fold([event]).cost_usd == 0.5

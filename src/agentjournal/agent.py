@@ -154,7 +154,7 @@ class Agent:
             j.record(
                 E.MODEL_TURN, text=response.text,
                 tool_calls=msgspec.to_builtins(response.tool_calls),
-                usage=msgspec.to_builtins(response.usage), cost_usd=response.cost_usd,
+                usage=msgspec.to_builtins(response.usage),
             )
             if not response.tool_calls:
                 j.record(E.RUN_FINISHED, outcome=response.text)

@@ -9,7 +9,7 @@ when it was written (UTC) and by which lease epoch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -19,7 +19,9 @@ import msgspec
 from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionError
 
 #: The schema version this release writes. Older versions are upcast on read.
-SCHEMA_VERSION = 1
+#: v1: first release. v2: model_turn's cost moves into its usage, beside a new
+#: cached_input_tokens count.
+SCHEMA_VERSION = 2
 
 
 class EventType(StrEnum):
@@ -152,9 +154,34 @@ def decode(data: bytes | memoryview | str) -> Event:
     return event
 
 
+# --- upcasters: (type, from version) -> payload of version + 1 --------------------
+#
+# A type whose payload did not change between two versions needs no entry.
+# Upcasters are pure functions of one payload; a change of meaning that needs
+# more context than that is a migration, not an upcast.
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _model_turn_v1_to_v2(p: dict[str, Any]) -> dict[str, Any]:
+    usage = {"input_tokens": 0, "output_tokens": 0, **(p.get("usage") or {})}
+    usage["cached_input_tokens"] = 0  # v1 did not count cache hits
+    usage["cost_usd"] = p.get("cost_usd", 0.0)
+    return {**{k: v for k, v in p.items() if k != "cost_usd"}, "usage": usage}
+
+
+UPCASTERS: dict[tuple[EventType, int], Upcaster] = {
+    (EventType.MODEL_TURN, 1): _model_turn_v1_to_v2,
+}
+
+
 def upcast(event: Event) -> Event:
-    """Bring ``event`` to :data:`SCHEMA_VERSION`; refuse a newer version."""
+    """Bring ``event`` to :data:`SCHEMA_VERSION`, one version at a time; refuse a newer one."""
     if event.v > SCHEMA_VERSION:
         raise UnsupportedVersionError(f"event {event.run_id}#{event.seq}", event.v, SCHEMA_VERSION)
-    # Version 1 is the first; upcasters are registered here as versions appear.
-    return event
+    payload = event.payload
+    for version in range(event.v, SCHEMA_VERSION):
+        step = UPCASTERS.get((event.type, version))
+        if step is not None:
+            payload = step(payload)
+    return msgspec.structs.replace(event, v=SCHEMA_VERSION, payload=payload)

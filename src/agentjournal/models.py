@@ -37,8 +37,7 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
     text: str = ""
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
-    usage: Usage = msgspec.field(default_factory=Usage)
-    cost_usd: float = 0.0
+    usage: Usage = msgspec.field(default_factory=Usage)  # tokens and cost of this turn
 
 
 class ModelError(Exception):
@@ -94,5 +93,6 @@ class ScriptedModel:
                 for c, i in zip(response.tool_calls, ids, strict=True)
             ],
             usage=Usage(input_tokens=prompt_chars // 4,
-                        output_tokens=len(response.text) // 4 + 8 * len(ids)),
+                        output_tokens=len(response.text) // 4 + 8 * len(ids),
+                        cost_usd=response.usage.cost_usd),
         )

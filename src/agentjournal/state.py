@@ -17,8 +17,8 @@ import msgspec
 from .errors import UnknownEventTypeError
 from .events import Event, EventType
 
-#: Bumped whenever a fold rule changes meaning (snapshots record it).
-FOLD_VERSION = 1
+#: Bumped whenever a fold rule or the state's shape changes (snapshots record it).
+FOLD_VERSION = 2
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished"]
@@ -46,6 +46,8 @@ class Message(msgspec.Struct, kw_only=True):
 class Usage(msgspec.Struct, kw_only=True):
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: float = 0.0
 
 
 class PendingCall(msgspec.Struct, kw_only=True):
@@ -109,7 +111,6 @@ class RunState(msgspec.Struct, kw_only=True):
     messages: list[Message] = msgspec.field(default_factory=list)
     turns: int = 0
     usage: Usage = msgspec.field(default_factory=Usage)
-    cost_usd: float = 0.0
     completed: dict[str, CompletedCall] = msgspec.field(default_factory=dict)
     pending: dict[int, PendingCall] = msgspec.field(default_factory=dict)
     awaiting: dict[str, ToolCall] = msgspec.field(default_factory=dict)
@@ -132,6 +133,10 @@ class RunState(msgspec.Struct, kw_only=True):
         entry is a call whose effect may or may not have happened.
         """
         return {p.key: p for p in self.pending.values()}
+
+    @property
+    def cost_usd(self) -> float:
+        return self.usage.cost_usd
 
     @property
     def pending_approvals(self) -> dict[str, Approval]:
@@ -199,7 +204,8 @@ def _model_turn(st: RunState, ev: Event) -> None:
     usage = p.get("usage") or {}
     st.usage.input_tokens += usage.get("input_tokens", 0)
     st.usage.output_tokens += usage.get("output_tokens", 0)
-    st.cost_usd += p.get("cost_usd", 0.0)
+    st.usage.cached_input_tokens += usage.get("cached_input_tokens", 0)
+    st.usage.cost_usd += usage.get("cost_usd", 0.0)
 
 
 def _tool_call_started(st: RunState, ev: Event) -> None:
