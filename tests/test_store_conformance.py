@@ -5,6 +5,7 @@ Test ids read ``TestConformance::test_...[jsonl|sqlite|postgres]``.
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import sqlite3
@@ -29,7 +30,9 @@ from agentjournal import (
     make_events,
     open_store,
 )
+from agentjournal.events import now
 from agentjournal.store import Store
+from agentjournal.store.base import Snapshot
 
 from .conftest import backend_params
 
@@ -280,3 +283,53 @@ def sync_failure(store: Store) -> Exception:
     import psycopg
 
     return psycopg.OperationalError("server closed the connection unexpectedly")
+
+
+def snapshot_at(run_id: str, seq: int, body: bytes = b"state", fold_version: int = 1) -> Snapshot:
+    return Snapshot(run_id=run_id, seq=seq, schema_version=2, fold_version=fold_version,
+                    digest=hashlib.sha256(body).hexdigest(), body=body, created_at=now())
+
+
+@backend_params()
+class TestSnapshotConformance:
+    def test_conformance_snapshot_round_trip_and_prune(self, make_store: MakeStore) -> None:
+        store = make_store()
+        assert store.snapshots("r1") == []
+        body = bytes(range(256)) * 40  # every byte value, NUL included
+        store.put_snapshot(snapshot_at("r1", 10, body), keep=2)
+        store.put_snapshot(snapshot_at("r1", 20), keep=2)
+        store.put_snapshot(snapshot_at("other", 5), keep=2)
+        assert [s.seq for s in store.snapshots("r1")] == [20, 10]
+        store.put_snapshot(snapshot_at("r1", 30), keep=2)
+        got = make_store().snapshots("r1")  # a reopened handle sees the same
+        assert [s.seq for s in got] == [30, 20]
+        assert [s.seq for s in store.snapshots("other")] == [5]
+        store.put_snapshot(snapshot_at("r1", 40, body), keep=1)
+        (only,) = store.snapshots("r1")
+        assert (only.seq, only.body, only.digest) == (40, body, hashlib.sha256(body).hexdigest())
+        assert store.delete_snapshots("r1") == 1 and store.snapshots("r1") == []
+        assert store.list_runs() == []  # snapshots are not runs
+
+    def test_conformance_snapshot_same_seq_replaces(self, make_store: MakeStore) -> None:
+        store = make_store()
+        store.put_snapshot(snapshot_at("r1", 10, b"old"))
+        store.put_snapshot(snapshot_at("r1", 10, b"new"))
+        assert [s.body for s in store.snapshots("r1")] == [b"new"]
+
+    def test_conformance_snapshot_quarantine(self, make_store: MakeStore) -> None:
+        store = make_store()
+        assert store.quarantined() == {}
+        store.quarantine(7, "verify: completed keys differ")
+        store.quarantine(7, "again")
+        assert make_store().quarantined() == {7: "again"}
+
+    def test_conformance_snapshot_bad_run_ids(self, make_store: MakeStore,
+                                              tmp_path: Path) -> None:
+        store = make_store()
+        before = files_under(tmp_path.parent)
+        for run_id in ["../x", "a/b", ""]:
+            with pytest.raises(InvalidRunIdError):
+                store.put_snapshot(snapshot_at(run_id, 1))
+            with pytest.raises(InvalidRunIdError):
+                store.snapshots(run_id)
+        assert files_under(tmp_path.parent) == before

@@ -90,6 +90,7 @@ class Agent:
         max_recoveries: int = 20,
         model_retries: int = 3,
         lease_ttl: float = 30.0,
+        snapshot_every: int | None = 1000,
     ) -> None:
         self.model = model
         self.tools = {t.name: t for t in tools}
@@ -101,6 +102,7 @@ class Agent:
         self.max_recoveries = max_recoveries
         self.model_retries = model_retries
         self.lease_ttl = lease_ttl
+        self.snapshot_every = snapshot_every
 
     # --- the one entry point ---------------------------------------------------------
 
@@ -122,8 +124,8 @@ class Agent:
         can find this agent again.
         """
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
-        with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl,
-                          observer=observer) as j:
+        with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl, observer=observer,
+                          snapshot_every=self.snapshot_every) as j:
             if j.state.last_seq == 0:
                 if task is None:
                     raise ValueError(f"run {run_id!r} does not exist yet; give it a task")

@@ -20,6 +20,7 @@ import msgspec
 
 from .errors import JournalError, LeaseHeldError, RunNotFoundError
 from .events import Event, EventType, make_events
+from .snapshots import load_state, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 
@@ -64,11 +65,18 @@ def take_lease(store: Store, run_id: str, owner: str, ttl: float) -> Lease:
 
 class RunJournal:
     def __init__(
-        self, store: Store, lease: Lease, state: RunState, observer: Observer | None = None
+        self,
+        store: Store,
+        lease: Lease,
+        state: RunState,
+        observer: Observer | None = None,
+        snapshot_every: int | None = None,
     ) -> None:
         self.store, self.lease, self.state = store, lease, state
         self.run_id = lease.run_id
         self.observer = observer
+        self.snapshot_every = snapshot_every
+        self._snapshot_seq = state.last_seq
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
@@ -81,6 +89,9 @@ class RunJournal:
         apply(self.state, event)
         if self.observer is not None:
             self.observer(event, self.state)
+        if self.snapshot_every and event.seq - self._snapshot_seq >= self.snapshot_every:
+            write_snapshot(self.store, self.state)
+            self._snapshot_seq = event.seq
         return event
 
     def keep_alive(self, ttl: float) -> None:
@@ -118,18 +129,23 @@ def open_journal(
     ttl: float = 30.0,
     observer: Observer | None = None,
     must_exist: bool = False,
+    snapshot_every: int | None = None,
 ) -> RunJournal:
-    """Take the run's lease and fold its log. Appends nothing."""
+    """Take the run's lease and load its state (snapshot + tail, or a full fold).
+
+    Appends nothing. With ``snapshot_every``, a snapshot is written each time
+    that many events have been appended since the last one.
+    """
     validate_run_id(run_id)
     lease = take_lease(store, run_id, owner or default_owner(), ttl)
     try:
-        state = fold(store.read(run_id))
+        state = load_state(store, run_id).state
         if must_exist and state.last_seq == 0:
             raise RunNotFoundError(run_id)
     except BaseException:
         store.release(lease)
         raise
-    journal = RunJournal(store, lease, state, observer)
+    journal = RunJournal(store, lease, state, observer, snapshot_every)
     journal.keep_alive(ttl)
     return journal
 

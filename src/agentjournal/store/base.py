@@ -73,6 +73,18 @@ class RunInfo(msgspec.Struct, frozen=True):
     updated_at: datetime | None
 
 
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A cached partial fold of one run: only a cache, never the source of truth."""
+
+    run_id: str
+    seq: int  # the last event it includes
+    schema_version: int
+    fold_version: int
+    digest: str  # sha256 of body, hex
+    body: bytes
+    created_at: datetime
+
+
 def check_batch(run_id: str, events: Sequence[Event], expected_seq: int, epoch: int) -> None:
     """Refuse a batch whose envelopes do not match where it is being appended."""
     if not events:
@@ -109,3 +121,22 @@ class Store(Protocol):
     def release(self, lease: Lease) -> None: ...
 
     def close(self) -> None: ...
+
+    # --- snapshots: a cache beside the log ---------------------------------------------
+
+    def put_snapshot(self, snapshot: Snapshot, *, keep: int = 2) -> None:
+        """Publish ``snapshot`` atomically (body and pointer together), then keep only the
+        newest ``keep`` of the run. Never overwrites the only previous one in place."""
+        ...
+
+    def snapshots(self, run_id: str) -> list[Snapshot]:
+        """The run's published snapshots, newest (highest seq) first."""
+        ...
+
+    def delete_snapshots(self, run_id: str) -> int: ...
+
+    def quarantine(self, fold_version: int, reason: str) -> None:
+        """Never load snapshots written with ``fold_version`` again (verify found them wrong)."""
+        ...
+
+    def quarantined(self) -> dict[int, str]: ...

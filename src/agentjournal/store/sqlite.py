@@ -13,11 +13,12 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 from ..errors import ConflictError, DurabilityError, FencedError, LeaseHeldError, StoreUrlError
-from ..events import Event, decode, encode
-from .base import Durability, Lease, RunInfo, check_batch, validate_run_id
+from ..events import Event, decode, encode, now
+from .base import Durability, Lease, RunInfo, Snapshot, check_batch, validate_run_id
 
 # Numbered, append-only migrations; PRAGMA user_version records how many ran.
 MIGRATIONS: tuple[str, ...] = (
@@ -36,6 +37,23 @@ MIGRATIONS: tuple[str, ...] = (
         epoch INTEGER NOT NULL,
         expires_at REAL NOT NULL
     ) WITHOUT ROWID;
+    """,
+    """
+    CREATE TABLE snapshots (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        fold_version INTEGER NOT NULL,
+        schema_version INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        body BLOB NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq, fold_version)
+    ) WITHOUT ROWID;
+    CREATE TABLE quarantine (
+        fold_version INTEGER PRIMARY KEY,
+        reason TEXT NOT NULL,
+        at TEXT NOT NULL
+    );
     """,
 )
 
@@ -88,7 +106,7 @@ class SQLiteStore:
                 raise
             try:
                 self._sync()
-            except sqlite3.Error as exc:
+            except Exception as exc:  # whatever failed, durability is now unknown
                 # Never retried into success: the handle is closed for writes.
                 self._broken = f"commit failed: {exc}"
                 if self._db.in_transaction:
@@ -138,8 +156,6 @@ class SQLiteStore:
         return int(row[0] or 0)
 
     def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
-        from datetime import datetime
-
         sql = (
             "SELECT run_id, max(seq), min(ts), max(ts) FROM events GROUP BY run_id "
             "ORDER BY max(ts) DESC"
@@ -196,6 +212,51 @@ class SQLiteStore:
                 "UPDATE leases SET expires_at = 0 WHERE run_id = ? AND epoch = ?",
                 (lease.run_id, lease.epoch),
             )
+
+    # --- snapshots ---------------------------------------------------------------
+
+    def put_snapshot(self, snapshot: Snapshot, *, keep: int = 2) -> None:
+        run_id = validate_run_id(snapshot.run_id)
+        with self._tx() as db:  # body and pointer are one row: one transaction
+            db.execute(
+                "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, snapshot.seq, snapshot.fold_version, snapshot.schema_version,
+                 snapshot.digest, snapshot.body, snapshot.created_at.isoformat()),
+            )
+            db.execute(
+                "DELETE FROM snapshots WHERE run_id = ? AND (seq, fold_version) NOT IN "
+                "(SELECT seq, fold_version FROM snapshots WHERE run_id = ? "
+                " ORDER BY seq DESC, created_at DESC LIMIT ?)",
+                (run_id, run_id, max(keep, 1)),
+            )
+
+    def snapshots(self, run_id: str) -> list[Snapshot]:
+        validate_run_id(run_id)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, schema_version, fold_version, digest, body, created_at "
+                "FROM snapshots WHERE run_id = ? ORDER BY seq DESC, created_at DESC",
+                (run_id,),
+            ).fetchall()
+        return [
+            Snapshot(run_id=run_id, seq=r[0], schema_version=r[1], fold_version=r[2],
+                     digest=r[3], body=bytes(r[4]), created_at=datetime.fromisoformat(r[5]))
+            for r in rows
+        ]
+
+    def delete_snapshots(self, run_id: str) -> int:
+        validate_run_id(run_id)
+        with self._tx() as db:
+            return db.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,)).rowcount
+
+    def quarantine(self, fold_version: int, reason: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?)",
+                       (fold_version, reason, now().isoformat()))
+
+    def quarantined(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT fold_version, reason FROM quarantine"))
 
     def close(self) -> None:
         with self._lock:
