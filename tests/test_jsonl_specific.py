@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import zlib
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from agentjournal import (
     make_events,
 )
 from agentjournal.store import Durability
+from agentjournal.store.base import Snapshot
 from agentjournal.store.jsonl import JsonlStore
 
 
@@ -255,3 +258,169 @@ def test_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
     store = JsonlStore(tmp_path / "deep" / "er")
     assert store.url == f"jsonl:///{tmp_path / 'deep' / 'er'}"
     shutil.rmtree(tmp_path / "deep")
+
+
+# --- snapshots -------------------------------------------------------------------
+
+
+def snap(run_id: str, seq: int, body: bytes = b"state", fold_version: int = 1) -> Snapshot:
+    created = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=seq)
+    return Snapshot(
+        run_id=run_id,
+        seq=seq,
+        schema_version=1,
+        fold_version=fold_version,
+        digest=f"d{seq}",
+        body=body,
+        created_at=created,
+    )
+
+
+def test_snapshot_file_layout(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    body = b"line one\nline two\n\x00\xff"  # newlines in the body are fine
+    store.put_snapshot(snap("r1", 5, body, fold_version=3))
+    directory = tmp_path / "runs" / "r1.snapshots"
+    assert os.listdir(directory) == ["000000000005-f3.snap"]
+    header, rest = (directory / "000000000005-f3.snap").read_bytes().split(b"\n", 1)
+    assert rest == body and b'"seq":5' in header and b'"fold_version":3' in header
+    assert store.snapshots("r1") == [snap("r1", 5, body, fold_version=3)]
+
+
+def test_leftover_tmp_is_never_loaded_and_cleaned_on_put(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    store.put_snapshot(snap("r1", 1, b"published"))
+    directory = tmp_path / "runs" / "r1.snapshots"
+    # A crash after writing a newer body but before the rename into place.
+    whole = (directory / "000000000001-f1.snap").read_bytes().replace(b'"seq":1', b'"seq":2')
+    (directory / "000000000002-f1.snap.tmp").write_bytes(whole)
+    reopened = JsonlStore(tmp_path / "runs")
+    assert [s.body for s in reopened.snapshots("r1")] == [b"published"]
+    reopened.put_snapshot(snap("r1", 3, b"next"))
+    assert not list(directory.glob("*.tmp"))
+    assert [s.seq for s in reopened.snapshots("r1")] == [3, 1]
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"", b"not json\nbody", b'{"seq": 9}\nbody', b"no newline at all", b"\x00" * 64],
+)
+def test_garbage_snap_file_is_skipped_with_a_warning(
+    tmp_path: Path, garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    store.put_snapshot(snap("r1", 1, b"good"))
+    directory = tmp_path / "runs" / "r1.snapshots"
+    (directory / "000000000009-f1.snap").write_bytes(garbage)
+    with caplog.at_level(logging.WARNING, logger="agentjournal"):
+        assert [s.body for s in store.snapshots("r1")] == [b"good"]
+    assert "unreadable snapshot" in caplog.text
+    store.put_snapshot(snap("r1", 2, b"newer"), keep=5)  # the next put clears it away
+    assert sorted(os.listdir(directory)) == ["000000000001-f1.snap", "000000000002-f1.snap"]
+
+
+def test_snapshot_under_another_runs_name_is_skipped(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    store.put_snapshot(snap("a", 1))
+    (tmp_path / "runs" / "b.snapshots").mkdir()
+    shutil.copy(
+        tmp_path / "runs" / "a.snapshots" / "000000000001-f1.snap",
+        tmp_path / "runs" / "b.snapshots" / "000000000001-f1.snap",
+    )
+    assert store.snapshots("b") == []
+    assert len(store.snapshots("a")) == 1
+
+
+def test_snapshots_and_quarantine_do_not_confuse_list_runs(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    add(store, "r1", "x")
+    store.put_snapshot(snap("r1", 1))
+    store.put_snapshot(snap("ghost", 4))  # snapshots but no log
+    store.quarantine(7, "wrong fold")
+    assert (tmp_path / "runs" / "_quarantine.json").exists()
+    assert [r.run_id for r in store.list_runs()] == ["r1"]
+    assert store.last_seq("ghost") == 0
+    assert store.delete_snapshots("ghost") == 1
+    assert not (tmp_path / "runs" / "ghost.snapshots").exists()
+    assert [r.run_id for r in JsonlStore(tmp_path / "runs").list_runs()] == ["r1"]
+
+
+def test_snapshot_reads_create_no_files(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    assert store.snapshots("ghost") == []
+    assert store.delete_snapshots("ghost") == 0
+    assert store.quarantined() == {}
+    assert os.listdir(tmp_path / "runs") == []
+
+
+def test_quarantine_record_is_atomic_json(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    store.quarantine(3, "first")
+    store.quarantine(3, "again")
+    store.quarantine(4, "other")
+    path = tmp_path / "runs" / "_quarantine.json"
+    assert json.loads(path.read_text()) == {"3": "again", "4": "other"}
+    assert JsonlStore(tmp_path / "runs").quarantined() == {3: "again", 4: "other"}
+    assert not list((tmp_path / "runs").glob("*.tmp"))
+
+
+def test_unreadable_quarantine_disables_snapshots(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A damaged record must never read as "nothing quarantined".
+    store = JsonlStore(tmp_path / "runs")
+    store.put_snapshot(snap("r1", 1))
+    (tmp_path / "runs" / "_quarantine.json").write_bytes(b"{torn")
+    with caplog.at_level(logging.WARNING, logger="agentjournal"):
+        assert store.snapshots("r1") == []
+    assert "quarantine" in caplog.text
+    with pytest.raises(OSError):
+        store.quarantined()
+    with pytest.raises(OSError):
+        store.quarantine(1, "x")
+    assert (tmp_path / "runs" / "_quarantine.json").read_bytes() == b"{torn"
+
+
+def test_failed_snapshot_fsync_breaks_the_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JsonlStore(tmp_path / "runs")
+    store.put_snapshot(snap("r1", 1, b"kept"))
+    monkeypatch.setattr(store, "_sync", lambda fd: (_ for _ in ()).throw(OSError(5, "EIO")))
+    with pytest.raises(DurabilityError):
+        store.put_snapshot(snap("r1", 2, b"lost"))
+    monkeypatch.undo()
+    directory = tmp_path / "runs" / "r1.snapshots"
+    assert os.listdir(directory) == ["000000000001-f1.snap"]  # nothing published, no .tmp
+    for attempt in (
+        lambda: store.put_snapshot(snap("r1", 3)),
+        lambda: store.delete_snapshots("r1"),
+        lambda: store.delete_snapshots("ghost"),
+        lambda: store.quarantine(1, "x"),
+        lambda: add(store, "r1", "after"),
+    ):
+        with pytest.raises(DurabilityError):
+            attempt()
+    assert [s.body for s in store.snapshots("r1")] == [b"kept"]  # reads still work
+
+
+def test_snapshot_prunes_serialize_across_processes(tmp_path: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_put_many, args=(str(tmp_path / "runs"), i)) for i in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    store = JsonlStore(tmp_path / "runs")
+    assert len(store.snapshots("r1")) == 2
+    assert not list((tmp_path / "runs" / "r1.snapshots").glob("*.tmp"))
+
+
+def _put_many(directory: str, worker: int) -> None:
+    store = JsonlStore(directory)
+    for seq in range(worker * 100 + 1, worker * 100 + 30):
+        store.put_snapshot(snap("r1", seq, b"w%d" % worker), keep=2)
+        assert 1 <= len(store.snapshots("r1")) <= 2

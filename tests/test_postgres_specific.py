@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,7 +20,8 @@ psycopg = pytest.importorskip("psycopg")
 
 from agentjournal.errors import ConflictError, DurabilityError, StoreUrlError  # noqa: E402
 from agentjournal.events import EventType, encode, make_events  # noqa: E402
-from agentjournal.store.base import Durability  # noqa: E402
+from agentjournal.store import postgres as pg_module  # noqa: E402
+from agentjournal.store.base import Durability, Snapshot  # noqa: E402
 from agentjournal.store.postgres import PostgresStore  # noqa: E402
 
 PG_URL = os.environ.get("AGENTJOURNAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -81,7 +83,7 @@ def test_concurrent_open_migrates_once(schema: str) -> None:
         t.join()
     assert errors == []
     PostgresStore(PG_URL, schema=schema).close()  # reopening is a no-op
-    assert _sql(f'SELECT version FROM "{schema}".schema_version') == [(1,)]
+    assert _sql(f'SELECT version FROM "{schema}".schema_version ORDER BY version') == [(1,), (2,)]
 
 
 def test_round_trip_is_byte_identical(store: PostgresStore, schema: str) -> None:
@@ -181,3 +183,103 @@ def test_url_and_schema_validation(store: PostgresStore, schema: str) -> None:
     assert store.url.endswith(f"?schema={schema}")
     with pytest.raises(StoreUrlError):
         PostgresStore(PG_URL, schema='x"; DROP TABLE y; --')
+
+
+def _versions(schema: str) -> list[int]:
+    return [r[0] for r in _sql(f'SELECT version FROM "{schema}".schema_version ORDER BY version')]
+
+
+def _snap(run_id: str, seq: int, body: bytes, fold_version: int = 1) -> Snapshot:
+    created = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=seq)
+    return Snapshot(
+        run_id=run_id,
+        seq=seq,
+        schema_version=1,
+        fold_version=fold_version,
+        digest=f"d{seq}",
+        body=body,
+        created_at=created,
+    )
+
+
+def test_fresh_schema_runs_every_migration(store: PostgresStore, schema: str) -> None:
+    assert _versions(schema) == [1, 2]
+    assert store.snapshots("r") == [] and store.quarantined() == {}
+
+
+def test_migration_2_upgrades_a_v1_schema(schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as m:  # a store written by the release before snapshots
+        m.setattr(pg_module, "MIGRATIONS", pg_module.MIGRATIONS[:1])
+        with PostgresStore(PG_URL, schema=schema) as old:
+            old.append("r", make_events("r", 0, 0, _facts(2)), expected_seq=0, epoch=0)
+    assert _versions(schema) == [1]
+    with PostgresStore(PG_URL, schema=schema) as new:
+        assert _versions(schema) == [1, 2]
+        assert [e.seq for e in new.read("r")] == [1, 2]  # the log is untouched
+        new.put_snapshot(_snap("r", 2, b"state"))
+        assert [s.body for s in new.snapshots("r")] == [b"state"]
+    PostgresStore(PG_URL, schema=schema).close()  # reopening migrates nothing more
+    assert _versions(schema) == [1, 2]
+
+
+def test_snapshot_put_and_prune_are_one_transaction(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for seq in (1, 2):
+        store.put_snapshot(_snap("r", seq, b"s%d" % seq))
+    monkeypatch.setattr(
+        store, "_sync", lambda conn: (_ for _ in ()).throw(psycopg.OperationalError("gone"))
+    )
+    with pytest.raises(DurabilityError):
+        store.put_snapshot(_snap("r", 3, b"s3"))
+    # Neither the insert nor the prune happened; the handle now refuses writes.
+    assert [s.seq for s in store.snapshots("r")] == [2, 1]
+    monkeypatch.undo()
+    with pytest.raises(DurabilityError):
+        store.put_snapshot(_snap("r", 4, b"s4"))
+    with pytest.raises(DurabilityError):
+        store.quarantine(1, "x")
+    with pytest.raises(DurabilityError):
+        store.delete_snapshots("r")
+
+
+def test_snapshot_body_is_bytea_and_byte_identical(store: PostgresStore, schema: str) -> None:
+    body = bytes(range(256)) * 3 + b"\x00"
+    store.put_snapshot(_snap("r", 7, body))
+    rows = _sql(f'SELECT body, created_at FROM "{schema}".snapshots')
+    assert bytes(rows[0][0]) == body
+    (got,) = store.snapshots("r")
+    assert got == _snap("r", 7, body)
+
+
+def test_concurrent_snapshot_writers_keep_exactly_keep(schema: str) -> None:
+    # Unserialized, each transaction's prune misses the others' uncommitted rows and
+    # more than ``keep`` survive; the per-run advisory lock orders them.
+    n = 8
+    stores = [PostgresStore(PG_URL, schema=schema) for _ in range(n)]
+    for _ in range(20):
+        barrier = threading.Barrier(n)
+        errors: list[BaseException] = []
+
+        def writer(
+            s: PostgresStore, seq: int, barrier: threading.Barrier, errors: list[BaseException]
+        ) -> None:
+            try:
+                barrier.wait()
+                s.put_snapshot(_snap("r", seq, b"x"), keep=2)
+            except BaseException as exc:
+                errors.append(exc)
+
+        base = max([x.seq for x in stores[0].snapshots("r")], default=0)
+        threads = [
+            threading.Thread(target=writer, args=(s, base + i + 1, barrier, errors))
+            for i, s in enumerate(stores)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert [x.seq for x in stores[0].snapshots("r")] == [base + n, base + n - 1]
+    for s in stores:
+        s.close()

@@ -19,8 +19,8 @@ from agentjournal.state import FOLD_VERSION
 from agentjournal.store import Store
 
 from .conftest import backend_params
-from .test_store_conformance import sync_failure
 from .strategies import run_logs
+from .test_store_conformance import sync_failure
 
 MakeStore = Callable[[], Store]
 

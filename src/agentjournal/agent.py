@@ -34,7 +34,7 @@ from .policy import (
     Policy,
     RequireApproval,
 )
-from .state import Approval, PendingCall, RunState, Status, ToolCall
+from .state import SETTLING_VERDICTS, Approval, PendingCall, RunState, Status, ToolCall
 from .store import Store
 from .tools import Absent, Conflict, Effect, Found, Tool, ToolContext, ToolFailed, Unknown
 
@@ -232,7 +232,7 @@ class Agent:
     def _verdict(j: RunJournal, p: PendingCall, verdict: str, **detail: Any) -> bool:
         j.record(E.TOOL_CALL_RECONCILED, started_seq=p.started_seq, key=p.key, tool=p.tool,
                  verdict=verdict, by="agentjournal", **detail)
-        return verdict in ("found", "absent", "retry")
+        return verdict in SETTLING_VERDICTS
 
     @staticmethod
     def _call_of(p: PendingCall) -> ToolCall:

@@ -10,10 +10,17 @@ Writers (and readers, so they never see an unacknowledged record) hold an
 exclusive ``flock`` on ``<run_id>.lock``; under it the store learns the true
 last seq, checks the lease epoch in ``<run_id>.lease`` and writes the whole
 batch with one ``os.write`` to a file opened ``O_APPEND``.
+
+Snapshots (a cache beside the log) live in ``<run_id>.snapshots/``, one file
+per snapshot, ``<seq:012d>-f<fold_version>.snap``: a one-line JSON header (the
+metadata) then the raw body. Each is written to a ``.tmp`` file, fsynced and
+renamed into place, so a reader sees a whole snapshot or none; ``.tmp`` files
+are never read. The store-wide quarantine record is ``_quarantine.json``.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -39,7 +46,7 @@ from ..errors import (
     StoreUrlError,
 )
 from ..events import Event, decode, encode
-from .base import Durability, Lease, RunInfo, check_batch, validate_run_id
+from .base import Durability, Lease, RunInfo, Snapshot, check_batch, validate_run_id
 
 log = logging.getLogger("agentjournal")
 
@@ -71,6 +78,26 @@ class _Tail(NamedTuple):
 
 
 _EMPTY = _Tail(0, 0, None, None)
+
+
+class _SnapHeader(msgspec.Struct, frozen=True):
+    """The first line of a ``.snap`` file: a ``Snapshot`` minus its body."""
+
+    run_id: str
+    seq: int
+    schema_version: int
+    fold_version: int
+    digest: str
+    created_at: datetime
+
+
+_SNAP_SUFFIX = ".snapshots"
+_QUARANTINE = "_quarantine.json"  # "_" never starts a run id, so no run can collide
+_MAX_HEADER = 1 << 16
+
+
+def _snap_name(seq: int, fold_version: int) -> str:
+    return f"{seq:012d}-f{fold_version}.snap"
 
 
 def _frame(body: bytes) -> bytes:
@@ -119,10 +146,15 @@ class JsonlStore:
     @contextmanager
     def _locked(self, run_id: str, *, write: bool) -> Iterator[None]:
         """This instance's thread lock plus the run's cross-process flock."""
+        with self._flocked(self._file(run_id, ".lock"), write=write, run_id=run_id):
+            yield
+
+    @contextmanager
+    def _flocked(self, lock: Path, *, write: bool, run_id: str | None) -> Iterator[None]:
         with self._lock:
             if write and self._broken:
                 raise DurabilityError(self._broken, run_id=run_id)
-            fd = os.open(self._file(run_id, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
@@ -135,7 +167,7 @@ class JsonlStore:
         """The durability point (a fault-injection seam for tests)."""
         os.fsync(fd)
 
-    def _durable(self, fd: int, run_id: str, rollback_to: int | None = None) -> None:
+    def _durable(self, fd: int, run_id: str | None, rollback_to: int | None = None) -> None:
         try:
             self._sync(fd)
         except OSError as exc:
@@ -147,12 +179,30 @@ class JsonlStore:
             self._broken = f"fsync failed: {exc}"
             raise DurabilityError(self._broken, run_id=run_id) from exc
 
-    def _sync_dir(self, run_id: str) -> None:
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+    def _sync_dir(self, run_id: str | None, directory: Path | None = None) -> None:
+        fd = os.open(directory or self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._durable(fd, run_id)
         finally:
             os.close(fd)
+
+    def _publish(self, path: Path, data: bytes, run_id: str | None) -> None:
+        """Write-fsync-rename-fsync(dir): readers see the old file or the new, never half."""
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            self._durable(fd, run_id)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self._sync_dir(run_id, path.parent)
 
     # --- scanning --------------------------------------------------------------
 
@@ -388,6 +438,148 @@ class JsonlStore:
             row = self._read_lease(lease.run_id)
             if row is not None and row.epoch == lease.epoch:
                 self._write_lease(lease.run_id, _LeaseRecord(row.owner, row.epoch, 0.0))
+
+    # --- snapshots ---------------------------------------------------------------
+
+    def _snap_dir(self, run_id: str) -> Path:
+        return self._file(run_id, _SNAP_SUFFIX)
+
+    def _load_snap(
+        self, path: Path, run_id: str, *, body: bool
+    ) -> tuple[_SnapHeader, bytes] | None:
+        """A snapshot file's header (and body); None, with a warning, if it is damaged."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read() if body else f.readline(_MAX_HEADER)
+        except FileNotFoundError:
+            return None  # pruned by another handle since the listing
+        nl = data.find(b"\n")
+        try:
+            if nl == -1:
+                raise ValueError("no header line")
+            header = msgspec.json.decode(data[:nl], type=_SnapHeader)
+            if header.run_id != run_id or path.name != _snap_name(header.seq, header.fold_version):
+                raise ValueError(f"header names {header.run_id!r}#{header.seq}")
+        except (msgspec.DecodeError, ValueError) as exc:
+            log.warning("run %r: skipped unreadable snapshot %s: %s", run_id, path.name, exc)
+            return None
+        return header, data[nl + 1 :]
+
+    def _scan_snaps(
+        self, run_id: str, *, body: bool
+    ) -> tuple[list[tuple[Path, _SnapHeader, bytes]], list[Path]]:
+        """The run's readable snapshots, newest first, and its unreadable ``.snap`` files."""
+        good: list[tuple[Path, _SnapHeader, bytes]] = []
+        bad: list[Path] = []
+        try:
+            paths = sorted(self._snap_dir(run_id).glob("*.snap"))  # never *.tmp
+        except FileNotFoundError:
+            return good, bad
+        for path in paths:
+            loaded = self._load_snap(path, run_id, body=body)
+            if loaded is None:
+                if path.exists():
+                    bad.append(path)
+            else:
+                good.append((path, *loaded))
+        good.sort(key=lambda g: (g[1].seq, g[1].created_at.timestamp(), g[0].name), reverse=True)
+        return good, bad
+
+    def put_snapshot(self, snapshot: Snapshot, *, keep: int = 2) -> None:
+        run_id = validate_run_id(snapshot.run_id)
+        header = _SnapHeader(
+            run_id,
+            snapshot.seq,
+            snapshot.schema_version,
+            snapshot.fold_version,
+            snapshot.digest,
+            snapshot.created_at,
+        )
+        data = msgspec.json.encode(header) + b"\n" + snapshot.body
+        with self._locked(run_id, write=True):  # one writer at a time: prunes never interleave
+            directory = self._snap_dir(run_id)
+            if not directory.is_dir():
+                directory.mkdir()
+                self._sync_dir(run_id)
+            for stale in directory.glob("*.tmp"):  # left by a crash before a publish
+                with suppress(OSError):
+                    stale.unlink()
+            self._publish(directory / _snap_name(snapshot.seq, snapshot.fold_version), data, run_id)
+            # Only once the new one is durable: prune, keeping the newest ``keep``.
+            good, bad = self._scan_snaps(run_id, body=False)
+            doomed = [path for path, _, _ in good[max(keep, 1) :]] + bad
+            for path in doomed:
+                with suppress(FileNotFoundError):
+                    path.unlink()
+            if doomed:
+                self._sync_dir(run_id, directory)
+
+    def snapshots(self, run_id: str) -> list[Snapshot]:
+        validate_run_id(run_id)
+        if not self._snap_dir(run_id).is_dir():
+            return []  # and no lock file created for a run that has none
+        try:
+            self._read_quarantine()
+        except OSError as exc:
+            # Which fold versions are unsafe is unknown: load none until it is fixed.
+            log.warning("run %r: not using snapshots: %s", run_id, exc)
+            return []
+        with self._locked(run_id, write=False):
+            good, _ = self._scan_snaps(run_id, body=True)
+        return [
+            Snapshot(
+                run_id=run_id,
+                seq=h.seq,
+                schema_version=h.schema_version,
+                fold_version=h.fold_version,
+                digest=h.digest,
+                body=body,
+                created_at=h.created_at,
+            )
+            for _, h, body in good
+        ]
+
+    def delete_snapshots(self, run_id: str) -> int:
+        validate_run_id(run_id)
+        directory = self._snap_dir(run_id)
+        if not directory.is_dir():
+            if self._broken:  # a write like any other: refused on a broken handle
+                raise DurabilityError(self._broken, run_id=run_id)
+            return 0
+        with self._locked(run_id, write=True):
+            good, _ = self._scan_snaps(run_id, body=False)
+            try:
+                entries = list(directory.iterdir())
+            except FileNotFoundError:
+                return 0  # deleted by another handle meanwhile
+            for path in entries:
+                with suppress(FileNotFoundError):
+                    path.unlink()
+            self._sync_dir(run_id, directory)
+            directory.rmdir()
+            self._sync_dir(run_id)
+        return len(good)
+
+    def _read_quarantine(self) -> dict[int, str]:
+        path = self.path / _QUARANTINE
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        try:
+            return msgspec.json.decode(raw, type=dict[int, str])
+        except msgspec.DecodeError as exc:
+            # Never read as "nothing quarantined": that could load a known-bad fold.
+            raise OSError(errno.EIO, f"unreadable quarantine record {path}: {exc}") from None
+
+    def quarantine(self, fold_version: int, reason: str) -> None:
+        with self._flocked(self.path / "_quarantine.lock", write=True, run_id=None):
+            record = self._read_quarantine()
+            record[fold_version] = reason
+            self._publish(self.path / _QUARANTINE, msgspec.json.encode(record), None)
+
+    def quarantined(self) -> dict[int, str]:
+        return self._read_quarantine()  # replaced whole, so no lock is needed to read it
 
     def close(self) -> None:
         """Fsync what BATCHED left unsynced; raise ``DurabilityError`` if that fails."""

@@ -8,6 +8,10 @@ while writers to different runs never wait for each other; ``PRIMARY KEY
 exact bytes of :func:`~agentjournal.events.encode` in ``bytea`` (``jsonb``
 would reorder keys and refuse ``\\u0000``), so reads are byte-identical.
 
+Snapshots (a cache beside the log) are rows of ``snapshots``, body and
+metadata together, so one transaction publishes one whole; ``quarantine``
+lists fold versions whose snapshots must never be loaded.
+
 Lease times come from the server's clock, so workers on hosts with skewed
 clocks agree on when a lease expires.
 
@@ -36,7 +40,7 @@ from psycopg_pool import ConnectionPool
 
 from ..errors import ConflictError, DurabilityError, FencedError, LeaseHeldError, StoreUrlError
 from ..events import Event, decode, encode
-from .base import Durability, Lease, RunInfo, check_batch, validate_run_id
+from .base import Durability, Lease, RunInfo, Snapshot, check_batch, validate_run_id
 
 DEFAULT_SCHEMA = "agentjournal"
 # Postgres silently truncates identifiers past 63 bytes, which could alias two schemas.
@@ -65,6 +69,23 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         lease_expires_at timestamptz,
         created_at timestamptz,
         updated_at timestamptz
+    );
+    """,
+    """
+    CREATE TABLE {s}.snapshots (
+        run_id text NOT NULL,
+        seq bigint NOT NULL,
+        fold_version integer NOT NULL,
+        schema_version integer NOT NULL,
+        digest text NOT NULL,
+        body bytea NOT NULL,
+        created_at timestamptz NOT NULL,
+        PRIMARY KEY (run_id, seq, fold_version)
+    );
+    CREATE TABLE {s}.quarantine (
+        fold_version integer PRIMARY KEY,
+        reason text NOT NULL,
+        at timestamptz NOT NULL DEFAULT now()
     );
     """,
 )
@@ -173,7 +194,7 @@ class PostgresStore:
         conn.commit()
 
     @contextmanager
-    def _write(self, run_id: str, *, batched: bool = False) -> Iterator[Cursor]:
+    def _write(self, run_id: str | None, *, batched: bool = False) -> Iterator[Cursor]:
         """A transaction committed by :meth:`_sync`; a failed commit breaks the handle."""
         if self._broken:
             raise DurabilityError(self._broken, run_id=run_id)
@@ -329,6 +350,90 @@ class PostgresStore:
                 ),
                 (lease.run_id, lease.epoch),
             )
+
+    # --- snapshots ---------------------------------------------------------------
+
+    def put_snapshot(self, snapshot: Snapshot, *, keep: int = 2) -> None:
+        run_id = validate_run_id(snapshot.run_id)
+        with self._write(run_id) as cur:  # body and pointer are one row: one transaction
+            # Serialize writers of this run's snapshots (not its appends or lease), so
+            # two prunes never each keep a different newest ``keep``.
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"agentjournal.snapshots:{self.schema}:{run_id}",),
+            )
+            cur.execute(
+                self._q(
+                    "INSERT INTO {s}.snapshots (run_id, seq, fold_version, schema_version,"
+                    " digest, body, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (run_id, seq, fold_version) DO UPDATE SET"
+                    " schema_version = EXCLUDED.schema_version, digest = EXCLUDED.digest,"
+                    " body = EXCLUDED.body, created_at = EXCLUDED.created_at"
+                ),
+                (
+                    run_id,
+                    snapshot.seq,
+                    snapshot.fold_version,
+                    snapshot.schema_version,
+                    snapshot.digest,
+                    snapshot.body,
+                    snapshot.created_at,
+                ),
+            )
+            cur.execute(
+                self._q(
+                    "DELETE FROM {s}.snapshots WHERE run_id = %s AND (seq, fold_version) NOT IN"
+                    " (SELECT seq, fold_version FROM {s}.snapshots WHERE run_id = %s"
+                    " ORDER BY seq DESC, created_at DESC LIMIT %s)"
+                ),
+                (run_id, run_id, max(keep, 1)),
+            )
+
+    def snapshots(self, run_id: str) -> list[Snapshot]:
+        validate_run_id(run_id)
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._q(
+                    "SELECT seq, schema_version, fold_version, digest, body, created_at"
+                    " FROM {s}.snapshots WHERE run_id = %s ORDER BY seq DESC, created_at DESC"
+                ),
+                (run_id,),
+            ).fetchall()
+        return [
+            Snapshot(
+                run_id=run_id,
+                seq=r[0],
+                schema_version=r[1],
+                fold_version=r[2],
+                digest=r[3],
+                body=bytes(r[4]),
+                created_at=r[5],
+            )
+            for r in rows
+        ]
+
+    def delete_snapshots(self, run_id: str) -> int:
+        validate_run_id(run_id)
+        with self._write(run_id) as cur:
+            cur.execute(self._q("DELETE FROM {s}.snapshots WHERE run_id = %s"), (run_id,))
+            deleted = cur.rowcount
+        return deleted
+
+    def quarantine(self, fold_version: int, reason: str) -> None:
+        with self._write(None) as cur:
+            cur.execute(
+                self._q(
+                    "INSERT INTO {s}.quarantine (fold_version, reason) VALUES (%s, %s)"
+                    " ON CONFLICT (fold_version) DO UPDATE SET reason = EXCLUDED.reason,"
+                    " at = now()"
+                ),
+                (fold_version, reason),
+            )
+
+    def quarantined(self) -> dict[int, str]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(self._q("SELECT fold_version, reason FROM {s}.quarantine"))
+            return {int(v): str(r) for v, r in rows.fetchall()}
 
     def close(self) -> None:
         self._pool.close()
