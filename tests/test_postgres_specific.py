@@ -18,7 +18,12 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from agentjournal.errors import ConflictError, DurabilityError, StoreUrlError  # noqa: E402
+from agentjournal.errors import (  # noqa: E402
+    ConflictError,
+    DurabilityError,
+    StoreUnavailableError,
+    StoreUrlError,
+)
 from agentjournal.events import EventType, encode, make_events  # noqa: E402
 from agentjournal.store import postgres as pg_module  # noqa: E402
 from agentjournal.store.base import Durability, Snapshot  # noqa: E402
@@ -283,3 +288,22 @@ def test_concurrent_snapshot_writers_keep_exactly_keep(schema: str) -> None:
         assert [x.seq for x in stores[0].snapshots("r")] == [base + n, base + n - 1]
     for s in stores:
         s.close()
+
+
+def test_lost_server_is_store_unavailable_not_a_driver_error(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def gone(*args: object, **kwargs: object) -> Any:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store._pool, "connection", gone)
+    with pytest.raises(StoreUnavailableError, match="server closed") as info:
+        store.last_seq("r1")
+    assert info.value.retryable
+    with pytest.raises(StoreUnavailableError):
+        list(store.read("r1"))
+    events = make_events("r1", 0, 0, _facts(1))
+    with pytest.raises(StoreUnavailableError):
+        store.append("r1", events, expected_seq=0, epoch=0)
+    monkeypatch.undo()
+    assert store.append("r1", events, expected_seq=0, epoch=0) == 1  # nothing was broken

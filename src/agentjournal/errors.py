@@ -9,6 +9,7 @@
     ├── LeaseHeldError              another owner holds a live lease
     ├── CorruptLogError             damage before the tail of a log
     ├── DurabilityError             an fsync or commit failed; the handle is now closed for writes
+    ├── StoreUnavailableError       the store's server could not be reached; nothing was committed
     ├── EncodingError               a payload that cannot be stored (NaN, infinity, unknown type)
     ├── UnknownEventTypeError       an event type string this release does not know
     ├── UnsupportedVersionError     an event schema version newer than this release
@@ -130,6 +131,20 @@ class DurabilityError(JournalError):
             "the store and re-read the log to learn what was kept.",
             run_id=run_id,
         )
+        self.detail = detail
+
+
+class StoreUnavailableError(JournalError):
+    """The database server could not be reached or dropped the connection mid-call."""
+
+    retryable = True
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(
+            f"store {url} is unavailable ({detail}). Nothing was committed by this call; "
+            "check the server and try again."
+        )
+        self.url = url
         self.detail = detail
 
 

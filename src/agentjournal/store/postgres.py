@@ -38,7 +38,14 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.errors import UniqueViolation
 from psycopg_pool import ConnectionPool
 
-from ..errors import ConflictError, DurabilityError, FencedError, LeaseHeldError, StoreUrlError
+from ..errors import (
+    ConflictError,
+    DurabilityError,
+    FencedError,
+    LeaseHeldError,
+    StoreUnavailableError,
+    StoreUrlError,
+)
 from ..events import Event, decode, encode
 from .base import Durability, Lease, RunInfo, Snapshot, check_batch, validate_run_id
 
@@ -194,11 +201,20 @@ class PostgresStore:
         conn.commit()
 
     @contextmanager
+    def _conn(self) -> Iterator[Conn]:
+        """A pooled connection; a lost server becomes StoreUnavailableError, here only."""
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailableError(self.url, _oneline(exc)) from exc
+
+    @contextmanager
     def _write(self, run_id: str | None, *, batched: bool = False) -> Iterator[Cursor]:
         """A transaction committed by :meth:`_sync`; a failed commit breaks the handle."""
         if self._broken:
             raise DurabilityError(self._broken, run_id=run_id)
-        with self._pool.connection() as conn, conn.cursor() as cur:
+        with self._conn() as conn, conn.cursor() as cur:
             if batched:
                 cur.execute("SET LOCAL synchronous_commit = off")
             yield cur  # an exception here rolls back as the pool's context exits
@@ -276,7 +292,7 @@ class PostgresStore:
         )
         while True:
             # A connection is held per page, never while the caller iterates.
-            with self._pool.connection() as conn:
+            with self._conn() as conn:
                 rows = conn.execute(query, (run_id, after_seq, _PAGE)).fetchall()
             for _, body in rows:
                 yield decode(body)
@@ -286,7 +302,7 @@ class PostgresStore:
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
-        with self._pool.connection() as conn:
+        with self._conn() as conn:
             ((last,),) = conn.execute(
                 self._q("SELECT coalesce(max(seq), 0) FROM {s}.events WHERE run_id = %s"),
                 (run_id,),
@@ -294,7 +310,7 @@ class PostgresStore:
         return int(last)
 
     def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
-        with self._pool.connection() as conn:
+        with self._conn() as conn:
             rows = conn.execute(
                 self._q(
                     "SELECT run_id, last_seq, created_at, updated_at FROM {s}.runs"
@@ -391,7 +407,7 @@ class PostgresStore:
 
     def snapshots(self, run_id: str) -> list[Snapshot]:
         validate_run_id(run_id)
-        with self._pool.connection() as conn:
+        with self._conn() as conn:
             rows = conn.execute(
                 self._q(
                     "SELECT seq, schema_version, fold_version, digest, body, created_at"
@@ -431,7 +447,7 @@ class PostgresStore:
             )
 
     def quarantined(self) -> dict[int, str]:
-        with self._pool.connection() as conn:
+        with self._conn() as conn:
             rows = conn.execute(self._q("SELECT fold_version, reason FROM {s}.quarantine"))
             return {int(v): str(r) for v, r in rows.fetchall()}
 
