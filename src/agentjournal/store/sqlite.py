@@ -77,12 +77,26 @@ class SQLiteStore:
             self._db = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._enable_wal(busy_timeout)
             sync = "FULL" if self.durability is Durability.FSYNC else "NORMAL"
             self._db.execute(f"PRAGMA synchronous={sync}")
             self._migrate()
         except sqlite3.DatabaseError as exc:
             raise StoreUrlError(self.url, f"not an agentjournal SQLite store ({exc})") from None
+
+    def _enable_wal(self, timeout: float) -> None:
+        """Switch to WAL mode. Processes opening a new file together can get SQLITE_BUSY
+        here without SQLite's busy handler waiting, so wait for the lock ourselves."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
 
     def _migrate(self) -> None:
         with self._tx():

@@ -1,0 +1,5 @@
+"""``python -m agentjournal`` is the ``agentjournal`` command."""
+
+from .cli import main
+
+main()
