@@ -46,12 +46,12 @@ from . import (
     InvalidRunIdError,
     JournalError,
     LeaseHeldError,
+    NotAStoreError,
     NotPendingError,
     RunNotFoundError,
     RunResult,
     RunState,
     Store,
-    StoreUrlError,
     UnknownEventTypeError,
     UnsupportedVersionError,
     decide_approval,
@@ -75,7 +75,8 @@ STATUSES: tuple[str, ...] = get_args(Status)
 # --- errors and exit codes ------------------------------------------------------------
 
 EXIT_CODES: tuple[tuple[type[JournalError], int], ...] = (
-    (CorruptLogError, 3), (UnknownEventTypeError, 3), (UnsupportedVersionError, 3),
+    (CorruptLogError, 3), (NotAStoreError, 3), (UnknownEventTypeError, 3),
+    (UnsupportedVersionError, 3),
     (RunNotFoundError, 2), (NotPendingError, 2), (LeaseHeldError, 2), (FencedError, 2),
     (ConflictError, 2), (InvalidRunIdError, 2),
 )
@@ -131,8 +132,6 @@ class JournalGroup(click.Group):
             return _fail(exc.format_message(), exc.exit_code)
         except JournalError as exc:
             return _fail(str(exc), exit_code_for(exc))
-        except msgspec.DecodeError as exc:  # an undecodable record the store did not wrap
-            return _fail(f"a stored event cannot be decoded ({exc}); the store is damaged", 3)
         except sqlite3.DatabaseError as exc:  # damage SQLite found below the store's checks
             damaged = not isinstance(exc, sqlite3.OperationalError)
             return _fail(f"the SQLite store failed: {exc}", 3 if damaged else 1)
@@ -194,17 +193,7 @@ def _check_target(url: str, *, create: bool) -> None:
 def opened(url: str, *, create: bool = False) -> Iterator[Store]:
     """The store at ``url``, closed afterwards. Only ``create`` may make a new one."""
     _check_target(url, create=create)
-    try:
-        store = open_store(url)
-    except StoreUrlError as exc:
-        # SQLite refused the file's content (malformed, not a database): a file that is
-        # not a store, not a bad URL. (OperationalError is the OS's or a lock's doing.)
-        # The library wraps both in StoreUrlError, without a type of its own.
-        cause = exc.__context__
-        if isinstance(cause, sqlite3.DatabaseError) and not isinstance(
-                cause, sqlite3.OperationalError):
-            raise CliError(str(exc), 3) from None
-        raise
+    store = open_store(url)
     try:
         yield store
     finally:

@@ -14,6 +14,7 @@
     ├── UnknownEventTypeError       an event type string this release does not know
     ├── UnsupportedVersionError     an event schema version newer than this release
     ├── StoreUrlError               a store URL that names no backend we have
+    │   └── NotAStoreError          the URL names a file that is not an agentjournal store
     └── MissingExtraError           an optional dependency is not installed
 
 Errors carry their data as attributes (``run_id``, ``seq``, ...) so callers
@@ -181,6 +182,18 @@ class StoreUrlError(JournalError, ValueError):
         super().__init__(
             f"cannot open store {url!r}: {detail}. Use sqlite:///path.db, "
             "jsonl:///directory or postgresql://user@host/dbname."
+        )
+        self.url = url
+
+
+class NotAStoreError(StoreUrlError):
+    """The file exists but is not a store (a text file, another program's database)."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        JournalError.__init__(
+            self,
+            f"{url} is not an agentjournal store ({detail}). The file was not changed; "
+            "check the store URL.",
         )
         self.url = url
 

@@ -155,6 +155,8 @@ def durable_fields(state: RunState) -> dict[str, Any]:
     return {
         "status": state.status,
         "outcome": state.outcome,
+        "scope": state.scope,  # keys are computed from it
+        "attempts": dict(sorted(state.attempts.items())),
         "turns": state.turns,
         "input_tokens": state.usage.input_tokens,
         "output_tokens": state.usage.output_tokens,

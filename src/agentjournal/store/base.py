@@ -20,8 +20,8 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from ..errors import InvalidRunIdError
-from ..events import Event
+from ..errors import CorruptLogError, EncodingError, InvalidRunIdError
+from ..events import Event, decode
 
 MAX_RUN_ID = 128
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -83,6 +83,21 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     digest: str  # sha256 of body, hex
     body: bytes
     created_at: datetime
+
+
+def decode_record(run_id: str, seq: int, body: bytes | memoryview) -> Event:
+    """A stored record as an event; bytes that do not decode are corruption, named by seq.
+
+    (An unknown event type or a newer schema version raises its own error: that
+    is a newer release's log, not damage.)
+    """
+    try:
+        event = decode(body)
+    except (msgspec.DecodeError, EncodingError) as exc:
+        raise CorruptLogError(run_id, seq, f"undecodable record: {exc}") from None
+    if event.seq != seq or event.run_id != run_id:
+        raise CorruptLogError(run_id, seq, f"found {event.run_id!r}#{event.seq} where it belongs")
+    return event
 
 
 def check_batch(run_id: str, events: Sequence[Event], expected_seq: int, epoch: int) -> None:

@@ -39,14 +39,22 @@ from ..errors import (
     ConflictError,
     CorruptLogError,
     DurabilityError,
-    EncodingError,
     FencedError,
     InvalidRunIdError,
     LeaseHeldError,
+    NotAStoreError,
     StoreUrlError,
 )
-from ..events import Event, decode, encode
-from .base import Durability, Lease, RunInfo, Snapshot, check_batch, validate_run_id
+from ..events import Event, encode
+from .base import (
+    Durability,
+    Lease,
+    RunInfo,
+    Snapshot,
+    check_batch,
+    decode_record,
+    validate_run_id,
+)
 
 log = logging.getLogger("agentjournal")
 
@@ -134,7 +142,7 @@ class JsonlStore:
         self._tails: dict[str, _Tail] = {}
         self._unsynced: dict[str, int] = {}  # BATCHED: appends since the run's last fsync
         if self.path.exists() and not self.path.is_dir():
-            raise StoreUrlError(self.url, "the path is a file, not a directory")
+            raise NotAStoreError(self.url, "it is a file; a jsonl store is a directory")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -233,15 +241,7 @@ class JsonlStore:
                 raise CorruptLogError(run_id, seq, f"bad checksum at byte {start.size + pos}")
             # The checksum holds, so these bytes are exactly as written: any
             # problem below is real damage (or a newer release), never a torn write.
-            try:
-                event = decode(body)
-            except (msgspec.DecodeError, EncodingError) as exc:
-                raise CorruptLogError(run_id, seq, f"undecodable record: {exc}") from None
-            if event.seq != seq or event.run_id != run_id:
-                raise CorruptLogError(
-                    run_id, seq, f"found {event.run_id!r}#{event.seq} where seq {seq} belongs"
-                )
-            events.append(event)
+            events.append(decode_record(run_id, seq, body))
             pos = nl + 1
         if not events:
             return start._replace(size=start.size + pos), events

@@ -46,8 +46,16 @@ from ..errors import (
     StoreUnavailableError,
     StoreUrlError,
 )
-from ..events import Event, decode, encode
-from .base import Durability, Lease, RunInfo, Snapshot, check_batch, validate_run_id
+from ..events import Event, encode
+from .base import (
+    Durability,
+    Lease,
+    RunInfo,
+    Snapshot,
+    check_batch,
+    decode_record,
+    validate_run_id,
+)
 
 DEFAULT_SCHEMA = "agentjournal"
 # Postgres silently truncates identifiers past 63 bytes, which could alias two schemas.
@@ -294,8 +302,8 @@ class PostgresStore:
             # A connection is held per page, never while the caller iterates.
             with self._conn() as conn:
                 rows = conn.execute(query, (run_id, after_seq, _PAGE)).fetchall()
-            for _, body in rows:
-                yield decode(body)
+            for seq, body in rows:
+                yield decode_record(run_id, seq, body)
             if len(rows) < _PAGE:
                 return
             after_seq = rows[-1][0]

@@ -16,9 +16,24 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
-from ..errors import ConflictError, DurabilityError, FencedError, LeaseHeldError, StoreUrlError
-from ..events import Event, decode, encode, now
-from .base import Durability, Lease, RunInfo, Snapshot, check_batch, validate_run_id
+from ..errors import (
+    ConflictError,
+    DurabilityError,
+    FencedError,
+    LeaseHeldError,
+    NotAStoreError,
+    StoreUrlError,
+)
+from ..events import Event, encode, now
+from .base import (
+    Durability,
+    Lease,
+    RunInfo,
+    Snapshot,
+    check_batch,
+    decode_record,
+    validate_run_id,
+)
 
 # Numbered, append-only migrations; PRAGMA user_version records how many ran.
 MIGRATIONS: tuple[str, ...] = (
@@ -81,8 +96,10 @@ class SQLiteStore:
             sync = "FULL" if self.durability is Durability.FSYNC else "NORMAL"
             self._db.execute(f"PRAGMA synchronous={sync}")
             self._migrate()
-        except sqlite3.DatabaseError as exc:
-            raise StoreUrlError(self.url, f"not an agentjournal SQLite store ({exc})") from None
+        except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
+            raise StoreUrlError(self.url, f"cannot open the database ({exc})") from None
+        except sqlite3.DatabaseError as exc:  # the file's content is not a database
+            raise NotAStoreError(self.url, str(exc)) from None
 
     def _enable_wal(self, timeout: float) -> None:
         """Switch to WAL mode. Processes opening a new file together can get SQLITE_BUSY
@@ -153,11 +170,11 @@ class SQLiteStore:
         validate_run_id(run_id)
         with self._lock:
             rows = self._db.execute(
-                "SELECT body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                "SELECT seq, body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
                 (run_id, after_seq),
             ).fetchall()
-        for (body,) in rows:
-            yield decode(body)
+        for seq, body in rows:
+            yield decode_record(run_id, seq, body)
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)

@@ -1,0 +1,129 @@
+"""The benchmark command's shape, not its speed: benchmarks are a command, never timed tests.
+
+One ``--quick --json`` run (about 20 s) is shared by the tests that read its output.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from agentjournal.bench import bench
+
+from .conftest import POSTGRES_URL, postgres_reason
+
+# Families whose every measured figure stands beside a floor, and those that are
+# ratios between sizes or plain costs (no physical floor applies).
+WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
+              "cpu_per_event"}
+WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth"}
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
+    tmp = tmp_path_factory.mktemp("bench")
+    plot = tmp / "recovery.png"
+    args = ["--quick", "--json", "--store-dir", str(tmp / "scratch"), "--postgres", POSTGRES_URL]
+    if HAS_MATPLOTLIB:
+        args += ["--plot", str(plot)]
+    result = CliRunner().invoke(bench, args, catch_exceptions=False)
+    return result, plot
+
+
+@pytest.fixture(scope="module")
+def doc(quick_run: tuple[Result, Path]) -> dict[str, Any]:
+    result, _ = quick_run
+    assert result.exit_code == 0, result.stderr
+    parsed: dict[str, Any] = json.loads(result.stdout)  # stdout holds the JSON and nothing else
+    return parsed
+
+
+def family(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def test_the_document_has_machine_and_mode(doc: dict[str, Any]) -> None:
+    assert doc["quick"] is True
+    assert {"python", "platform", "cpu_count"} <= doc["machine"].keys()
+
+
+def test_every_family_is_reported(doc: dict[str, Any]) -> None:
+    assert {family(f["name"]) for f in doc["figures"]} == WITH_FLOOR | WITHOUT_FLOOR
+
+
+def test_each_figure_has_value_unit_floor_and_ratio(doc: dict[str, Any]) -> None:
+    for f in doc["figures"]:
+        assert {"name", "value", "unit", "floor", "floor_name", "ratio", "note"} <= f.keys(), f
+        assert f["unit"], f
+
+
+def test_floors_are_present_where_they_apply_and_ratios_positive(doc: dict[str, Any]) -> None:
+    for f in doc["figures"]:
+        if f["value"] is None:  # skipped: the note says why
+            assert f["note"].startswith("skipped:"), f
+            continue
+        assert f["value"] > 0, f
+        if family(f["name"]) in WITH_FLOOR:
+            assert f["floor"] is not None and f["floor"] > 0 and f["floor_name"], f
+            assert f["ratio"] is not None and f["ratio"] > 0, f
+        elif f["name"].split(".")[0].endswith("_growth"):
+            assert f["unit"] == "x" and f["floor"] is None, f
+
+
+def test_each_backend_and_size_is_covered(doc: dict[str, Any]) -> None:
+    names = {f["name"] for f in doc["figures"]}
+    for backend in ("jsonl", "sqlite", "postgres"):
+        assert {f"append.{backend}", f"tool_call.{backend}"} <= names
+    for n in (1000, 10000):
+        assert {f"replay.gc_off.{n}", f"replay.gc_on.{n}"} <= names
+        for backend in ("sqlite", "jsonl"):
+            assert {f"recovery.{backend}.snapshots.{n}", f"recovery.{backend}.full.{n}",
+                    f"snapshot_write.{backend}.{n}"} <= names
+    for steps in (100, 1000):
+        assert {f"storage.sqlite.step.{steps}", f"storage.jsonl.event.{steps}"} <= names
+    assert {"agent_step.scripted.200", "agent_step.scripted.2000",
+            "agent_step_growth.scripted"} <= names
+
+
+def test_postgres_is_measured_when_reachable(doc: dict[str, Any]) -> None:
+    append = next(f for f in doc["figures"] if f["name"] == "append.postgres")
+    if postgres_reason() is None:  # under CI=true an unreachable server fails here
+        assert append["value"] is not None, append
+    else:
+        assert append["value"] is None and "skipped" in append["note"]
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
+def test_plot_is_a_png(quick_run: tuple[Result, Path]) -> None:
+    _, plot = quick_run
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_fails_before_measuring(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail
+    result = CliRunner().invoke(bench, ["--quick", "--plot", str(tmp_path / "p.png")])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: --plot needs matplotlib: pip install matplotlib"
+    assert result.stdout == ""
+
+
+def test_help_shows_an_example() -> None:
+    result = CliRunner().invoke(bench, ["--help"])
+    assert result.exit_code == 0
+    assert "agentjournal bench --quick" in result.stdout
+
+
+def test_ci_refuses_to_skip_postgres(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CI", "true")
+    result = CliRunner().invoke(bench, ["--quick", "--postgres", "", "--store-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: CI=true, so Postgres must be measured")
