@@ -51,3 +51,22 @@ def test_measures_on_a_real_store(tmp_path: Path) -> None:
     m = measure(store, "r1")
     assert m.events == store.last_seq("r1") and m.replay_ms_per_event > 0 and m.snapshot_ms > 0
     assert store.snapshots("r1")[0].seq == m.events
+
+
+def test_plan_snapshots_command(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from agentjournal.cli import cli
+
+    runner = CliRunner()
+    args = ["plan-snapshots", "--events", "4000", "--replay-ms", "2", "--snapshot-ms", "120",
+            "--recoveries", "6", "--objective-ms", "1000", "--interval", "500"]
+    done = runner.invoke(cli, [*args, "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["net_saving_ms_per_run"] == pytest.approx(20040)
+    text = runner.invoke(cli, args)
+    assert "= 20.04 s" in text.output and "every 500 events" in text.output
+    empty = runner.invoke(cli, ["plan-snapshots", "--store", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert empty.exit_code == 2 and "no store at" in empty.output
