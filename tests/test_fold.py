@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from agentjournal import (
     FOLD_RULES,
     RECORD_ONLY,
+    SCHEMA_VERSION,
     Event,
     EventType,
     RunState,
@@ -150,12 +151,12 @@ def test_compaction_keeping_everything_never_shares_messages() -> None:
     assert [m.content for m in live.messages] == ["[x]", "s", "b"]
 
 
-def test_v1_model_turn_is_upcast_to_v2() -> None:
+def test_v1_model_turn_is_upcast_to_the_current_version() -> None:
     v1 = (b'{"epoch":0,"payload":{"cost_usd":0.5,"text":"hi","tool_calls":[],'
           b'"usage":{"input_tokens":3,"output_tokens":2}},"run_id":"r","seq":1,'
           b'"ts":"2026-01-01T00:00:00Z","type":"model_turn","v":1}')
     event = decode(v1)
-    assert event.v == 2
+    assert event.v == SCHEMA_VERSION
     assert event.payload == {"text": "hi", "tool_calls": [], "usage": {
         "input_tokens": 3, "output_tokens": 2, "cached_input_tokens": 0, "cost_usd": 0.5}}
     assert fold([event]).cost_usd == 0.5

@@ -72,10 +72,6 @@ def as_json(value: Any) -> Any:
         return str(value)
 
 
-def render(result: Any) -> str:
-    return result if isinstance(result, str) else encode_value(result).decode()
-
-
 class Agent:
     def __init__(
         self,
@@ -263,7 +259,7 @@ class Agent:
         key = tool.key(j.state.scope, call.args)
         if (done := j.state.completed.get(key)) is not None:
             j.record(E.TOOL_RESULT_SERVED, call_id=call.id, tool=call.name, key=key,
-                     content=render(done.result), served_from_seq=done.seq)
+                     result=done.result, served_from_seq=done.seq)
             return True
         for p in list(j.state.pending.values()):
             if p.key == key and not self._settle(j, p):
@@ -329,8 +325,7 @@ class Agent:
                   result: Any, *, source: str) -> None:
         plain = as_json(result)
         j.record(E.TOOL_CALL_COMPLETED, started_seq=started_seq, call_id=call.id,
-                 tool=call.name, idempotency_key=key, result=plain, content=render(plain),
-                 source=source)
+                 tool=call.name, idempotency_key=key, result=plain, source=source)
         self._guard(j)
 
     def _fail(self, j: RunJournal, started_seq: int, call: ToolCall, error: str) -> None:

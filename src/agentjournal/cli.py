@@ -393,7 +393,8 @@ def summary(event: Event) -> str:
                     f"({p.get('effect')}, attempt {p.get('attempt', 1)})")
         case E.TOOL_CALL_COMPLETED:
             how = "error" if p.get("is_error") else p.get("source", "tool")
-            return f"{p.get('tool')} [{how}] {short(p.get('content', ''), 60)}"
+            shown = p["content"] if "content" in p else p.get("result")
+            return f"{p.get('tool')} [{how}] {short(shown, 60)}"
         case E.TOOL_CALL_UNCERTAIN:
             return f"{p['key'][:12]} {short(p.get('error', ''))}"
         case E.TOOL_CALL_RECONCILED:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .errors import NotPendingError
-from .events import Event, EventType, encode_value
+from .events import Event, EventType
 from .journal import open_journal
 from .state import PendingCall
 from .store import Store
@@ -61,11 +61,10 @@ def resolve_uncertain(
         events = [j.record(EventType.TOOL_CALL_RECONCILED, verdict=verdict[outcome], by=by,
                            reason=reason, **common)]
         if outcome == "happened":
-            content = result if isinstance(result, str) else encode_value(result).decode()
             events.append(j.record(
                 EventType.TOOL_CALL_COMPLETED, call_id=pending.call_id, tool=pending.tool,
                 started_seq=pending.started_seq, idempotency_key=pending.key, result=result,
-                content=content, source="person",
+                source="person",
             ))
         elif outcome == "conflict":
             events.append(j.record(EventType.RUN_ESCALATED, reason=reason or "conflict",

@@ -20,8 +20,9 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 
 #: The schema version this release writes. Older versions are upcast on read.
 #: v1: first release. v2: model_turn's cost moves into its usage, beside a new
-#: cached_input_tokens count.
-SCHEMA_VERSION = 2
+#: cached_input_tokens count. v3: tool_call_completed and tool_result_served may
+#: omit ``content`` when it is the rendered ``result`` (stored once, not twice).
+SCHEMA_VERSION = 3
 
 
 class EventType(StrEnum):
@@ -103,20 +104,36 @@ _raw_decoder = msgspec.json.Decoder()
 
 def _check_finite(value: Any, path: str = "payload") -> None:
     # msgspec writes NaN and infinities as null; refuse them instead of
-    # silently storing a different value.
-    stack: list[tuple[Any, str]] = [(value, path)]
+    # silently storing a different value. This runs on every append, so the
+    # walk keeps no paths; only a failure walks again to name the culprit.
+    stack = [value]
     while stack:
-        item, where = stack.pop()
+        item = stack.pop()
         if isinstance(item, float):
             if not math.isfinite(item):
-                raise EncodingError(f"{where} is {item!r}; NaN and infinities are not JSON")
+                _explain(value, path)
         elif isinstance(item, dict):
             for k, v in item.items():
                 if not isinstance(k, str):
-                    raise EncodingError(f"{where} has a non-string key {k!r}")
-                stack.append((v, f"{where}.{k}"))
+                    _explain(value, path)
+                if not isinstance(v, str):
+                    stack.append(v)
         elif isinstance(item, list | tuple):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+            stack.extend(item)
+
+
+def _explain(value: Any, where: str) -> None:
+    """Raise EncodingError naming the first NaN, infinity or non-string key in ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise EncodingError(f"{where} is {value!r}; NaN and infinities are not JSON")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise EncodingError(f"{where} has a non-string key {k!r}")
+            _explain(v, f"{where}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _explain(v, f"{where}[{i}]")
 
 
 def encode(event: Event) -> bytes:
@@ -135,6 +152,11 @@ def encode_value(value: Any) -> bytes:
         return _encoder.encode(value)
     except (TypeError, msgspec.EncodeError) as exc:
         raise EncodingError(str(exc)) from None
+
+
+def render(result: Any) -> str:
+    """A tool result as the model reads it: the text itself, or canonical JSON."""
+    return result if isinstance(result, str) else encode_value(result).decode()
 
 
 def decode(data: bytes | memoryview | str) -> Event:

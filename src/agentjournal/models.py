@@ -85,7 +85,9 @@ class ScriptedModel:
         turn = self.turns[n] if n < len(self.turns) else reply("done")
         response = turn(request) if callable(turn) else turn
         ids = [c.id or f"call_{n}_{i}" for i, c in enumerate(response.tool_calls)]
-        prompt_chars = sum(len(m.content) for m in request.messages)
+        # A stand-in for usage, from the newest messages only: summing the whole
+        # context would make every turn cost more than the last.
+        prompt_chars = sum(len(m.content) for m in request.messages[-4:])
         return msgspec.structs.replace(
             response,
             tool_calls=[

@@ -105,6 +105,11 @@ class Loaded(msgspec.Struct, frozen=True):
 
 def load_state(store: Store, run_id: str, *, use_snapshots: bool = True) -> Loaded:
     """The run's current state: the newest sound snapshot plus its tail, else a full fold."""
+    with gc_paused():  # decoding and folding allocate many objects and free none
+        return _load(store, run_id, use_snapshots)
+
+
+def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
     misses: list[str] = []
     candidates = store.snapshots(run_id) if use_snapshots else []
     quarantined = store.quarantined() if candidates else {}

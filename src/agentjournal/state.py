@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from .errors import UnknownEventTypeError
-from .events import Event, EventType
+from .events import Event, EventType, render
 
 #: Bumped whenever a fold rule or the state's shape changes (snapshots record it).
 FOLD_VERSION = 2
@@ -241,7 +241,8 @@ def _tool_call_completed(st: RunState, ev: Event) -> None:
     if p.get("started_seq") is not None:
         st.pending.pop(p["started_seq"], None)
     is_error = bool(p.get("is_error", False))
-    _tool_message(st, ev, p.get("content", ""), is_error)
+    content = p.get("content")
+    _tool_message(st, ev, render(p.get("result")) if content is None else content, is_error)
     if key := p.get("idempotency_key"):
         st.completed[key] = CompletedCall(
             result=p.get("result"), seq=ev.seq, source=p.get("source", "tool")
@@ -268,7 +269,9 @@ def _tool_call_reconciled(st: RunState, ev: Event) -> None:
 def _tool_result_served(st: RunState, ev: Event) -> None:
     # The model asked again for a call already completed: it sees the stored
     # result, and the tool is not called.
-    _tool_message(st, ev, ev.payload.get("content", ""), False)
+    p = ev.payload
+    content = p.get("content")
+    _tool_message(st, ev, render(p.get("result")) if content is None else content, False)
 
 
 def _tool_call_denied(st: RunState, ev: Event) -> None:

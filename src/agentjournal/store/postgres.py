@@ -172,8 +172,8 @@ class PostgresStore:
             max_size=pool_size,
             open=False,
             configure=_configure,
-            # One empty round trip per checkout, so a server restart costs no failed call.
-            check=ConnectionPool.check_connection,
+            # No check per checkout (a round trip per append): after a server restart
+            # the first call fails with StoreUnavailableError and the pool reconnects.
             name=f"agentjournal.{schema}",
         )
         try:
@@ -241,21 +241,16 @@ class PostgresStore:
     def _lock_run(self, cur: Cursor, run_id: str) -> tuple[Any, ...]:
         """Lock the run's row, creating it if missing, and read it with the server's clock.
 
-        Returns (last_seq, lease_epoch, lease_owner, lease expiry, now), times in
-        epoch seconds.
+        One round trip: an upsert takes the row lock as FOR UPDATE would. Returns
+        (last_seq, lease_epoch, lease_owner, lease expiry, now), times in epoch seconds.
         """
         cur.execute(
             self._q(
-                "INSERT INTO {s}.runs (run_id, last_seq) VALUES (%s, 0) ON CONFLICT DO NOTHING"
-            ),
-            (run_id,),
-        )
-        cur.execute(
-            self._q(
-                "SELECT last_seq, lease_epoch, lease_owner,"
-                " coalesce(extract(epoch FROM lease_expires_at), 0)::float8,"
+                "INSERT INTO {s}.runs AS r (run_id, last_seq) VALUES (%s, 0)"
+                " ON CONFLICT (run_id) DO UPDATE SET run_id = r.run_id"
+                " RETURNING r.last_seq, r.lease_epoch, r.lease_owner,"
+                " coalesce(extract(epoch FROM r.lease_expires_at), 0)::float8,"
                 " extract(epoch FROM clock_timestamp())::float8"
-                " FROM {s}.runs WHERE run_id = %s FOR UPDATE"
             ),
             (run_id,),
         )
@@ -269,8 +264,9 @@ class PostgresStore:
     ) -> int:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
-        rows = [(run_id, e.seq, e.type.value, e.ts, encode(e)) for e in events]
         stamps = [e.ts for e in events]
+        columns = ([run_id] * len(events), [e.seq for e in events],
+                   [e.type.value for e in events], stamps, [encode(e) for e in events])
         try:
             with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
                 last, current, *_ = self._lock_run(cur, run_id)
@@ -278,18 +274,20 @@ class PostgresStore:
                     raise FencedError(run_id, epoch, current)
                 if last != expected_seq:
                     raise ConflictError(run_id, expected_seq, last)
-                cur.executemany(self._q("INSERT INTO {s}.events VALUES (%s, %s, %s, %s, %s)"), rows)
-                # created_at/updated_at span the events' own timestamps, as in SQLite.
+                # The events and the run's new end in one statement: one round trip.
                 cur.execute(
                     self._q(
-                        "UPDATE {s}.runs SET last_seq = %s, created_at = least(created_at, %s),"
+                        "WITH added AS (INSERT INTO {s}.events"
+                        " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[],"
+                        " %s::timestamptz[], %s::bytea[]))"
+                        " UPDATE {s}.runs SET last_seq = %s, created_at = least(created_at, %s),"
                         " updated_at = greatest(updated_at, %s) WHERE run_id = %s"
                     ),
-                    (events[-1].seq, min(stamps), max(stamps), run_id),
+                    (*columns, events[-1].seq, min(stamps), max(stamps), run_id),
                 )
         except UniqueViolation:
-            # Only the events key can collide (runs rows are inserted ON CONFLICT
-            # DO NOTHING): rows exist past runs.last_seq, so report the real end.
+            # Only the events key can collide (the runs row is upserted): rows
+            # exist past runs.last_seq, so report the log's real end.
             raise ConflictError(run_id, expected_seq, self.last_seq(run_id)) from None
         return events[-1].seq
 

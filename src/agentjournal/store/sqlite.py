@@ -157,10 +157,13 @@ class SQLiteStore:
         check_batch(run_id, events, expected_seq, epoch)
         rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), encode(e)) for e in events]
         with self._tx() as db:
-            current = self._epoch(db, run_id)
+            last, current = db.execute(  # both facts in one statement
+                "SELECT (SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?),"
+                " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = ?)",
+                (run_id, run_id),
+            ).fetchone()
             if epoch != current:  # fencing first: a stale writer must stop, not retry
                 raise FencedError(run_id, epoch, current)
-            last = self._last_seq(db, run_id)
             if last != expected_seq:
                 raise ConflictError(run_id, expected_seq, last)
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
