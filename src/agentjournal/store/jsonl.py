@@ -27,6 +27,7 @@ import os
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
@@ -59,6 +60,7 @@ from .base import (
 log = logging.getLogger("agentjournal")
 
 _CHUNK = 1 << 24
+_OPEN_RUNS = 64  # runs whose files stay open between calls
 
 
 class TailRepair(msgspec.Struct, frozen=True):
@@ -140,6 +142,12 @@ class JsonlStore:
         self._lock = threading.Lock()
         self._broken: str | None = None
         self._tails: dict[str, _Tail] = {}
+        # Open descriptors of recently used runs (least recent first), so an append
+        # costs a flock and a write rather than a round of opens, stats and closes.
+        self._dir = os.fspath(self.path)
+        self._lock_fds: OrderedDict[str, int] = OrderedDict()
+        self._log_fds: OrderedDict[str, int] = OrderedDict()
+        self._epochs: dict[str, tuple[tuple[int, int, int], int]] = {}
         self._unsynced: dict[str, int] = {}  # BATCHED: appends since the run's last fsync
         if self.path.exists() and not self.path.is_dir():
             raise NotAStoreError(self.url, "it is a file; a jsonl store is a directory")
@@ -154,8 +162,32 @@ class JsonlStore:
     @contextmanager
     def _locked(self, run_id: str, *, write: bool) -> Iterator[None]:
         """This instance's thread lock plus the run's cross-process flock."""
-        with self._flocked(self._file(run_id, ".lock"), write=write, run_id=run_id):
-            yield
+        with self._lock:
+            if write and self._broken:
+                raise DurabilityError(self._broken, run_id=run_id)
+            fd = self._cached_fd(self._lock_fds, run_id, ".lock", os.O_RDWR | os.O_CREAT)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _cached_fd(self, cache: OrderedDict[str, int], run_id: str, suffix: str,
+                   flags: int) -> int:
+        """The run's open descriptor for ``suffix``; opened (and the oldest closed) if need be."""
+        fd = cache.pop(run_id, None)
+        if fd is None:
+            fd = os.open(f"{self._dir}/{run_id}{suffix}", flags | os.O_CLOEXEC, 0o644)
+            if len(cache) >= _OPEN_RUNS:
+                os.close(cache.popitem(last=False)[1])
+        cache[run_id] = fd
+        return fd
+
+    def _log_fd(self, run_id: str) -> int | None:
+        """The run's log, open for appending; None while the run has no file."""
+        if run_id not in self._log_fds and not os.path.exists(f"{self._dir}/{run_id}.jsonl"):
+            return None
+        return self._cached_fd(self._log_fds, run_id, ".jsonl", os.O_RDWR | os.O_APPEND)
 
     @contextmanager
     def _flocked(self, lock: Path, *, write: bool, run_id: str | None) -> Iterator[None]:
@@ -298,40 +330,35 @@ class JsonlStore:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
         data = b"".join(_frame(encode(e)) for e in events)
-        path = self._file(run_id, ".jsonl")
-        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
         with self._locked(run_id, write=True):
-            fd = os.open(path, flags) if path.exists() else None
+            fd = self._log_fd(run_id)
+            tail = _EMPTY if fd is None else self._refresh(run_id, fd)
+            current = self._epoch(run_id)
+            if epoch != current:  # fencing first: a stale writer must stop, not retry
+                raise FencedError(run_id, epoch, current)
+            if tail.last_seq != expected_seq:
+                raise ConflictError(run_id, expected_seq, tail.last_seq)
+            if fd is None:  # a new run: create its file, its directory entry durable
+                fd = self._cached_fd(self._log_fds, run_id, ".jsonl",
+                                     os.O_RDWR | os.O_APPEND | os.O_CREAT)
+                self._sync_dir(run_id)
             try:
-                tail = _EMPTY if fd is None else self._refresh(run_id, fd)
-                current = self._epoch(run_id)
-                if epoch != current:  # fencing first: a stale writer must stop, not retry
-                    raise FencedError(run_id, epoch, current)
-                if tail.last_seq != expected_seq:
-                    raise ConflictError(run_id, expected_seq, tail.last_seq)
-                if fd is None:  # a new run: create its file, its directory entry durable
-                    fd = os.open(path, flags | os.O_CREAT, 0o644)
-                    self._sync_dir(run_id)
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(f"short write: {written} of {len(data)} bytes")
+            except OSError:
                 try:
-                    written = os.write(fd, data)
-                    if written != len(data):
-                        raise OSError(f"short write: {written} of {len(data)} bytes")
-                except OSError:
-                    try:
-                        os.ftruncate(fd, tail.size)
-                    except OSError as exc:  # a torn record may now sit at the end
-                        self._broken = f"write failed and could not be undone: {exc}"
-                    raise
-                self._after_write(fd, run_id, tail.size)
-                self._tails[run_id] = _Tail(
-                    tail.size + len(data),
-                    events[-1].seq,
-                    tail.created_at or events[0].ts,
-                    events[-1].ts,
-                )
-            finally:
-                if fd is not None:
-                    os.close(fd)
+                    os.ftruncate(fd, tail.size)
+                except OSError as exc:  # a torn record may now sit at the end
+                    self._broken = f"write failed and could not be undone: {exc}"
+                raise
+            self._after_write(fd, run_id, tail.size)
+            self._tails[run_id] = _Tail(
+                tail.size + len(data),
+                events[-1].seq,
+                tail.created_at or events[0].ts,
+                events[-1].ts,
+            )
         return events[-1].seq
 
     def _after_write(self, fd: int, run_id: str, size_before: int) -> None:
@@ -390,8 +417,20 @@ class JsonlStore:
             raise CorruptLogError(run_id, 0, f"unreadable lease file: {exc}") from None
 
     def _epoch(self, run_id: str) -> int:
+        # The lease file is replaced whole on every change, so (inode, mtime, size)
+        # tells whether the epoch read last time still holds.
+        try:
+            st = os.stat(f"{self._dir}/{run_id}.lease")
+        except FileNotFoundError:
+            return 0
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._epochs.get(run_id)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
         lease = self._read_lease(run_id)
-        return lease.epoch if lease else 0
+        epoch = lease.epoch if lease else 0
+        self._epochs[run_id] = (stamp, epoch)
+        return epoch
 
     def _write_lease(self, run_id: str, record: _LeaseRecord) -> None:
         # Write-fsync-rename-fsync(dir): readers see the old lease or the new, never half.
@@ -582,7 +621,8 @@ class JsonlStore:
         return self._read_quarantine()  # replaced whole, so no lock is needed to read it
 
     def close(self) -> None:
-        """Fsync what BATCHED left unsynced; raise ``DurabilityError`` if that fails."""
+        """Fsync what BATCHED left unsynced, close open files; ``DurabilityError`` if a sync
+        fails."""
         with self._lock:
             pending, self._unsynced = list(self._unsynced), {}
             failure: DurabilityError | None = None
@@ -594,6 +634,9 @@ class JsonlStore:
                     failure = failure or exc
                 finally:
                     os.close(fd)
+            for cache in (self._lock_fds, self._log_fds):
+                while cache:
+                    os.close(cache.popitem()[1])
             if failure:
                 raise failure
 
