@@ -121,10 +121,12 @@ def test_flipped_byte_in_middle_record_is_corruption(
         data = lines[0] + bytes(middle) + lines[2]
         directory = copy_with(tmp_path, f"flip{i}", data)
         store = JsonlStore(directory)
-        for touch in ("read", "last_seq", "append"):
+        for touch in ("read", "read_tail", "last_seq", "append"):
             with pytest.raises(CorruptLogError) as info:
                 if touch == "read":
                     list(store.read("r1"))
+                elif touch == "read_tail":  # skipping decode never skips the checksum
+                    list(store.read("r1", after_seq=2))
                 elif touch == "last_seq":
                     store.last_seq("r1")
                 else:

@@ -246,10 +246,14 @@ class JsonlStore:
 
     # --- scanning --------------------------------------------------------------
 
-    def _scan(self, run_id: str, fd: int, start: _Tail) -> tuple[_Tail, list[Event]]:
-        """Verify and decode the records from ``start.size`` on; cut a torn tail.
+    def _scan(self, run_id: str, fd: int, start: _Tail,
+              after_seq: int = 0) -> tuple[_Tail, list[Event]]:
+        """Verify the records from ``start.size`` on and decode those after ``after_seq``;
+        cut a torn tail.
 
-        Call with the run's flock held, so no writer is mid-append.
+        Records up to ``after_seq`` are checked by their CRC alone: it proves the bytes
+        are as written, and their seqs follow from their position. Call with the run's
+        flock held, so no writer is mid-append.
         """
         chunks, offset = [], start.size
         while chunk := os.pread(fd, _CHUNK, offset):
@@ -257,9 +261,9 @@ class JsonlStore:
             offset += len(chunk)
         data = b"".join(chunks)
         events: list[Event] = []
-        pos = 0
+        pos, skipped = 0, 0
         while pos < len(data):
-            seq = start.last_seq + len(events) + 1
+            seq = start.last_seq + skipped + len(events) + 1
             nl = data.find(b"\n", pos)
             if nl == -1:
                 self._cut(run_id, start.size + pos, len(data) - pos, "unfinished final record")
@@ -273,17 +277,16 @@ class JsonlStore:
                 raise CorruptLogError(run_id, seq, f"bad checksum at byte {start.size + pos}")
             # The checksum holds, so these bytes are exactly as written: any
             # problem below is real damage (or a newer release), never a torn write.
-            events.append(decode_record(run_id, seq, body))
+            if seq > after_seq:
+                events.append(decode_record(run_id, seq, body))
+            else:
+                skipped += 1
             pos = nl + 1
-        if not events:
-            return start._replace(size=start.size + pos), events
-        tail = _Tail(
-            start.size + pos,
-            events[-1].seq,
-            start.created_at or events[0].ts,
-            events[-1].ts,
-        )
-        return tail, events
+        last_seq = start.last_seq + skipped + len(events)
+        if not events:  # (its timestamps are then only known from an earlier scan)
+            return _Tail(start.size + pos, last_seq, start.created_at, start.updated_at), events
+        first_ts = start.created_at or (events[0].ts if not skipped else None)
+        return _Tail(start.size + pos, last_seq, first_ts, events[-1].ts), events
 
     def _cut(self, run_id: str, offset: int, dropped: int, reason: str) -> None:
         fd = os.open(self._file(run_id, ".jsonl"), os.O_WRONLY | os.O_CLOEXEC)
@@ -378,13 +381,12 @@ class JsonlStore:
         with self._locked(run_id, write=False):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                tail, events = self._scan(run_id, fd, _EMPTY)
+                tail, events = self._scan(run_id, fd, _EMPTY, after_seq)
             finally:
                 os.close(fd)
-            self._tails[run_id] = tail
-        for event in events:
-            if event.seq > after_seq:
-                yield event
+            if not after_seq:  # a partial scan does not learn the run's start time
+                self._tails[run_id] = tail
+        yield from events
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
