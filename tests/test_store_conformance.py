@@ -300,6 +300,7 @@ class TestSnapshotConformance:
         store.put_snapshot(snapshot_at("r1", 20), keep=2)
         store.put_snapshot(snapshot_at("other", 5), keep=2)
         assert [s.seq for s in store.snapshots("r1")] == [20, 10]
+        assert [s.seq for s in store.snapshots("r1", limit=1)] == [20]
         store.put_snapshot(snapshot_at("r1", 30), keep=2)
         got = make_store().snapshots("r1")  # a reopened handle sees the same
         assert [s.seq for s in got] == [30, 20]

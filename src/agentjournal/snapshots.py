@@ -111,9 +111,10 @@ def load_state(store: Store, run_id: str, *, use_snapshots: bool = True) -> Load
 
 def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
     misses: list[str] = []
-    candidates = store.snapshots(run_id) if use_snapshots else []
-    quarantined = store.quarantined() if candidates else {}
-    for snapshot in candidates:
+    quarantined: dict[int, str] | None = None
+    for snapshot in _newest_first(store, run_id) if use_snapshots else ():
+        if quarantined is None:
+            quarantined = store.quarantined()
         started = time.perf_counter()
         reason = _refusal(snapshot, quarantined)
         state = None if reason else _decode(snapshot)
@@ -133,6 +134,14 @@ def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
     replayed = _fold_tail(store, run_id, state)
     assert replayed is not None  # an empty state continues any log
     return Loaded(state, 0, replayed, misses)
+
+
+def _newest_first(store: Store, run_id: str) -> Iterator[Snapshot]:
+    """The run's snapshots, newest first; older bodies are read only if the newest fails."""
+    newest = store.snapshots(run_id, limit=1)
+    yield from newest
+    if newest:
+        yield from store.snapshots(run_id)[1:]
 
 
 def _fold_tail(store: Store, run_id: str, state: RunState) -> int | None:

@@ -144,8 +144,8 @@ class Store(Protocol):
         newest ``keep`` of the run. Never overwrites the only previous one in place."""
         ...
 
-    def snapshots(self, run_id: str) -> list[Snapshot]:
-        """The run's published snapshots, newest (highest seq) first."""
+    def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
+        """The run's published snapshots, newest (highest seq) first; at most ``limit``."""
         ...
 
     def delete_snapshots(self, run_id: str) -> int: ...

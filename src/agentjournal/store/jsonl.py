@@ -555,7 +555,7 @@ class JsonlStore:
             if doomed:
                 self._sync_dir(run_id, directory)
 
-    def snapshots(self, run_id: str) -> list[Snapshot]:
+    def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
         validate_run_id(run_id)
         if not self._snap_dir(run_id).is_dir():
             return []  # and no lock file created for a run that has none
@@ -566,7 +566,9 @@ class JsonlStore:
             log.warning("run %r: not using snapshots: %s", run_id, exc)
             return []
         with self._locked(run_id, write=False):
-            good, _ = self._scan_snaps(run_id, body=True)
+            # Headers first, so only the bodies asked for are read.
+            heads, _ = self._scan_snaps(run_id, body=False)
+            loaded = [self._load_snap(path, run_id, body=True) for path, _, _ in heads[:limit]]
         return [
             Snapshot(
                 run_id=run_id,
@@ -577,7 +579,7 @@ class JsonlStore:
                 body=body,
                 created_at=h.created_at,
             )
-            for _, h, body in good
+            for h, body in filter(None, loaded)
         ]
 
     def delete_snapshots(self, run_id: str) -> int:

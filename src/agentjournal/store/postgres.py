@@ -411,15 +411,16 @@ class PostgresStore:
                 (run_id, run_id, max(keep, 1)),
             )
 
-    def snapshots(self, run_id: str) -> list[Snapshot]:
+    def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
         validate_run_id(run_id)
         with self._conn() as conn:
             rows = conn.execute(
                 self._q(
                     "SELECT seq, schema_version, fold_version, digest, body, created_at"
                     " FROM {s}.snapshots WHERE run_id = %s ORDER BY seq DESC, created_at DESC"
+                    " LIMIT %s"
                 ),
-                (run_id,),
+                (run_id, limit),
             ).fetchall()
         return [
             Snapshot(

@@ -264,13 +264,13 @@ class SQLiteStore:
                 (run_id, run_id, max(keep, 1)),
             )
 
-    def snapshots(self, run_id: str) -> list[Snapshot]:
+    def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
         validate_run_id(run_id)
         with self._lock:
             rows = self._db.execute(
                 "SELECT seq, schema_version, fold_version, digest, body, created_at "
-                "FROM snapshots WHERE run_id = ? ORDER BY seq DESC, created_at DESC",
-                (run_id,),
+                "FROM snapshots WHERE run_id = ? ORDER BY seq DESC, created_at DESC LIMIT ?",
+                (run_id, -1 if limit is None else limit),
             ).fetchall()
         return [
             Snapshot(run_id=run_id, seq=r[0], schema_version=r[1], fold_version=r[2],
