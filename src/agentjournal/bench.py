@@ -50,7 +50,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .agent import Agent
-from .events import SCHEMA_VERSION, Event, EventType, decode, encode, encode_value, make_events
+from .events import SCHEMA_VERSION, Event, EventType, decode, encode, make_events
 from .keys import idempotency_key, run_scope
 from .models import Model, ModelRequest, ModelResponse, ScriptedModel, calls, reply
 from .snapshots import gc_paused, load_state, write_snapshot
@@ -137,7 +137,7 @@ def _step_facts(scope: str, i: int, started_seq: int) -> list[Fact]:
                                "effect": "read_only", "attempt": 1}),
         (E.TOOL_CALL_COMPLETED, {"started_seq": started_seq, "call_id": call_id,
                                  "tool": "lookup", "idempotency_key": key, "result": result,
-                                 "content": encode_value(result).decode(), "source": "tool"}),
+                                 "source": "tool"}),  # as the loop writes it: result once
     ]
 
 

@@ -194,7 +194,8 @@ def _user_message(st: RunState, ev: Event) -> None:
 
 def _model_turn(st: RunState, ev: Event) -> None:
     p = ev.payload
-    calls = [msgspec.convert(c, ToolCall) for c in p.get("tool_calls", ())]
+    calls = [ToolCall(id=c["id"], name=c["name"], args=c.get("args") or {})
+             for c in p.get("tool_calls", ())]
     st.messages.append(
         Message(
             role="assistant", content=p.get("text", ""), trust="assistant", seq=ev.seq,
