@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -39,5 +40,6 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     for command in commands:
         args = command.split("#")[0].split()[1:]
         done = subprocess.run([sys.executable, "-m", "agentjournal", *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})  # demo's dir
         assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"

@@ -1,0 +1,306 @@
+"""What every command shares: exit codes, the store option, output helpers, the group."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sqlite3
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar, get_args
+from urllib.parse import unquote, urlsplit
+
+import click
+import msgspec
+from rich.console import Console
+from rich.table import Column, Table
+from rich.text import Text
+
+from .. import (
+    DEFAULT_URL,
+    ConflictError,
+    CorruptLogError,
+    Event,
+    EventType,
+    FencedError,
+    InvalidRunIdError,
+    JournalError,
+    LeaseHeldError,
+    NotAStoreError,
+    NotPendingError,
+    RunNotFoundError,
+    RunState,
+    Store,
+    UnknownEventTypeError,
+    UnsupportedVersionError,
+    fold,
+    open_store,
+)
+from ..state import Status
+from ..store import ENV_VAR, RunInfo
+
+E = EventType
+F = TypeVar("F", bound=Callable[..., Any])
+STATUSES: tuple[str, ...] = get_args(Status)
+
+# --- errors and exit codes ------------------------------------------------------------
+
+EXIT_CODES: tuple[tuple[type[JournalError], int], ...] = (
+    (CorruptLogError, 3), (NotAStoreError, 3), (UnknownEventTypeError, 3),
+    (UnsupportedVersionError, 3),
+    (RunNotFoundError, 2), (NotPendingError, 2), (LeaseHeldError, 2), (FencedError, 2),
+    (ConflictError, 2), (InvalidRunIdError, 2),
+)
+
+
+class CliError(Exception):
+    """A failure the user can act on, with its exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def exit_code_for(exc: JournalError) -> int:
+    return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), 1)
+
+
+def _fail(message: str, code: int) -> int:
+    click.echo(f"error: {message}", err=True)
+    return code
+
+
+def _usage_message(exc: click.UsageError) -> str:
+    hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+    return exc.format_message().rstrip(".") + hint
+
+
+class JournalGroup(click.Group):
+    """Translates every failure into one ``error:`` line and a meaningful exit code."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> int:
+        code = self._run(args, prog_name, complete_var, **extra)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+    def _run(self, args: Sequence[str] | None, prog_name: str | None,
+             complete_var: str | None, **extra: Any) -> int:
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:  # click's default is 2; ours is 1
+            return _fail(_usage_message(exc), 1)
+        except CliError as exc:
+            return _fail(str(exc), exc.code)
+        except click.ClickException as exc:
+            return _fail(exc.format_message(), exc.exit_code)
+        except JournalError as exc:
+            return _fail(str(exc), exit_code_for(exc))
+        except sqlite3.DatabaseError as exc:  # damage SQLite found below the store's checks
+            damaged = not isinstance(exc, sqlite3.OperationalError)
+            return _fail(f"the SQLite store failed: {exc}", 3 if damaged else 1)
+        except click.Abort:
+            return _fail("aborted", 130)
+        return rv if type(rv) is int else 0
+
+
+# --- the store option, and opening a store without creating one ------------------------
+
+
+def store_option(f: F) -> F:
+    return click.option(
+        "--store", "store_url", envvar=ENV_VAR, default=DEFAULT_URL, show_default=True,
+        metavar="URL", help=f"Where runs live (env {ENV_VAR}): sqlite:///file.db, "
+        "jsonl:///directory or postgresql://user@host/db.",
+    )(f)
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print JSON to stdout (and nothing else).")(f)
+
+
+def _local_path(url: str) -> tuple[str, Path] | None:
+    """(scheme, path) of a file-backed store URL, parsed as open_store parses it."""
+    parts = urlsplit(url)
+    path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    if parts.scheme in ("sqlite", "jsonl") and path:
+        return parts.scheme, Path(path)
+    return None
+
+
+def _check_target(url: str, *, create: bool) -> None:
+    """Refuse a missing store (unless creating) and a file that is not a store."""
+    local = _local_path(url)
+    if local is None:
+        return  # Postgres, or a URL open_store will reject with its own message
+    scheme, path = local
+    if not path.exists():
+        if not create:
+            raise CliError(f"no store at {path} (from {url}). Check --store or ${ENV_VAR}; "
+                           "`agentjournal run` creates a store.", 2)
+        if not path.absolute().parent.is_dir():
+            raise CliError(f"cannot create a store at {path}: the directory "
+                           f"{path.absolute().parent} does not exist")
+        return
+    if scheme == "sqlite" and path.is_file() and path.stat().st_size:
+        with path.open("rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise CliError(f"{path} is not an agentjournal store: it is not an SQLite "
+                               "database. Check --store.", 3)
+    if scheme == "jsonl" and not path.is_dir():
+        raise CliError(f"{path} is not an agentjournal store: a jsonl store is a directory, "
+                       "this is a file. Check --store.", 3)
+
+
+@contextmanager
+def opened(url: str, *, create: bool = False) -> Iterator[Store]:
+    """The store at ``url``, closed afterwards. Only ``create`` may make a new one."""
+    _check_target(url, create=create)
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def load(store: Store, run_id: str, at: int | None = None) -> tuple[list[Event], RunState]:
+    """The run's events (up to ``at``) and the state they fold to."""
+    events = list(store.read(run_id))
+    if not events:
+        raise RunNotFoundError(run_id)
+    if at is not None:
+        if at > len(events):
+            raise CliError(f"run {run_id!r} has events 1..{len(events)}; --at must be one "
+                           "of them")
+        events = events[:at]
+    return events, fold(events)
+
+
+def fold_all(store: Store) -> tuple[list[tuple[RunInfo, RunState]], list[JournalError]]:
+    """Every run's state; runs that cannot be read are returned as errors, not skipped."""
+    states, errors = [], []
+    for info in store.list_runs():
+        try:
+            states.append((info, fold(store.read(info.run_id))))
+        except JournalError as exc:
+            errors.append(exc)
+    return states, errors
+
+
+def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:
+    for exc in errors:
+        _fail(str(exc), exit_code_for(exc))
+    if errors:
+        ctx.exit(max(exit_code_for(exc) for exc in errors))
+
+
+# --- output helpers --------------------------------------------------------------------
+
+
+def emit_json(value: Any) -> None:
+    click.echo(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
+
+
+def out() -> Console:
+    # Piped output is not cut at 80 columns: it is read by grep as often as by people.
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(highlight=False, width=160 if wide else None)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Iterable[str] = (),
+          title: str | None = None, styles: Sequence[str | None] = ()) -> Table:
+    """A table of plain text (never markup); ``keep`` columns (ids, times) are never
+    wrapped or cut, so they can be copied from the screen."""
+    rows, kept = list(rows), set(keep)
+    columns = [Column(h, no_wrap=h in kept,
+                      min_width=max((len(r[i]) for r in rows), default=0) if h in kept else None)
+               for i, h in enumerate(headers)]
+    grid = Table(*columns, title=title, title_justify="left")
+    for i, row in enumerate(rows):
+        grid.add_row(*(Text(cell) for cell in row), style=styles[i] if styles else None)
+    return grid
+
+
+def note(message: str) -> None:
+    """Progress and advice: stderr, so stdout stays data."""
+    click.echo(message, err=True)
+
+
+def short(value: Any, width: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def age(since: datetime | None) -> float:
+    return round((datetime.now(UTC) - since).total_seconds(), 3) if since else 0.0
+
+
+def human_age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def local_time(ts: datetime | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    return ts.astimezone().strftime(fmt) if ts else "-"
+
+
+def store_hint(url: str) -> str:
+    """`--store URL`, when a follow-up command would not find the store without it."""
+    return "" if url == (os.environ.get(ENV_VAR) or DEFAULT_URL) else f" --store {url}"
+
+
+@contextmanager
+def progress(message: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr when it is a terminal; silent otherwise."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda _message: None
+        return
+    with console.status(message) as status:
+        yield lambda update: status.update(update)
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name, as in some containers
+        return "unknown"
+
+
+# --- the group -------------------------------------------------------------------------
+
+
+@click.group(name="agentjournal", cls=JournalGroup,
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="agentjournal")
+def cli() -> None:
+    """Durable, crash-resumable runs for LLM agents: inspect runs, decide what a
+    person must decide, and start, resume or fork runs.
+
+    Every command takes --store URL (or $AGENTJOURNAL_STORE; default
+    sqlite:///./agentjournal.db).
+
+    \b
+    Example:
+      agentjournal demo                      # kill a real agent mid-effect, resume it
+      agentjournal runs --store sqlite:///runs.db
+    """
+
+
+main = cli.main
+

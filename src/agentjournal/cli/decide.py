@@ -1,0 +1,234 @@
+"""A person's decisions: approvals, approve, deny, uncertain, resolve."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import click
+import msgspec
+
+from .. import (
+    Event,
+    Store,
+    decide_approval,
+    resolve_uncertain,
+)
+from ..decisions import Outcome, find_uncertain
+from ._base import (
+    CliError,
+    F,
+    _os_user,
+    _report_unreadable,
+    age,
+    cli,
+    emit_json,
+    fold_all,
+    human_age,
+    json_option,
+    load,
+    note,
+    opened,
+    out,
+    short,
+    store_hint,
+    store_option,
+    table,
+)
+from .inspect import summary
+
+# --- decisions -------------------------------------------------------------------------
+
+
+def by_option(f: F) -> F:
+    return click.option("--by", default=_os_user, show_default="your OS user",
+                        help="Who decides (recorded in the event).")(f)
+
+
+def print_appended(appended: list[Event], run_id: str, store_url: str, as_json: bool) -> None:
+    if as_json:
+        emit_json([msgspec.to_builtins(e) for e in appended])
+        return
+    for e in appended:
+        click.echo(f"appended seq {e.seq} {e.type.value}: {summary(e)}")
+    click.echo(f"next: resume the run to act on it: agentjournal resume {run_id}"
+               f"{store_hint(store_url)}")
+
+
+@cli.command()
+@json_option
+@store_option
+@click.pass_context
+def approvals(ctx: click.Context, as_json: bool, store_url: str) -> None:
+    """List pending approvals across runs, oldest first.
+
+    \b
+    Example:
+      agentjournal approvals --json | jq '.[] | select(.age_s > 3600)'
+    """
+    with opened(store_url) as store:
+        states, errors = fold_all(store)
+    rows: list[dict[str, Any]] = sorted(({
+        "run_id": s.run_id, "approval_id": a.approval_id, "tool": a.tool, "args": a.args,
+        "reason": a.reason, "requested_seq": a.requested_seq, "requested_at": a.requested_at,
+        "age_s": age(a.requested_at),
+    } for _, s in states for a in s.approvals.values()), key=lambda r: -r["age_s"])
+    if as_json:
+        emit_json(rows)
+    elif not rows:
+        note("no pending approvals")
+    else:
+        out().print(table(
+            ("run", "approval", "tool", "args", "reason", "age"),
+            [(r["run_id"], r["approval_id"], r["tool"], short(r["args"], 50), r["reason"],
+              human_age(r["age_s"])) for r in rows],
+            keep=("run", "approval")))
+        note("decide with: agentjournal approve RUN APPROVAL_ID  (or deny ... --reason TEXT)")
+    _report_unreadable(ctx, errors)
+
+
+def _decide(run_id: str, approval_id: str, *, approved: bool, by: str, reason: str,
+            store_url: str, as_json: bool) -> None:
+    with opened(store_url) as store:
+        event = decide_approval(store, run_id, approval_id, approved=approved, by=by,
+                                reason=reason)
+    print_appended([event], run_id, store_url, as_json)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("approval_id")
+@by_option
+@click.option("--reason", default="", help="Why (recorded in the event).")
+@json_option
+@store_option
+def approve(run_id: str, approval_id: str, by: str, reason: str, as_json: bool,
+            store_url: str) -> None:
+    """Approve a pending call; the run makes it when resumed.
+
+    \b
+    Example:
+      agentjournal approve q3 approval-1f2e3d4c5b6a7980 --reason "checked the amount"
+    """
+    _decide(run_id, approval_id, approved=True, by=by, reason=reason, store_url=store_url,
+            as_json=as_json)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("approval_id")
+@click.option("--reason", required=True, help="Why (the model sees it).")
+@by_option
+@json_option
+@store_option
+def deny(run_id: str, approval_id: str, reason: str, by: str, as_json: bool,
+         store_url: str) -> None:
+    """Deny a pending call; the model is told why when the run resumes.
+
+    \b
+    Example:
+      agentjournal deny q3 approval-1f2e3d4c5b6a7980 --reason "over the limit"
+    """
+    _decide(run_id, approval_id, approved=False, by=by, reason=reason, store_url=store_url,
+            as_json=as_json)
+
+
+@cli.command()
+@json_option
+@store_option
+@click.pass_context
+def uncertain(ctx: click.Context, as_json: bool, store_url: str) -> None:
+    """List open uncertain calls across runs: started, never completed, effect unknown.
+
+    \b
+    Example:
+      agentjournal uncertain --json | jq '.[] | select(.risk == "irreversible")'
+    """
+    with opened(store_url) as store:
+        states, errors = fold_all(store)
+    rows: list[dict[str, Any]] = sorted(({
+        "run_id": s.run_id, "run_status": s.status, "tool": p.tool, "key": p.key,
+        "args": p.args, "risk": p.effect, "attempt": p.attempt, "started_seq": p.started_seq,
+        "started_at": p.started_at, "age_s": age(p.started_at), "last_error": p.last_error,
+    } for _, s in states for p in s.pending.values()), key=lambda r: -r["age_s"])
+    if as_json:
+        emit_json(rows)
+    elif not rows:
+        note("no uncertain calls")
+    else:
+        out().print(table(
+            ("run", "tool", "key", "age", "risk", "last error"),
+            [(r["run_id"], r["tool"], r["key"][:16], human_age(r["age_s"]), r["risk"],
+              short(r["last_error"] or "-", 60)) for r in rows],
+            keep=("run", "key", "risk")))
+        note("settle with: agentjournal resolve RUN KEY --happened | --did-not-happen | "
+             "--conflict")
+    _report_unreadable(ctx, errors)
+
+
+def parse_result(text: str | None) -> Any:
+    if text is None:
+        return None
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except ValueError as exc:
+        raise click.UsageError(f"--result is not valid JSON ({exc}); "
+                               """e.g. --result '{"applied_id": 7}'""") from None
+
+
+def _outcome(happened: bool, did_not_happen: bool, conflict: bool) -> Outcome:
+    chosen = [name for name, flag in (("happened", happened),
+                                      ("did_not_happen", did_not_happen),
+                                      ("conflict", conflict)) if flag]
+    if len(chosen) != 1:
+        raise click.UsageError("give exactly one of --happened, --did-not-happen, --conflict")
+    return cast(Outcome, chosen[0])
+
+
+def _check_prefix(store: Store, run_id: str, key: str) -> None:
+    """An ambiguous key prefix is a usage error, named as such."""
+    _, folded = load(store, run_id)
+    calls = list(folded.pending.values())
+    hits = [p.key for p in calls if p.key.startswith(key)]
+    if len(hits) > 1 and find_uncertain(calls, key) is None:
+        raise CliError(f"key prefix {key!r} matches {len(hits)} uncertain calls in run "
+                       f"{run_id!r} ({', '.join(h[:16] for h in hits)}); give more characters")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("key")
+@click.option("--happened", is_flag=True, help="The effect took place.")
+@click.option("--result", metavar="JSON", help="With --happened: what the call returned.")
+@click.option("--did-not-happen", is_flag=True, help="It did not: retry with the same key.")
+@click.option("--conflict", is_flag=True, help="Something else happened: escalate.")
+@by_option
+@click.option("--reason", default="", help="How you know (recorded in the event).")
+@json_option
+@store_option
+def resolve(run_id: str, key: str, happened: bool, result: str | None, did_not_happen: bool,
+            conflict: bool, by: str, reason: str, as_json: bool, store_url: str) -> None:
+    """Record what a person established about an uncertain call (KEY or a prefix of it).
+
+    \b
+    Example:
+      agentjournal resolve q3 1a2b3c4d --happened --result '{"applied_id": 7}' \\
+          --reason "found it in the ledger UI"
+    """
+    if not key:
+        raise click.UsageError("KEY must not be empty: give the call's key or a prefix of it")
+    outcome = _outcome(happened, did_not_happen, conflict)
+    if result is not None and outcome != "happened":
+        raise click.UsageError("--result goes with --happened only")
+    value = parse_result(result)
+    with opened(store_url) as store:
+        _check_prefix(store, run_id, key)
+        appended = resolve_uncertain(store, run_id, key, outcome=outcome, by=by,
+                                     reason=reason, result=value)
+    print_appended(appended, run_id, store_url, as_json)
+
+

@@ -1,0 +1,275 @@
+"""Reading runs: runs, show, events, state, verify. Reading never writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import click
+import msgspec
+from rich.console import Console
+from rich.text import Text
+
+from .. import (
+    Event,
+    RunNotFoundError,
+    RunState,
+    encode,
+)
+from ..store import RunInfo
+from ._base import (
+    STATUSES,
+    E,
+    _fail,
+    _report_unreadable,
+    age,
+    cli,
+    emit_json,
+    fold_all,
+    human_age,
+    json_option,
+    load,
+    local_time,
+    note,
+    opened,
+    out,
+    short,
+    store_option,
+    table,
+)
+
+# --- inspection ------------------------------------------------------------------------
+
+
+def run_row(info: RunInfo, state: RunState) -> dict[str, Any]:
+    return {
+        "run_id": info.run_id, "status": state.status, "events": info.last_seq,
+        "started": info.created_at, "last_activity": info.updated_at,
+        "uncertain": len(state.pending), "approvals": len(state.approvals),
+        "agent": state.agent, "pause_reason": state.pause_reason,
+    }
+
+
+@cli.command()
+@click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
+@json_option
+@store_option
+@click.pass_context
+def runs(ctx: click.Context, status: str | None, as_json: bool, store_url: str) -> None:
+    """List runs: status, events, start, last activity, open uncertain calls and approvals.
+
+    \b
+    Example:
+      agentjournal runs --status paused --store sqlite:///runs.db
+    """
+    with opened(store_url) as store:
+        states, errors = fold_all(store)
+    rows = [run_row(i, s) for i, s in states if status is None or s.status == status]
+    if as_json:
+        emit_json(rows)
+    elif not rows:
+        note(f"no runs{f' with status {status}' if status else ''} in {store_url}")
+    else:
+        out().print(table(
+            ("run", "status", "events", "started", "last activity", "uncertain", "approvals"),
+            [(r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
+              human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
+              str(r["approvals"])) for r in rows],
+            keep=("run", "status", "started")))
+    _report_unreadable(ctx, errors)
+
+
+def _calls(calls: Iterable[dict[str, Any]]) -> str:
+    return ", ".join(f"{c.get('name')}({short(c.get('args', {}), 60)})" for c in calls)
+
+
+def summary(event: Event) -> str:
+    """One short line saying what ``event`` records."""
+    p = event.payload
+    match event.type:
+        case E.RUN_STARTED:
+            origin = p.get("origin")
+            fork_note = f" [fork of {origin['run_id']}@{origin['at_seq']}]" if origin else ""
+            return f"{short(p.get('task', ''))}{fork_note}"
+        case E.USER_MESSAGE:
+            return short(p.get("content", ""))
+        case E.MODEL_TURN:
+            asks = _calls(p.get("tool_calls", []))
+            return " → ".join(filter(None, [short(p.get("text", ""), 60), asks]))
+        case E.TOOL_CALL_STARTED:
+            return (f"{p['tool']} {p['key'][:12]} {short(p.get('args', {}), 60)} "
+                    f"({p.get('effect')}, attempt {p.get('attempt', 1)})")
+        case E.TOOL_CALL_COMPLETED:
+            how = "error" if p.get("is_error") else p.get("source", "tool")
+            shown = p["content"] if "content" in p else p.get("result")
+            return f"{p.get('tool')} [{how}] {short(shown, 60)}"
+        case E.TOOL_CALL_UNCERTAIN:
+            return f"{p['key'][:12]} {short(p.get('error', ''))}"
+        case E.TOOL_CALL_RECONCILED:
+            why = f": {short(p['reason'], 60)}" if p.get("reason") else ""
+            return f"{p['tool']} {p['key'][:12]} → {p['verdict']} (by {p.get('by')}){why}"
+        case E.TOOL_RESULT_SERVED:
+            return f"{p.get('tool')} served from seq {p.get('served_from_seq')}"
+        case E.TOOL_CALL_DENIED:
+            return f"{p.get('tool')}: {short(p.get('reason', ''))}"
+        case E.APPROVAL_REQUESTED:
+            return f"{p['approval_id']} {p['tool']} {short(p.get('args', {}), 60)}"
+        case E.APPROVAL_DECIDED:
+            verdict = "approved" if p.get("approved") else "denied"
+            why = f": {short(p['reason'])}" if p.get("reason") else ""
+            return f"{p['approval_id']} {verdict} by {p.get('by')}{why}"
+        case E.BUDGET_EXCEEDED:
+            return f"{p.get('budget')}: {p.get('used')} of {p.get('limit')}"
+        case E.RUN_FINISHED:
+            return short(p.get("outcome", ""))
+    return short(p.get("reason") or p.get("name") or p.get("key") or "")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--at", type=click.IntRange(min=1), metavar="SEQ",
+              help="Show the folded state as of this event (time travel).")
+@json_option
+@store_option
+def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
+    """Show a run's timeline, one event a line; with --at, its state as of that event.
+
+    \b
+    Example:
+      agentjournal show q3 --at 12    # what the run knew (and the model saw) at seq 12
+    """
+    with opened(store_url) as store:
+        events, state = load(store, run_id, at)
+    if as_json:
+        emit_json({"run_id": run_id, "at": at, "state": state,
+                   "events": [{**msgspec.to_builtins(e), "summary": summary(e)} for e in events]})
+    elif at is None:
+        print_timeline(run_id, events, state)
+    else:
+        print_state(state)
+
+
+def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
+    # Plain lines, cut at the terminal's width: one event is always one line.
+    console = out()
+    console.print(Text(f"run {run_id}: {state.status}, {len(events)} events", style="bold"))
+    width = max(len(e.type.value) for e in events)
+    for e in events:
+        line = (f"{e.seq:>5}  {local_time(e.ts, '%H:%M:%S.%f')[:-3]}  "
+                f"{e.type.value:<{width}}  {summary(e)}")
+        console.print(Text(line), no_wrap=True, overflow="ellipsis")
+
+
+def print_state(state: RunState) -> None:
+    console = out()
+    console.print(Text(f"run {state.run_id} as of seq {state.last_seq}: {state.status}"
+                       + (f" ({state.pause_reason})" if state.pause_reason else "")))
+    console.print(Text(f"task: {state.task}"))
+    if state.escalation:
+        console.print(Text(f"escalated: {short(state.escalation, 200)}"))
+    _print_rows(console, "messages (the model's context)", ("seq", "role", "trust", "content"),
+                [(str(m.seq), m.role, m.trust,
+                  " → ".join(filter(None, [short(m.content),
+                                           _calls(msgspec.to_builtins(m.tool_calls))])))
+                 for m in state.messages])
+    _print_rows(console, "completed calls", ("key", "seq", "source"),
+                [(k[:16], str(c.seq), c.source) for k, c in state.completed.items()])
+    _print_rows(console, "uncertain calls", ("key", "tool", "args", "effect", "last error"),
+                [(p.key[:16], p.tool, short(p.args, 50), p.effect, p.last_error or "-")
+                 for p in state.pending.values()])
+    _print_rows(console, "pending approvals", ("approval", "tool", "args", "reason"),
+                [(a.approval_id, a.tool, short(a.args, 50), a.reason)
+                 for a in state.approvals.values()])
+
+
+def _print_rows(console: Console, title: str, header: Sequence[str],
+                rows: list[tuple[str, ...]]) -> None:
+    if not rows:
+        console.print(f"{title}: none")
+        return
+    console.print(table(header, rows, keep=("key", "approval", "role", "trust"), title=title))
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--after", type=click.IntRange(min=0), default=0, metavar="SEQ",
+              help="Only events after this seq.")
+@store_option
+def events(run_id: str, after: int, store_url: str) -> None:
+    """Print a run's events as JSON Lines, one canonical event a line.
+
+    \b
+    Example:
+      agentjournal events q3 | jq -c 'select(.type == "tool_call_reconciled")'
+    """
+    with opened(store_url) as store:
+        printed = 0
+        for event in store.read(run_id, after_seq=after):
+            click.echo(encode(event))  # bytes: written as they are, plus a newline
+            printed += 1
+        if not printed and store.last_seq(run_id) == 0:
+            raise RunNotFoundError(run_id)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--at", type=click.IntRange(min=1), metavar="SEQ",
+              help="Fold only the events up to this seq.")
+@click.option("--json", "as_json", is_flag=True, default=True,
+              help="Print JSON (the default; state is always JSON).")
+@store_option
+def state(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
+    """Print a run's folded state as JSON.
+
+    \b
+    Example:
+      agentjournal state q3 --at 12 --json | jq .pending
+    """
+    with opened(store_url) as store:
+        _, folded = load(store, run_id, at)
+    emit_json(folded)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN", required=False)
+@click.option("--all", "all_runs", is_flag=True, help="Verify every run in the store.")
+@json_option
+@store_option
+@click.pass_context
+def verify(ctx: click.Context, run_id: str | None, all_runs: bool, as_json: bool,
+           store_url: str) -> None:
+    """Check that the fold is deterministic at every prefix and that every snapshot plus
+    its tail equals a full replay; a mismatch quarantines that fold version (exit 3).
+
+    \b
+    Example:
+      agentjournal verify --all --store sqlite:///runs.db
+    """
+    from ..snapshots import verify as verify_run
+
+    if (run_id is None) == (not all_runs):
+        raise click.UsageError("give either a RUN or --all")
+    with opened(store_url) as store:
+        ids = [run_id] if run_id is not None else [i.run_id for i in store.list_runs()]
+        reports = [verify_run(store, rid) for rid in ids]
+    for report in reports:
+        if not report.events:
+            raise RunNotFoundError(report.run_id)
+    if not reports:
+        note(f"no runs in {store_url}")
+    if as_json:
+        emit_json([{**msgspec.to_builtins(r), "ok": r.ok} for r in reports])
+    else:
+        for r in reports:
+            verdict = "ok" if r.ok else f"{len(r.mismatches)} MISMATCHES"
+            click.echo(f"{r.run_id}: {verdict} ({r.events} events, "
+                       f"{r.snapshots_checked} snapshots)")
+            for m in r.mismatches:
+                click.echo(f"  {m.check} at seq {m.seq}: {', '.join(m.fields)}")
+    failed = [r.run_id for r in reports if not r.ok]
+    if failed:
+        ctx.exit(_fail(f"{', '.join(failed)}: a snapshot plus its tail differs from a full "
+                       "replay. That fold version is quarantined, so its snapshots are never "
+                       "loaded again; runs replay from the log.", 3))
+
+

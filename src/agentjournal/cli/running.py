@@ -1,0 +1,270 @@
+"""Driving runs: run, resume, fork, and the demo."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import click
+import msgspec
+from rich.text import Text
+
+from .. import (
+    Agent,
+    JournalError,
+    RunResult,
+    Store,
+    fork,
+)
+from ..store import validate_run_id
+from ._base import (
+    CliError,
+    cli,
+    emit_json,
+    json_option,
+    load,
+    note,
+    opened,
+    out,
+    progress,
+    short,
+    store_hint,
+    store_option,
+    table,
+)
+
+if TYPE_CHECKING:
+    from ..demo.run_demo import DemoResult
+
+
+# --- running ---------------------------------------------------------------------------
+
+
+def load_agent(ref: str) -> Agent:
+    """The Agent named by ``MODULE:OBJECT``: an Agent, or a zero-argument factory of one."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"{ref!r} is not MODULE:OBJECT (e.g. myagents:reconciler)")
+    if os.getcwd() not in sys.path:  # as `python -m` would
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise CliError(f"cannot import module {module_name!r} ({exc}); run from the directory "
+                       "that holds it, or install it") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CliError(f"module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, Agent) and callable(obj) and _takes_no_args(obj):
+        obj = obj()
+    if not isinstance(obj, Agent):
+        raise CliError(f"{ref} is a {type(obj).__name__}, not an Agent or a zero-argument "
+                       "callable returning one")
+    return obj
+
+
+def _takes_no_args(fn: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(fn).bind()
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def drive(store: Store, agent: Agent, run_id: str, task: str | None, ref: str) -> RunResult:
+    """Start or resume the run, with a spinner naming the last event on a terminal."""
+    with progress(f"{run_id}: opening") as update:
+        return agent.run(store, run_id, task, agent_ref=ref,
+                         observer=lambda e, _s: update(f"{run_id}: seq {e.seq} {e.type.value}"))
+
+
+def result_json(result: RunResult) -> dict[str, Any]:
+    return {"run_id": result.run_id, "status": result.status, "last_seq": result.last_seq,
+            "outcome": result.outcome, "pause_reason": result.pause_reason,
+            "escalation": result.escalation,
+            "uncertain": msgspec.to_builtins(result.uncertain),
+            "approvals": msgspec.to_builtins(result.approvals)}
+
+
+def print_result(result: RunResult, store_url: str, as_json: bool) -> None:
+    if as_json:
+        emit_json(result_json(result))
+    else:
+        click.echo(f"run {result.run_id}: {result.status} at seq {result.last_seq}"
+                   + (f" ({result.pause_reason})" if result.pause_reason else ""))
+        if result.status == "finished":
+            click.echo(f"outcome: {short(result.outcome, 200)}")
+        for p in result.uncertain:
+            click.echo(f"uncertain: {p.tool} key {p.key[:16]} {short(p.args, 60)} "
+                       f"({p.effect}; last error: {p.last_error or '-'})")
+        for a in result.approvals:
+            click.echo(f"awaiting approval: {a.approval_id} {a.tool} {short(a.args, 60)}")
+        if result.escalation:
+            click.echo(f"escalated: {short(result.escalation.get('reason', ''), 200)}")
+    for line in next_steps(result, store_hint(store_url)):
+        note(line)
+
+
+def next_steps(result: RunResult, hint: str) -> list[str]:
+    """What a person must do before the run can go on."""
+    rid = result.run_id
+    resume = f"  agentjournal resume {rid}{hint}"
+    if result.status == "waiting_approval":
+        return ["next: decide, then resume:",
+                *(f"  agentjournal approve {rid} {a.approval_id}{hint}   (or deny ... "
+                  "--reason TEXT)" for a in result.approvals), resume]
+    if result.uncertain:
+        return ["next: find out whether each uncertain call took effect, record it, resume:",
+                *(f"  agentjournal resolve {rid} {p.key[:16]} --happened | --did-not-happen"
+                  f" | --conflict{hint}" for p in result.uncertain), resume]
+    if result.status in ("paused", "escalated"):
+        return [f"next: see why (agentjournal show {rid}{hint}), fix the cause, then:", resume]
+    return []
+
+
+@cli.command()
+@click.argument("ref", metavar="MODULE:OBJECT")
+@click.argument("task")
+@click.option("--run-id", help="The run's id (default: a new one). The same id resumes.")
+@json_option
+@store_option
+def run(ref: str, task: str, run_id: str | None, as_json: bool, store_url: str) -> None:
+    """Start a run of the agent MODULE:OBJECT, or resume it if --run-id exists.
+
+    OBJECT is an Agent, or a zero-argument callable returning one; MODULE is
+    imported with the current directory on the path, as `python -m` does.
+
+    \b
+    Example:
+      agentjournal run myagents:reconciler "Reconcile Q3" --run-id q3
+    """
+    run_id = validate_run_id(run_id or f"run-{uuid.uuid4().hex[:12]}")
+    with opened(store_url, create=True) as store:
+        result = drive(store, load_agent(ref), run_id, task, ref)
+    print_result(result, store_url, as_json)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@json_option
+@store_option
+def resume(run_id: str, as_json: bool, store_url: str) -> None:
+    """Resume a run with the agent it recorded (its MODULE:OBJECT).
+
+    \b
+    Example:
+      agentjournal resume q3 --store sqlite:///runs.db
+    """
+    with opened(store_url) as store:
+        _, folded = load(store, run_id)
+        if folded.agent is None:
+            raise CliError(
+                f"run {run_id!r} recorded no agent (it was started without agent_ref). "
+                f"Resume it with: agentjournal run MODULE:OBJECT TASK --run-id {run_id}")
+        result = drive(store, load_agent(folded.agent), run_id, None, folded.agent)
+    print_result(result, store_url, as_json)
+
+
+@cli.command(name="fork")
+@click.argument("run_id", metavar="RUN")
+@click.option("--at", type=click.IntRange(min=1), required=True, metavar="SEQ",
+              help="Copy events 1..SEQ into the new run.")
+@click.option("--new-id", help="The new run's id (default: RUN.fork-XXXXXXXX).")
+@store_option
+def fork_cmd(run_id: str, at: int, new_id: str | None, store_url: str) -> None:
+    """Start a new run from the first SEQ events of RUN; prints the new run's id.
+
+    The fork keeps the origin's idempotency scope: it never repeats an effect
+    its prefix recorded.
+
+    \b
+    Example:
+      agentjournal fork q3 --at 12 --new-id q3-retry && agentjournal resume q3-retry
+    """
+    with opened(store_url) as store:
+        if new_id is not None and store.last_seq(validate_run_id(new_id)):
+            raise CliError(f"run {new_id!r} already exists; choose another --new-id")
+        try:
+            new = fork(store, run_id, at, new_id)
+        except JournalError:
+            raise  # InvalidRunIdError is a ValueError too: keep its exit code
+        except ValueError as exc:  # --at beyond the log
+            raise CliError(str(exc)) from None
+    click.echo(new)
+    note(f"forked {run_id} at seq {at} into {new}; resume it with: agentjournal resume {new}"
+         f"{store_hint(store_url)}")
+
+
+# --- the demo --------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the journal and the ledger live (default: a fresh temp dir).")
+@click.option("--kill-at", type=click.Choice(["model", "tool", "after-effect", "random"]),
+              default="after-effect", show_default=True,
+              help="The window the agent process is killed in.")
+@click.option("--seed", type=int, help="Seed for --kill-at random (default: a random one).")
+@json_option
+@click.pass_context
+def demo(ctx: click.Context, directory: Path | None, kill_at: str, seed: int | None,
+         as_json: bool) -> None:
+    """The quarterly reconciliation: kill the agent with SIGKILL, resume it in a new
+    process, and ask the ledger how often it applied each correction (once).
+
+    \b
+    Example:
+      agentjournal demo --kill-at random --seed 7
+    """
+    from ..demo.run_demo import DemoError, KillAt, run_demo
+
+    with progress("starting the ledger service") as update:
+        try:
+            result = run_demo(directory, kill_at=cast(KillAt, kill_at), seed=seed,
+                              progress=update)
+        except DemoError as exc:
+            raise CliError(str(exc)) from None
+    if as_json:
+        emit_json(result)
+    else:
+        print_demo(result)
+    ctx.exit(0 if result.ok else 1)
+
+
+def print_demo(result: DemoResult) -> None:
+    console = out()
+    console.print(Text(f"journal {result.store} (run {result.run_id})"))
+    console.print("timeline, read from the journal:")
+    console.print(table(
+        ("seq", "event", "detail"),
+        [("-" if step.seq is None else str(step.seq), step.kind, step.detail)
+         for step in result.timeline],
+        keep=("seq", "event"),
+        styles=["bold red" if step.kind == "killed" else None for step in result.timeline]))
+    console.print("the ledger service's own count of applied effects:")
+    counts = sorted(result.effects.items())
+    console.print(table(("correction", "applied"), [(cid, str(n)) for cid, n in counts],
+                        keep=("correction",),
+                        styles=[None if n == 1 else "bold red" for _, n in counts]))
+    if not result.kills:
+        console.print("the agent finished before the kill came (kills=0): nothing to resume. "
+                      "Try another --seed.")
+    kills = f"{result.kills} kill" + ("" if result.kills == 1 else "s")
+    seed = f", seed {result.seed}" if result.seed is not None else ""
+    if result.ok:
+        console.print(Text(f"verdict: exactly once. {len(result.effects)} corrections, each "
+                           f"applied once; run {result.status} after {kills} ({result.kill_at}"
+                           f"{seed}).", style="bold green"))
+    else:
+        console.print(Text(f"verdict: FAILED. run {result.status} after {kills}; applied "
+                           f"counts {result.effects}", style="bold red"))
+    note(f"inspect it: agentjournal show {result.run_id} --store {result.store}")
+
+
