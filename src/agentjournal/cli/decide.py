@@ -35,7 +35,7 @@ from ._base import (
     store_option,
     table,
 )
-from .inspect import summary
+from .reading import summary
 
 # --- decisions -------------------------------------------------------------------------
 
