@@ -155,8 +155,11 @@ def encode_value(value: Any) -> bytes:
 
 
 def render(result: Any) -> str:
-    """A tool result as the model reads it: the text itself, or canonical JSON."""
-    return result if isinstance(result, str) else encode_value(result).decode()
+    """A tool result as the model reads it: the text itself, or canonical JSON.
+
+    Only called on results that are already stored (so already checked finite).
+    """
+    return result if isinstance(result, str) else _encoder.encode(result).decode()
 
 
 def decode(data: bytes | memoryview | str) -> Event:
