@@ -265,31 +265,55 @@ class PostgresStore:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
         stamps = [e.ts for e in events]
-        columns = ([run_id] * len(events), [e.seq for e in events],
-                   [e.type.value for e in events], stamps, [encode(e) for e in events])
+        params = {
+            "run": run_id, "expected": expected_seq, "epoch": epoch, "last": events[-1].seq,
+            "first_ts": min(stamps), "last_ts": max(stamps), "runs": [run_id] * len(events),
+            "seqs": [e.seq for e in events], "types": [e.type.value for e in events],
+            "stamps": stamps, "bodies": [encode(e) for e in events],
+        }
         try:
             with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
-                last, current, *_ = self._lock_run(cur, run_id)
-                if epoch != current:  # fencing first: a stale writer must stop, not retry
-                    raise FencedError(run_id, epoch, current)
-                if last != expected_seq:
-                    raise ConflictError(run_id, expected_seq, last)
-                # The events and the run's new end in one statement: one round trip.
-                cur.execute(
-                    self._q(
-                        "WITH added AS (INSERT INTO {s}.events"
-                        " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[],"
-                        " %s::timestamptz[], %s::bytea[]))"
-                        " UPDATE {s}.runs SET last_seq = %s, created_at = least(created_at, %s),"
-                        " updated_at = greatest(updated_at, %s) WHERE run_id = %s"
-                    ),
-                    (*columns, events[-1].seq, min(stamps), max(stamps), run_id),
-                )
+                for _ in range(2):  # a second pass only for a run's very first append
+                    if self._claim_and_insert(cur, params):
+                        return events[-1].seq
+                    self._refuse_or_create(cur, run_id, expected_seq, epoch)
+                raise AssertionError("unreachable: the run's row exists on the second pass")
         except UniqueViolation:
-            # Only the events key can collide (the runs row is upserted): rows
-            # exist past runs.last_seq, so report the log's real end.
+            # Rows exist past runs.last_seq (written around this store): report the
+            # log's real end.
             raise ConflictError(run_id, expected_seq, self.last_seq(run_id)) from None
-        return events[-1].seq
+
+    def _claim_and_insert(self, cur: Cursor, params: dict[str, Any]) -> bool:
+        """Move the run's end from expected to last and insert the events, in one round trip.
+
+        The UPDATE's WHERE is the whole check: under concurrency Postgres re-evaluates
+        it on the row's newest version after waiting for its lock, so exactly one of
+        two writers at the same expected seq and epoch claims it. False: not claimed.
+        """
+        cur.execute(
+            self._q(
+                "WITH claimed AS (UPDATE {s}.runs SET last_seq = %(last)s,"
+                " created_at = least(created_at, %(first_ts)s),"
+                " updated_at = greatest(updated_at, %(last_ts)s)"
+                " WHERE run_id = %(run)s AND last_seq = %(expected)s"
+                " AND lease_epoch = %(epoch)s RETURNING run_id),"
+                " added AS (INSERT INTO {s}.events SELECT * FROM unnest(%(runs)s::text[],"
+                " %(seqs)s::bigint[], %(types)s::text[], %(stamps)s::timestamptz[],"
+                " %(bodies)s::bytea[]) WHERE EXISTS (SELECT 1 FROM claimed))"
+                " SELECT count(*) FROM claimed"
+            ),
+            params,
+        )
+        (row,) = cur.fetchall()
+        return bool(row[0])
+
+    def _refuse_or_create(self, cur: Cursor, run_id: str, expected_seq: int, epoch: int) -> None:
+        """After a refused claim: raise why, or create the run's row so a retry can claim."""
+        last, current, *_ = self._lock_run(cur, run_id)
+        if epoch != current:  # fencing first: a stale writer must stop, not retry
+            raise FencedError(run_id, epoch, current)
+        if last != expected_seq:
+            raise ConflictError(run_id, expected_seq, last)
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
