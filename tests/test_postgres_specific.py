@@ -307,3 +307,30 @@ def test_lost_server_is_store_unavailable_not_a_driver_error(
         store.append("r1", events, expected_seq=0, epoch=0)
     monkeypatch.undo()
     assert store.append("r1", events, expected_seq=0, epoch=0) == 1  # nothing was broken
+
+
+def test_many_writers_contending_lose_nothing(store: PostgresStore, schema: str) -> None:
+    # The conditional UPDATE is the only check: under contention every append is
+    # either claimed once or refused, never both, never neither.
+    def writer(name: str) -> None:
+        for i in range(25):
+            while True:
+                last = store.last_seq("r1")
+                (event,) = make_events("r1", last, 0, [(EventType.USER_MESSAGE,
+                                                        {"content": f"{name}-{i}"})])
+                try:
+                    store.append("r1", [event], expected_seq=last, epoch=0)
+                    break
+                except ConflictError:
+                    continue
+
+    threads = [threading.Thread(target=writer, args=(f"w{n}",)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log = list(store.read("r1"))
+    assert [e.seq for e in log] == list(range(1, 201))
+    assert sorted(e.payload["content"] for e in log) == sorted(
+        f"w{n}-{i}" for n in range(8) for i in range(25))
+    assert _sql(f'SELECT last_seq FROM "{schema}".runs WHERE run_id = %s', ("r1",)) == [(200,)]
