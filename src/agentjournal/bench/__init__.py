@@ -1,0 +1,28 @@
+"""``agentjournal bench``: every figure measured beside its physical floor, in one process.
+
+Machines of this class are shared and noisy (±30 % run to run, up to 2x for
+micro-benchmarks), so an absolute number means little on its own; the ratio
+to a floor measured moments earlier, in the same process, holds. One
+convention everywhere: ``ratio = value / floor``. For a duration or a size
+that is "how many floors it costs" (lower is better); for a throughput
+(events/s) it is "what fraction of the floor's speed it reaches" (higher is
+better).
+
+Figure families (a name up to its first dot):
+
+    append, tool_call              durable appends (fsync) per backend vs a raw write + sync
+    replay                         fold(decode(...)) vs decode-only, events/s
+    recovery, recovery_growth      open the store + load_state, with and without snapshots
+    snapshot_write                 write_snapshot vs msgpack encode + write + fsync
+    storage, storage_growth        bytes per event and per step as the run grows
+    cpu_per_event                  envelope + encode + write with syncing off
+    agent_step, agent_step_growth  a real Agent loop: µs per step at 200 and 2,000 steps
+
+Scratch stores are throwaway: the command removes its directory afterwards,
+and Postgres runs in its own ``bench_<random>`` schema, dropped at the end.
+"""
+
+from ._common import Figure
+from .command import bench, run_bench
+
+__all__ = ["Figure", "bench", "run_bench"]

@@ -1,0 +1,155 @@
+"""What every figure shares: the Figure record, the workload, timing."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..events import Event, EventType, make_events
+from ..keys import idempotency_key, run_scope
+from ..snapshots import gc_paused
+from ..store import Store
+
+E = EventType
+RUN = "bench-run"
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+SNAPSHOT_EVERY = 1000
+# Recovery stores get their snapshots at seq % 1000 == 500, so every size
+# recovers the same 500-event tail (the mean tail at interval 1000) and only
+# the run's length varies.
+RECOVERY_TAIL = 500
+NEVER = 10**9  # a jsonl batch_every that never fsyncs: "syncing off"
+
+Say = Callable[[str], None]
+Fact = tuple[EventType, dict[str, Any]]
+Write = Callable[[int, bytes], None]  # store (seq, bytes), nothing else: a floor
+
+
+class Figure(msgspec.Struct, frozen=True):
+    name: str
+    value: float | None  # None: not measured here (the note says why)
+    unit: str
+    floor: float | None = None
+    floor_name: str | None = None
+    ratio: float | None = None  # value / floor
+    note: str = ""
+
+
+def figure(
+    name: str, value: float | None, unit: str, floor: float | None = None,
+    floor_name: str | None = None, note: str = "",
+) -> Figure:
+    ratio = value / floor if value is not None and floor else None
+    return Figure(name, value, unit, floor, floor_name, ratio, note)
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    appends: int  # durable appends timed per backend
+    reps: int  # repetitions behind each median
+    sizes: tuple[int, ...]  # event counts for replay and recovery
+    steps: tuple[int, ...]  # run lengths for storage
+    cpu_events: int  # events per round, syncing off
+    agent_steps: tuple[int, int] = (200, 2000)
+    agent_reps: int = 5  # the loop's µs/step swings ±30 % run to run here
+
+
+QUICK = Plan(appends=240, reps=5, sizes=(1_000, 10_000), steps=(100, 1_000), cpu_events=1_500)
+FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1_000, 10_000),
+            cpu_events=4_000, agent_reps=9)
+
+
+# --- the workload: what Agent records for a run calling one tool per turn ----------------
+
+TASK = "Reconcile this week's shipped orders against the carrier manifest; report mismatches."
+TURN_TEXT = "Checking the next order against the manifest before I mark it reconciled."
+
+
+def order_result(i: int) -> dict[str, Any]:
+    """A tool result of about 200 bytes."""
+    return {
+        "order": f"ord-{i:06d}", "status": "shipped", "carrier": "DHL Express",
+        "eta": "2026-12-03", "items": [{"sku": "A-1001", "qty": 2}, {"sku": "B-2002", "qty": 1}],
+        "note": "left at the front desk; customer notified by email",
+    }
+
+
+def _step_facts(scope: str, i: int, started_seq: int) -> list[Fact]:
+    call_id, args = f"call_{i}_0", {"order": f"ord-{i:06d}"}
+    key = idempotency_key(scope, "lookup", args)
+    result = order_result(i)
+    # The prompt grows every step (input_tokens), the recorded facts do not.
+    usage = {"input_tokens": 40 + 110 * i, "output_tokens": 26, "cached_input_tokens": 0,
+             "cost_usd": 0.0004}
+    return [
+        (E.MODEL_TURN, {"text": TURN_TEXT, "usage": usage,
+                        "tool_calls": [{"id": call_id, "name": "lookup", "args": args}]}),
+        (E.TOOL_CALL_STARTED, {"key": key, "tool": "lookup", "args": args, "call_id": call_id,
+                               "effect": "read_only", "attempt": 1}),
+        (E.TOOL_CALL_COMPLETED, {"started_seq": started_seq, "call_id": call_id,
+                                 "tool": "lookup", "idempotency_key": key, "result": result,
+                                 "source": "tool"}),  # as the loop writes it: result once
+    ]
+
+
+def run_facts(run_id: str) -> Iterator[Fact]:
+    scope = run_scope(run_id)
+    yield E.RUN_STARTED, {"task": TASK, "scope": scope, "agent": None}
+    yield E.USER_MESSAGE, {"content": TASK}
+    for i in itertools.count():
+        yield from _step_facts(scope, i, started_seq=4 + 3 * i)
+
+
+def workload(run_id: str, n: int) -> list[Event]:
+    """The first ``n`` events of the run (2 opening events, then 3 per step)."""
+    return make_events(run_id, 0, 0, itertools.islice(run_facts(run_id), n))
+
+
+# --- timing --------------------------------------------------------------------------
+
+
+def clock(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    result = fn()
+    elapsed = time.perf_counter() - start
+    del result  # freeing a big result is not part of what was measured
+    return elapsed
+
+
+def timed(fn: Callable[[], object], *, gc_off: bool) -> float:
+    if not gc_off:
+        return clock(fn)
+    with gc_paused():
+        return clock(fn)
+
+
+def medians(reps: int, cases: Sequence[Callable[[], float]]) -> list[float]:
+    """The median of each case's measurement, the cases taken in turn round by round,
+    so the machine's drift over the run hits every case alike."""
+    rounds: list[list[float]] = [[] for _ in cases]
+    for _ in range(reps):
+        for case, results in zip(cases, rounds, strict=True):
+            gc.collect()  # every measurement starts from the same heap
+            results.append(case())
+    return [statistics.median(r) for r in rounds]
+
+
+def _p99(xs: Sequence[float]) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(len(xs) * 0.99))]
+
+
+def store_url(backend: str, path: Path, query: str = "") -> str:
+    suffix = ".db" if backend == "sqlite" else ""
+    return f"{backend}:///{path}{suffix}" + (f"?{query}" if query else "")
+
+
+def append_one_by_one(store: Store, events: Sequence[Event]) -> None:
+    store.append(RUN, events, expected_seq=events[0].seq - 1, epoch=0)
+
+

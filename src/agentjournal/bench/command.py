@@ -1,0 +1,232 @@
+"""The whole run, its output, and the `agentjournal bench` command."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import platform
+import shutil
+import sqlite3
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from ._common import (
+    DEFAULT_POSTGRES,
+    FULL,
+    QUICK,
+    RUN,
+    Figure,
+    Plan,
+    Say,
+    workload,
+)
+from .appends import (
+    durable_figures,
+    postgres_problem,
+)
+from .cpu import (
+    agent_figures,
+    cpu_figures,
+)
+from .replay import (
+    recovery_figures,
+    replay_figures,
+)
+from .storage import (
+    storage_figures,
+)
+
+# --- the whole run -----------------------------------------------------------------------------
+
+
+def log_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
+    """Replay and recovery over one generated log, freed before the next measurements,
+    so its heap is not theirs to scan."""
+    say(f"generating {max(plan.sizes):,} events")
+    events = workload(RUN, max(plan.sizes))
+    return [*replay_figures(events, plan.sizes, plan.reps, say),
+            *recovery_figures(workdir, events, plan.sizes, plan.reps, say)]
+
+
+def _stderr(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
+              progress: Say = _stderr) -> list[Figure]:
+    """Measure every figure family; scratch stores go under ``workdir``.
+
+    Postgres is skipped (with a note) when unreachable, except under ``CI=true``,
+    where that raises ``RuntimeError``.
+    """
+    if os.environ.get("CI") == "true" and (problem := postgres_problem(postgres_url)):
+        raise RuntimeError(f"CI=true, so Postgres must be measured, but {problem}")
+    plan = QUICK if quick else FULL
+    workdir.mkdir(parents=True, exist_ok=True)
+    return [
+        *durable_figures(workdir, postgres_url, plan, progress),
+        *log_figures(workdir, plan, progress),
+        *storage_figures(workdir, plan.steps, progress),
+        *cpu_figures(workdir, plan, progress),
+        *agent_figures(workdir, plan, progress),
+    ]
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "sqlite": sqlite3.sqlite_version,
+        "msgspec": msgspec.__version__,
+    }
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def print_table(figures: Sequence[Figure]) -> None:
+    table = Table(title="agentjournal bench", caption="ratio = value / floor, measured side by "
+                  "side: for events/s the fraction of the floor's speed, else floors spent")
+    table.add_column("name", overflow="fold")
+    for column in ("value", "unit", "floor", "ratio"):
+        table.add_column(column, justify="right" if column != "unit" else "left", no_wrap=True)
+    table.add_column("note", min_width=24)
+    for f in figures:
+        ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
+        table.add_row(f.name, _num(f.value), f.unit, _num(f.floor), ratio, f.note)
+    Console().print(table)
+
+
+def _series(figures: Sequence[Figure]) -> dict[str, list[tuple[int, float]]]:
+    """Duration (ms) against event count: recovery per backend and mode, in-memory replay."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for f in figures:
+        parts = f.name.split(".")
+        if f.value is None or len(parts) < 3 or not parts[-1].isdigit():
+            continue
+        family, middle, n = parts[0], parts[1:-1], int(parts[-1])
+        if family == "recovery":
+            label, ms = " ".join(middle).replace("full", "full replay"), f.value
+        elif family == "replay" and middle == ["gc_off"]:
+            label, ms = "fold in memory (no I/O)", n / f.value * 1e3
+        else:
+            continue
+        out.setdefault(label, []).append((n, ms))
+    return out
+
+
+def _pyplot() -> Any:
+    matplotlib = importlib.import_module("matplotlib")
+    matplotlib.use("Agg")  # files only: no display needed
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def write_plot(figures: Sequence[Figure], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in sorted(_series(figures).items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, ys, marker="o", linestyle="--" if "full" in label else "-", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="events in the run", ylabel="ms",
+           title="Recovery (open + state ready) against run length")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def _default_postgres() -> str:
+    return os.environ.get("AGENTJOURNAL_TEST_POSTGRES", DEFAULT_POSTGRES)
+
+
+@contextlib.contextmanager
+def _scratch(store_dir: Path | None) -> Iterator[Path]:
+    if store_dir is not None:
+        store_dir.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="agentjournal-bench-", dir=store_dir))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+@click.command()
+@click.option("--quick", is_flag=True,
+              help="Smaller sizes (1k and 10k events, 100 and 1,000 steps): under a minute.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object on stdout (progress stays on stderr).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also draw recovery time against event count to FILE (PNG; needs matplotlib).")
+@click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Put scratch stores in a fresh subdirectory of DIR, removed afterwards "
+                   "(default: the system temp directory). Pick the disk you will deploy on.")
+@click.option("--postgres", "postgres_url", default=_default_postgres, metavar="URL",
+              show_default="$AGENTJOURNAL_TEST_POSTGRES or " + DEFAULT_POSTGRES,
+              help="Server for the Postgres figures, used in a throwaway bench_<random> "
+                   "schema; '' to skip.")
+def bench(quick: bool, as_json: bool, plot: Path | None, store_dir: Path | None,
+          postgres_url: str) -> None:
+    """Measure durability, replay, recovery, storage and CPU cost on this machine.
+
+    Every figure with a physical floor (a raw write + fsync, a raw INSERT +
+    COMMIT, a decode-only loop) is measured beside that floor in the same run
+    and reported as ratio = value / floor: for times and sizes, floors spent
+    (lower is better); for events/s, the fraction of the floor's speed
+    (higher is better). Ratios survive a noisy machine; absolute values do not.
+
+    \b
+    Examples:
+        agentjournal bench --quick
+        agentjournal bench --json --plot recovery.png > bench.json
+        agentjournal bench --store-dir /mnt/nvme --postgres ''
+    """
+    if plot is not None:
+        try:
+            _pyplot()
+        except ImportError:
+            _fail("--plot needs matplotlib: pip install matplotlib")
+    with _scratch(store_dir) as workdir:
+        try:
+            figures = run_bench(quick=quick, postgres_url=postgres_url or None, workdir=workdir)
+        except RuntimeError as exc:
+            _fail(str(exc))
+    if plot is not None:
+        write_plot(figures, plot)
+        _stderr(f"plot written to {plot}")
+    if as_json:
+        doc = {"figures": figures, "machine": machine(), "quick": quick}
+        click.echo(msgspec.json.encode(doc).decode())
+    else:
+        print_table(figures)
+
+
+if __name__ == "__main__":
+    bench()

@@ -1,0 +1,176 @@
+"""6. CPU cost per event with syncing off, and the agent loop per step."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import time
+import uuid
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..agent import Agent
+from ..events import SCHEMA_VERSION, make_events
+from ..models import Model, ModelRequest, ModelResponse, ScriptedModel, calls, reply
+from ..state import ToolCall
+from ..store import Durability, Store, open_store
+from ..store.jsonl import JsonlStore
+from ..tools import Tool, tool
+from ._common import (
+    NEVER,
+    RUN,
+    TASK,
+    TURN_TEXT,
+    Fact,
+    Figure,
+    Plan,
+    Say,
+    Write,
+    figure,
+    medians,
+    order_result,
+    run_facts,
+    store_url,
+)
+from .appends import (
+    raw_sqlite,
+)
+
+# --- 6. CPU cost with syncing off, and the loop ------------------------------------------------
+
+
+def _store_round(store: Store, facts: list[Fact], after: int) -> float:
+    """Seconds per event to build each envelope and append it alone, as RunJournal does."""
+    start = time.perf_counter()
+    for seq, fact in enumerate(facts, start=after):
+        events = make_events(RUN, seq, 0, [fact])
+        store.append(RUN, events, expected_seq=seq, epoch=0)
+    return (time.perf_counter() - start) / len(facts)
+
+
+def _floor_round(write: Write, facts: list[Fact], after: int) -> float:
+    """The hand-written floor: a dict envelope, one msgspec encode, one raw write."""
+    encoder = msgspec.json.Encoder()
+    start = time.perf_counter()
+    for seq, (kind, payload) in enumerate(facts, start=after + 1):
+        write(seq, encoder.encode({"run_id": RUN, "seq": seq, "type": kind.value,
+                                   "ts": datetime.now(UTC), "epoch": 0, "v": SCHEMA_VERSION,
+                                   "payload": payload}))
+    return (time.perf_counter() - start) / len(facts)
+
+
+def _cpu_figure(backend: str, store: Store, write: Write,
+                floor_name: str, facts: list[Fact], reps: int) -> Figure:
+    after, ours, floors = 0, [], []
+    for _ in range(reps + 1):  # the first round warms up and is dropped
+        ours.append(_store_round(store, facts, after))
+        floors.append(_floor_round(write, facts, after))
+        after += len(facts)
+    return figure(f"cpu_per_event.{backend}", statistics.median(ours[1:]) * 1e6, "µs/event",
+                  statistics.median(floors[1:]) * 1e6, floor_name,
+                  "make_events + append, one event per call; target ≤ 15 µs")
+
+
+def cpu_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
+    """Syncing off: jsonl never fsyncs; sqlite batched is WAL + synchronous=NORMAL, whose
+    floor keeps its per-transaction cost (a raw INSERT+COMMIT alone is ~30 µs here)."""
+    facts = list(itertools.islice(run_facts(RUN), plan.cpu_events))
+    fd = os.open(workdir / "cpu-floor.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    db, write_row = raw_sqlite(workdir / "cpu-floor.db", "NORMAL")
+
+    def write_line(_seq: int, data: bytes) -> None:
+        os.write(fd, data + b"\n")
+
+    jsonl = JsonlStore(workdir / "cpu-jsonl", durability=Durability.BATCHED, batch_every=NEVER)
+    sqlite = open_store(store_url("sqlite", workdir / "cpu-sqlite", "durability=batched"))
+    try:
+        say("CPU per event, syncing off: jsonl, sqlite")
+        return [
+            _cpu_figure("jsonl", jsonl, write_line, "dict envelope + msgspec encode + os.write",
+                        facts, plan.reps),
+            _cpu_figure("sqlite", sqlite, write_row,
+                        "dict envelope + encode + sqlite3 INSERT+COMMIT (WAL, NORMAL)",
+                        facts, plan.reps),
+        ]
+    finally:
+        os.close(fd)
+        db.close()
+        jsonl.close()
+        sqlite.close()
+
+
+def _lookup_tool() -> Tool:
+    @tool(effect="read_only")
+    def lookup(order: str) -> dict[str, Any]:
+        """Look an order up in the carrier's manifest."""
+        return order_result(int(order.removeprefix("ord-")))
+
+    return lookup
+
+
+def _order_turn(i: int) -> ModelResponse:
+    return calls(("lookup", {"order": f"ord-{i:06d}"}), text=TURN_TEXT)
+
+
+class FixedCostModel:
+    """ScriptedModel's turns at a constant cost per turn.
+
+    ScriptedModel estimates usage by summing the length of every message in the
+    prompt, so its own cost grows with the run; this model isolates the loop's.
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        n = request.turn
+        if n >= self.steps:
+            return reply("all reconciled")
+        call = ToolCall(id=f"call_{n}_0", name="lookup", args={"order": f"ord-{n:06d}"})
+        return ModelResponse(text=TURN_TEXT, tool_calls=[call])
+
+
+def _model(kind: str, steps: int) -> Model:
+    if kind == "fixed_model":
+        return FixedCostModel(steps)
+    return ScriptedModel([_order_turn(i) for i in range(steps)] + [reply("all reconciled")])
+
+
+def _agent_run_us(workdir: Path, kind: str, steps: int, lookup: Tool) -> float:
+    agent = Agent(_model(kind, steps), [lookup], snapshot_every=None)
+    path = workdir / f"agent-{uuid.uuid4().hex[:8]}"
+    store = open_store(store_url("sqlite", path, "durability=batched"))
+    try:
+        start = time.perf_counter()
+        result = agent.run(store, f"agent-{steps}", TASK)
+        elapsed = time.perf_counter() - start
+    finally:
+        store.close()
+    if result.status != "finished":
+        raise RuntimeError(f"the benchmark agent stopped {result.status}: {result.pause_reason}")
+    return elapsed / steps * 1e6
+
+
+def agent_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
+    """A real Agent, a read-only tool, sqlite batched, snapshots off: µs per step (a model
+    turn + a tool call, 3 events), whole run including open and close, median of runs."""
+    lookup, figures = _lookup_tool(), []
+    small, large = plan.agent_steps
+    for kind in ("scripted", "fixed_model"):
+        say(f"agent loop: {kind}, {small:,} and {large:,} steps x {plan.agent_reps}")
+        us = dict(zip(plan.agent_steps, medians(plan.agent_reps, [
+            partial(_agent_run_us, workdir, kind, steps, lookup) for steps in plan.agent_steps
+        ]), strict=True))
+        model = "ScriptedModel" if kind == "scripted" else "FixedCostModel (O(1) per turn)"
+        figures += [figure(f"agent_step.{kind}.{n}", v, "µs/step", note=model)
+                    for n, v in us.items()]
+        figures.append(figure(f"agent_step_growth.{kind}", us[large] / us[small], "x",
+                              note=f"µs/step, {large:,} / {small:,} steps; target ≤ 1.1x"))
+    return figures
+
+

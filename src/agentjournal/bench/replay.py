@@ -1,0 +1,204 @@
+"""2-4. Replay throughput, recovery time and snapshot writes."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import msgspec
+
+from ..events import Event, decode, encode
+from ..snapshots import gc_paused, load_state, write_snapshot
+from ..state import RunState, apply, fold
+from ..store import Store, open_store
+from ..store.base import Snapshot
+from ._common import (
+    RECOVERY_TAIL,
+    RUN,
+    SNAPSHOT_EVERY,
+    Figure,
+    Say,
+    append_one_by_one,
+    clock,
+    figure,
+    medians,
+    store_url,
+    timed,
+)
+
+# --- 2. replay throughput ------------------------------------------------------------------
+
+_event_decoder = msgspec.json.Decoder(Event)
+
+
+def _decode_only(lines: list[bytes]) -> int:
+    decode = _event_decoder.decode
+    for line in lines:
+        decode(line)
+    return len(lines)
+
+
+def _fold_lines(lines: list[bytes]) -> RunState:
+    return fold(decode(line) for line in lines)
+
+
+def replay_at(lines: list[bytes], reps: int) -> list[Figure]:
+    n = len(lines)
+    floor, off, on = (n / t for t in medians(reps, [
+        partial(timed, partial(_decode_only, lines), gc_off=True),
+        partial(timed, partial(_fold_lines, lines), gc_off=True),
+        partial(timed, partial(_fold_lines, lines), gc_off=False),
+    ]))
+    floor_name = "msgspec.json.Decoder(Event).decode only"
+    return [
+        figure(f"replay.gc_off.{n}", off, "events/s", floor, floor_name,
+               "fold(decode(b) for b in lines), GC paused; target ≥ 0.5x"),
+        figure(f"replay.gc_on.{n}", on, "events/s", floor, floor_name,
+               "the same fold, cyclic GC on (for comparison)"),
+    ]
+
+
+def replay_figures(events: list[Event], sizes: Sequence[int], reps: int, say: Say) -> list[Figure]:
+    figures = []
+    for n in sizes:
+        say(f"replay: {n:,} events")
+        figures += replay_at([encode(e) for e in events[:n]], reps)
+    return figures
+
+
+# --- 3 & 4. recovery and snapshot writes ----------------------------------------------------
+
+
+def fill(
+    store: Store, events: list[Event], *, batch: int, snapshot_at: int | None
+) -> Snapshot | None:
+    """Append ``events`` ``batch`` at a time, folding as the run grows and writing a
+    snapshot whenever the last seq is ``snapshot_at`` modulo the interval. Returns the last."""
+    state, last = RunState(), None
+    with gc_paused():
+        for i in range(0, len(events), batch):
+            chunk = events[i:i + batch]
+            append_one_by_one(store, chunk)
+            for e in chunk:
+                apply(state, e)
+            if snapshot_at is not None and state.last_seq % SNAPSHOT_EVERY == snapshot_at:
+                last = write_snapshot(store, state) or last
+    return last
+
+
+def _recover(url: str, *, use_snapshots: bool) -> float:
+    """Seconds to open the store and have the state ready (the cyclic GC as it is)."""
+    start = time.perf_counter()
+    store = open_store(url)
+    loaded = load_state(store, RUN, use_snapshots=use_snapshots)
+    elapsed = time.perf_counter() - start
+    store.close()
+    del loaded
+    return elapsed
+
+
+def _replayed(url: str, n: int) -> int:
+    """Events a recovery with snapshots replays; raises unless it recovers all ``n``."""
+    store = open_store(url)
+    try:
+        loaded = load_state(store, RUN)
+    finally:
+        store.close()
+    if loaded.state.last_seq != n:
+        raise RuntimeError(f"recovered {loaded.state.last_seq} events of {n}: {loaded.misses}")
+    return loaded.replayed
+
+
+_state_decoder = msgspec.msgpack.Decoder(RunState)
+
+
+def _decode_snapshot_and_tail(body: bytes, tail: list[bytes]) -> int:
+    _state_decoder.decode(body)
+    return _decode_only(tail)
+
+
+def recovery_at(backend: str, url: str, events: list[Event], snap: Snapshot,
+                reps: int) -> list[Figure]:
+    n = len(events)
+    lines = [encode(e) for e in events]
+    replayed = _replayed(url, n)
+    snap_floor, with_snap, full_floor, without = (t * 1e3 for t in medians(reps, [
+        partial(timed, partial(_decode_snapshot_and_tail, snap.body, lines[snap.seq:]),
+                gc_off=True),
+        partial(_recover, url, use_snapshots=True),
+        partial(timed, partial(_decode_only, lines), gc_off=True),
+        partial(_recover, url, use_snapshots=False),
+    ]))
+    return [
+        figure(f"recovery.{backend}.snapshots.{n}", with_snap, "ms", snap_floor,
+               "decode the snapshot body + the tail's events, in memory",
+               f"snapshot at seq {snap.seq:,} ({len(snap.body) / 1e6:.1f} MB) + {replayed} "
+               "events"),
+        figure(f"recovery.{backend}.full.{n}", without, "ms", full_floor,
+               "decode every event, in memory", "snapshots ignored: the whole log folded"),
+    ]
+
+
+def _snapshot(store: Store, state: RunState) -> Snapshot:
+    # write_snapshot only logs a failure (a snapshot is a cache): a failed write must not
+    # pass for a fast one here.
+    if (snapshot := write_snapshot(store, state)) is None:
+        raise RuntimeError(f"write_snapshot into {store.url} failed; see the log")
+    return snapshot
+
+
+def _raw_snapshot(path: Path, state: RunState) -> None:
+    body = msgspec.msgpack.encode(state)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def snapshot_write_figure(backend: str, workdir: Path, events: list[Event],
+                          reps: int) -> Figure:
+    """write_snapshot of the state at len(events), into a scratch store of the same backend."""
+    state = fold(events)
+    store = open_store(store_url(backend, workdir / f"snapwrite-{backend}"))
+    raw = workdir / f"snapwrite-{backend}.raw"
+    try:
+        ours, floor = (t * 1e3 for t in medians(reps, [
+            partial(clock, partial(_snapshot, store, state)),
+            partial(clock, partial(_raw_snapshot, raw, state)),
+        ]))
+    finally:
+        store.close()
+    n = len(events)
+    return figure(f"snapshot_write.{backend}.{n}", ours, "ms", floor,
+                  "msgpack encode + os.write + os.fsync", f"state of {n:,} events")
+
+
+def recovery_figures(workdir: Path, events: list[Event], sizes: Sequence[int], reps: int,
+                     say: Say) -> list[Figure]:
+    figures: list[Figure] = []
+    for backend in ("sqlite", "jsonl"):
+        ms: dict[int, float] = {}
+        for n in sizes:
+            say(f"recovery: {backend}, {n:,} events (building the log and its snapshots)")
+            url = store_url(backend, workdir / f"recovery-{backend}-{n}")
+            store = open_store(url)
+            snap = fill(store, events[:n], batch=RECOVERY_TAIL, snapshot_at=RECOVERY_TAIL)
+            store.close()
+            if snap is None:
+                raise RuntimeError(f"no snapshot was written for {n} events on {backend}")
+            at_n = recovery_at(backend, url, events[:n], snap, reps)
+            ms[n] = at_n[0].value or 0.0
+            figures += at_n
+            figures.append(snapshot_write_figure(backend, workdir, events[:n], min(reps, 3)))
+        small, large = min(ms), max(ms)
+        figures.append(figure(
+            f"recovery_growth.{backend}", ms[large] / ms[small], "x",
+            note=f"with snapshots, {large:,} / {small:,} events; target ≤ 2x"))
+    return figures
+
+
