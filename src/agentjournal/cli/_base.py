@@ -40,6 +40,7 @@ from .. import (
     fold,
     open_store,
 )
+from ..snapshots import load_state
 from ..state import Status
 from ..store import ENV_VAR, RunInfo
 
@@ -193,7 +194,7 @@ def fold_all(store: Store) -> tuple[list[tuple[RunInfo, RunState]], list[Journal
     states, errors = [], []
     for info in store.list_runs():
         try:
-            states.append((info, fold(store.read(info.run_id))))
+            states.append((info, load_state(store, info.run_id).state))  # snapshot + tail
         except JournalError as exc:
             errors.append(exc)
     return states, errors
