@@ -82,7 +82,7 @@ def test_each_backend_and_size_is_covered(doc: dict[str, Any]) -> None:
     for backend in ("jsonl", "sqlite", "postgres"):
         assert {f"append.{backend}", f"tool_call.{backend}"} <= names
     for n in (1000, 10000):
-        assert {f"replay.gc_off.{n}", f"replay.gc_on.{n}"} <= names
+        assert {f"replay.gc_off.{n}", f"replay.vs_kept.{n}", f"replay.gc_on.{n}"} <= names
         for backend in ("sqlite", "jsonl"):
             assert {f"recovery.{backend}.snapshots.{n}", f"recovery.{backend}.full.{n}",
                     f"snapshot_write.{backend}.{n}"} <= names
