@@ -324,8 +324,9 @@ class Agent:
     def _complete(self, j: RunJournal, started_seq: int, call: ToolCall, key: str,
                   result: Any, *, source: str) -> None:
         plain = as_json(result)
+        label = {"trust": "untrusted"} if self.tools[call.name].untrusted else {}
         j.record(E.TOOL_CALL_COMPLETED, started_seq=started_seq, call_id=call.id,
-                 tool=call.name, idempotency_key=key, result=plain, source=source)
+                 tool=call.name, idempotency_key=key, result=plain, source=source, **label)
         self._guard(j)
 
     def _fail(self, j: RunJournal, started_seq: int, call: ToolCall, error: str) -> None:

@@ -96,6 +96,7 @@ class Tool:
     reconcile: Reconciler | None = None
     compensate: Callable[[PendingCall, Any], Any] | None = None
     key_retention: float | None = None  # seconds the receiver remembers keys
+    untrusted: bool = False  # its results carry outside content (web pages, emails)
     args_type: type[msgspec.Struct] = field(default=msgspec.Struct, repr=False)
     schema: dict[str, Any] = field(default_factory=dict, repr=False)
     takes_context: bool = False
@@ -144,6 +145,7 @@ def tool(
     reconcile: Reconciler | None = None,
     compensate: Callable[[PendingCall, Any], Any] | None = None,
     key_retention: float | None = None,
+    untrusted: bool = False,
     description: str | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
@@ -158,9 +160,14 @@ def tool(
     reconcile: Reconciler | None = None,
     compensate: Callable[[PendingCall, Any], Any] | None = None,
     key_retention: float | None = None,
+    untrusted: bool = False,
     description: str | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Declare a tool. The default effect is the cautious one: ``irreversible``."""
+    """Declare a tool. The default effect is the cautious one: ``irreversible``.
+
+    ``untrusted=True`` labels its results ``untrusted`` in the model's context
+    (content from outside: a fetched page, an inbound email).
+    """
 
     def wrap(f: Callable[..., Any]) -> Tool:
         tool_name = name or f.__name__
@@ -175,7 +182,7 @@ def tool(
             name=tool_name, fn=f, effect=Effect(effect),
             description=description or inspect.getdoc(f) or "",
             identity=tuple(identity), reconcile=reconcile, compensate=compensate,
-            key_retention=key_retention, args_type=args_type, schema=schema,
+            key_retention=key_retention, untrusted=untrusted, args_type=args_type, schema=schema,
             takes_context=takes_context,
         )
 
