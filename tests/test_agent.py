@@ -403,3 +403,21 @@ def test_untrusted_tool_output_is_labelled_in_the_context(store: Store) -> None:
     Agent(model, [fetch]).run(store, "r1", "read the page")
     tool_message = next(m for m in fold(store.read("r1")).messages if m.role == "tool")
     assert tool_message.trust == "untrusted"
+
+
+def test_uncertain_queue_metrics(store: Store) -> None:
+    from agentjournal.metrics import METRICS
+
+    before = METRICS.snapshot()
+    receiver = Receiver(dedupe=True)
+    post = make_post(receiver, effect="idempotent", lost_response=[True])
+    Agent(script_posts("x"), [post]).run(store, "r1", "t")
+    paused = make_post(Receiver(), lost_response=[True])
+    Agent(script_posts("y"), [paused]).run(store, "r2", "t")
+    after = METRICS.snapshot()
+
+    def grew(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert (grew("uncertain_opened"), grew("uncertain_retry")) == (2, 1)
+    assert grew("uncertain_handed_to_a_person") == 1

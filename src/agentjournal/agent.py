@@ -24,6 +24,7 @@ from .events import EventType, encode_value, now
 from .faults import fault_point
 from .journal import Observer, RunJournal, open_journal
 from .keys import idempotency_key, run_scope
+from .metrics import METRICS
 from .models import Model, ModelError, ModelRequest, ModelResponse
 from .policy import (
     AllowAll,
@@ -160,6 +161,7 @@ class Agent:
     # --- recovery: settle uncertain calls before anything else -------------------------
 
     def _recover(self, j: RunJournal) -> bool:
+        METRICS.count("uncertain_checked", len(j.state.pending))
         for pending in list(j.state.pending.values()):
             if pending.started_seq in j.state.pending:
                 self._settle(j, pending)
@@ -228,6 +230,7 @@ class Agent:
     def _verdict(j: RunJournal, p: PendingCall, verdict: str, **detail: Any) -> bool:
         j.record(E.TOOL_CALL_RECONCILED, started_seq=p.started_seq, key=p.key, tool=p.tool,
                  verdict=verdict, by="agentjournal", **detail)
+        METRICS.count(f"uncertain_{verdict}")  # found / absent / retry: auto-reconciled
         return verdict in SETTLING_VERDICTS
 
     @staticmethod
@@ -244,6 +247,7 @@ class Agent:
             for p in j.state.pending.values()
         ]
         j.record(E.RUN_PAUSED, reason=reason, uncertain=uncertain)
+        METRICS.count("uncertain_handed_to_a_person", len(uncertain))
 
     # --- one tool call -------------------------------------------------------------
 
@@ -316,6 +320,7 @@ class Agent:
                 self._fail(j, start.seq, call, error)
                 return True
             j.record(E.TOOL_CALL_UNCERTAIN, started_seq=start.seq, key=key, error=error)
+            METRICS.count("uncertain_opened")
             return self._settle(j, j.state.pending[start.seq])
         fault_point("after_effect")
         self._complete(j, start.seq, call, key, result, source="tool")

@@ -13,6 +13,14 @@ Names used by the library:
     snapshot_seq_gap                     gauge    events replayed after the last snapshot used
     snapshot_misses                      counter  snapshots refused (digest, version, gap, ...)
     full_replay_equivalence_failures     counter  verify: snapshot+tail differed from full replay
+    uncertain_opened                     counter  calls a tool left uncertain (a timeout)
+    uncertain_checked                    counter  uncertain calls recovery examined on open
+    uncertain_found|absent|retry         counter  settled automatically, by verdict
+    uncertain_conflict|unknown           counter  left for a person, by verdict
+    uncertain_handed_to_a_person         counter  calls listed when a run paused for a person
+
+Calls still open and the age of the oldest by risk class are read from the
+runs themselves: `agentjournal uncertain`.
 """
 
 from __future__ import annotations

@@ -161,6 +161,11 @@ def uncertain(ctx: click.Context, as_json: bool, store_url: str) -> None:
             [(r["run_id"], r["tool"], r["key"][:16], human_age(r["age_s"]), r["risk"],
               short(r["last_error"] or "-", 60)) for r in rows],
             keep=("run", "key", "risk")))
+        oldest: dict[str, float] = {}
+        for r in rows:  # rows are oldest first
+            oldest.setdefault(r["risk"], r["age_s"])
+        note(f"{len(rows)} open; oldest by risk class: " + ", ".join(
+            f"{risk} {human_age(a)}" for risk, a in sorted(oldest.items())))
         note("settle with: agentjournal resolve RUN KEY --happened | --did-not-happen | "
              "--conflict")
     _report_unreadable(ctx, errors)
