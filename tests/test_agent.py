@@ -421,3 +421,21 @@ def test_uncertain_queue_metrics(store: Store) -> None:
 
     assert (grew("uncertain_opened"), grew("uncertain_retry")) == (2, 1)
     assert grew("uncertain_handed_to_a_person") == 1
+
+
+def test_a_dead_holders_lease_is_taken_over_at_once(store: Store) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from agentjournal.journal import holder_is_dead, take_lease
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    dead = f"{socket.gethostname()}:{child.pid}:gone"
+    store.acquire("r1", dead, ttl=300)
+    assert holder_is_dead(dead)
+    assert take_lease(store, "r1", "me", ttl=30).epoch == 2  # not after 300 s
+    alive = f"{socket.gethostname()}:1:init"  # pid 1 lives: its lease is respected
+    assert not holder_is_dead(alive)
+    assert not holder_is_dead(f"elsewhere:{child.pid}:x")  # another host: never presumed

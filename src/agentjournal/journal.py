@@ -44,10 +44,14 @@ def holder_is_dead(owner: str) -> bool:
     if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
         return False
     try:
-        with open(f"/proc/{pid_text}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"  # a zombie
-    except FileNotFoundError:
+        os.kill(int(pid_text), 0)  # signal 0: does it exist?
+    except ProcessLookupError:
         return True
+    except OSError:  # it exists, owned by someone else
+        return False
+    try:  # it exists; on Linux, a killed child not yet reaped is a zombie: dead too
+        with open(f"/proc/{pid_text}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
     except OSError:
         return False
 
