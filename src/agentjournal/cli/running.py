@@ -176,7 +176,7 @@ def resume(run_id: str, as_json: bool, store_url: str) -> None:
 @click.argument("run_id", metavar="RUN")
 @click.option("--at", type=click.IntRange(min=1), required=True, metavar="SEQ",
               help="Copy events 1..SEQ into the new run.")
-@click.option("--new-id", help="The new run's id (default: RUN.fork-XXXXXXXX).")
+@click.option("--new-id", help="The new run's id (default: RUN.fork- and 8 random hex digits).")
 @store_option
 def fork_cmd(run_id: str, at: int, new_id: str | None, store_url: str) -> None:
     """Start a new run from the first SEQ events of RUN; prints the new run's id.
