@@ -439,3 +439,27 @@ def test_a_dead_holders_lease_is_taken_over_at_once(store: Store) -> None:
     alive = f"{socket.gethostname()}:1:init"  # pid 1 lives: its lease is respected
     assert not holder_is_dead(alive)
     assert not holder_is_dead(f"elsewhere:{child.pid}:x")  # another host: never presumed
+
+
+def test_tools_remember_durably_and_see_what_was_remembered(store: Store) -> None:
+    seen: list[dict[str, Any]] = []
+
+    @tool(effect="read_only")
+    def note_year(ctx: ToolContext, year: int) -> str:
+        seen.append(dict(ctx.memory))
+        ctx.remember("fiscal_year", year)
+        return "noted"
+
+    def ask(req: ModelRequest) -> ModelResponse:
+        seen.append(dict(req.memory))
+        return calls(("note_year", {"year": 2027}))
+
+    model = ScriptedModel([calls(("note_year", {"year": 2026})), ask, reply("ok")])
+    Agent(model, [note_year]).run(store, "r1", "t")
+    assert seen == [{}, {"fiscal_year": 2026}, {"fiscal_year": 2026}]
+    log = list(store.read("r1"))
+    written = [e for e in log if e.type is E.MEMORY_WRITTEN]
+    assert [e.payload["value"] for e in written] == [2026, 2027]
+    started = next(e.seq for e in log if e.type is E.TOOL_CALL_STARTED)
+    assert started < written[0].seq  # recorded inside the call, before its completion
+    assert fold(log).memory == {"fiscal_year": 2027}

@@ -307,7 +307,8 @@ class Agent:
         start = j.record(E.TOOL_CALL_STARTED, key=key, tool=tool.name, args=call.args,
                          call_id=call.id, effect=tool.effect.value, attempt=attempt)
         ctx = ToolContext(run_id=j.run_id, key=key, attempt=attempt, epoch=j.lease.epoch,
-                          call_id=call.id, scope=j.state.scope)
+                          call_id=call.id, scope=j.state.scope, memory=dict(j.state.memory),
+                          remember=lambda k, v: self._remember(j, k, v))
         fault_point("before_effect")
         try:
             result = tool.invoke(call.args, ctx)
@@ -325,6 +326,10 @@ class Agent:
         fault_point("after_effect")
         self._complete(j, start.seq, call, key, result, source="tool")
         return True
+
+    @staticmethod
+    def _remember(j: RunJournal, key: str, value: Any) -> None:
+        j.record(E.MEMORY_WRITTEN, key=key, value=as_json(value))
 
     def _complete(self, j: RunJournal, started_seq: int, call: ToolCall, key: str,
                   result: Any, *, source: str) -> None:
@@ -344,7 +349,8 @@ class Agent:
     def _ask_model(self, j: RunJournal) -> ModelResponse | None:
         request = ModelRequest(run_id=j.run_id, turn=j.state.turns,
                                messages=list(j.state.messages),
-                               tools=[t.spec() for t in self.tools.values()])
+                               tools=[t.spec() for t in self.tools.values()],
+                               memory=dict(j.state.memory))
         for attempt in range(self.model_retries + 1):
             fault_point("model_call")
             try:

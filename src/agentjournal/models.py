@@ -21,6 +21,7 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     turn: int  # how many model turns the run has recorded before this one
     messages: list[Message]
     tools: list[dict[str, Any]]
+    memory: dict[str, Any] = msgspec.field(default_factory=dict)  # what tools remembered
 
     def results(self, tool: str) -> list[Any]:
         """The decoded results of every call to ``tool`` still in the context, oldest first."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, overload
@@ -38,13 +38,24 @@ class Effect(StrEnum):
     IRREVERSIBLE = "irreversible"  # neither: an uncertain call goes to a person
 
 
-class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """What a tool knows of the call it serves.
+
+    ``key`` is the call's idempotency key (send it to the receiver); ``epoch`` the
+    run's lease epoch (for receivers that fence). ``memory`` is the run's memory
+    as of this call; ``remember(key, value)`` records a memory_written event,
+    durable before it returns, so a resumed run has it too.
+    """
+
     run_id: str
     key: str
     attempt: int
     epoch: int
     call_id: str
     scope: str
+    memory: Mapping[str, Any] = field(default_factory=dict)
+    remember: Callable[[str, Any], None] = field(default=lambda key, value: None, repr=False)
 
 
 class ToolFailed(Exception):
