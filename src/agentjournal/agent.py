@@ -40,6 +40,7 @@ from .store import Store
 from .tools import Absent, Conflict, Effect, Found, Tool, ToolContext, ToolFailed, Unknown
 
 E = EventType
+Fact = tuple[EventType, dict[str, Any]]
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -126,9 +127,12 @@ class Agent:
             if j.state.last_seq == 0:
                 if task is None:
                     raise ValueError(f"run {run_id!r} does not exist yet; give it a task")
-                j.record(E.RUN_STARTED, task=task, scope=scope or run_scope(run_id),
-                         agent=agent_ref)
-                j.record(E.USER_MESSAGE, content=task)
+                # One batch: a run never exists without its task.
+                j.record_all([
+                    (E.RUN_STARTED, {"task": task, "scope": scope or run_scope(run_id),
+                                     "agent": agent_ref}),
+                    (E.USER_MESSAGE, {"content": task}),
+                ])
                 self._guard(j)
             elif j.state.status != "finished":
                 j.record(E.RUN_RESUMED)
@@ -192,9 +196,12 @@ class Agent:
     ) -> bool:
         match evidence:
             case Found(result=result):
-                self._verdict(j, p, "found", evidence=as_json(result))
-                self._complete(j, p.started_seq, self._call_of(p), p.key, result,
-                               source="reconciliation")
+                # The verdict and the completion in one batch: between them a crash
+                # would leave the call settled but not completed, and it would run again.
+                done = self._completion(p.started_seq, self._call_of(p), p.key, result,
+                                        source="reconciliation")
+                self._verdict(j, p, "found", evidence=as_json(result), then=[done])
+                self._guard(j)
                 return True
             case Absent(final=True):
                 if blocked := self._retry_blocked(tool, p):
@@ -204,11 +211,11 @@ class Agent:
             case Absent():
                 return self._verdict(j, p, "unknown", reason="absent now, but may still commit")
             case Conflict(found=found):
-                self._verdict(j, p, "conflict", evidence=as_json(found))
-                j.record(E.RUN_ESCALATED, reason="conflicting effect found at the receiver",
-                         key=p.key, tool=p.tool, ours=p.args, theirs=as_json(found),
-                         started_at=p.started_at.isoformat())
-                return False
+                escalation = {"reason": "conflicting effect found at the receiver",
+                              "key": p.key, "tool": p.tool, "ours": p.args,
+                              "theirs": as_json(found), "started_at": p.started_at.isoformat()}
+                return self._verdict(j, p, "conflict", evidence=as_json(found),
+                                     then=[(E.RUN_ESCALATED, escalation)])
             case Unknown(reason=reason):
                 return self._verdict(j, p, "unknown", reason=reason)
         raise TypeError(f"reconcile for {tool.name!r} returned {evidence!r}")
@@ -227,9 +234,12 @@ class Agent:
         return None
 
     @staticmethod
-    def _verdict(j: RunJournal, p: PendingCall, verdict: str, **detail: Any) -> bool:
-        j.record(E.TOOL_CALL_RECONCILED, started_seq=p.started_seq, key=p.key, tool=p.tool,
-                 verdict=verdict, by="agentjournal", **detail)
+    def _verdict(j: RunJournal, p: PendingCall, verdict: str, *, then: Sequence[Fact] = (),
+                 **detail: Any) -> bool:
+        """Record the verdict on ``p``, with the facts that must come with it, atomically."""
+        j.record_all([(E.TOOL_CALL_RECONCILED, {
+            "started_seq": p.started_seq, "key": p.key, "tool": p.tool, "verdict": verdict,
+            "by": "agentjournal", **detail}), *then])
         METRICS.count(f"uncertain_{verdict}")  # found / absent / retry: auto-reconciled
         return verdict in SETTLING_VERDICTS
 
@@ -331,12 +341,16 @@ class Agent:
     def _remember(j: RunJournal, key: str, value: Any) -> None:
         j.record(E.MEMORY_WRITTEN, key=key, value=as_json(value))
 
+    def _completion(self, started_seq: int, call: ToolCall, key: str, result: Any, *,
+                    source: str) -> Fact:
+        label = {"trust": "untrusted"} if self.tools[call.name].untrusted else {}
+        return (E.TOOL_CALL_COMPLETED, {
+            "started_seq": started_seq, "call_id": call.id, "tool": call.name,
+            "idempotency_key": key, "result": as_json(result), "source": source, **label})
+
     def _complete(self, j: RunJournal, started_seq: int, call: ToolCall, key: str,
                   result: Any, *, source: str) -> None:
-        plain = as_json(result)
-        label = {"trust": "untrusted"} if self.tools[call.name].untrusted else {}
-        j.record(E.TOOL_CALL_COMPLETED, started_seq=started_seq, call_id=call.id,
-                 tool=call.name, idempotency_key=key, result=plain, source=source, **label)
+        j.record_all([self._completion(started_seq, call, key, result, source=source)])
         self._guard(j)
 
     def _fail(self, j: RunJournal, started_seq: int, call: ToolCall, error: str) -> None:
@@ -382,6 +396,6 @@ class Agent:
         if hit is None:
             return False
         name, limit, used = hit
-        j.record(E.BUDGET_EXCEEDED, budget=name, limit=limit, used=used)
-        j.record(E.RUN_PAUSED, reason=f"budget exceeded: {name} {used:g} of {limit:g}")
+        j.record_all([(E.BUDGET_EXCEEDED, {"budget": name, "limit": limit, "used": used}),
+                      (E.RUN_PAUSED, {"reason": f"budget exceeded: {name} {used:g} of {limit:g}"})])
         return True

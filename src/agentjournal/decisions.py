@@ -58,15 +58,18 @@ def resolve_uncertain(
             raise NotPendingError(run_id, f"uncertain call {key!r}", list(j.state.uncertain))
         verdict = {"happened": "found", "did_not_happen": "absent", "conflict": "conflict"}
         common = {"started_seq": pending.started_seq, "key": pending.key, "tool": pending.tool}
-        events = [j.record(EventType.TOOL_CALL_RECONCILED, verdict=verdict[outcome], by=by,
-                           reason=reason, **common)]
+        facts: list[tuple[EventType, dict[str, Any]]] = [(EventType.TOOL_CALL_RECONCILED, {
+            "verdict": verdict[outcome], "by": by, "reason": reason, **common})]
+        # What follows a verdict is appended with it, atomically: "happened" settles
+        # the call, so its completion must never be lost in between.
         if outcome == "happened":
-            events.append(j.record(
-                EventType.TOOL_CALL_COMPLETED, call_id=pending.call_id, tool=pending.tool,
-                started_seq=pending.started_seq, idempotency_key=pending.key, result=result,
-                source="person",
-            ))
+            facts.append((EventType.TOOL_CALL_COMPLETED, {
+                "call_id": pending.call_id, "tool": pending.tool,
+                "started_seq": pending.started_seq, "idempotency_key": pending.key,
+                "result": result, "source": "person"}))
         elif outcome == "conflict":
-            events.append(j.record(EventType.RUN_ESCALATED, reason=reason or "conflict",
-                                   by=by, key=pending.key, tool=pending.tool, ours=pending.args))
+            facts.append((EventType.RUN_ESCALATED, {
+                "reason": reason or "conflict", "by": by, "key": pending.key,
+                "tool": pending.tool, "ours": pending.args}))
+        events = j.record_all(facts)
         return events

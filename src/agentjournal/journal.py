@@ -86,17 +86,22 @@ class RunJournal:
 
     def record(self, kind: EventType, **payload: Any) -> Event:
         """Append one fact durably, then fold it into the state."""
-        (event,) = make_events(self.run_id, self.state.last_seq, self.lease.epoch,
-                               [(kind, payload)])
-        self.store.append(self.run_id, [event], expected_seq=event.seq - 1,
-                          epoch=self.lease.epoch)
-        apply(self.state, event)
-        if self.observer is not None:
-            self.observer(event, self.state)
-        if self.snapshot_every and event.seq - self._snapshot_seq >= self.snapshot_every:
-            write_snapshot(self.store, self.state)
-            self._snapshot_seq = event.seq
+        (event,) = self.record_all([(kind, payload)])
         return event
+
+    def record_all(self, facts: list[tuple[EventType, dict[str, Any]]]) -> list[Event]:
+        """Append facts that must stand or fall together, in one atomic batch."""
+        events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
+        self.store.append(self.run_id, events, expected_seq=self.state.last_seq,
+                          epoch=self.lease.epoch)
+        for event in events:
+            apply(self.state, event)
+            if self.observer is not None:
+                self.observer(event, self.state)
+        if self.snapshot_every and self.state.last_seq - self._snapshot_seq >= self.snapshot_every:
+            write_snapshot(self.store, self.state)
+            self._snapshot_seq = self.state.last_seq
+        return events
 
     def keep_alive(self, ttl: float) -> None:
         """Renew the lease every ttl/3 in the background while the run is open."""
