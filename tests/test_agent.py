@@ -463,3 +463,29 @@ def test_tools_remember_durably_and_see_what_was_remembered(store: Store) -> Non
     started = next(e.seq for e in log if e.type is E.TOOL_CALL_STARTED)
     assert started < written[0].seq  # recorded inside the call, before its completion
     assert fold(log).memory == {"fiscal_year": 2027}
+
+
+def test_settling_facts_are_appended_together(store: Store,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # A found verdict settles the call; were its completion a separate append, a
+    # crash between the two would leave the call neither pending nor done, and
+    # the run would make it again. Each batch must hold the pair.
+    batches: list[list[str]] = []
+    real_append = store.append
+
+    def spy(run_id: str, events: Any, **kw: Any) -> int:
+        batches.append([e.type.value for e in events])
+        return real_append(run_id, events, **kw)
+
+    monkeypatch.setattr(store, "append", spy)
+    post = make_post(Receiver(), reconcile=lambda call: Found({"n": 1}), lost_response=[True])
+    Agent(script_posts("x"), [post]).run(store, "r1", "t")
+    assert ["run_started", "user_message"] in batches
+    assert ["tool_call_reconciled", "tool_call_completed"] in batches
+    monkeypatch.undo()
+    receiver = Receiver()
+    paused = Agent(script_posts("y"), [make_post(receiver, lost_response=[True])]).run(
+        store, "r2", "t")
+    monkeypatch.setattr(store, "append", spy)
+    resolve_uncertain(store, "r2", paused.uncertain[0].key, outcome="happened", by="ana")
+    assert batches[-1] == ["tool_call_reconciled", "tool_call_completed"]
