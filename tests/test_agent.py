@@ -489,3 +489,29 @@ def test_settling_facts_are_appended_together(store: Store,
     monkeypatch.setattr(store, "append", spy)
     resolve_uncertain(store, "r2", paused.uncertain[0].key, outcome="happened", by="ana")
     assert batches[-1] == ["tool_call_reconciled", "tool_call_completed"]
+
+
+def test_a_redaction_is_appended_with_the_content_it_redacts(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches: list[list[str]] = []
+    real_append = store.append
+
+    def spy(run_id: str, events: Any, **kw: Any) -> int:
+        batches.append([e.type.value for e in events])
+        return real_append(run_id, events, **kw)
+
+    @tool(effect="read_only")
+    def lookup(customer: str) -> str:
+        return "card 4242-4242-4242-4242"
+
+    monkeypatch.setattr(store, "append", spy)
+    card = RegexGuardrail("card", r"\d{4}(?:-\d{4}){3}")
+    model = ScriptedModel([calls(("lookup", {"customer": "ann"})), reply("ok")])
+    Agent(model, [lookup], guardrails=[card]).run(store, "r1", "card 1111-2222-3333-4444?")
+    assert batches[0] == ["run_started", "user_message", "guardrail_triggered"]
+    assert ["tool_call_completed", "guardrail_triggered"] in batches
+    assert batches[-1] == ["model_turn", "run_finished"]
+    state = fold(store.read("r1"))
+    assert [m.content for m in state.messages if m.role != "assistant"] == [
+        "card [redacted]?", "card [redacted]"]

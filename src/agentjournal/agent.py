@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from .events import EventType, encode_value, now
+from .events import EventType, encode_value, now, render
 from .faults import fault_point
 from .journal import Observer, RunJournal, open_journal
 from .keys import idempotency_key, run_scope
@@ -35,7 +35,15 @@ from .policy import (
     Policy,
     RequireApproval,
 )
-from .state import SETTLING_VERDICTS, Approval, PendingCall, RunState, Status, ToolCall
+from .state import (
+    SETTLING_VERDICTS,
+    Approval,
+    Message,
+    PendingCall,
+    RunState,
+    Status,
+    ToolCall,
+)
 from .store import Store
 from .tools import Absent, Conflict, Effect, Found, Tool, ToolContext, ToolFailed, Unknown
 
@@ -127,13 +135,12 @@ class Agent:
             if j.state.last_seq == 0:
                 if task is None:
                     raise ValueError(f"run {run_id!r} does not exist yet; give it a task")
-                # One batch: a run never exists without its task.
-                j.record_all([
+                # One batch: a run never exists without its task (or its redaction).
+                j.record_all(self._guarded(j, [
                     (E.RUN_STARTED, {"task": task, "scope": scope or run_scope(run_id),
                                      "agent": agent_ref}),
                     (E.USER_MESSAGE, {"content": task}),
-                ])
-                self._guard(j)
+                ]))
             elif j.state.status != "finished":
                 j.record(E.RUN_RESUMED)
             self._drive(j)
@@ -154,13 +161,12 @@ class Agent:
             response = self._ask_model(j)
             if response is None:
                 return
-            j.record(
-                E.MODEL_TURN, text=response.text,
-                tool_calls=msgspec.to_builtins(response.tool_calls),
-                usage=msgspec.to_builtins(response.usage),
-            )
-            if not response.tool_calls:
-                j.record(E.RUN_FINISHED, outcome=response.text)
+            turn: list[Fact] = [(E.MODEL_TURN, {
+                "text": response.text, "tool_calls": msgspec.to_builtins(response.tool_calls),
+                "usage": msgspec.to_builtins(response.usage)})]
+            if not response.tool_calls:  # the final answer and the finish stand together
+                turn.append((E.RUN_FINISHED, {"outcome": response.text}))
+            j.record_all(turn)
 
     # --- recovery: settle uncertain calls before anything else -------------------------
 
@@ -200,8 +206,8 @@ class Agent:
                 # would leave the call settled but not completed, and it would run again.
                 done = self._completion(p.started_seq, self._call_of(p), p.key, result,
                                         source="reconciliation")
-                self._verdict(j, p, "found", evidence=as_json(result), then=[done])
-                self._guard(j)
+                self._verdict(j, p, "found", evidence=as_json(result),
+                              then=self._guarded(j, [done]))
                 return True
             case Absent(final=True):
                 if blocked := self._retry_blocked(tool, p):
@@ -350,8 +356,8 @@ class Agent:
 
     def _complete(self, j: RunJournal, started_seq: int, call: ToolCall, key: str,
                   result: Any, *, source: str) -> None:
-        j.record_all([self._completion(started_seq, call, key, result, source=source)])
-        self._guard(j)
+        j.record_all(self._guarded(j, [self._completion(started_seq, call, key, result,
+                                                         source=source)]))
 
     def _fail(self, j: RunJournal, started_seq: int, call: ToolCall, error: str) -> None:
         # A proven failure carries no idempotency key: the action may be tried again.
@@ -376,13 +382,29 @@ class Agent:
                 time.sleep(min(0.1 * 2**attempt, 5.0))
         return None
 
-    def _guard(self, j: RunJournal) -> None:
-        index = len(j.state.messages) - 1
+    def _guarded(self, j: RunJournal, facts: list[Fact]) -> list[Fact]:
+        """``facts`` and the guardrails' verdicts on the message the last one adds.
+
+        One batch: a crash must never leave content in the log without the
+        redaction the live run would have applied to it.
+        """
+        kind, p = facts[-1]
+        if kind is E.USER_MESSAGE:
+            message = Message(role="user", content=p["content"], trust=p.get("trust", "user"),
+                              seq=0)
+        else:  # a tool's completion
+            message = Message(role="tool", content=p.get("content") or render(p.get("result")),
+                              trust=p.get("trust", "tool"), seq=0, name=p.get("tool"))
+        index = len(j.state.messages)  # no fact before the last one in a batch adds a message
+        verdicts = []
         for guardrail in self.guardrails:
-            verdict = guardrail.inspect(j.state.messages[index])
+            verdict = guardrail.inspect(message)
             if verdict is not None:
-                j.record(E.GUARDRAIL_TRIGGERED, message_index=index,
-                         **msgspec.to_builtins(verdict))
+                verdicts.append((E.GUARDRAIL_TRIGGERED,
+                                 {"message_index": index, **msgspec.to_builtins(verdict)}))
+                if verdict.action == "redact" and verdict.replacement is not None:
+                    message.content = verdict.replacement  # the next guardrail sees it so
+        return [*facts, *verdicts]
 
     def _compact(self, j: RunJournal) -> None:
         if self.compaction is not None and (plan := self.compaction.plan(j.state.messages)):
