@@ -74,6 +74,19 @@ def make_post(receiver: Receiver, effect: str = "irreversible", reconcile: Any =
     return post
 
 
+def spy_on_batches(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Record the event types of every batch appended to ``store`` from now on."""
+    batches: list[list[str]] = []
+    real_append = store.append
+
+    def spy(run_id: str, events: Any, **kw: Any) -> int:
+        batches.append([e.type.value for e in events])
+        return real_append(run_id, events, **kw)
+
+    monkeypatch.setattr(store, "append", spy)
+    return batches
+
+
 def script_posts(*names: str) -> ScriptedModel:
     return ScriptedModel([calls(*[("post", {"name": n, "amount": 1}) for n in names]),
                           reply("posted")])
@@ -470,14 +483,7 @@ def test_settling_facts_are_appended_together(store: Store,
     # A found verdict settles the call; were its completion a separate append, a
     # crash between the two would leave the call neither pending nor done, and
     # the run would make it again. Each batch must hold the pair.
-    batches: list[list[str]] = []
-    real_append = store.append
-
-    def spy(run_id: str, events: Any, **kw: Any) -> int:
-        batches.append([e.type.value for e in events])
-        return real_append(run_id, events, **kw)
-
-    monkeypatch.setattr(store, "append", spy)
+    batches = spy_on_batches(store, monkeypatch)
     post = make_post(Receiver(), reconcile=lambda call: Found({"n": 1}), lost_response=[True])
     Agent(script_posts("x"), [post]).run(store, "r1", "t")
     assert ["run_started", "user_message"] in batches
@@ -486,7 +492,7 @@ def test_settling_facts_are_appended_together(store: Store,
     receiver = Receiver()
     paused = Agent(script_posts("y"), [make_post(receiver, lost_response=[True])]).run(
         store, "r2", "t")
-    monkeypatch.setattr(store, "append", spy)
+    batches = spy_on_batches(store, monkeypatch)
     resolve_uncertain(store, "r2", paused.uncertain[0].key, outcome="happened", by="ana")
     assert batches[-1] == ["tool_call_reconciled", "tool_call_completed"]
 
@@ -494,18 +500,11 @@ def test_settling_facts_are_appended_together(store: Store,
 def test_a_redaction_is_appended_with_the_content_it_redacts(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    batches: list[list[str]] = []
-    real_append = store.append
-
-    def spy(run_id: str, events: Any, **kw: Any) -> int:
-        batches.append([e.type.value for e in events])
-        return real_append(run_id, events, **kw)
-
     @tool(effect="read_only")
     def lookup(customer: str) -> str:
         return "card 4242-4242-4242-4242"
 
-    monkeypatch.setattr(store, "append", spy)
+    batches = spy_on_batches(store, monkeypatch)
     card = RegexGuardrail("card", r"\d{4}(?:-\d{4}){3}")
     model = ScriptedModel([calls(("lookup", {"customer": "ann"})), reply("ok")])
     Agent(model, [lookup], guardrails=[card]).run(store, "r1", "card 1111-2222-3333-4444?")

@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 import zlib
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,9 @@ from agentjournal import (
     make_events,
 )
 from agentjournal.store import Durability
-from agentjournal.store.base import Snapshot
 from agentjournal.store.jsonl import JsonlStore
+
+from .builders import snapshot_at
 
 
 def add(store: JsonlStore, run_id: str, *contents: str) -> int:
@@ -265,40 +265,27 @@ def test_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
 # --- snapshots -------------------------------------------------------------------
 
 
-def snap(run_id: str, seq: int, body: bytes = b"state", fold_version: int = 1) -> Snapshot:
-    created = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=seq)
-    return Snapshot(
-        run_id=run_id,
-        seq=seq,
-        schema_version=1,
-        fold_version=fold_version,
-        digest=f"d{seq}",
-        body=body,
-        created_at=created,
-    )
-
-
 def test_snapshot_file_layout(tmp_path: Path) -> None:
     store = JsonlStore(tmp_path / "runs")
     body = b"line one\nline two\n\x00\xff"  # newlines in the body are fine
-    store.put_snapshot(snap("r1", 5, body, fold_version=3))
+    store.put_snapshot(snapshot_at("r1", 5, body, fold_version=3))
     directory = tmp_path / "runs" / "r1.snapshots"
     assert os.listdir(directory) == ["000000000005-f3.snap"]
     header, rest = (directory / "000000000005-f3.snap").read_bytes().split(b"\n", 1)
     assert rest == body and b'"seq":5' in header and b'"fold_version":3' in header
-    assert store.snapshots("r1") == [snap("r1", 5, body, fold_version=3)]
+    assert store.snapshots("r1") == [snapshot_at("r1", 5, body, fold_version=3)]
 
 
 def test_leftover_tmp_is_never_loaded_and_cleaned_on_put(tmp_path: Path) -> None:
     store = JsonlStore(tmp_path / "runs")
-    store.put_snapshot(snap("r1", 1, b"published"))
+    store.put_snapshot(snapshot_at("r1", 1, b"published"))
     directory = tmp_path / "runs" / "r1.snapshots"
     # A crash after writing a newer body but before the rename into place.
     whole = (directory / "000000000001-f1.snap").read_bytes().replace(b'"seq":1', b'"seq":2')
     (directory / "000000000002-f1.snap.tmp").write_bytes(whole)
     reopened = JsonlStore(tmp_path / "runs")
     assert [s.body for s in reopened.snapshots("r1")] == [b"published"]
-    reopened.put_snapshot(snap("r1", 3, b"next"))
+    reopened.put_snapshot(snapshot_at("r1", 3, b"next"))
     assert not list(directory.glob("*.tmp"))
     assert [s.seq for s in reopened.snapshots("r1")] == [3, 1]
 
@@ -311,19 +298,19 @@ def test_garbage_snap_file_is_skipped_with_a_warning(
     tmp_path: Path, garbage: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = JsonlStore(tmp_path / "runs")
-    store.put_snapshot(snap("r1", 1, b"good"))
+    store.put_snapshot(snapshot_at("r1", 1, b"good"))
     directory = tmp_path / "runs" / "r1.snapshots"
     (directory / "000000000009-f1.snap").write_bytes(garbage)
     with caplog.at_level(logging.WARNING, logger="agentjournal"):
         assert [s.body for s in store.snapshots("r1")] == [b"good"]
     assert "unreadable snapshot" in caplog.text
-    store.put_snapshot(snap("r1", 2, b"newer"), keep=5)  # the next put clears it away
+    store.put_snapshot(snapshot_at("r1", 2, b"newer"), keep=5)  # the next put clears it away
     assert sorted(os.listdir(directory)) == ["000000000001-f1.snap", "000000000002-f1.snap"]
 
 
 def test_snapshot_under_another_runs_name_is_skipped(tmp_path: Path) -> None:
     store = JsonlStore(tmp_path / "runs")
-    store.put_snapshot(snap("a", 1))
+    store.put_snapshot(snapshot_at("a", 1))
     (tmp_path / "runs" / "b.snapshots").mkdir()
     shutil.copy(
         tmp_path / "runs" / "a.snapshots" / "000000000001-f1.snap",
@@ -336,8 +323,8 @@ def test_snapshot_under_another_runs_name_is_skipped(tmp_path: Path) -> None:
 def test_snapshots_and_quarantine_do_not_confuse_list_runs(tmp_path: Path) -> None:
     store = JsonlStore(tmp_path / "runs")
     add(store, "r1", "x")
-    store.put_snapshot(snap("r1", 1))
-    store.put_snapshot(snap("ghost", 4))  # snapshots but no log
+    store.put_snapshot(snapshot_at("r1", 1))
+    store.put_snapshot(snapshot_at("ghost", 4))  # snapshots but no log
     store.quarantine(7, "wrong fold")
     assert (tmp_path / "runs" / "_quarantine.json").exists()
     assert [r.run_id for r in store.list_runs()] == ["r1"]
@@ -371,7 +358,7 @@ def test_unreadable_quarantine_disables_snapshots(
 ) -> None:
     # A damaged record must never read as "nothing quarantined".
     store = JsonlStore(tmp_path / "runs")
-    store.put_snapshot(snap("r1", 1))
+    store.put_snapshot(snapshot_at("r1", 1))
     (tmp_path / "runs" / "_quarantine.json").write_bytes(b"{torn")
     with caplog.at_level(logging.WARNING, logger="agentjournal"):
         assert store.snapshots("r1") == []
@@ -387,15 +374,15 @@ def test_failed_snapshot_fsync_breaks_the_handle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = JsonlStore(tmp_path / "runs")
-    store.put_snapshot(snap("r1", 1, b"kept"))
+    store.put_snapshot(snapshot_at("r1", 1, b"kept"))
     monkeypatch.setattr(store, "_sync", lambda fd: (_ for _ in ()).throw(OSError(5, "EIO")))
     with pytest.raises(DurabilityError):
-        store.put_snapshot(snap("r1", 2, b"lost"))
+        store.put_snapshot(snapshot_at("r1", 2, b"lost"))
     monkeypatch.undo()
     directory = tmp_path / "runs" / "r1.snapshots"
     assert os.listdir(directory) == ["000000000001-f1.snap"]  # nothing published, no .tmp
     for attempt in (
-        lambda: store.put_snapshot(snap("r1", 3)),
+        lambda: store.put_snapshot(snapshot_at("r1", 3)),
         lambda: store.delete_snapshots("r1"),
         lambda: store.delete_snapshots("ghost"),
         lambda: store.quarantine(1, "x"),
@@ -424,7 +411,7 @@ def test_snapshot_prunes_serialize_across_processes(tmp_path: Path) -> None:
 def _put_many(directory: str, worker: int) -> None:
     store = JsonlStore(directory)
     for seq in range(worker * 100 + 1, worker * 100 + 30):
-        store.put_snapshot(snap("r1", seq, b"w%d" % worker), keep=2)
+        store.put_snapshot(snapshot_at("r1", seq, b"w%d" % worker), keep=2)
         assert 1 <= len(store.snapshots("r1")) <= 2
 
 

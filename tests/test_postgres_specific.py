@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -26,8 +25,10 @@ from agentjournal.errors import (  # noqa: E402
 )
 from agentjournal.events import EventType, encode, make_events  # noqa: E402
 from agentjournal.store import postgres as pg_module  # noqa: E402
-from agentjournal.store.base import Durability, Snapshot  # noqa: E402
+from agentjournal.store.base import Durability  # noqa: E402
 from agentjournal.store.postgres import PostgresStore  # noqa: E402
+
+from .builders import snapshot_at  # noqa: E402
 
 PG_URL = os.environ.get("AGENTJOURNAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -194,19 +195,6 @@ def _versions(schema: str) -> list[int]:
     return [r[0] for r in _sql(f'SELECT version FROM "{schema}".schema_version ORDER BY version')]
 
 
-def _snap(run_id: str, seq: int, body: bytes, fold_version: int = 1) -> Snapshot:
-    created = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=seq)
-    return Snapshot(
-        run_id=run_id,
-        seq=seq,
-        schema_version=1,
-        fold_version=fold_version,
-        digest=f"d{seq}",
-        body=body,
-        created_at=created,
-    )
-
-
 def test_fresh_schema_runs_every_migration(store: PostgresStore, schema: str) -> None:
     assert _versions(schema) == [1, 2]
     assert store.snapshots("r") == [] and store.quarantined() == {}
@@ -221,7 +209,7 @@ def test_migration_2_upgrades_a_v1_schema(schema: str, monkeypatch: pytest.Monke
     with PostgresStore(PG_URL, schema=schema) as new:
         assert _versions(schema) == [1, 2]
         assert [e.seq for e in new.read("r")] == [1, 2]  # the log is untouched
-        new.put_snapshot(_snap("r", 2, b"state"))
+        new.put_snapshot(snapshot_at("r", 2, b"state"))
         assert [s.body for s in new.snapshots("r")] == [b"state"]
     PostgresStore(PG_URL, schema=schema).close()  # reopening migrates nothing more
     assert _versions(schema) == [1, 2]
@@ -231,17 +219,17 @@ def test_snapshot_put_and_prune_are_one_transaction(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for seq in (1, 2):
-        store.put_snapshot(_snap("r", seq, b"s%d" % seq))
+        store.put_snapshot(snapshot_at("r", seq, b"s%d" % seq))
     monkeypatch.setattr(
         store, "_sync", lambda conn: (_ for _ in ()).throw(psycopg.OperationalError("gone"))
     )
     with pytest.raises(DurabilityError):
-        store.put_snapshot(_snap("r", 3, b"s3"))
+        store.put_snapshot(snapshot_at("r", 3, b"s3"))
     # Neither the insert nor the prune happened; the handle now refuses writes.
     assert [s.seq for s in store.snapshots("r")] == [2, 1]
     monkeypatch.undo()
     with pytest.raises(DurabilityError):
-        store.put_snapshot(_snap("r", 4, b"s4"))
+        store.put_snapshot(snapshot_at("r", 4, b"s4"))
     with pytest.raises(DurabilityError):
         store.quarantine(1, "x")
     with pytest.raises(DurabilityError):
@@ -250,11 +238,11 @@ def test_snapshot_put_and_prune_are_one_transaction(
 
 def test_snapshot_body_is_bytea_and_byte_identical(store: PostgresStore, schema: str) -> None:
     body = bytes(range(256)) * 3 + b"\x00"
-    store.put_snapshot(_snap("r", 7, body))
+    store.put_snapshot(snapshot_at("r", 7, body))
     rows = _sql(f'SELECT body, created_at FROM "{schema}".snapshots')
     assert bytes(rows[0][0]) == body
     (got,) = store.snapshots("r")
-    assert got == _snap("r", 7, body)
+    assert got == snapshot_at("r", 7, body)
 
 
 def test_concurrent_snapshot_writers_keep_exactly_keep(schema: str) -> None:
@@ -271,7 +259,7 @@ def test_concurrent_snapshot_writers_keep_exactly_keep(schema: str) -> None:
         ) -> None:
             try:
                 barrier.wait()
-                s.put_snapshot(_snap("r", seq, b"x"), keep=2)
+                s.put_snapshot(snapshot_at("r", seq, b"x"), keep=2)
             except BaseException as exc:
                 errors.append(exc)
 

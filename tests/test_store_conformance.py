@@ -30,10 +30,9 @@ from agentjournal import (
     make_events,
     open_store,
 )
-from agentjournal.events import now
 from agentjournal.store import Store
-from agentjournal.store.base import Snapshot
 
+from .builders import snapshot_at
 from .conftest import backend_params
 
 MakeStore = Callable[[], Store]
@@ -283,11 +282,6 @@ def sync_failure(store: Store) -> Exception:
     import psycopg
 
     return psycopg.OperationalError("server closed the connection unexpectedly")
-
-
-def snapshot_at(run_id: str, seq: int, body: bytes = b"state", fold_version: int = 1) -> Snapshot:
-    return Snapshot(run_id=run_id, seq=seq, schema_version=2, fold_version=fold_version,
-                    digest=hashlib.sha256(body).hexdigest(), body=body, created_at=now())
 
 
 @backend_params()
