@@ -10,9 +10,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TypeVar, get_args
-from urllib.parse import unquote, urlsplit
 
 import click
 import msgspec
@@ -42,7 +40,7 @@ from .. import (
 )
 from ..snapshots import load_state
 from ..state import Status
-from ..store import ENV_VAR, RunInfo
+from ..store import ENV_VAR, RunInfo, local_path
 
 E = EventType
 F = TypeVar("F", bound=Callable[..., Any])
@@ -132,18 +130,9 @@ def json_option(f: F) -> F:
                         help="Print JSON to stdout (and nothing else).")(f)
 
 
-def _local_path(url: str) -> tuple[str, Path] | None:
-    """(scheme, path) of a file-backed store URL, parsed as open_store parses it."""
-    parts = urlsplit(url)
-    path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
-    if parts.scheme in ("sqlite", "jsonl") and path:
-        return parts.scheme, Path(path)
-    return None
-
-
 def _check_target(url: str, *, create: bool) -> None:
     """Refuse a missing store (unless creating) and a file that is not a store."""
-    local = _local_path(url)
+    local = local_path(url)
     if local is None:
         return  # Postgres, or a URL open_store will reject with its own message
     scheme, path = local

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..errors import MissingExtraError, StoreUrlError
@@ -17,6 +18,7 @@ __all__ = [
     "Lease",
     "RunInfo",
     "Store",
+    "local_path",
     "open_store",
     "validate_run_id",
 ]
@@ -29,6 +31,18 @@ def _durability(url: str, query: dict[str, list[str]]) -> Durability:
     except ValueError:
         choices = "'fsync' or 'batched'"
         raise StoreUrlError(url, f"durability must be {choices}, not {value!r}") from None
+
+
+def _path_of(url_path: str) -> str:
+    # sqlite:///rel.db names "rel.db"; sqlite:////abs.db names "/abs.db".
+    return unquote(url_path[1:] if url_path.startswith("/") else url_path)
+
+
+def local_path(url: str) -> tuple[str, Path] | None:
+    """(scheme, path) of a file-backed store URL (sqlite, jsonl), else None."""
+    parts = urlsplit(url)
+    path = _path_of(parts.path)
+    return (parts.scheme, Path(path)) if parts.scheme in ("sqlite", "jsonl") and path else None
 
 
 def open_store(url: str | None = None) -> Store:
@@ -44,7 +58,7 @@ def open_store(url: str | None = None) -> Store:
     parts = urlsplit(url)
     query = parse_qs(parts.query)
     durability = _durability(url, query)
-    path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    path = _path_of(parts.path)
     if parts.scheme == "sqlite":
         if not path:
             raise StoreUrlError(url, "no database file named")
