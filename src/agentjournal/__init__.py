@@ -13,6 +13,7 @@ from __future__ import annotations
 from .agent import Agent, RunResult
 from .decisions import decide_approval, resolve_uncertain
 from .errors import (
+    AmbiguousKeyError,
     ConflictError,
     CorruptLogError,
     DurabilityError,
@@ -70,6 +71,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Absent",
     "Agent",
+    "AmbiguousKeyError",
     "Allow",
     "Budget",
     "Compaction",

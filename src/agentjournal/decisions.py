@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .errors import NotPendingError
+from .errors import AmbiguousKeyError, NotPendingError
 from .events import Event, EventType
 from .journal import open_journal
 from .state import PendingCall
@@ -29,10 +29,14 @@ def decide_approval(
                         approved=approved, by=by, reason=reason)
 
 
-def find_uncertain(calls: list[PendingCall], key: str) -> PendingCall | None:
+def find_uncertain(run_id: str, calls: list[PendingCall], key: str) -> PendingCall:
     """The uncertain call whose key is ``key`` or starts with it (an unambiguous prefix)."""
     hits = [p for p in calls if p.key == key] or [p for p in calls if p.key.startswith(key)]
-    return hits[0] if len(hits) == 1 else None
+    if not hits:
+        raise NotPendingError(run_id, f"uncertain call {key!r}", [p.key for p in calls])
+    if len(hits) > 1:
+        raise AmbiguousKeyError(run_id, key, [p.key for p in hits])
+    return hits[0]
 
 
 def resolve_uncertain(
@@ -53,9 +57,7 @@ def resolve_uncertain(
     run is escalated.
     """
     with open_journal(store, run_id, owner=f"decision:{by}", must_exist=True) as j:
-        pending = find_uncertain(list(j.state.pending.values()), key)
-        if pending is None:
-            raise NotPendingError(run_id, f"uncertain call {key!r}", list(j.state.uncertain))
+        pending = find_uncertain(run_id, list(j.state.pending.values()), key)
         verdict = {"happened": "found", "did_not_happen": "absent", "conflict": "conflict"}
         common = {"started_seq": pending.started_seq, "key": pending.key, "tool": pending.tool}
         facts: list[tuple[EventType, dict[str, Any]]] = [(EventType.TOOL_CALL_RECONCILED, {

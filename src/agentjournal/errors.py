@@ -4,6 +4,7 @@
     ├── InvalidRunIdError           a run id that could name a file elsewhere, or is too long
     ├── RunNotFoundError            no events recorded for that run id
     ├── NotPendingError             no such open approval or uncertain call in the run
+    ├── AmbiguousKeyError           a key prefix that names several uncertain calls
     ├── ConflictError               the log moved on: expected_seq is stale
     ├── FencedError                 the writer's lease epoch was superseded
     ├── LeaseHeldError              another owner holds a live lease
@@ -61,6 +62,16 @@ class NotPendingError(JournalError, LookupError):
         super().__init__(
             f"run {run_id!r} has no open {what}. Open ones: {listing}.", run_id=run_id
         )
+
+
+class AmbiguousKeyError(JournalError, ValueError):
+    def __init__(self, run_id: str, prefix: str, keys: list[str]) -> None:
+        super().__init__(
+            f"key prefix {prefix!r} matches {len(keys)} uncertain calls in run {run_id!r} "
+            f"({', '.join(k[:16] for k in keys)}); give more characters.",
+            run_id=run_id,
+        )
+        self.keys = keys
 
 
 class ConflictError(JournalError):

@@ -10,13 +10,11 @@ import msgspec
 
 from .. import (
     Event,
-    Store,
     decide_approval,
     resolve_uncertain,
 )
-from ..decisions import Outcome, find_uncertain
+from ..decisions import Outcome
 from ._base import (
-    CliError,
     F,
     _os_user,
     _report_unreadable,
@@ -26,7 +24,6 @@ from ._base import (
     fold_all,
     human_age,
     json_option,
-    load,
     note,
     opened,
     out,
@@ -194,16 +191,6 @@ def _outcome(happened: bool, did_not_happen: bool, conflict: bool) -> Outcome:
     return cast(Outcome, chosen[0])
 
 
-def _check_prefix(store: Store, run_id: str, key: str) -> None:
-    """An ambiguous key prefix is a usage error, named as such."""
-    _, folded = load(store, run_id)
-    calls = list(folded.pending.values())
-    hits = [p.key for p in calls if p.key.startswith(key)]
-    if len(hits) > 1 and find_uncertain(calls, key) is None:
-        raise CliError(f"key prefix {key!r} matches {len(hits)} uncertain calls in run "
-                       f"{run_id!r} ({', '.join(h[:16] for h in hits)}); give more characters")
-
-
 @cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.argument("key")
@@ -231,7 +218,6 @@ def resolve(run_id: str, key: str, happened: bool, result: str | None, did_not_h
         raise click.UsageError("--result goes with --happened only")
     value = parse_result(result)
     with opened(store_url) as store:
-        _check_prefix(store, run_id, key)
         appended = resolve_uncertain(store, run_id, key, outcome=outcome, by=by,
                                      reason=reason, result=value)
     print_appended(appended, run_id, store_url, as_json)
