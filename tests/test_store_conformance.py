@@ -32,7 +32,7 @@ from agentjournal import (
 )
 from agentjournal.store import Store
 
-from .builders import snapshot_at
+from .builders import snapshot_at, unsealed
 from .conftest import backend_params
 
 MakeStore = Callable[[], Store]
@@ -79,7 +79,7 @@ class TestConformance:
         assert store.append("r1", events, expected_seq=0, epoch=0) == 2
         more = make_events("r1", 2, 0, facts({"content": "c"}))
         assert store.append("r1", more, expected_seq=2, epoch=0) == 3
-        got = list(store.read("r1"))
+        got = unsealed(store.read("r1"))
         assert got == events + more
         assert [e.seq for e in store.read("r1", after_seq=1)] == [2, 3]
         assert store.last_seq("r1") == 3
@@ -189,7 +189,7 @@ class TestConformance:
         store.append("r1", events, expected_seq=0, epoch=0)
         store.close()
         again = list(make_store().read("r1"))
-        assert [encode(e) for e in again] == [encode(e) for e in events]
+        assert [encode(e) for e in unsealed(again)] == [encode(e) for e in events]
 
     def test_conformance_framing_round_trips(self, make_store: MakeStore) -> None:
         tricky = ["line\nbreak", "ls\u2028", "ps\u2029", "nel\u0085", "nul\x00byte", "\r\n\r"]

@@ -8,6 +8,7 @@ when it was written (UTC) and by which lease epoch.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -22,7 +23,11 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: v1: first release. v2: model_turn's cost moves into its usage, beside a new
 #: cached_input_tokens count. v3: tool_call_completed and tool_result_served may
 #: omit ``content`` when it is the rendered ``result`` (stored once, not twice).
-SCHEMA_VERSION = 3
+#: v4: the envelope carries ``digest``, chained to the event before it (see seal).
+SCHEMA_VERSION = 4
+
+#: The first schema version whose events are stored sealed (with a chained digest).
+SEALED_SINCE = 4
 
 
 class EventType(StrEnum):
@@ -65,6 +70,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int = 0
     v: int = SCHEMA_VERSION
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: Set by the store when it writes the event (see :func:`seal`); "" before that.
+    digest: str = ""
 
 
 def now() -> datetime:
@@ -167,6 +174,14 @@ def decode(data: bytes | memoryview | str) -> Event:
 
     An unknown event type or a version newer than this release raises.
     """
+    event = decode_stored(data)
+    if event.v != SCHEMA_VERSION:
+        return upcast(event)
+    return event
+
+
+def decode_stored(data: bytes | memoryview | str) -> Event:
+    """The event encoded in ``data`` at the schema version it was written with."""
     try:
         event = _decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -174,9 +189,62 @@ def decode(data: bytes | memoryview | str) -> Event:
         if isinstance(raw, dict) and "type" in raw:
             EventType.parse(str(raw["type"]))  # raises naming an unknown type
         raise EncodingError(f"not a valid event: {exc}") from None
-    if event.v != SCHEMA_VERSION:
-        return upcast(event)
     return event
+
+
+# --- the digest chain ----------------------------------------------------------
+#
+# Every event is stored *sealed*: its canonical bytes with ``digest`` filled in,
+# where digest = sha256(digest of the event before it + the event's canonical
+# bytes with digest ""), cut to 128 bits (hex). The first event of a run, and the
+# first after records written before v4, chain from "". An event edited after it
+# was written no longer matches its digest; one edited with a recomputed digest
+# breaks the next event's. That is tamper evidence for audit, not a signature:
+# someone who rewrites every later digest too is caught only by an outside copy.
+#
+# Sorted keys put "digest" first, so sealing is a splice at a fixed offset and
+# checking needs no re-encoding: what is hashed is exactly what is stored.
+
+GENESIS = ""
+_DIGEST_LEN = 32
+_HEAD = b'{"digest":"'
+_AT = len(_HEAD)
+
+
+def chain_digest(prev: str, unsealed: bytes | memoryview) -> str:
+    """The digest of an event whose unsealed bytes are ``unsealed``, after ``prev``."""
+    h = hashlib.sha256(prev.encode("ascii"))
+    h.update(unsealed)
+    return h.hexdigest()[:_DIGEST_LEN]
+
+
+def seal(events: Iterable[Event], prev: str) -> tuple[list[bytes], str]:
+    """The stored bytes of ``events`` chained from ``prev``, and the last digest.
+
+    Any digest the events already carry (a copy of another run's event) is
+    replaced: a digest covers run id and seq, so a copy gets its own.
+    """
+    bodies = []
+    for event in events:
+        raw = encode(event if not event.digest else msgspec.structs.replace(event, digest=""))
+        prev = chain_digest(prev, raw)
+        bodies.append(b"".join((_HEAD, prev.encode("ascii"), raw[_AT:])))
+    return bodies, prev
+
+
+def unseal(body: bytes | memoryview) -> tuple[str, bytes] | None:
+    """(stored digest, the bytes it covers) of a sealed record; None if unsealed."""
+    body = bytes(body)
+    end = _AT + _DIGEST_LEN
+    if body[:_AT] != _HEAD or body[end : end + 1] != b'"':
+        return None
+    return body[_AT:end].decode("ascii", "replace"), body[:_AT] + body[end:]
+
+
+def stored_digest(body: bytes | memoryview) -> str:
+    """The digest a stored record carries ("" for a record written before v4)."""
+    sealed = unseal(body)
+    return sealed[0] if sealed else GENESIS
 
 
 # --- upcasters: (type, from version) -> payload of version + 1 --------------------

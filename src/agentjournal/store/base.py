@@ -21,7 +21,16 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from ..errors import CorruptLogError, EncodingError, InvalidRunIdError
-from ..events import Event, decode
+from ..events import (
+    GENESIS,
+    SCHEMA_VERSION,
+    SEALED_SINCE,
+    Event,
+    chain_digest,
+    decode_stored,
+    unseal,
+    upcast,
+)
 
 MAX_RUN_ID = 128
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -85,19 +94,38 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
 
 
-def decode_record(run_id: str, seq: int, body: bytes | memoryview) -> Event:
-    """A stored record as an event; bytes that do not decode are corruption, named by seq.
+def decode_record(
+    run_id: str, seq: int, body: bytes | memoryview, prev: str = GENESIS
+) -> tuple[Event, str]:
+    """A stored record as an event, checked against the digest ``prev`` of the record
+    before it; returns the event and its own digest (the next record's ``prev``).
 
-    (An unknown event type or a newer schema version raises its own error: that
-    is a newer release's log, not damage.)
+    Bytes that do not decode, or do not match their digest, are corruption named
+    by seq. (An unknown event type or a newer schema version raises its own error:
+    that is a newer release's log, not damage.)
     """
+    sealed = unseal(body)
+    if sealed is not None:
+        digest, covered = sealed
+        if chain_digest(prev, covered) != digest:
+            raise CorruptLogError(
+                run_id, seq,
+                "its digest does not match its content and the digest before it: this "
+                "event (or the one before it) was changed after it was written",
+            )
+    elif prev != GENESIS:
+        raise CorruptLogError(run_id, seq, "an unsealed record after sealed ones")
     try:
-        event = decode(body)
+        event = decode_stored(body)
     except (msgspec.DecodeError, EncodingError) as exc:
         raise CorruptLogError(run_id, seq, f"undecodable record: {exc}") from None
+    if sealed is None and event.v >= SEALED_SINCE:
+        raise CorruptLogError(run_id, seq, f"a v{event.v} record without its digest")
     if event.seq != seq or event.run_id != run_id:
         raise CorruptLogError(run_id, seq, f"found {event.run_id!r}#{event.seq} where it belongs")
-    return event
+    if event.v != SCHEMA_VERSION:
+        event = upcast(event)
+    return event, sealed[0] if sealed is not None else GENESIS
 
 
 def check_batch(run_id: str, events: Sequence[Event], expected_seq: int, epoch: int) -> None:

@@ -46,7 +46,7 @@ from ..errors import (
     NotAStoreError,
     StoreUrlError,
 )
-from ..events import Event, encode
+from ..events import Event, seal
 from .base import (
     Durability,
     Lease,
@@ -85,6 +85,7 @@ class _Tail(NamedTuple):
     last_seq: int
     created_at: datetime | None
     updated_at: datetime | None
+    digest: str = ""  # of the last record: the next one chains from it
 
 
 _EMPTY = _Tail(0, 0, None, None)
@@ -261,7 +262,7 @@ class JsonlStore:
             offset += len(chunk)
         data = b"".join(chunks)
         events: list[Event] = []
-        pos, skipped = 0, 0
+        pos, skipped, prev = 0, 0, start.digest
         while pos < len(data):
             seq = start.last_seq + skipped + len(events) + 1
             nl = data.find(b"\n", pos)
@@ -277,16 +278,18 @@ class JsonlStore:
                 raise CorruptLogError(run_id, seq, f"bad checksum at byte {start.size + pos}")
             # The checksum holds, so these bytes are exactly as written: any
             # problem below is real damage (or a newer release), never a torn write.
+            event, prev = decode_record(run_id, seq, body, prev)
             if seq > after_seq:
-                events.append(decode_record(run_id, seq, body))
+                events.append(event)
             else:
                 skipped += 1
             pos = nl + 1
         last_seq = start.last_seq + skipped + len(events)
         if not events:  # (its timestamps are then only known from an earlier scan)
-            return _Tail(start.size + pos, last_seq, start.created_at, start.updated_at), events
+            return _Tail(start.size + pos, last_seq, start.created_at, start.updated_at,
+                         prev), events
         first_ts = start.created_at or (events[0].ts if not skipped else None)
-        return _Tail(start.size + pos, last_seq, first_ts, events[-1].ts), events
+        return _Tail(start.size + pos, last_seq, first_ts, events[-1].ts, prev), events
 
     def _cut(self, run_id: str, offset: int, dropped: int, reason: str) -> None:
         fd = os.open(self._file(run_id, ".jsonl"), os.O_WRONLY | os.O_CLOEXEC)
@@ -332,7 +335,6 @@ class JsonlStore:
     def append(self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int) -> int:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
-        data = b"".join(_frame(encode(e)) for e in events)
         with self._locked(run_id, write=True):
             fd = self._log_fd(run_id)
             tail = _EMPTY if fd is None else self._refresh(run_id, fd)
@@ -341,6 +343,8 @@ class JsonlStore:
                 raise FencedError(run_id, epoch, current)
             if tail.last_seq != expected_seq:
                 raise ConflictError(run_id, expected_seq, tail.last_seq)
+            bodies, digest = seal(events, tail.digest)
+            data = b"".join(map(_frame, bodies))
             if fd is None:  # a new run: create its file, its directory entry durable
                 fd = self._cached_fd(self._log_fds, run_id, ".jsonl",
                                      os.O_RDWR | os.O_APPEND | os.O_CREAT)
@@ -361,6 +365,7 @@ class JsonlStore:
                 events[-1].seq,
                 tail.created_at or events[0].ts,
                 events[-1].ts,
+                digest,
             )
         return events[-1].seq
 

@@ -46,7 +46,7 @@ from ..errors import (
     StoreUnavailableError,
     StoreUrlError,
 )
-from ..events import Event, encode
+from ..events import Event, seal, stored_digest
 from .base import (
     Durability,
     Lease,
@@ -269,10 +269,17 @@ class PostgresStore:
             "run": run_id, "expected": expected_seq, "epoch": epoch, "last": events[-1].seq,
             "first_ts": min(stamps), "last_ts": max(stamps), "runs": [run_id] * len(events),
             "seqs": [e.seq for e in events], "types": [e.type.value for e in events],
-            "stamps": stamps, "bodies": [encode(e) for e in events],
+            "stamps": stamps,
         }
         try:
             with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
+                prev = ""
+                if expected_seq:
+                    cur.execute(self._q("SELECT body FROM {s}.events WHERE run_id = %s"
+                                        " AND seq = %s"), (run_id, expected_seq))
+                    row = cur.fetchone()
+                    prev = stored_digest(row[0]) if row else ""
+                params["bodies"], _ = seal(events, prev)
                 for _ in range(2):  # a second pass only for a run's very first append
                     if self._claim_and_insert(cur, params):
                         return events[-1].seq
@@ -318,14 +325,19 @@ class PostgresStore:
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
         query = self._q(
-            "SELECT seq, body FROM {s}.events WHERE run_id = %s AND seq > %s ORDER BY seq LIMIT %s"
+            "SELECT seq, body FROM {s}.events WHERE run_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
         )
+        prev = ""
         while True:
-            # A connection is held per page, never while the caller iterates.
+            # A connection is held per page, never while the caller iterates. Each page
+            # starts at the last record already checked: its digest starts the chain.
             with self._conn() as conn:
-                rows = conn.execute(query, (run_id, after_seq, _PAGE)).fetchall()
+                rows = conn.execute(query, (run_id, after_seq, _PAGE + 1)).fetchall()
+            if rows and rows[0][0] == after_seq:
+                prev = stored_digest(rows.pop(0)[1])
             for seq, body in rows:
-                yield decode_record(run_id, seq, body)
+                event, prev = decode_record(run_id, seq, body, prev)
+                yield event
             if len(rows) < _PAGE:
                 return
             after_seq = rows[-1][0]

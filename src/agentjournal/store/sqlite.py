@@ -24,7 +24,7 @@ from ..errors import (
     NotAStoreError,
     StoreUrlError,
 )
-from ..events import Event, encode, now
+from ..events import Event, now, seal, stored_digest
 from .base import (
     Durability,
     Lease,
@@ -155,29 +155,37 @@ class SQLiteStore:
     ) -> int:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
-        rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), encode(e)) for e in events]
         with self._tx() as db:
-            last, current = db.execute(  # both facts in one statement
-                "SELECT (SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?),"
-                " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = ?)",
-                (run_id, run_id),
+            last, prev, current = db.execute(  # all three facts in one statement
+                "SELECT coalesce(max(seq), 0), body,"
+                " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = ?)"
+                " FROM events WHERE run_id = ? AND seq = (SELECT max(seq) FROM events"
+                " WHERE run_id = ?)",
+                (run_id, run_id, run_id),
             ).fetchone()
             if epoch != current:  # fencing first: a stale writer must stop, not retry
                 raise FencedError(run_id, epoch, current)
             if last != expected_seq:
                 raise ConflictError(run_id, expected_seq, last)
+            bodies, _ = seal(events, stored_digest(prev) if prev is not None else "")
+            rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), body)
+                    for e, body in zip(events, bodies, strict=True)]
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
         return events[-1].seq
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
         with self._lock:
-            rows = self._db.execute(
-                "SELECT seq, body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+            rows = self._db.execute(  # from after_seq itself: its digest starts the chain
+                "SELECT seq, body FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq",
                 (run_id, after_seq),
             ).fetchall()
+        prev = ""
+        if rows and rows[0][0] == after_seq:
+            prev = stored_digest(rows.pop(0)[1])
         for seq, body in rows:
-            yield decode_record(run_id, seq, body)
+            event, prev = decode_record(run_id, seq, body, prev)
+            yield event
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
