@@ -89,7 +89,8 @@ def test_concurrent_open_migrates_once(schema: str) -> None:
         t.join()
     assert errors == []
     PostgresStore(PG_URL, schema=schema).close()  # reopening is a no-op
-    assert _sql(f'SELECT version FROM "{schema}".schema_version ORDER BY version') == [(1,), (2,)]
+    versions = _sql(f'SELECT version FROM "{schema}".schema_version ORDER BY version')
+    assert versions == [(1,), (2,), (3,)]
 
 
 def test_round_trip_is_byte_identical(store: PostgresStore, schema: str) -> None:
@@ -196,7 +197,7 @@ def _versions(schema: str) -> list[int]:
 
 
 def test_fresh_schema_runs_every_migration(store: PostgresStore, schema: str) -> None:
-    assert _versions(schema) == [1, 2]
+    assert _versions(schema) == [1, 2, 3]
     assert store.snapshots("r") == [] and store.quarantined() == {}
 
 
@@ -207,12 +208,12 @@ def test_migration_2_upgrades_a_v1_schema(schema: str, monkeypatch: pytest.Monke
             old.append("r", make_events("r", 0, 0, _facts(2)), expected_seq=0, epoch=0)
     assert _versions(schema) == [1]
     with PostgresStore(PG_URL, schema=schema) as new:
-        assert _versions(schema) == [1, 2]
+        assert _versions(schema) == [1, 2, 3]
         assert [e.seq for e in new.read("r")] == [1, 2]  # the log is untouched
         new.put_snapshot(snapshot_at("r", 2, b"state"))
         assert [s.body for s in new.snapshots("r")] == [b"state"]
     PostgresStore(PG_URL, schema=schema).close()  # reopening migrates nothing more
-    assert _versions(schema) == [1, 2]
+    assert _versions(schema) == [1, 2, 3]
 
 
 def test_snapshot_put_and_prune_are_one_transaction(

@@ -84,6 +84,20 @@ class TestConformance:
         assert [e.seq for e in store.read("r1", after_seq=1)] == [2, 3]
         assert store.last_seq("r1") == 3
 
+    def test_conformance_scope_runs_lists_the_runs_started_in_a_scope(
+        self, make_store: MakeStore
+    ) -> None:
+        store = make_store()
+        started = [(EventType.RUN_STARTED, {"task": "t", "scope": "op:acme:7"})]
+        for run_id in ("origin", "fork"):
+            store.append(run_id, make_events(run_id, 0, 0, started), expected_seq=0, epoch=0)
+        alone = [(EventType.RUN_STARTED, {"task": "t"})]
+        store.append("solo", make_events("solo", 0, 0, alone), expected_seq=0, epoch=0)
+        append(store, "origin", {"content": "later"})  # only run_started registers
+        assert make_store().scope_runs("op:acme:7") == ["origin", "fork"]
+        assert store.scope_runs("run:solo") == ["solo"]
+        assert store.scope_runs("op:acme:8") == []
+
     def test_conformance_conflict_on_wrong_expected_seq(self, make_store: MakeStore) -> None:
         store = make_store()
         append(store, "r1", {"content": "a"}, {"content": "b"})

@@ -26,6 +26,7 @@ from ..events import (
     SCHEMA_VERSION,
     SEALED_SINCE,
     Event,
+    EventType,
     chain_digest,
     decode_stored,
     unseal,
@@ -140,6 +141,14 @@ def check_batch(run_id: str, events: Sequence[Event], expected_seq: int, epoch: 
             )
 
 
+def scope_started(events: Sequence[Event]) -> str | None:
+    """The idempotency scope a batch starts its run in, if it holds ``run_started``."""
+    for event in events:
+        if event.type is EventType.RUN_STARTED:
+            return str(event.payload.get("scope") or f"run:{event.run_id}")
+    return None
+
+
 @runtime_checkable
 class Store(Protocol):
     """What every backend offers. See the module docstring for the contract."""
@@ -156,6 +165,13 @@ class Store(Protocol):
     def last_seq(self, run_id: str) -> int: ...
 
     def list_runs(self, *, limit: int | None = None) -> list[RunInfo]: ...
+
+    def scope_runs(self, scope: str) -> list[str]:
+        """The runs started in idempotency ``scope`` (a run and its forks; the runs of one
+        tenant operation), oldest first. Recorded with the batch holding ``run_started``:
+        effects belong to the scope, so a run must find the others that may have made them.
+        """
+        ...
 
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease: ...
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import threading
@@ -54,6 +55,7 @@ from .base import (
     Snapshot,
     check_batch,
     decode_record,
+    scope_started,
     validate_run_id,
 )
 
@@ -103,6 +105,7 @@ class _SnapHeader(msgspec.Struct, frozen=True):
 
 
 _SNAP_SUFFIX = ".snapshots"
+_SCOPES = "_scopes"
 _QUARANTINE = "_quarantine.json"  # "_" never starts a run id, so no run can collide
 _MAX_HEADER = 1 << 16
 
@@ -343,6 +346,8 @@ class JsonlStore:
                 raise FencedError(run_id, epoch, current)
             if tail.last_seq != expected_seq:
                 raise ConflictError(run_id, expected_seq, tail.last_seq)
+            if (scope := scope_started(events)) is not None:
+                self._register_scope(scope, run_id)  # before the log: never missing
             bodies, digest = seal(events, tail.digest)
             data = b"".join(map(_frame, bodies))
             if fd is None:  # a new run: create its file, its directory entry durable
@@ -410,6 +415,41 @@ class JsonlStore:
                 runs.append(RunInfo(run_id, tail.last_seq, tail.created_at, tail.updated_at))
         runs.sort(key=lambda r: (r.updated_at, r.run_id), reverse=True)
         return runs[:limit] if limit else runs
+
+    # --- scopes: which runs share an idempotency scope ---------------------------
+    #
+    # ``_scopes/<sha256(scope)>.runs`` lists the runs started in a scope, a line
+    # each, written (and synced) before the run's first batch. A run id whose log
+    # never got written is harmless: it has no events, so no effects.
+
+    def _scope_file(self, scope: str) -> str:
+        name = hashlib.sha256(scope.encode()).hexdigest()[:32]
+        return f"{self._dir}/{_SCOPES}/{name}.runs"
+
+    def _register_scope(self, scope: str, run_id: str) -> None:
+        directory = self.path / _SCOPES
+        if not directory.is_dir():
+            directory.mkdir(exist_ok=True)
+            self._sync_dir(run_id)
+        path = self._scope_file(scope)
+        created = not os.path.exists(path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, f"{run_id}\n".encode())
+            self._durable(fd, run_id)
+        finally:
+            os.close(fd)
+        if created:
+            self._sync_dir(run_id, directory)
+
+    def scope_runs(self, scope: str) -> list[str]:
+        try:
+            with open(self._scope_file(scope), "rb") as f:
+                lines = f.read().split(b"\n")[:-1]  # a torn last line has no newline
+        except FileNotFoundError:
+            return []
+        runs = dict.fromkeys(line.decode("utf-8", "replace") for line in lines)
+        return [r for r in runs if self._file(r, ".jsonl").exists()]
 
     # --- leases ----------------------------------------------------------------
 

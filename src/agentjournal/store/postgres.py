@@ -54,6 +54,7 @@ from .base import (
     Snapshot,
     check_batch,
     decode_record,
+    scope_started,
     validate_run_id,
 )
 
@@ -102,6 +103,13 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         reason text NOT NULL,
         at timestamptz NOT NULL DEFAULT now()
     );
+    """,
+    """
+    ALTER TABLE {s}.runs ADD COLUMN scope text;
+    UPDATE {s}.runs r SET scope = coalesce(convert_from(e.body, 'UTF8')::jsonb
+        #>> '{{payload,scope}}', 'run:' || r.run_id)
+        FROM {s}.events e WHERE e.run_id = r.run_id AND e.seq = 1;
+    CREATE INDEX runs_scope ON {s}.runs (scope) WHERE scope IS NOT NULL;
     """,
 )
 
@@ -282,6 +290,9 @@ class PostgresStore:
                 params["bodies"], _ = seal(events, prev)
                 for _ in range(2):  # a second pass only for a run's very first append
                     if self._claim_and_insert(cur, params):
+                        if (scope := scope_started(events)) is not None:
+                            cur.execute(self._q("UPDATE {s}.runs SET scope = %s"
+                                                " WHERE run_id = %s"), (scope, run_id))
                         return events[-1].seq
                     self._refuse_or_create(cur, run_id, expected_seq, epoch)
                 raise AssertionError("unreachable: the run's row exists on the second pass")
@@ -361,6 +372,13 @@ class PostgresStore:
                 (limit if limit and limit > 0 else None,),  # like SQLite: 0 means no limit
             ).fetchall()
         return [RunInfo(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def scope_runs(self, scope: str) -> list[str]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                self._q("SELECT run_id FROM {s}.runs WHERE scope = %s AND last_seq > 0"
+                        " ORDER BY created_at, run_id"), (scope,)).fetchall()
+        return [r[0] for r in rows]
 
     # --- leases ----------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from .base import (
     Snapshot,
     check_batch,
     decode_record,
+    scope_started,
     validate_run_id,
 )
 
@@ -69,6 +70,15 @@ MIGRATIONS: tuple[str, ...] = (
         reason TEXT NOT NULL,
         at TEXT NOT NULL
     );
+    """,
+    """
+    CREATE TABLE scopes (
+        scope TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        PRIMARY KEY (scope, run_id)
+    ) WITHOUT ROWID;
+    INSERT OR IGNORE INTO scopes SELECT coalesce(json_extract(CAST(body AS TEXT),
+        '$.payload.scope'), 'run:' || run_id), run_id FROM events WHERE type = 'run_started';
     """,
 )
 
@@ -171,6 +181,8 @@ class SQLiteStore:
             rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), body)
                     for e, body in zip(events, bodies, strict=True)]
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
+            if (scope := scope_started(events)) is not None:
+                db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
         return events[-1].seq
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
@@ -208,6 +220,13 @@ class SQLiteStore:
             RunInfo(r[0], r[1], datetime.fromisoformat(r[2]), datetime.fromisoformat(r[3]))
             for r in rows
         ]
+
+    def scope_runs(self, scope: str) -> list[str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.run_id FROM scopes s JOIN events e ON e.run_id = s.run_id AND e.seq = 1"
+                " WHERE s.scope = ? ORDER BY e.ts, s.run_id", (scope,)).fetchall()
+        return [r[0] for r in rows]
 
     # --- leases ----------------------------------------------------------------
 
