@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
+import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from enum import StrEnum
@@ -48,6 +50,26 @@ def validate_run_id(run_id: object) -> str:
     if not _RUN_ID.fullmatch(run_id):
         raise InvalidRunIdError(run_id, "it contains a character outside the allowed set")
     return run_id
+
+
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def host_clock() -> tuple[str, float]:
+    """(this boot's id, seconds since boot): a clock every process on this host shares
+    and that no change of the wall clock moves, for judging leases of same-host stores.
+
+    A deadline read under another boot id is over: its holder died with that boot.
+    Where the boot id is unknown ("") callers fall back to the wall clock.
+    """
+    boot = _boot_id()
+    return boot, time.clock_gettime(time.CLOCK_BOOTTIME) if boot else time.time()
 
 
 class Durability(StrEnum):
