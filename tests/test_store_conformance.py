@@ -8,9 +8,11 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import re
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,10 @@ import pytest
 
 from agentjournal import (
     ConflictError,
+    CorruptLogError,
     DurabilityError,
     EncodingError,
+    Event,
     EventType,
     FencedError,
     InvalidRunIdError,
@@ -30,6 +34,7 @@ from agentjournal import (
     make_events,
     open_store,
 )
+from agentjournal.events import chain_digest
 from agentjournal.store import Store
 
 from .builders import snapshot_at, unsealed
@@ -67,6 +72,70 @@ def race_in_process(url: str, run_id: str, name: str, barrier: Any, results: Any
         results.put((name, "conflict"))
     finally:
         store.close()
+
+
+# --- raw edits of stored events, around the store (tamper evidence) ------------------
+
+
+def rewrite_stored(store: Store, run_id: str, event: Event, body: bytes) -> None:
+    """Replace the stored bytes of ``event`` (as read back) with ``body``, in place,
+    by the backend's own means: what someone with write access to the storage can do."""
+    kind = type(store).__name__
+    if kind == "SQLiteStore":
+        db = sqlite3.connect(store.path)  # type: ignore[attr-defined]
+        with db:
+            db.execute("UPDATE events SET body = ? WHERE run_id = ? AND seq = ?",
+                       (body, run_id, event.seq))
+        db.close()
+    elif kind == "PostgresStore":
+        import psycopg
+
+        from .conftest import POSTGRES_URL
+
+        schema = store.schema  # type: ignore[attr-defined]
+        with psycopg.connect(POSTGRES_URL) as conn:
+            conn.execute(f'UPDATE "{schema}".events SET body = %s WHERE run_id = %s AND seq = %s',
+                         (body, run_id, event.seq))
+    else:
+        _rewrite_jsonl_record(Path(store.path), encode(event), body)  # type: ignore[attr-defined]
+
+
+_CRC = re.compile(rb"[0-9a-f]{8} ")
+
+
+def _rewrite_jsonl_record(root: Path, old: bytes, new: bytes) -> None:
+    """Swap ``old`` for ``new`` in the one line holding it, under any file of the store,
+    recomputing the line's CRC (``crc32 rest-of-line``) so only the digest can tell.
+
+    Tolerant of framing changes that keep a leading CRC over the rest of the line; any
+    other framing fails here, loudly, rather than testing nothing."""
+    for path in (p for p in root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        at = data.find(old)
+        if at == -1:
+            continue
+        start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+        end = len(data) if end == -1 else end
+        line = data[start:end]
+        rest = line[9:]
+        if not _CRC.match(line) or line[:8] != b"%08x" % zlib.crc32(rest):
+            raise AssertionError(f"{path}: a record framed as {line[:20]!r}...; teach "
+                                 "_rewrite_jsonl_record this framing")
+        rest = rest.replace(old, new)
+        path.write_bytes(data[:start] + b"%08x " % zlib.crc32(rest) + rest + data[end:])
+        return
+    raise AssertionError(f"no file under {root} holds the record {old[:60]!r}...")
+
+
+def edited(event: Event, prev: str | None = None) -> bytes:
+    """``event`` with a changed payload value, still valid JSON that decodes; its digest
+    is kept (``prev`` None) or recomputed correctly from the digest ``prev`` before it."""
+    changed = msgspec.structs.replace(event, payload={**event.payload, "content": "EDITED"})
+    if prev is None:
+        return encode(changed)
+    digest = chain_digest(prev, encode(msgspec.structs.replace(changed, digest="")))
+    return encode(msgspec.structs.replace(changed, digest=digest))
+
 
 
 @backend_params()
@@ -127,6 +196,35 @@ class TestConformance:
         assert renewed.epoch == 3 and renewed.expires_at >= third.expires_at
         with pytest.raises(FencedError):
             store.renew(second, ttl=30)
+
+    def test_conformance_lease_expiry_is_not_judged_by_the_acquirers_wall_clock(
+        self, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        holder, other = make_store(), make_store()
+        lease = holder.acquire("r1", "worker-a", ttl=60)
+        wall = time.time
+        monkeypatch.setattr(time, "time", lambda: wall() + 3600)  # B's clock is an hour ahead
+        with pytest.raises(LeaseHeldError):
+            other.acquire("r1", "worker-b", ttl=60)
+        holder.release(lease)
+        assert other.acquire("r1", "worker-b", ttl=60).epoch == lease.epoch + 1
+
+    @pytest.mark.parametrize("digest", ["kept", "recomputed"])
+    def test_conformance_an_edited_event_is_corruption_named_by_seq(
+        self, make_store: MakeStore, digest: str
+    ) -> None:
+        store = make_store()
+        append(store, "r1", *({"content": c} for c in "abcd"))
+        log = list(store.read("r1"))
+        prev = log[0].digest if digest == "recomputed" else None
+        rewrite_stored(store, "r1", log[1], edited(log[1], prev))
+        # Kept: seq 2 no longer matches its digest. Recomputed: seq 2 matches, but seq 3
+        # was chained from the digest seq 2 had when it was written.
+        damaged = 2 if digest == "kept" else 3
+        for after in (0, 1, damaged - 1):
+            with pytest.raises(CorruptLogError) as info:
+                list(make_store().read("r1", after_seq=after))
+            assert info.value.seq == damaged, after
 
     def test_conformance_paused_worker_is_fenced(self, make_store: MakeStore) -> None:
         # Worker A holds the lease, pauses past its expiry, B takes over; when

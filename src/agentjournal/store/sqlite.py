@@ -4,6 +4,14 @@ Appends run in ``BEGIN IMMEDIATE`` transactions, which take the write lock
 before reading the log's last seq, so no stale read can slip past the
 expected-seq check; the lease epoch is checked in the same transaction, and
 ``PRIMARY KEY (run_id, seq)`` enforces uniqueness underneath both.
+
+Leases are judged by :func:`~.base.host_clock` (boot id + seconds since boot),
+which every process on the host shares and no wall-clock change moves: a
+worker whose wall clock runs an hour ahead must not take over a live run.
+(WAL needs shared memory, so every user of the file is on this host.) A
+deadline written under another boot id is over: its holder died with that
+boot. Rows written before migration 4, or on a host without a boot id, carry
+only the wall-clock ``expires_at``, and are judged by it.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from ..errors import (
     ConflictError,
@@ -32,6 +41,7 @@ from .base import (
     Snapshot,
     check_batch,
     decode_record,
+    host_clock,
     scope_started,
     validate_run_id,
 )
@@ -80,7 +90,20 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT OR IGNORE INTO scopes SELECT coalesce(json_extract(CAST(body AS TEXT),
         '$.payload.scope'), 'run:' || run_id), run_id FROM events WHERE type = 'run_started';
     """,
+    """
+    ALTER TABLE leases ADD COLUMN boot_id TEXT;
+    ALTER TABLE leases ADD COLUMN deadline REAL;
+    """,
 )
+
+
+def _seconds_left(row: tuple[Any, ...], wall: float, boot: str, now: float) -> float:
+    """What is left of the lease in ``row`` (..., expires_at, boot_id, deadline), on the
+    host clock (``boot``, ``now``) when the row has one, else on the wall clock."""
+    expires_at, held_boot, deadline = row[-3:]
+    if held_boot and boot and deadline is not None:
+        return float(deadline) - now if held_boot == boot else 0.0  # another boot: over
+    return float(expires_at) - wall
 
 
 class SQLiteStore:
@@ -238,39 +261,48 @@ class SQLiteStore:
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
         with self._tx() as db:
-            now = time.time()
+            wall, (boot, now) = time.time(), host_clock()
             row = db.execute(
-                "SELECT owner, epoch, expires_at FROM leases WHERE run_id = ?", (run_id,)
+                "SELECT owner, epoch, expires_at, boot_id, deadline FROM leases"
+                " WHERE run_id = ?", (run_id,)
             ).fetchone()
+            left = _seconds_left(row, wall, boot, now) if row else 0.0
             if row is None:
                 epoch = 1
-            elif row[0] == owner and row[2] > now:
+            elif row[0] == owner and left > 0:
                 epoch = row[1]  # the holder re-acquiring: a renewal
-            elif row[2] > now:
-                raise LeaseHeldError(run_id, row[0], row[1], row[2] - now)
+            elif left > 0:
+                raise LeaseHeldError(run_id, row[0], row[1], left)
             else:
                 epoch = row[1] + 1  # takeover of an expired or released lease
             db.execute(
-                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)",
-                (run_id, owner, epoch, now + ttl),
+                "INSERT OR REPLACE INTO leases (run_id, owner, epoch, expires_at, boot_id,"
+                " deadline) VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, owner, epoch, *self._expiry(ttl, wall, boot, now)),
             )
-        return Lease(run_id, owner, epoch, now + ttl)
+        return Lease(run_id, owner, epoch, wall + ttl)
+
+    @staticmethod
+    def _expiry(ttl: float, wall: float, boot: str, now: float) -> tuple[Any, ...]:
+        """(expires_at, boot_id, deadline) of a lease granted now for ``ttl`` seconds."""
+        return wall + ttl, boot or None, now + ttl if boot else None
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         with self._tx() as db:
             current = self._epoch(db, lease.run_id)
             if current != lease.epoch:
                 raise FencedError(lease.run_id, lease.epoch, current)
-            expires = time.time() + ttl
+            wall, (boot, now) = time.time(), host_clock()
             db.execute(
-                "UPDATE leases SET expires_at = ? WHERE run_id = ?", (expires, lease.run_id)
+                "UPDATE leases SET expires_at = ?, boot_id = ?, deadline = ? WHERE run_id = ?",
+                (*self._expiry(ttl, wall, boot, now), lease.run_id),
             )
-        return Lease(lease.run_id, lease.owner, lease.epoch, expires)
+        return Lease(lease.run_id, lease.owner, lease.epoch, wall + ttl)
 
     def release(self, lease: Lease) -> None:
         with self._tx() as db:
-            db.execute(
-                "UPDATE leases SET expires_at = 0 WHERE run_id = ? AND epoch = ?",
+            db.execute(  # over on both clocks
+                "UPDATE leases SET expires_at = 0, deadline = 0 WHERE run_id = ? AND epoch = ?",
                 (lease.run_id, lease.epoch),
             )
 

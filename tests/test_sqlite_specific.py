@@ -1,0 +1,124 @@
+"""Behaviour only the SQLite backend has: its migrations and its host-clock leases."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentjournal import EventType, LeaseHeldError, make_events
+from agentjournal.store import sqlite as sqlite_module
+from agentjournal.store.base import host_clock
+from agentjournal.store.sqlite import SQLiteStore
+
+_v3 = msgspec.json.Encoder(order="sorted")
+
+
+def v3_body(run_id: str, seq: int, kind: EventType, payload: dict[str, Any]) -> bytes:
+    """An event as releases before the digest chain stored it: no ``digest`` at all."""
+    return _v3.encode({"run_id": run_id, "seq": seq, "type": kind.value, "epoch": 0, "v": 3,
+                       "ts": f"2026-11-30T03:23:5{seq}.000000Z", "payload": payload})
+
+
+def raw(path: Path, statement: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    db = sqlite3.connect(path)
+    try:
+        with db:
+            return db.execute(statement, params).fetchall()
+    finally:
+        db.close()
+
+
+def old_store(path: Path, monkeypatch: pytest.MonkeyPatch, migrations: int) -> None:
+    """A database as a release with only the first ``migrations`` migrations left it."""
+    with monkeypatch.context() as m:
+        m.setattr(sqlite_module, "MIGRATIONS", sqlite_module.MIGRATIONS[:migrations])
+        SQLiteStore(path).close()
+    assert raw(path, "PRAGMA user_version") == [(migrations,)]
+
+
+# --- migrations ----------------------------------------------------------------------
+
+
+def test_migration_3_backfills_scopes_from_a_v2_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "old.db"
+    old_store(path, monkeypatch, 2)
+    started = {"origin": {"task": "t", "scope": "op:acme:7"}, "fork": {"task": "t",
+               "scope": "op:acme:7"}, "solo": {"task": "t"}}
+    for run_id, payload in started.items():
+        for seq, kind, p in ((1, EventType.RUN_STARTED, payload),
+                             (2, EventType.USER_MESSAGE, {"content": "hi"})):
+            raw(path, "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                (run_id, seq, kind.value, f"2026-11-30T03:23:5{seq}+00:00",
+                 v3_body(run_id, seq, kind, p)))
+    with SQLiteStore(path) as store:
+        assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
+        assert sorted(store.scope_runs("op:acme:7")) == ["fork", "origin"]
+        assert store.scope_runs("run:solo") == ["solo"]
+        # The unsealed log still reads, and new events chain on from it.
+        assert [e.v for e in store.read("solo")] == [4, 4]
+        more = make_events("solo", 2, 0, [(EventType.USER_MESSAGE, {"content": "again"})])
+        store.append("solo", more, expected_seq=2, epoch=0)
+        assert [e.payload.get("content") for e in store.read("solo")] == [None, "hi", "again"]
+
+
+def test_migration_4_judges_an_older_lease_by_the_wall_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "old.db"
+    old_store(path, monkeypatch, 3)
+    raw(path, "INSERT INTO leases VALUES ('live', 'a', 1, ?), ('gone', 'a', 4, ?)",
+        (time.time() + 60, time.time() - 1))
+    with SQLiteStore(path) as store:
+        with pytest.raises(LeaseHeldError):
+            store.acquire("live", "b", ttl=60)
+        assert store.acquire("gone", "b", ttl=60).epoch == 5
+        wall = time.time  # the only clock such a row has: a clock an hour ahead wins
+        monkeypatch.setattr(time, "time", lambda: wall() + 3600)
+        assert store.acquire("live", "b", ttl=60).epoch == 2
+
+
+# --- leases on the host's clock ------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    with SQLiteStore(tmp_path / "journal.db") as s:
+        yield s
+
+
+def test_a_lease_from_another_boot_is_taken_over(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as m:  # written before a reboot, by a holder that died with it
+        m.setattr(sqlite_module, "host_clock", lambda: ("boot-before", 50.0))
+        before = store.acquire("r1", "worker-a", ttl=3600)
+    if not host_clock()[0]:
+        pytest.skip("this host has no boot id: leases fall back to the wall clock")
+    assert store.acquire("r1", "worker-b", ttl=60).epoch == before.epoch + 1
+
+
+def test_a_clock_behind_still_takes_over_an_expired_lease(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = store.acquire("r1", "worker-a", ttl=0.05)
+    time.sleep(0.15)
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() - 3600)
+    assert store.acquire("r1", "worker-b", ttl=60).epoch == first.epoch + 1
+
+
+def test_renew_moves_the_host_clock_deadline(store: SQLiteStore) -> None:
+    lease = store.renew(store.acquire("r1", "worker-a", ttl=0.05), ttl=60)
+    time.sleep(0.15)
+    with pytest.raises(LeaseHeldError) as info:
+        store.acquire("r1", "worker-b", ttl=60)
+    assert 50 < info.value.expires_in <= 60
+    assert lease.expires_at > time.time() + 50  # the wall-clock expiry, for display
