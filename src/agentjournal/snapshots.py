@@ -6,10 +6,12 @@ body decodes to the state at its seq, and the log continues right after it;
 anything else is a miss (counted) and the next older snapshot is tried, then
 a full replay from event 1. Deleting every snapshot never prevents recovery.
 
-``verify`` folds the whole log twice in lockstep (determinism at every
-prefix) and checks every stored snapshot, plus its tail, against the full
-replay on every durable field; a mismatch quarantines that fold version so
-its snapshots are never loaded again.
+``verify`` reads the whole log (which checks every event's digest chain),
+folds it twice in lockstep (determinism at every prefix) and checks every
+stored snapshot, plus its tail, against the full replay on every durable
+field; a mismatch quarantines that fold version so its snapshots are never
+loaded again. A damaged log is reported with the first seq that does not
+check out, and then proves nothing about snapshots, so none is judged.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from contextlib import contextmanager
 
 import msgspec
 
-from .errors import JournalError
+from .errors import CorruptLogError, JournalError
 from .events import SCHEMA_VERSION, Event, now
 from .metrics import METRICS
 from .state import FOLD_VERSION, RunState, apply, durable_fields
@@ -175,20 +177,35 @@ class VerifyReport(msgspec.Struct, frozen=True):
     snapshots_checked: int
     mismatches: list[Mismatch]
     quarantined: list[int]
+    corrupt_seq: int | None = None  # the first event that does not check out (digest, bytes)
+    corrupt: str | None = None  # what is wrong with it
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and self.corrupt_seq is None
 
 
 def _differing(a: dict[str, object], b: dict[str, object]) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
+def _read_to_damage(store: Store, run_id: str) -> tuple[list[Event], CorruptLogError | None]:
+    """The run's events, up to the first damaged one (some backends stop before reading
+    any), and the damage."""
+    events: list[Event] = []
+    try:
+        events.extend(store.read(run_id))
+    except CorruptLogError as exc:
+        return events, exc
+    return events, None
+
+
 def verify(store: Store, run_id: str) -> VerifyReport:
-    """Check determinism at every prefix and every snapshot against the full replay."""
-    events: list[Event] = list(store.read(run_id))
-    snapshots = store.snapshots(run_id)
+    """Check the log's digest chain, determinism at every prefix and every snapshot
+    against the full replay."""
+    events, damage = _read_to_damage(store, run_id)
+    # A snapshot checked against a damaged log would be blamed for the log's fault.
+    snapshots = store.snapshots(run_id) if damage is None else []
     wanted = {s.seq for s in snapshots}
     first, second = RunState(), RunState()
     at_seq: dict[int, dict[str, object]] = {}
@@ -218,4 +235,5 @@ def verify(store: Store, run_id: str) -> VerifyReport:
             store.quarantine(snapshot.fold_version,
                              f"run {run_id} snapshot at seq {snapshot.seq}: {', '.join(fields)}")
             quarantined.add(snapshot.fold_version)
-    return VerifyReport(run_id, len(events), len(snapshots), mismatches, sorted(quarantined))
+    return VerifyReport(run_id, len(events), len(snapshots), mismatches, sorted(quarantined),
+                        damage.seq if damage else None, damage.detail if damage else None)

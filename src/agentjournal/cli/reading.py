@@ -12,10 +12,13 @@ from rich.text import Text
 
 from .. import (
     Event,
+    JournalError,
     RunNotFoundError,
     RunState,
     encode,
 )
+from ..snapshots import VerifyReport
+from ..snapshots import verify as verify_run
 from ..store import RunInfo
 from ._base import (
     STATUSES,
@@ -25,6 +28,7 @@ from ._base import (
     age,
     cli,
     emit_json,
+    exit_code_for,
     fold_all,
     human_age,
     json_option,
@@ -238,38 +242,64 @@ def state(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
 @click.pass_context
 def verify(ctx: click.Context, run_id: str | None, all_runs: bool, as_json: bool,
            store_url: str) -> None:
-    """Check that the fold is deterministic at every prefix and that every snapshot plus
-    its tail equals a full replay; a mismatch quarantines that fold version (exit 3).
+    """Check every event's digest chain, that the fold is deterministic at every prefix,
+    and that every snapshot plus its tail equals a full replay. A damaged log (exit 3)
+    is reported with the first seq that does not check out; a snapshot mismatch
+    quarantines that fold version (exit 3). With --all, every run is checked even
+    when one fails.
 
     \b
     Example:
       agentjournal verify --all --store sqlite:///runs.db
     """
-    from ..snapshots import verify as verify_run
-
     if (run_id is None) == (not all_runs):
         raise click.UsageError("give either a RUN or --all")
+    reports: list[VerifyReport] = []
+    errors: list[JournalError] = []  # runs that could not be checked at all (--all only)
     with opened(store_url) as store:
         ids = [run_id] if run_id is not None else [i.run_id for i in store.list_runs()]
-        reports = [verify_run(store, rid) for rid in ids]
+        for rid in ids:
+            try:
+                reports.append(verify_run(store, rid))
+            except JournalError as exc:
+                if run_id is not None:
+                    raise
+                errors.append(exc)
     for report in reports:
-        if not report.events:
+        if not report.events and report.corrupt_seq is None:
             raise RunNotFoundError(report.run_id)
-    if not reports:
+    if not reports and not errors:
         note(f"no runs in {store_url}")
     if as_json:
-        emit_json([{**msgspec.to_builtins(r), "ok": r.ok} for r in reports])
+        emit_json([{**msgspec.to_builtins(r), "ok": r.ok} for r in reports]
+                  + [{"run_id": e.run_id, "ok": False, "error": str(e)} for e in errors])
     else:
-        for r in reports:
-            verdict = "ok" if r.ok else f"{len(r.mismatches)} MISMATCHES"
-            click.echo(f"{r.run_id}: {verdict} ({r.events} events, "
-                       f"{r.snapshots_checked} snapshots)")
-            for m in r.mismatches:
-                click.echo(f"  {m.check} at seq {m.seq}: {', '.join(m.fields)}")
-    failed = [r.run_id for r in reports if not r.ok]
-    if failed:
-        ctx.exit(_fail(f"{', '.join(failed)}: a snapshot plus its tail differs from a full "
-                       "replay. That fold version is quarantined, so its snapshots are never "
-                       "loaded again; runs replay from the log.", 3))
+        _print_verdicts(reports)
+    if codes := _verify_failures(reports, errors):
+        ctx.exit(max(codes))
 
 
+def _print_verdicts(reports: Sequence[VerifyReport]) -> None:
+    for r in reports:
+        if r.corrupt_seq is not None:
+            click.echo(f"{r.run_id}: CORRUPT at seq {r.corrupt_seq} (snapshots not checked)")
+            continue
+        verdict = "ok" if r.ok else f"{len(r.mismatches)} MISMATCHES"
+        click.echo(f"{r.run_id}: {verdict} ({r.events} events, "
+                   f"{r.snapshots_checked} snapshots)")
+        for m in r.mismatches:
+            click.echo(f"  {m.check} at seq {m.seq}: {', '.join(m.fields)}")
+
+
+def _verify_failures(reports: Sequence[VerifyReport],
+                     errors: Sequence[JournalError]) -> list[int]:
+    """Print one error line per failure; their exit codes."""
+    codes = [_fail(f"{r.run_id}: the log is corrupt at seq {r.corrupt_seq}: {r.corrupt}. "
+                   "The log was not changed. Restore it from a backup or inspect it by hand; "
+                   "agentjournal will not resume a run from a damaged log.", 3)
+             for r in reports if r.corrupt_seq is not None]
+    if failed := [r.run_id for r in reports if r.mismatches]:
+        codes.append(_fail(f"{', '.join(failed)}: a snapshot plus its tail differs from a "
+                           "full replay. That fold version is quarantined, so its snapshots "
+                           "are never loaded again; runs replay from the log.", 3))
+    return codes + [_fail(str(exc), exit_code_for(exc)) for exc in errors]

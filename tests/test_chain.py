@@ -1,0 +1,94 @@
+"""The digest chain as people meet it: `snapshots.verify` and `agentjournal verify` name
+the first event whose digest does not match, on every backend, and check the other runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from agentjournal import EventType, fold, make_events
+from agentjournal.cli import cli
+from agentjournal.snapshots import verify, write_snapshot
+from agentjournal.store import Store
+
+from .conftest import backend_params
+from .test_store_conformance import edited, rewrite_stored
+
+MakeStore = Callable[[], Store]
+DAMAGED = {"kept": 2, "recomputed": 3}  # where an edit of seq 2 is found
+
+
+def a_log(store: Store, run_id: str) -> None:
+    """A run of four events: run_started, then three messages."""
+    facts = [(EventType.RUN_STARTED, {"task": "t"}),
+             *((EventType.USER_MESSAGE, {"content": c}) for c in "abc")]
+    store.append(run_id, make_events(run_id, 0, 0, facts), expected_seq=0, epoch=0)
+
+
+def damage(store: Store, run_id: str, digest: str = "kept") -> None:
+    """Edit seq 2 of ``run_id`` in place, keeping its digest or recomputing it."""
+    log = list(store.read(run_id))
+    rewrite_stored(store, run_id, log[1], edited(log[1], log[0].digest if digest != "kept"
+                                                 else None))
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), env={"COLUMNS": "200", "AGENTJOURNAL_STORE": ""})
+
+
+@backend_params()
+@pytest.mark.parametrize("digest", list(DAMAGED))
+def test_verify_names_the_first_seq_whose_digest_does_not_match(
+    make_store: MakeStore, digest: str
+) -> None:
+    store = make_store()
+    a_log(store, "r1")
+    assert write_snapshot(store, fold(list(store.read("r1"))[:3])) is not None
+    assert verify(store, "r1").ok
+    damage(store, "r1", digest)
+    report = verify(make_store(), "r1")
+    assert not report.ok
+    assert report.corrupt_seq == DAMAGED[digest]
+    assert "digest does not match" in (report.corrupt or "")
+    # A damaged log proves nothing against a snapshot: no fold version is blamed.
+    assert report.quarantined == [] and store.quarantined() == {}
+
+
+@backend_params()
+def test_cli_verify_reports_the_damaged_seq_and_exits_3(
+    make_store: MakeStore, store_url: str
+) -> None:
+    store = make_store()
+    a_log(store, "r1")
+    damage(store, "r1")
+    result = invoke("verify", "r1", "--store", store_url)
+    assert result.exit_code == 3, (result.stdout, result.stderr)
+    assert "r1: CORRUPT at seq 2" in result.stdout
+    assert result.stderr.startswith("error: r1: the log is corrupt at seq 2: its digest")
+    assert "Traceback" not in result.stderr
+    result = invoke("verify", "r1", "--json", "--store", store_url)
+    assert result.exit_code == 3
+    (report,) = json.loads(result.stdout)
+    assert (report["ok"], report["corrupt_seq"]) == (False, 2)
+
+
+@backend_params()
+def test_cli_verify_all_reports_the_damaged_run_and_checks_the_others(
+    make_store: MakeStore, store_url: str
+) -> None:
+    store = make_store()
+    for run_id in ("before", "r1", "after"):
+        a_log(store, run_id)
+    damage(store, "r1", "recomputed")
+    result = invoke("verify", "--all", "--json", "--store", store_url)
+    assert result.exit_code == 3, (result.stdout, result.stderr)
+    reports: dict[str, Any] = {r["run_id"]: r for r in json.loads(result.stdout)}
+    assert set(reports) == {"before", "r1", "after"}
+    assert reports["r1"]["corrupt_seq"] == 3 and not reports["r1"]["ok"]
+    assert reports["before"]["ok"] and reports["after"]["ok"]
+    assert reports["after"]["events"] == 4
+    assert "r1: the log is corrupt at seq 3" in result.stderr
