@@ -63,41 +63,46 @@ def test_torn_final_record_at_every_byte(
     _, lines = three
     good = b"".join(lines[:2])
     for cut in range(len(lines[2])):
-        directory = copy_with(tmp_path, f"cut{cut}", good + lines[2][:cut])
+        data = good + lines[2][:cut]
+        directory = copy_with(tmp_path, f"cut{cut}", data)
         store = JsonlStore(directory)
+        assert [e.payload["content"] for e in store.read("r1")] == ["one", "two"], cut
+        assert (directory / "r1.jsonl").read_bytes() == data  # a reader never cuts
         with caplog.at_level(logging.WARNING, logger="agentjournal"):
             caplog.clear()
-            got = [e.payload["content"] for e in store.read("r1")]
-        assert got == ["one", "two"], cut
+            assert add(store, "r1", "three again") == 3
         if cut:
             assert len(store.repairs) == 1
             repair = store.repairs[0]
             assert (repair.run_id, repair.offset, repair.dropped_bytes) == ("r1", len(good), cut)
-            assert "torn tail" in caplog.text
+            assert "incomplete final batch" in caplog.text
         else:
             assert store.repairs == []
-        assert (directory / "r1.jsonl").read_bytes() == good
-        assert add(store, "r1", "three again") == 3
         store.close()
         reopened = JsonlStore(directory)
         assert [e.seq for e in reopened.read("r1")] == [1, 2, 3]
         assert reopened.repairs == []
 
 
-@pytest.mark.parametrize("touch", ["read", "last_seq", "append"])
-def test_every_first_touch_repairs(
+@pytest.mark.parametrize("touch", ["read", "last_seq", "list_runs", "append"])
+def test_only_a_writer_repairs(
     tmp_path: Path, three: tuple[Path, list[bytes]], touch: str
 ) -> None:
     _, lines = three
-    directory = copy_with(tmp_path, "torn", b"".join(lines[:2]) + lines[2][:-1])
+    data = b"".join(lines[:2]) + lines[2][:-1]
+    directory = copy_with(tmp_path, "torn", data)
     store = JsonlStore(directory)
     if touch == "read":
         assert len(list(store.read("r1"))) == 2
     elif touch == "last_seq":
         assert store.last_seq("r1") == 2
+    elif touch == "list_runs":
+        assert [r.last_seq for r in store.list_runs()] == [2]
     else:
         assert add(store, "r1", "three again") == 3
-    assert len(store.repairs) == 1
+    wrote = touch == "append"
+    assert len(store.repairs) == wrote
+    assert ((directory / "r1.jsonl").read_bytes() == data) is not wrote
 
 
 def test_garbage_final_line_with_newline_is_a_torn_tail(
@@ -108,7 +113,8 @@ def test_garbage_final_line_with_newline_is_a_torn_tail(
     torn = lines[2][:20] + b"\x00" * (len(lines[2]) - 21) + b"\n"
     store = JsonlStore(copy_with(tmp_path, "zeros", b"".join(lines[:2]) + torn))
     assert store.last_seq("r1") == 2
-    assert store.repairs[0].reason == "bad checksum"
+    assert add(store, "r1", "three again") == 3
+    assert store.repairs[0].reason == f"{len(torn)} bytes that are not a whole record"
 
 
 def test_flipped_byte_in_middle_record_is_corruption(

@@ -1,15 +1,40 @@
 """One JSON Lines file per run, in a directory.
 
-Each record is one line: ``<crc32 as 8 lowercase hex> <canonical JSON>\\n``.
-msgspec escapes every newline inside strings, so records split on ``b"\\n"``
-alone. A torn tail (an unfinished last write) is cut off and reported in
-``JsonlStore.repairs``; damage anywhere before it raises ``CorruptLogError``
-and leaves the file alone.
+The log is a sequence of batches, one per ``append``, each written with one
+``os.write``. A record is one line::
 
-Writers (and readers, so they never see an unacknowledged record) hold an
+    <crc32 as 8 lowercase hex> <mark><canonical JSON>\\n
+
+where ``mark`` is ``+`` if more records of the same batch follow and ``.`` if
+this record ends its batch, and the checksum covers the mark and the JSON.
+msgspec escapes every newline (and every NUL) inside strings, so records split
+on ``b"\\n"`` alone. A line written before batch marks, ``<crc32> <JSON>\\n``
+(the JSON right after the space), is read as a batch of its own.
+
+A reader returns whole batches only. Whatever follows the last complete batch
+is an *incomplete final batch*: whole records of a batch that lacks its ``.``
+record, then bytes that form no whole record (no newline yet, no ``<8 hex> ``
+framing, or a run of NULs, which is how a block that never reached the disk
+reads after a power cut). An append returns only once its whole batch is
+written and, under ``FSYNC``, synced, so that batch was never acknowledged
+(under ``BATCHED`` a power cut may tear one that was: the loss that mode
+allows). Readers skip it and never change the file; a writer cuts it right
+before appending and reports it in ``JsonlStore.repairs``. A whole record whose
+checksum fails is damage wherever it is, the last record included:
+``CorruptLogError`` naming its seq, the file left alone. So are bytes that form
+no record when a whole record follows them: only the last write can be torn.
+
+Writers (and readers, so they never see an unacknowledged batch) hold an
 exclusive ``flock`` on ``<run_id>.lock``; under it the store learns the true
 last seq, checks the lease epoch in ``<run_id>.lease`` and writes the whole
 batch with one ``os.write`` to a file opened ``O_APPEND``.
+
+The lease file holds the holder's deadline on the host's boot-time clock
+(``boot_id``, ``boot_deadline``; see ``base.host_clock``), which every process
+on the host shares and no wall-clock change moves, beside ``expires_at`` on
+the wall clock, for people. Expiry is judged by the boot-time deadline; a lease
+written under another boot is over; only a lease file without those fields, or
+a host without a boot id, falls back to the wall clock.
 
 Snapshots (a cache beside the log) live in ``<run_id>.snapshots/``, one file
 per snapshot, ``<seq:012d>-f<fold_version>.snap``: a one-line JSON header (the
@@ -25,6 +50,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 import zlib
@@ -47,7 +73,7 @@ from ..errors import (
     NotAStoreError,
     StoreUrlError,
 )
-from ..events import Event, seal
+from ..events import Event, seal, stored_digest
 from .base import (
     Durability,
     Lease,
@@ -55,6 +81,7 @@ from .base import (
     Snapshot,
     check_batch,
     decode_record,
+    host_clock,
     scope_started,
     validate_run_id,
 )
@@ -66,7 +93,8 @@ _OPEN_RUNS = 64  # runs whose files stay open between calls
 
 
 class TailRepair(msgspec.Struct, frozen=True):
-    """A torn tail cut off a run's file: ``dropped_bytes`` from ``offset`` on."""
+    """An incomplete final batch a writer cut off a run's file: ``dropped_bytes`` from
+    ``offset`` on; ``reason`` says what they held."""
 
     run_id: str
     offset: int
@@ -74,10 +102,32 @@ class TailRepair(msgspec.Struct, frozen=True):
     reason: str
 
 
+class _Torn(NamedTuple):
+    """An incomplete final batch: ``size`` bytes from ``offset`` on, and what they hold."""
+
+    offset: int
+    size: int
+    reason: str
+
+
 class _LeaseRecord(msgspec.Struct):
     owner: str
     epoch: int
-    expires_at: float
+    expires_at: float  # the wall clock: for people, and for lease files without the below
+    boot_id: str = ""  # the boot whose clock ``boot_deadline`` is on ("": unknown)
+    boot_deadline: float = 0.0  # seconds since that boot
+
+    def remaining(self) -> float:
+        """Seconds the lease has left, by a clock every process on this host shares."""
+        boot, now = host_clock()
+        if self.boot_id and boot:  # another boot's holder died with it
+            return self.boot_deadline - now if self.boot_id == boot else 0.0
+        return self.expires_at - time.time()
+
+
+def _new_lease(owner: str, epoch: int, ttl: float) -> _LeaseRecord:
+    boot, now = host_clock()
+    return _LeaseRecord(owner, epoch, time.time() + ttl, boot, now + ttl)
 
 
 class _Tail(NamedTuple):
@@ -114,8 +164,39 @@ def _snap_name(seq: int, fold_version: int) -> str:
     return f"{seq:012d}-f{fold_version}.snap"
 
 
-def _frame(body: bytes) -> bytes:
-    return b"%08x %s\n" % (zlib.crc32(body), body)
+# Record marks (see the module docstring); the checksum covers the mark.
+_MORE, _END, _OLD = b"+", b".", b"{"  # _OLD: a line from before marks
+_CRC_MORE, _CRC_END = zlib.crc32(b"+"), zlib.crc32(b".")
+_FRAMED = re.compile(rb"[0-9a-f]{8} ")
+_HOLE = b"\0" * 8  # one flipped bit makes at most one NUL; a block never written, many
+
+
+def _frame_batch(bodies: list[bytes]) -> bytes:
+    """The bytes of one batch: every record marked ``+`` but the last, marked ``.``."""
+    last = len(bodies) - 1
+    return b"".join(
+        b"%08x +%s\n" % (zlib.crc32(body, _CRC_MORE), body) if i < last
+        else b"%08x .%s\n" % (zlib.crc32(body, _CRC_END), body)
+        for i, body in enumerate(bodies)
+    )
+
+
+def _whole(line: bytes) -> bool:
+    """Whether a line (its newline found) is framed as a record: damage, not a torn write,
+    if its checksum fails."""
+    return _FRAMED.match(line) is not None and _HOLE not in line
+
+
+def _torn(data: bytes, end: int, pos: int, records: int, base: int) -> _Torn | None:
+    """What follows the last complete batch (at ``end`` in ``data``, read from file offset
+    ``base``): ``records`` whole records of a batch without its last, then, from ``pos``,
+    bytes that are no whole record."""
+    if end == len(data):
+        return None
+    parts = [f"{records} whole record(s) of a batch without its last"] if records else []
+    if pos < len(data):
+        parts.append(f"{len(data) - pos} bytes that are not a whole record")
+    return _Torn(base + end, len(data) - end, ", then ".join(parts))
 
 
 class JsonlStore:
@@ -251,76 +332,81 @@ class JsonlStore:
     # --- scanning --------------------------------------------------------------
 
     def _scan(self, run_id: str, fd: int, start: _Tail,
-              after_seq: int = 0) -> tuple[_Tail, list[Event]]:
-        """Verify the records from ``start.size`` on and decode those after ``after_seq``;
-        cut a torn tail.
+              after_seq: int = 0) -> tuple[_Tail, list[Event], _Torn | None]:
+        """Verify the batches from ``start.size`` on and decode the events after
+        ``after_seq``; also return the incomplete final batch after them, if any.
 
-        Records up to ``after_seq`` are checked by their CRC alone: it proves the bytes
-        are as written, and their seqs follow from their position. Call with the run's
-        flock held, so no writer is mid-append.
+        Never changes the file. Records up to ``after_seq`` are checked by their CRC
+        alone: it proves the bytes are as written, their seqs follow from their position,
+        and the next record chains from the digest they store. Call with the run's flock
+        held, so no writer is mid-append.
         """
         chunks, offset = [], start.size
         while chunk := os.pread(fd, _CHUNK, offset):
             chunks.append(chunk)
             offset += len(chunk)
         data = b"".join(chunks)
+        view = memoryview(data)
         events: list[Event] = []
-        pos, skipped, prev = 0, 0, start.digest
-        while pos < len(data):
-            seq = start.last_seq + skipped + len(events) + 1
-            nl = data.find(b"\n", pos)
-            if nl == -1:
-                self._cut(run_id, start.size + pos, len(data) - pos, "unfinished final record")
-                break
-            line = data[pos:nl]
-            body = line[9:]
-            if line[8:9] != b" " or line[:8] != b"%08x" % zlib.crc32(body):
-                if nl + 1 == len(data):  # the last line: a write torn mid-way
-                    self._cut(run_id, start.size + pos, len(data) - pos, "bad checksum")
-                    break
-                raise CorruptLogError(run_id, seq, f"bad checksum at byte {start.size + pos}")
-            # The checksum holds, so these bytes are exactly as written: any
-            # problem below is real damage (or a newer release), never a torn write.
-            event, prev = decode_record(run_id, seq, body, prev)
+        seq, prev, pos = start.last_seq, start.digest, 0
+        done = (seq, prev, 0, 0)  # (seq, digest, events, bytes) up to the last complete batch
+        while (nl := data.find(b"\n", pos)) != -1:
+            at = pos + 9  # the mark (or, on an old line, the JSON)
+            if data[pos:at] != b"%08x " % zlib.crc32(view[at:nl]):
+                where = f"byte {start.size + pos}"
+                if _whole(data[pos:nl]):
+                    raise CorruptLogError(run_id, seq + 1, f"bad checksum at {where}")
+                if any(map(_whole, data[nl + 1 :].split(b"\n")[:-1])):
+                    raise CorruptLogError(run_id, seq + 1, f"the bytes at {where} are no "
+                                          "record, yet whole records follow them")
+                break  # leftovers of an incomplete final batch start here
+            seq += 1
+            mark = data[at : at + 1]
+            if mark not in (_MORE, _END, _OLD):
+                raise CorruptLogError(run_id, seq, f"unknown record mark {mark!r}")
+            body = data[at if mark == _OLD else at + 1 : nl]
             if seq > after_seq:
+                event, prev = decode_record(run_id, seq, body, prev)
                 events.append(event)
             else:
-                skipped += 1
+                prev = stored_digest(body)
             pos = nl + 1
-        last_seq = start.last_seq + skipped + len(events)
-        if not events:  # (its timestamps are then only known from an earlier scan)
-            return _Tail(start.size + pos, last_seq, start.created_at, start.updated_at,
-                         prev), events
-        first_ts = start.created_at or (events[0].ts if not skipped else None)
-        return _Tail(start.size + pos, last_seq, first_ts, events[-1].ts, prev), events
+            if mark != _MORE:
+                done = (seq, prev, len(events), pos)
+        last_seq, prev, kept, end = done
+        torn = _torn(data, end, pos, seq - last_seq, start.size)
+        del events[kept:]  # those of an incomplete final batch
+        tail = _Tail(start.size + end, last_seq, start.created_at, start.updated_at, prev)
+        if events:
+            first_ts = events[0].ts if events[0].seq == 1 else start.created_at
+            tail = tail._replace(created_at=first_ts, updated_at=events[-1].ts)
+        return tail, events, torn
 
-    def _cut(self, run_id: str, offset: int, dropped: int, reason: str) -> None:
-        fd = os.open(self._file(run_id, ".jsonl"), os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.ftruncate(fd, offset)
-            self._durable(fd, run_id)
-        finally:
-            os.close(fd)
-        self.repairs.append(TailRepair(run_id, offset, dropped, reason))
+    def _cut(self, run_id: str, fd: int, torn: _Torn) -> None:
+        """Cut an incomplete final batch, before a writer appends after it."""
+        os.ftruncate(fd, torn.offset)
+        self._durable(fd, run_id)  # first, so no leftover of it can outlive the append
+        self.repairs.append(TailRepair(run_id, torn.offset, torn.size, torn.reason))
         log.warning(
-            "run %r: cut a torn tail (%s) of %d bytes at offset %d; it was never acknowledged",
-            run_id,
-            reason,
-            dropped,
-            offset,
+            "run %r: cut an incomplete final batch, %d bytes at offset %d (%s). An append "
+            "returns only once its whole batch is written and synced, so under FSYNC "
+            "durability this batch was never acknowledged; under BATCHED a power cut can "
+            "tear an acknowledged one",
+            run_id, torn.size, torn.offset, torn.reason,
         )
 
-    def _refresh(self, run_id: str, fd: int) -> _Tail:
-        """The run's tail, rescanning only what changed since this instance last looked."""
+    def _refresh(self, run_id: str, fd: int) -> tuple[_Tail, _Torn | None]:
+        """The run's tail (and any incomplete final batch after it), rescanning only what
+        changed since this instance last looked."""
         known = self._tails.get(run_id)
         size = os.fstat(fd).st_size
         if known is not None and size == known.size:
-            return known
+            return known, None
         if known is None or size < known.size:  # first touch, or shrunk under us
             known = _EMPTY
-        tail, _ = self._scan(run_id, fd, known)
+        tail, _, torn = self._scan(run_id, fd, known)
         self._tails[run_id] = tail
-        return tail
+        return tail, torn
 
     def _tail(self, run_id: str) -> _Tail:
         path = self._file(run_id, ".jsonl")
@@ -329,7 +415,7 @@ class JsonlStore:
         with self._locked(run_id, write=False):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                return self._refresh(run_id, fd)
+                return self._refresh(run_id, fd)[0]
             finally:
                 os.close(fd)
 
@@ -340,7 +426,7 @@ class JsonlStore:
         check_batch(run_id, events, expected_seq, epoch)
         with self._locked(run_id, write=True):
             fd = self._log_fd(run_id)
-            tail = _EMPTY if fd is None else self._refresh(run_id, fd)
+            tail, torn = (_EMPTY, None) if fd is None else self._refresh(run_id, fd)
             current = self._epoch(run_id)
             if epoch != current:  # fencing first: a stale writer must stop, not retry
                 raise FencedError(run_id, epoch, current)
@@ -349,11 +435,13 @@ class JsonlStore:
             if (scope := scope_started(events)) is not None:
                 self._register_scope(scope, run_id)  # before the log: never missing
             bodies, digest = seal(events, tail.digest)
-            data = b"".join(map(_frame, bodies))
+            data = _frame_batch(bodies)
             if fd is None:  # a new run: create its file, its directory entry durable
                 fd = self._cached_fd(self._log_fds, run_id, ".jsonl",
                                      os.O_RDWR | os.O_APPEND | os.O_CREAT)
                 self._sync_dir(run_id)
+            elif torn is not None:  # only a writer cuts, and only right before it writes
+                self._cut(run_id, fd, torn)
             try:
                 written = os.write(fd, data)
                 if written != len(data):
@@ -391,7 +479,7 @@ class JsonlStore:
         with self._locked(run_id, write=False):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                tail, events = self._scan(run_id, fd, _EMPTY, after_seq)
+                tail, events, _ = self._scan(run_id, fd, _EMPTY, after_seq)
             finally:
                 os.close(fd)
             if not after_seq:  # a partial scan does not learn the run's start time
@@ -494,18 +582,19 @@ class JsonlStore:
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
         with self._locked(run_id, write=True):
-            now = time.time()
             row = self._read_lease(run_id)
+            left = row.remaining() if row else 0.0
             if row is None:
                 epoch = 1
-            elif row.owner == owner and row.expires_at > now:
+            elif left > 0 and row.owner == owner:
                 epoch = row.epoch  # the holder re-acquiring: a renewal
-            elif row.expires_at > now:
-                raise LeaseHeldError(run_id, row.owner, row.epoch, row.expires_at - now)
+            elif left > 0:
+                raise LeaseHeldError(run_id, row.owner, row.epoch, left)
             else:
                 epoch = row.epoch + 1  # takeover of an expired or released lease
-            self._write_lease(run_id, _LeaseRecord(owner, epoch, now + ttl))
-        return Lease(run_id, owner, epoch, now + ttl)
+            record = _new_lease(owner, epoch, ttl)
+            self._write_lease(run_id, record)
+        return Lease(run_id, owner, epoch, record.expires_at)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         validate_run_id(lease.run_id)
@@ -514,16 +603,17 @@ class JsonlStore:
             current = row.epoch if row else 0
             if row is None or current != lease.epoch:
                 raise FencedError(lease.run_id, lease.epoch, current)
-            expires = time.time() + ttl
-            self._write_lease(lease.run_id, _LeaseRecord(row.owner, row.epoch, expires))
-        return Lease(lease.run_id, lease.owner, lease.epoch, expires)
+            record = _new_lease(row.owner, row.epoch, ttl)
+            self._write_lease(lease.run_id, record)
+        return Lease(lease.run_id, lease.owner, lease.epoch, record.expires_at)
 
     def release(self, lease: Lease) -> None:
         validate_run_id(lease.run_id)
         with self._locked(lease.run_id, write=True):
             row = self._read_lease(lease.run_id)
             if row is not None and row.epoch == lease.epoch:
-                self._write_lease(lease.run_id, _LeaseRecord(row.owner, row.epoch, 0.0))
+                released = msgspec.structs.replace(row, expires_at=0.0, boot_deadline=0.0)
+                self._write_lease(lease.run_id, released)
 
     # --- snapshots ---------------------------------------------------------------
 
