@@ -173,12 +173,10 @@ _HOLE = b"\0" * 8  # one flipped bit makes at most one NUL; a block never writte
 
 def _frame_batch(bodies: list[bytes]) -> bytes:
     """The bytes of one batch: every record marked ``+`` but the last, marked ``.``."""
-    last = len(bodies) - 1
-    return b"".join(
-        b"%08x +%s\n" % (zlib.crc32(body, _CRC_MORE), body) if i < last
-        else b"%08x .%s\n" % (zlib.crc32(body, _CRC_END), body)
-        for i, body in enumerate(bodies)
-    )
+    framed = [b"%08x +%s\n" % (zlib.crc32(body, _CRC_MORE), body) for body in bodies[:-1]]
+    last = bodies[-1]
+    framed.append(b"%08x .%s\n" % (zlib.crc32(last, _CRC_END), last))
+    return b"".join(framed)
 
 
 def _whole(line: bytes) -> bool:
@@ -337,9 +335,10 @@ class JsonlStore:
         ``after_seq``; also return the incomplete final batch after them, if any.
 
         Never changes the file. Records up to ``after_seq`` are checked by their CRC
-        alone: it proves the bytes are as written, their seqs follow from their position,
-        and the next record chains from the digest they store. Call with the run's flock
-        held, so no writer is mid-append.
+        alone: it proves the bytes are as written, and their seqs follow from their
+        position; the next record chains from the digest the one at ``after_seq`` stores.
+        (So with ``after_seq`` the tail's digest is not known: keep only the events.)
+        Call with the run's flock held, so no writer is mid-append.
         """
         chunks, offset = [], start.size
         while chunk := os.pread(fd, _CHUNK, offset):
@@ -368,7 +367,7 @@ class JsonlStore:
             if seq > after_seq:
                 event, prev = decode_record(run_id, seq, body, prev)
                 events.append(event)
-            else:
+            elif seq == after_seq:
                 prev = stored_digest(body)
             pos = nl + 1
             if mark != _MORE:
@@ -482,7 +481,7 @@ class JsonlStore:
                 tail, events, _ = self._scan(run_id, fd, _EMPTY, after_seq)
             finally:
                 os.close(fd)
-            if not after_seq:  # a partial scan does not learn the run's start time
+            if not after_seq:  # a partial scan learns neither the start time nor the digest
                 self._tails[run_id] = tail
         yield from events
 
