@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
@@ -20,10 +21,11 @@ psycopg = pytest.importorskip("psycopg")
 from agentjournal.errors import (  # noqa: E402
     ConflictError,
     DurabilityError,
+    FencedError,
     StoreUnavailableError,
     StoreUrlError,
 )
-from agentjournal.events import EventType, make_events, seal  # noqa: E402
+from agentjournal.events import EventType, make_events, seal, stored_digest  # noqa: E402
 from agentjournal.store import postgres as pg_module  # noqa: E402
 from agentjournal.store.base import Durability  # noqa: E402
 from agentjournal.store.postgres import PostgresStore  # noqa: E402
@@ -89,8 +91,7 @@ def test_concurrent_open_migrates_once(schema: str) -> None:
         t.join()
     assert errors == []
     PostgresStore(PG_URL, schema=schema).close()  # reopening is a no-op
-    versions = _sql(f'SELECT version FROM "{schema}".schema_version ORDER BY version')
-    assert versions == [(1,), (2,), (3,)]
+    assert _versions(schema) == ALL_VERSIONS
 
 
 def test_round_trip_is_byte_identical(store: PostgresStore, schema: str) -> None:
@@ -192,28 +193,34 @@ def test_url_and_schema_validation(store: PostgresStore, schema: str) -> None:
         PostgresStore(PG_URL, schema='x"; DROP TABLE y; --')
 
 
+ALL_VERSIONS = list(range(1, len(pg_module.MIGRATIONS) + 1))
+
+
 def _versions(schema: str) -> list[int]:
     return [r[0] for r in _sql(f'SELECT version FROM "{schema}".schema_version ORDER BY version')]
 
 
 def test_fresh_schema_runs_every_migration(store: PostgresStore, schema: str) -> None:
-    assert _versions(schema) == [1, 2, 3]
+    assert _versions(schema) == ALL_VERSIONS
     assert store.snapshots("r") == [] and store.quarantined() == {}
 
 
 def test_migration_2_upgrades_a_v1_schema(schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as m:  # a store written by the release before snapshots
         m.setattr(pg_module, "MIGRATIONS", pg_module.MIGRATIONS[:1])
-        with PostgresStore(PG_URL, schema=schema) as old:
-            old.append("r", make_events("r", 0, 0, _facts(2)), expected_seq=0, epoch=0)
+        PostgresStore(PG_URL, schema=schema).close()
+    for seq, body in enumerate(seal(make_events("r", 0, 0, _facts(2)), "")[0], start=1):
+        _sql(f'INSERT INTO "{schema}".events VALUES (%s, %s, %s, now(), %s)',
+             ("r", seq, "user_message", body))
+    _sql(f'INSERT INTO "{schema}".runs (run_id, last_seq) VALUES (%s, 2)', ("r",))
     assert _versions(schema) == [1]
     with PostgresStore(PG_URL, schema=schema) as new:
-        assert _versions(schema) == [1, 2, 3]
+        assert _versions(schema) == ALL_VERSIONS
         assert [e.seq for e in new.read("r")] == [1, 2]  # the log is untouched
         new.put_snapshot(snapshot_at("r", 2, b"state"))
         assert [s.body for s in new.snapshots("r")] == [b"state"]
     PostgresStore(PG_URL, schema=schema).close()  # reopening migrates nothing more
-    assert _versions(schema) == [1, 2, 3]
+    assert _versions(schema) == ALL_VERSIONS
 
 
 def test_snapshot_put_and_prune_are_one_transaction(
@@ -323,3 +330,104 @@ def test_many_writers_contending_lose_nothing(store: PostgresStore, schema: str)
     assert sorted(e.payload["content"] for e in log) == sorted(
         f"w{n}-{i}" for n in range(8) for i in range(25))
     assert _sql(f'SELECT last_seq FROM "{schema}".runs WHERE run_id = %s', ("r1",)) == [(200,)]
+
+
+# --- the chain without an extra round trip ---------------------------------------------
+
+
+def _v3_body(run_id: str, seq: int) -> bytes:
+    """An event as releases before the digest chain stored it: no ``digest`` at all."""
+    (event,) = make_events(run_id, seq - 1, 0, _facts(1))
+    raw = msgspec.to_builtins(event)
+    del raw["digest"]
+    return msgspec.json.Encoder(order="sorted").encode({**raw, "v": 3})
+
+
+def test_migration_4_backfills_each_runs_last_digest(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as m:  # a schema as the release before migration 4 left it
+        m.setattr(pg_module, "MIGRATIONS", pg_module.MIGRATIONS[:3])
+        PostgresStore(PG_URL, schema=schema).close()
+    sealed, _ = seal(make_events("sealed", 0, 0, _facts(3)), "")
+    mixed = [_v3_body("mixed", 1), *seal(make_events("mixed", 1, 0, _facts(1)), "")[0]]
+    logs = {"sealed": sealed, "legacy": [_v3_body("legacy", 1), _v3_body("legacy", 2)],
+            "mixed": mixed}
+    for run_id, bodies in logs.items():
+        for seq, body in enumerate(bodies, start=1):
+            _sql(f'INSERT INTO "{schema}".events VALUES (%s, %s, %s, now(), %s)',
+                 (run_id, seq, "user_message", body))
+        _sql(f'INSERT INTO "{schema}".runs (run_id, last_seq) VALUES (%s, %s)',
+             (run_id, len(bodies)))
+    with PostgresStore(PG_URL, schema=schema) as store:
+        got = dict(_sql(f'SELECT run_id, last_digest FROM "{schema}".runs'))
+        assert got == {"sealed": stored_digest(sealed[-1]), "legacy": "",
+                       "mixed": stored_digest(mixed[-1])}
+        assert got["sealed"] and got["mixed"]
+        for run_id, bodies in logs.items():  # every run goes on, its chain intact
+            more = make_events(run_id, len(bodies), 0, _facts(1))
+            store.append(run_id, more, expected_seq=len(bodies), epoch=0)
+        with PostgresStore(PG_URL, schema=schema) as fresh:
+            for run_id, bodies in logs.items():
+                assert [e.seq for e in fresh.read(run_id)] == list(range(1, len(bodies) + 2))
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement any psycopg cursor sends from now on (its SQL, as text)."""
+    sent: list[str] = []
+    real = psycopg.Cursor.execute
+
+    def spy(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(query, bytes):
+            query = query.decode()
+        sent.append(query if isinstance(query, str) else query.as_string(self.connection))
+        return real(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", spy)
+    return sent
+
+
+def _appended(store: PostgresStore, run_id: str, statements: list[str]) -> list[str]:
+    """The statements one more append of ``run_id`` sends."""
+    statements.clear()
+    last = store.last_seq(run_id)
+    statements.clear()
+    store.append(run_id, make_events(run_id, last, 0, _facts(1)), expected_seq=last, epoch=0)
+    return list(statements)
+
+
+def test_a_warm_append_is_one_statement_and_a_commit(
+    store: PostgresStore, schema: str, statements: list[str]
+) -> None:
+    store.append("r", make_events("r", 0, 0, _facts(2)), expected_seq=0, epoch=0)
+    (claim,) = _appended(store, "r", statements)  # warmed by its own append
+    assert "UPDATE" in claim and "INSERT" in claim
+    with PostgresStore(PG_URL, schema=schema) as other:
+        list(other.read("r"))  # warmed by reading the log to its end
+        assert len(_appended(other, "r", statements)) == 1
+        # Its cache is now stale: the first handle checks the row and chains on.
+        assert len(_appended(store, "r", statements)) == 2
+    assert [e.seq for e in store.read("r")] == [1, 2, 3, 4, 5]
+
+
+def test_a_stale_cached_digest_cannot_break_the_chain(store: PostgresStore, schema: str) -> None:
+    store.append("r", make_events("r", 0, 0, _facts(2)), expected_seq=0, epoch=0)
+    store._ends["r"] = (2, "0" * 32)  # right seq, wrong digest: the claim must refuse it
+    store.append("r", make_events("r", 2, 0, _facts(1)), expected_seq=2, epoch=0)
+    with PostgresStore(PG_URL, schema=schema) as fresh:
+        log = list(fresh.read("r"))
+    assert [e.seq for e in log] == [1, 2, 3]
+    assert _sql(f'SELECT last_digest FROM "{schema}".runs') == [(log[-1].digest,)]
+
+
+def test_a_refused_claim_still_reports_conflict_and_fencing(store: PostgresStore) -> None:
+    store.append("r", make_events("r", 0, 0, _facts(2)), expected_seq=0, epoch=0)
+    with pytest.raises(ConflictError):
+        store.append("r", make_events("r", 1, 0, _facts(1)), expected_seq=1, epoch=0)
+    lease = store.acquire("r", "w", 30)
+    with pytest.raises(FencedError):
+        store.append("r", make_events("r", 2, 0, _facts(1)), expected_seq=2, epoch=0)
+    store.append("r", make_events("r", 2, lease.epoch, _facts(1)), expected_seq=2,
+                 epoch=lease.epoch)
+    assert [e.seq for e in store.read("r")] == [1, 2, 3]

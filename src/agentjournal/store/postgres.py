@@ -8,6 +8,14 @@ while writers to different runs never wait for each other; ``PRIMARY KEY
 exact bytes of :func:`~agentjournal.events.encode` in ``bytea`` (``jsonb``
 would reorder keys and refuse ``\\u0000``), so reads are byte-identical.
 
+Each event's digest chains from the one before it, so an append must know the
+digest the log ends with. ``runs.last_digest`` holds it, moved by the same
+statement that moves ``last_seq``; a handle remembers each run's end (from its
+own appends, and from reads that reach the end), so a warm append is still one
+statement and a commit. That memory is only a guess the claim checks
+(``last_digest = prev`` in its WHERE): a stale one costs a round trip, never a
+broken chain.
+
 Snapshots (a cache beside the log) are rows of ``snapshots``, body and
 metadata together, so one transaction publishes one whole; ``quarantine``
 lists fold versions whose snapshots must never be loaded.
@@ -27,6 +35,7 @@ synchronously: a lost lease grant could hand the same epoch out twice.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, LiteralString
@@ -46,7 +55,7 @@ from ..errors import (
     StoreUnavailableError,
     StoreUrlError,
 )
-from ..events import Event, seal, stored_digest
+from ..events import GENESIS, Event, seal, stored_digest
 from .base import (
     Durability,
     Lease,
@@ -64,6 +73,7 @@ _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _CONNECT_TIMEOUT = 10  # seconds, unless the conninfo sets connect_timeout
 _MIGRATION_LOCK = 0x414A  # advisory lock key ("AJ"), paired with hashtext(schema)
 _PAGE = 1000  # events per read query: a long run is never held in memory at once
+_ENDS = 4096  # runs whose log end a handle remembers (the most recently used)
 
 # Numbered, append-only migrations; {s} is the quoted schema. The
 # schema_version table records which ran.
@@ -111,7 +121,33 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         FROM {s}.events e WHERE e.run_id = r.run_id AND e.seq = 1;
     CREATE INDEX runs_scope ON {s}.runs (scope) WHERE scope IS NOT NULL;
     """,
+    # The digest of each run's last event: a sealed record starts {"digest":"<32 hex>"
+    # (events.seal); one written before v4 has none, and the next event chains from ''.
+    """
+    ALTER TABLE {s}.runs ADD COLUMN last_digest text NOT NULL DEFAULT '';
+    UPDATE {s}.runs r SET last_digest = encode(substring(e.body FROM 12 FOR 32), 'escape')
+        FROM {s}.events e WHERE e.run_id = r.run_id AND e.seq = r.last_seq
+        AND substring(e.body FOR 11) = convert_to('{{"digest":"', 'UTF8')
+        AND substring(e.body FROM 44 FOR 1) = convert_to('"', 'UTF8');
+    """,
 )
+
+# An append's one statement: move the run's end (its WHERE is the whole check) and,
+# only if that claimed the row, insert the events. {rows}: one event's values as
+# scalars (a third cheaper than arrays, and most appends are one event), or arrays.
+_CLAIM = (
+    "WITH claimed AS (UPDATE {s}.runs SET last_seq = %(last)s,"
+    " last_digest = %(digest)s, scope = coalesce(%(scope)s::text, scope),"
+    " created_at = least(created_at, %(first_ts)s),"
+    " updated_at = greatest(updated_at, %(last_ts)s)"
+    " WHERE run_id = %(run)s AND last_seq = %(expected)s"
+    " AND lease_epoch = %(epoch)s AND last_digest = %(prev)s RETURNING run_id),"
+    " added AS (INSERT INTO {s}.events {rows} WHERE EXISTS (SELECT 1 FROM claimed))"
+    " SELECT count(*) FROM claimed"
+)
+_ONE_ROW = "SELECT %(run)s, %(last)s, %(type)s, %(last_ts)s, %(body)s"
+_ROWS = ("SELECT * FROM unnest(%(runs)s::text[], %(seqs)s::bigint[], %(types)s::text[],"
+         " %(stamps)s::timestamptz[], %(bodies)s::bytea[])")
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 Cursor = psycopg.Cursor[tuple[Any, ...]]
@@ -151,6 +187,8 @@ class PostgresStore:
         self.schema = schema
         self.durability = Durability(durability)
         self._broken: str | None = None
+        self._ends: dict[str, tuple[int, str]] = {}  # run -> (last seq, its digest), a guess
+        self._ends_lock = threading.Lock()
         try:
             params = conninfo_to_dict(conninfo)
         except psycopg.Error as exc:
@@ -160,6 +198,10 @@ class PostgresStore:
         if not _SCHEMA.fullmatch(schema):
             raise StoreUrlError(self.url, f"schema {schema!r} is not a plain lowercase identifier")
         self._s = sql.Identifier(schema)
+        # Composed once: building and rendering SQL per append is measurable.
+        self._claim_one, self._claim_many = (
+            sql.SQL(_CLAIM).format(s=self._s, rows=sql.SQL(rows)).as_bytes(None)
+            for rows in (_ONE_ROW, _ROWS))
         params.setdefault("connect_timeout", _CONNECT_TIMEOUT)
         params.setdefault("application_name", "agentjournal")
         timeout = float(str(params["connect_timeout"]))
@@ -250,7 +292,8 @@ class PostgresStore:
         """Lock the run's row, creating it if missing, and read it with the server's clock.
 
         One round trip: an upsert takes the row lock as FOR UPDATE would. Returns
-        (last_seq, lease_epoch, lease_owner, lease expiry, now), times in epoch seconds.
+        (last_seq, lease_epoch, lease_owner, lease expiry, now, last_digest), times in
+        epoch seconds.
         """
         cur.execute(
             self._q(
@@ -258,7 +301,7 @@ class PostgresStore:
                 " ON CONFLICT (run_id) DO UPDATE SET run_id = r.run_id"
                 " RETURNING r.last_seq, r.lease_epoch, r.lease_owner,"
                 " coalesce(extract(epoch FROM r.lease_expires_at), 0)::float8,"
-                " extract(epoch FROM clock_timestamp())::float8"
+                " extract(epoch FROM clock_timestamp())::float8, r.last_digest"
             ),
             (run_id,),
         )
@@ -275,81 +318,94 @@ class PostgresStore:
         stamps = [e.ts for e in events]
         params = {
             "run": run_id, "expected": expected_seq, "epoch": epoch, "last": events[-1].seq,
-            "first_ts": min(stamps), "last_ts": max(stamps), "runs": [run_id] * len(events),
-            "seqs": [e.seq for e in events], "types": [e.type.value for e in events],
-            "stamps": stamps,
+            "first_ts": min(stamps), "last_ts": max(stamps), "scope": scope_started(events),
         }
+        prev = self._guess_prev(run_id, expected_seq)
         try:
             with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
-                prev = ""
-                if expected_seq:
-                    cur.execute(self._q("SELECT body FROM {s}.events WHERE run_id = %s"
-                                        " AND seq = %s"), (run_id, expected_seq))
-                    row = cur.fetchone()
-                    prev = stored_digest(row[0]) if row else ""
-                params["bodies"], _ = seal(events, prev)
-                for _ in range(2):  # a second pass only for a run's very first append
-                    if self._claim_and_insert(cur, params):
-                        if (scope := scope_started(events)) is not None:
-                            cur.execute(self._q("UPDATE {s}.runs SET scope = %s"
-                                                " WHERE run_id = %s"), (scope, run_id))
-                        return events[-1].seq
-                    self._refuse_or_create(cur, run_id, expected_seq, epoch)
-                raise AssertionError("unreachable: the run's row exists on the second pass")
+                if prev is None:  # nothing to guess from: read the row (and lock it) first
+                    prev = self._checked_prev(cur, run_id, expected_seq, epoch)
+                for _ in range(2):
+                    bodies, digest = seal(events, prev)
+                    params.update(prev=prev, digest=digest)
+                    if self._claim_and_insert(cur, params, events, bodies):
+                        break
+                    prev = self._checked_prev(cur, run_id, expected_seq, epoch)
+                else:
+                    raise AssertionError("unreachable: a checked, locked row is claimed")
         except UniqueViolation:
             # Rows exist past runs.last_seq (written around this store): report the
             # log's real end.
             raise ConflictError(run_id, expected_seq, self.last_seq(run_id)) from None
+        self._remember(run_id, events[-1].seq, digest)
+        return events[-1].seq
 
-    def _claim_and_insert(self, cur: Cursor, params: dict[str, Any]) -> bool:
+    def _guess_prev(self, run_id: str, expected_seq: int) -> str | None:
+        """The digest the log presumably ends with at ``expected_seq``, or None."""
+        if expected_seq == 0:
+            return GENESIS
+        known = self._ends.get(run_id)
+        return known[1] if known is not None and known[0] == expected_seq else None
+
+    def _remember(self, run_id: str, seq: int, digest: str) -> None:
+        """Where the run's log ends, as this handle last saw it: the next append's prev
+        without a round trip. Only a guess; the claim checks it against the row."""
+        with self._ends_lock:
+            self._ends.pop(run_id, None)
+            self._ends[run_id] = (seq, digest)
+            if len(self._ends) > _ENDS:
+                del self._ends[next(iter(self._ends))]  # the least recently used
+
+    def _claim_and_insert(self, cur: Cursor, params: dict[str, Any], events: Sequence[Event],
+                          bodies: list[bytes]) -> bool:
         """Move the run's end from expected to last and insert the events, in one round trip.
 
         The UPDATE's WHERE is the whole check: under concurrency Postgres re-evaluates
         it on the row's newest version after waiting for its lock, so exactly one of
-        two writers at the same expected seq and epoch claims it. False: not claimed.
+        two writers at the same expected seq and epoch claims it; and only a batch
+        sealed from the digest the log really ends with is claimed. False: not claimed.
         """
-        cur.execute(
-            self._q(
-                "WITH claimed AS (UPDATE {s}.runs SET last_seq = %(last)s,"
-                " created_at = least(created_at, %(first_ts)s),"
-                " updated_at = greatest(updated_at, %(last_ts)s)"
-                " WHERE run_id = %(run)s AND last_seq = %(expected)s"
-                " AND lease_epoch = %(epoch)s RETURNING run_id),"
-                " added AS (INSERT INTO {s}.events SELECT * FROM unnest(%(runs)s::text[],"
-                " %(seqs)s::bigint[], %(types)s::text[], %(stamps)s::timestamptz[],"
-                " %(bodies)s::bytea[]) WHERE EXISTS (SELECT 1 FROM claimed))"
-                " SELECT count(*) FROM claimed"
-            ),
-            params,
-        )
+        if len(events) == 1:
+            params.update(type=events[0].type.value, body=bodies[0])
+            cur.execute(self._claim_one, params)
+        else:
+            params.update(runs=[e.run_id for e in events], seqs=[e.seq for e in events],
+                          types=[e.type.value for e in events], stamps=[e.ts for e in events],
+                          bodies=bodies)
+            cur.execute(self._claim_many, params)
         (row,) = cur.fetchall()
         return bool(row[0])
 
-    def _refuse_or_create(self, cur: Cursor, run_id: str, expected_seq: int, epoch: int) -> None:
-        """After a refused claim: raise why, or create the run's row so a retry can claim."""
-        last, current, *_ = self._lock_run(cur, run_id)
+    def _checked_prev(self, cur: Cursor, run_id: str, expected_seq: int, epoch: int) -> str:
+        """Lock the run's row (creating it if missing) and raise why a claim would be
+        refused; else the digest the log ends with, which a claim cannot now miss."""
+        last, current, *_, digest = self._lock_run(cur, run_id)
         if epoch != current:  # fencing first: a stale writer must stop, not retry
             raise FencedError(run_id, epoch, current)
         if last != expected_seq:
             raise ConflictError(run_id, expected_seq, last)
+        return str(digest)
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
         query = self._q(
             "SELECT seq, body FROM {s}.events WHERE run_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
         )
-        prev = ""
+        prev, end = GENESIS, None
         while True:
             # A connection is held per page, never while the caller iterates. Each page
             # starts at the last record already checked: its digest starts the chain.
             with self._conn() as conn:
                 rows = conn.execute(query, (run_id, after_seq, _PAGE + 1)).fetchall()
             if rows and rows[0][0] == after_seq:
-                prev = stored_digest(rows.pop(0)[1])
+                prev, end = stored_digest(rows.pop(0)[1]), after_seq
             for seq, body in rows:
                 event, prev = decode_record(run_id, seq, body, prev)
+                end = seq
                 yield event
             if len(rows) < _PAGE:
+                if end is not None:  # the end of the log: the next append chains from it
+                    self._remember(run_id, end, prev)
                 return
             after_seq = rows[-1][0]
 
@@ -397,7 +453,7 @@ class PostgresStore:
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
         with self._write(run_id) as cur:
-            _, current, holder, expires, now = self._lock_run(cur, run_id)
+            _, current, holder, expires, now, _ = self._lock_run(cur, run_id)
             if holder is None or current == 0:
                 epoch = 1
             elif holder == owner and expires > now:
