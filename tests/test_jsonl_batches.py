@@ -260,3 +260,20 @@ def test_flipped_bit_in_a_complete_record_is_corruption(
         assert (info.value.run_id, info.value.seq) == ("r1", seq), (at, touch)
         assert (directory / "r1.jsonl").read_bytes() == data
         assert store.repairs == []
+
+
+def test_any_flipped_bit_in_the_last_record_is_corruption(tmp_path: Path, log: Log) -> None:
+    # Its checksum, the space, its mark, its JSON: only its newline is framing a flip
+    # can take away (and then the record is indeed unfinished).
+    start = log.data.rfind(b"\n", 0, len(log.data) - 1) + 1
+    directory = tmp_path / "flips"
+    directory.mkdir()
+    for at in range(start, len(log.data) - 1):
+        for bit in range(8):
+            damaged = bytearray(log.data)
+            damaged[at] ^= 1 << bit
+            (directory / "r1.jsonl").write_bytes(damaged)
+            with pytest.raises(CorruptLogError) as info:
+                JsonlStore(directory).last_seq("r1")
+            assert info.value.seq == sum(SIZES), (at - start, bit)
+            assert (directory / "r1.jsonl").read_bytes() == damaged

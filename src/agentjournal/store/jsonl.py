@@ -13,9 +13,10 @@ on ``b"\\n"`` alone. A line written before batch marks, ``<crc32> <JSON>\\n``
 
 A reader returns whole batches only. Whatever follows the last complete batch
 is an *incomplete final batch*: whole records of a batch that lacks its ``.``
-record, then bytes that form no whole record (no newline yet, no ``<8 hex> ``
-framing, or a run of NULs, which is how a block that never reached the disk
-reads after a power cut). An append returns only once its whole batch is
+record, then bytes that form no whole record: no newline yet, neither a
+record's ``<8 hex> `` head nor its ``<mark>{...}`` body (one flipped bit never
+spoils both), or a run of NULs, which is how a block that never reached the
+disk reads after a power cut. An append returns only once its whole batch is
 written and, under ``FSYNC``, synced, so that batch was never acknowledged
 (under ``BATCHED`` a power cut may tear one that was: the loss that mode
 allows). Readers skip it and never change the file; a writer cuts it right
@@ -167,7 +168,8 @@ def _snap_name(seq: int, fold_version: int) -> str:
 # Record marks (see the module docstring); the checksum covers the mark.
 _MORE, _END, _OLD = b"+", b".", b"{"  # _OLD: a line from before marks
 _CRC_MORE, _CRC_END = zlib.crc32(b"+"), zlib.crc32(b".")
-_FRAMED = re.compile(rb"[0-9a-f]{8} ")
+_HEAD = re.compile(rb"[0-9a-f]{8} ")  # a record's framing before byte 9...
+_BODY = re.compile(rb"[+.]?\{")  # ...and from it (ending in "}")
 _HOLE = b"\0" * 8  # one flipped bit makes at most one NUL; a block never written, many
 
 
@@ -180,9 +182,11 @@ def _frame_batch(bodies: list[bytes]) -> bytes:
 
 
 def _whole(line: bytes) -> bool:
-    """Whether a line (its newline found) is framed as a record: damage, not a torn write,
-    if its checksum fails."""
-    return _FRAMED.match(line) is not None and _HOLE not in line
+    """Whether a line (its newline found) is a record as written, give or take damage: so
+    a failed checksum is damage, not a torn write. One flipped bit spoils its head or its
+    body, never both; a write torn by a power cut leaves a run of NULs."""
+    framed = _HEAD.match(line) or (_BODY.match(line, 9) and line.endswith(b"}"))
+    return bool(framed) and _HOLE not in line
 
 
 def _torn(data: bytes, end: int, pos: int, records: int, base: int) -> _Torn | None:
