@@ -21,7 +21,7 @@ from .conftest import POSTGRES_URL, postgres_reason
 # Families whose every measured figure stands beside a floor, and those that are
 # ratios between sizes or plain costs (no physical floor applies).
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
-              "cpu_per_event"}
+              "cpu_per_event", "chain"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth"}
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -90,6 +90,15 @@ def test_each_backend_and_size_is_covered(doc: dict[str, Any]) -> None:
         assert {f"storage.sqlite.step.{steps}", f"storage.jsonl.event.{steps}"} <= names
     assert {"agent_step.scripted.200", "agent_step.scripted.2000",
             "agent_step_growth.scripted"} <= names
+
+
+def test_the_chain_is_costed_against_plain_encode_and_decode(doc: dict[str, Any]) -> None:
+    chain = {f["name"]: f for f in doc["figures"] if family(f["name"]) == "chain"}
+    assert set(chain) == {"chain.seal", "chain.check"}
+    assert chain["chain.seal"]["floor_name"].startswith("encode")
+    assert chain["chain.check"]["floor_name"].startswith("decode")
+    for f in chain.values():
+        assert f["unit"] == "µs/event" and f["ratio"] > 0, f
 
 
 def test_postgres_is_measured_when_reachable(doc: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ Figure families (a name up to its first dot):
     snapshot_write                 write_snapshot vs msgpack encode + write + fsync
     storage, storage_growth        bytes per event and per step as the run grows
     cpu_per_event                  envelope + encode + write with syncing off
+    chain                          the digest chain per event: seal vs encode, check vs decode
     agent_step, agent_step_growth  a real Agent loop: µs per step at 200 and 2,000 steps
 
 Scratch stores are throwaway: the command removes its directory afterwards,

@@ -33,6 +33,9 @@ from .appends import (
     durable_figures,
     postgres_problem,
 )
+from .chain import (
+    chain_figures,
+)
 from .cpu import (
     agent_figures,
     cpu_figures,
@@ -54,6 +57,7 @@ def log_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
     say(f"generating {max(plan.sizes):,} events")
     events = workload(RUN, max(plan.sizes))
     return [*replay_figures(events, plan.sizes, plan.reps, say),
+            *chain_figures(events[:min(plan.sizes)], plan.reps, say),
             *recovery_figures(workdir, events, plan.sizes, plan.reps, say)]
 
 
