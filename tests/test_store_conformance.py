@@ -53,8 +53,11 @@ def append(store: Store, run_id: str, *payloads: dict[str, Any], epoch: int = 0)
     return store.append(run_id, events, expected_seq=last, epoch=epoch)
 
 
-def files_under(root: Path) -> set[Path]:
-    return {p for p in root.rglob("*")}
+def files_near(tmp_path: Path) -> set[Path]:
+    """Every file under the test's directory, and the entries beside it. (Not under its
+    siblings: other tests' leftovers, such as an SQLite -wal file a late garbage
+    collection removes, are not this test's doing.)"""
+    return {*tmp_path.rglob("*"), *tmp_path.parent.iterdir()}
 
 
 def race_in_process(url: str, run_id: str, name: str, barrier: Any, results: Any) -> None:
@@ -336,7 +339,7 @@ class TestConformance:
         self, make_store: MakeStore, tmp_path: Path, run_id: str
     ) -> None:
         store = make_store()
-        before = files_under(tmp_path.parent)
+        before = files_near(tmp_path)
         events = make_events(run_id, 0, 0, facts({"content": "x"}))
         attempts: list[Callable[[], object]] = [
             lambda: store.append(run_id, events, expected_seq=0, epoch=0),
@@ -347,7 +350,7 @@ class TestConformance:
         for attempt in attempts:
             with pytest.raises(InvalidRunIdError):
                 attempt()
-        assert files_under(tmp_path.parent) == before
+        assert files_near(tmp_path) == before
         assert store.list_runs() == []
 
     def test_conformance_failed_sync_is_never_retried(
@@ -433,10 +436,10 @@ class TestSnapshotConformance:
     def test_conformance_snapshot_bad_run_ids(self, make_store: MakeStore,
                                               tmp_path: Path) -> None:
         store = make_store()
-        before = files_under(tmp_path.parent)
+        before = files_near(tmp_path)
         for run_id in ["../x", "a/b", ""]:
             with pytest.raises(InvalidRunIdError):
                 store.put_snapshot(snapshot_at(run_id, 1))
             with pytest.raises(InvalidRunIdError):
                 store.snapshots(run_id)
-        assert files_under(tmp_path.parent) == before
+        assert files_near(tmp_path) == before
