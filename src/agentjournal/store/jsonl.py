@@ -58,7 +58,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
@@ -501,7 +501,14 @@ class JsonlStore:
                 validate_run_id(run_id)
             except InvalidRunIdError:
                 continue  # not a file this store wrote
-            tail = self._tail(run_id)
+            try:
+                tail = self._tail(run_id)
+            except CorruptLogError as exc:
+                # Listed all the same (with at least ``exc.seq`` events), so one damaged
+                # run hides no other; reading it raises, for its caller to report.
+                changed = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+                runs.append(RunInfo(run_id, exc.seq, None, changed))
+                continue
             if tail.last_seq:  # a run exists once it has events, as in SQLiteStore
                 runs.append(RunInfo(run_id, tail.last_seq, tail.created_at, tail.updated_at))
         runs.sort(key=lambda r: (r.updated_at, r.run_id), reverse=True)
