@@ -34,9 +34,17 @@ def correction(cid: str = "corr-1", amount: int = 1250, ledger: str = "ledger-a"
     return {"correction_id": cid, "ledger": ledger, "amount": amount, "memo": "Q1 close"}
 
 
+def counts(corrections: dict[str, int], tickets: dict[str, int], *, replays: int = 0,
+           fenced: int = 0) -> dict[str, Any]:
+    """What GET /effects answers."""
+    return {"corrections": corrections, "tickets": tickets, "replays": replays, "fenced": fenced}
+
+
 def post(svc: LedgerService, path: str, body: dict[str, Any], key: str | None = None,
-         timeout: float = 10.0) -> tuple[int, dict[str, Any]]:
+         timeout: float = 10.0, epoch: int | str | None = None) -> tuple[int, dict[str, Any]]:
     headers = {"Idempotency-Key": key} if key else {}
+    if epoch is not None:
+        headers["Fencing-Token"] = str(epoch)
     return http_json("POST", svc.url + path, body, headers, timeout=timeout)
 
 
@@ -56,7 +64,7 @@ def test_same_key_twice_applies_once_and_replays(service: LedgerService) -> None
     assert first[0] == 201
     assert first[1]["status"] == "applied"
     assert second == first
-    assert service.effects() == {"corrections": {"corr-1": 1}, "tickets": {}, "replays": 1}
+    assert service.effects() == counts({"corr-1": 1}, {}, replays=1)
 
 
 def test_same_key_different_body_is_422(service: LedgerService) -> None:
@@ -70,7 +78,7 @@ def test_same_key_different_body_is_422(service: LedgerService) -> None:
 def test_without_key_every_post_applies(service: LedgerService) -> None:
     ids = [post(service, "/corrections", correction())[1]["applied_id"] for _ in range(3)]
     assert len(set(ids)) == 3
-    assert service.effects() == {"corrections": {"corr-1": 3}, "tickets": {}, "replays": 0}
+    assert service.effects() == counts({"corr-1": 3}, {}, replays=0)
     status, body = http_json("GET", service.url + "/corrections/corr-1")
     assert (status, body["applied_count"], body["applied_id"]) == (200, 3, ids[-1])
 
@@ -81,7 +89,7 @@ def test_no_idempotency_flag_ignores_the_key(tmp_path: Path) -> None:
         second = post(svc, "/corrections", correction(), key="k1")
         assert first[0] == second[0] == 201
         assert first[1]["applied_id"] != second[1]["applied_id"]
-        assert svc.effects() == {"corrections": {"corr-1": 2}, "tickets": {}, "replays": 0}
+        assert svc.effects() == counts({"corr-1": 2}, {}, replays=0)
 
 
 def test_concurrent_posts_with_one_key_apply_once(service: LedgerService) -> None:
@@ -97,7 +105,7 @@ def test_concurrent_posts_with_one_key_apply_once(service: LedgerService) -> Non
         thread.join()
     assert {status for status, _ in results} == {201}
     assert len({body["applied_id"] for _, body in results}) == 1
-    assert service.effects() == {"corrections": {"corr-1": 1}, "tickets": {}, "replays": 7}
+    assert service.effects() == counts({"corr-1": 1}, {}, replays=7)
 
 
 def test_tickets_dedupe_like_corrections(service: LedgerService) -> None:
@@ -107,7 +115,40 @@ def test_tickets_dedupe_like_corrections(service: LedgerService) -> None:
     assert post(service, "/tickets", ticket, key="tk") == first
     assert post(service, "/tickets", {**ticket, "title": "other"}, key="tk")[0] == 422
     assert post(service, "/tickets", ticket)[0] == 201
-    assert service.effects() == {"corrections": {}, "tickets": {"t-1": 2}, "replays": 1}
+    assert service.effects() == counts({}, {"t-1": 2}, replays=1)
+
+
+def test_an_older_epoch_is_refused_for_an_identity_seen_at_a_newer_one(
+    service: LedgerService,
+) -> None:
+    assert post(service, "/corrections", correction(), key="k2", epoch=2)[0] == 201
+    # A stale writer (epoch 1) is refused, with or without the key the newer one sent.
+    for key in ("k1", "k2", None):
+        status, body = post(service, "/corrections", correction(), key=key, epoch=1)
+        assert status == 409
+        assert body == {"error": "stale epoch", "epoch": 1, "current_epoch": 2,
+                        "identity": "corrections/corr-1"}
+    # The same or a newer epoch goes through; other identities are not fenced by it.
+    assert post(service, "/corrections", correction(), key="k2", epoch=2)[0] == 201  # replay
+    assert post(service, "/corrections", correction(cid="corr-2"), epoch=1)[0] == 201
+    assert post(service, "/corrections", correction(), key="k3", epoch=3)[0] == 201
+    assert post(service, "/corrections", correction(), key="k4", epoch=2)[0] == 409
+    assert service.effects() == counts({"corr-1": 2, "corr-2": 1}, {}, replays=1, fenced=4)
+    assert http_json("GET", service.url + "/corrections/corr-1")[1]["epoch"] == 3
+
+
+def test_tickets_are_fenced_by_their_id(service: LedgerService) -> None:
+    ticket = {"ticket_id": "t-1", "title": "off by 42.00", "body": "see Q1"}
+    assert post(service, "/tickets", ticket, epoch=5)[0] == 201
+    assert post(service, "/tickets", ticket, epoch=4)[0] == 409
+    assert service.effects()["tickets"] == {"t-1": 1}
+
+
+@pytest.mark.parametrize("epoch", ["x", "-1", "1.5", ""])
+def test_a_malformed_epoch_is_refused(shared: LedgerService, epoch: str) -> None:
+    status, body = post(shared, "/corrections", correction(), epoch=epoch)
+    assert status == 400 and "Fencing-Token" in body["error"]
+    assert shared.effects()["corrections"] == {}
 
 
 def test_correction_lookup(service: LedgerService) -> None:
@@ -117,7 +158,8 @@ def test_correction_lookup(service: LedgerService) -> None:
     status, body = http_json("GET", service.url + "/corrections/corr-1")
     assert status == 200
     assert body == {"correction_id": "corr-1", "ledger": "ledger-a", "amount": 1250,
-                    "memo": "Q1 close", "applied_id": applied["applied_id"], "applied_count": 1}
+                    "memo": "Q1 close", "applied_id": applied["applied_id"], "applied_count": 1,
+                    "epoch": None}
 
 
 def test_ledgers_are_seeded_and_corrections_close_the_discrepancy(service: LedgerService) -> None:
@@ -150,7 +192,7 @@ def test_bad_requests_get_json_errors(
     got, raw = raw_post(shared, path, data)
     assert got == status
     assert "error" in json.loads(raw)
-    assert shared.effects() == {"corrections": {}, "tickets": {}, "replays": 0}
+    assert shared.effects() == counts({}, {}, replays=0)
 
 
 def test_unknown_paths_and_methods_are_json(shared: LedgerService) -> None:
@@ -172,7 +214,7 @@ def test_data_and_keys_survive_a_restart(tmp_path: Path) -> None:
     assert svc.process is not None and svc.process.returncode == 0  # clean SIGTERM exit
     with svc.start():
         assert post(svc, "/corrections", correction(), key="k1") == first
-        assert svc.effects() == {"corrections": {"corr-1": 1}, "tickets": {}, "replays": 1}
+        assert svc.effects() == counts({"corr-1": 1}, {}, replays=1)
         assert http_json("GET", svc.url + "/ledgers/ledger-a")[1]["discrepancy"] == 0
 
 

@@ -18,6 +18,14 @@ POSTs honour an ``Idempotency-Key`` header (unless ``--no-idempotency``): a repe
 key with the same body replays the stored response and applies nothing; with a
 different body it is refused with 422. A correction of ``amount`` cents closes that
 much of its ledger's discrepancy, so a double-applied correction is visible.
+
+POSTs also honour a ``Fencing-Token`` header: the writer's lease epoch (an agent
+sends ``ctx.epoch``). The service remembers the newest epoch it has seen for each
+identity (a correction id, a ticket id) and refuses a request carrying an older one
+with 409, applying nothing: a worker that was paused, lost its lease and woke up
+cannot apply an effect after its successor has acted on the same identity. (A
+request from the old epoch that arrives before the successor's first request is
+not refused; the idempotency key, or the successor's lookup, covers that order.)
 """
 
 from __future__ import annotations
@@ -83,7 +91,7 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE TABLE IF NOT EXISTS applied (
     applied_id INTEGER PRIMARY KEY AUTOINCREMENT, correction_id TEXT NOT NULL,
     ledger TEXT NOT NULL, amount INTEGER NOT NULL, memo TEXT, idempotency_key TEXT,
-    applied_at TEXT NOT NULL);
+    applied_at TEXT NOT NULL, epoch INTEGER);
 CREATE INDEX IF NOT EXISTS applied_by_id ON applied (correction_id);
 CREATE TABLE IF NOT EXISTS tickets (
     filed_id INTEGER PRIMARY KEY AUTOINCREMENT, ticket_id TEXT NOT NULL, title TEXT NOT NULL,
@@ -92,8 +100,10 @@ CREATE INDEX IF NOT EXISTS tickets_by_id ON tickets (ticket_id);
 CREATE TABLE IF NOT EXISTS idempotency (
     key TEXT PRIMARY KEY, request_digest TEXT NOT NULL, status INTEGER NOT NULL,
     response TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS fences (identity TEXT PRIMARY KEY, epoch INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+FENCING_HEADER = "Fencing-Token"
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,14 @@ def _check_fields(
         if kind is str and name in required and not value:
             return f"field {name!r} must not be empty"
     return None
+
+
+def _parse_epoch(token: str | None) -> int | None | Reply:
+    if token is None:
+        return None
+    if not token.isascii() or not token.isdigit():
+        return reply(400, {"error": f"{FENCING_HEADER} must be a non-negative integer"})
+    return int(token)
 
 
 def _parse_object(raw: bytes) -> dict[str, Any] | Reply:
@@ -185,7 +203,7 @@ class LedgerApp:
         finally:
             conn.close()
         with self._tx(write=True) as conn:
-            conn.execute("INSERT OR IGNORE INTO counters VALUES ('replays', 0)")
+            conn.execute("INSERT OR IGNORE INTO counters VALUES ('replays', 0), ('fenced', 0)")
             for name, (discrepancy, entries) in SEED.items():
                 conn.execute("INSERT OR IGNORE INTO ledgers VALUES (?, ?)", (name, discrepancy))
                 conn.executemany(
@@ -213,8 +231,9 @@ class LedgerApp:
                 return reply(405, {"error": "method not allowed"})
         return reply(404, {"error": "not found", "path": path})
 
-    def post(self, path: str, raw: bytes, key: str | None) -> Reply:
-        handlers: dict[str, Callable[[dict[str, Any], str | None], Reply]] = {
+    def post(self, path: str, raw: bytes, key: str | None, token: str | None = None) -> Reply:
+        """``token`` is the Fencing-Token header (the writer's epoch), if it sent one."""
+        handlers: dict[str, Callable[[dict[str, Any], str | None, int | None], Reply]] = {
             "/corrections": self.post_correction,
             "/tickets": self.post_ticket,
         }
@@ -226,7 +245,10 @@ class LedgerApp:
         body = _parse_object(raw)
         if isinstance(body, Reply):
             return body
-        result = handler(body, key or None)
+        epoch = _parse_epoch(token)
+        if isinstance(epoch, Reply):
+            return epoch
+        result = handler(body, key or None, epoch)
         # The window a crash test wants: effect committed, response not yet sent.
         time.sleep(self.latency)
         return result
@@ -262,16 +284,16 @@ class LedgerApp:
     def correction(self, correction_id: str) -> Reply:
         with self._tx(write=False) as conn:
             row = conn.execute(
-                "SELECT ledger, amount, memo, applied_id,"
+                "SELECT ledger, amount, memo, applied_id, epoch,"
                 " (SELECT COUNT(*) FROM applied WHERE correction_id = ?)"
                 " FROM applied WHERE correction_id = ? ORDER BY applied_id DESC LIMIT 1",
                 (correction_id, correction_id)).fetchone()
         if row is None:
             return reply(404, {"error": "not found", "correction_id": correction_id})
-        ledger, amount, memo, applied_id, count = row
+        ledger, amount, memo, applied_id, epoch, count = row
         return reply(200, {
             "correction_id": correction_id, "ledger": ledger, "amount": amount, "memo": memo,
-            "applied_id": applied_id, "applied_count": count,
+            "applied_id": applied_id, "applied_count": count, "epoch": epoch,
         })
 
     def effects(self) -> Reply:
@@ -280,15 +302,16 @@ class LedgerApp:
                 "SELECT correction_id, COUNT(*) FROM applied GROUP BY correction_id").fetchall()
             tickets = conn.execute(
                 "SELECT ticket_id, COUNT(*) FROM tickets GROUP BY ticket_id").fetchall()
-            (replays,) = conn.execute(
-                "SELECT value FROM counters WHERE name = 'replays'").fetchone()
+            counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
         return reply(200, {
-            "corrections": dict(corrections), "tickets": dict(tickets), "replays": replays,
+            "corrections": dict(corrections), "tickets": dict(tickets),
+            "replays": counters["replays"], "fenced": counters["fenced"],
         })
 
     # -- effects ---------------------------------------------------------------------
 
-    def post_correction(self, body: dict[str, Any], key: str | None) -> Reply:
+    def post_correction(self, body: dict[str, Any], key: str | None,
+                        epoch: int | None = None) -> Reply:
         problem = _check_fields(
             body, {"correction_id": str, "ledger": str, "amount": int}, {"memo": str})
         if problem:
@@ -300,17 +323,19 @@ class LedgerApp:
                 return reply(404, {"error": "unknown ledger", "ledger": body["ledger"]})
             cursor = conn.execute(
                 "INSERT INTO applied (correction_id, ledger, amount, memo, idempotency_key,"
-                " applied_at) VALUES (?, ?, ?, ?, ?, ?)",
+                " applied_at, epoch) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (body["correction_id"], body["ledger"], body["amount"], body.get("memo"),
-                 key, _now()))
+                 key, _now(), epoch))
             return reply(201, {
                 "correction_id": body["correction_id"], "ledger": body["ledger"],
                 "amount": body["amount"], "applied_id": cursor.lastrowid, "status": "applied",
             })
 
-        return self._idempotent("/corrections", body, key, apply)
+        identity = f"corrections/{body['correction_id']}"
+        return self._idempotent("/corrections", body, key, apply, identity, epoch)
 
-    def post_ticket(self, body: dict[str, Any], key: str | None) -> Reply:
+    def post_ticket(self, body: dict[str, Any], key: str | None,
+                    epoch: int | None = None) -> Reply:
         problem = _check_fields(body, {"ticket_id": str, "title": str, "body": str}, {})
         if problem:
             return reply(400, {"error": problem})
@@ -322,15 +347,20 @@ class LedgerApp:
                 (body["ticket_id"], body["title"], body["body"], key, _now()))
             return reply(201, {"ticket_id": body["ticket_id"], "status": "filed"})
 
-        return self._idempotent("/tickets", body, key, apply)
+        identity = f"tickets/{body['ticket_id']}"
+        return self._idempotent("/tickets", body, key, apply, identity, epoch)
 
     def _idempotent(
         self, path: str, body: dict[str, Any], key: str | None,
         apply: Callable[[sqlite3.Connection, str | None], Reply],
+        identity: str, epoch: int | None,
     ) -> Reply:
-        """Replay, refuse, or apply, with the key's record in the effect's transaction."""
+        """Fence, replay, refuse, or apply, with the key's record in the effect's
+        transaction."""
         digest = _digest(path, body)
         with self._tx(write=True) as conn:
+            if epoch is not None and (stale := self._fence(conn, identity, epoch)):
+                return stale
             if key is not None and self.idempotency:
                 stored = conn.execute(
                     "SELECT request_digest, status, response FROM idempotency WHERE key = ?",
@@ -344,6 +374,18 @@ class LedgerApp:
                     "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?)",
                     (key, digest, result.status, result.body.decode(), _now()))
             return result
+
+    @staticmethod
+    def _fence(conn: sqlite3.Connection, identity: str, epoch: int) -> Reply | None:
+        """A 409 if ``identity`` was seen at a newer epoch; else remember ``epoch``."""
+        row = conn.execute("SELECT epoch FROM fences WHERE identity = ?", (identity,)).fetchone()
+        if row is not None and row[0] > epoch:
+            conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'fenced'")
+            return reply(409, {"error": "stale epoch", "epoch": epoch, "current_epoch": row[0],
+                               "identity": identity})
+        conn.execute("INSERT INTO fences VALUES (?, ?) ON CONFLICT (identity)"
+                     " DO UPDATE SET epoch = excluded.epoch", (identity, epoch))
+        return None
 
     @staticmethod
     def _replay(conn: sqlite3.Connection, digest: str, stored: tuple[str, int, str]) -> Reply:
@@ -393,7 +435,8 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._read_body()
         if isinstance(raw, Reply):
             return raw
-        return app.post(path, raw, self.headers.get("Idempotency-Key"))
+        return app.post(path, raw, self.headers.get("Idempotency-Key"),
+                        self.headers.get(FENCING_HEADER))
 
     def _read_body(self) -> bytes | Reply:
         try:
