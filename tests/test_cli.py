@@ -166,6 +166,27 @@ def test_run_json_and_generated_run_id(url: str, agents: str) -> None:
     assert out["uncertain"] == [] and out["approvals"] == []
 
 
+@pytest.mark.parametrize("run_id", ["", "   "])
+def test_an_empty_run_id_is_refused_not_replaced(url: str, agents: str, run_id: str) -> None:
+    # RUN_ID="" from a supervisor that lost its id must not start a second run.
+    run(url, agents, "plain", "r1")
+    check(invoke("run", f"{agents}:plain", "post it", "--run-id", run_id, "--store", url), 2,
+          "invalid run id", "empty", "new_run_id()")
+    assert [r["run_id"] for r in as_json(invoke("runs", "--json", "--store", url))] == ["r1"]
+    assert applied(agents) == {"a": 1}
+
+
+def test_run_with_another_task_under_an_existing_id_is_refused(url: str, agents: str) -> None:
+    run(url, agents, "plain", "r1")
+    last = as_json(invoke("state", "r1", "--store", url))["last_seq"]
+    check(invoke("run", f"{agents}:plain", "post something else", "--run-id", "r1",
+                 "--store", url), 2, "'post it'", "'post something else'",
+          "agentjournal resume r1", "new run id")
+    check(invoke("run", f"{agents}:flaky", "post it", "--run-id", "r1", "--store", url), 2,
+          f"'{agents}:plain'", f"'{agents}:flaky'")
+    assert as_json(invoke("state", "r1", "--store", url))["last_seq"] == last
+
+
 def test_verify_checks_snapshots_against_a_full_replay(url: str, agents: str) -> None:
     run(url, agents, "plain", "r1")
     run(url, agents, "plain", "r2")
@@ -313,7 +334,7 @@ def test_resume_needs_a_recorded_agent(url: str) -> None:
     finally:
         store.close()
     check(invoke("resume", "anon", "--store", url), 1, "recorded no agent",
-          "agentjournal run MODULE:OBJECT TASK --run-id anon")
+          "agentjournal run MODULE:OBJECT t --run-id anon")
 
 
 def test_a_run_leased_by_a_live_worker_is_refused(url: str, agents: str) -> None:

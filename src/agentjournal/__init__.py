@@ -10,7 +10,7 @@ execution (agent, tools, models, policy) -> surfaces (cli, demo).
 
 from __future__ import annotations
 
-from .agent import Agent, RunResult
+from .agent import Agent, RunResult, new_run_id
 from .decisions import decide_approval, resolve_uncertain
 from .errors import (
     AmbiguousKeyError,
@@ -25,6 +25,7 @@ from .errors import (
     MissingExtraError,
     NotAStoreError,
     NotPendingError,
+    RunMismatchError,
     RunNotFoundError,
     StoreUnavailableError,
     StoreUrlError,
@@ -107,6 +108,7 @@ __all__ = [
     "RequireApproval",
     "Rules",
     "RunInfo",
+    "RunMismatchError",
     "RunNotFoundError",
     "RunResult",
     "RunState",
@@ -132,6 +134,7 @@ __all__ = [
     "fork",
     "idempotency_key",
     "make_events",
+    "new_run_id",
     "open_store",
     "operation_scope",
     "reply",

@@ -5,8 +5,9 @@ Opening replays the log; then uncertain calls are settled before the model
 is asked anything; then the loop alternates model turns and tool calls, each
 fact made durable before it is relied on. A tool call is:
 
-    completed key  -> serve the stored result, do not call the tool
+    completed key  -> serve the stored result (same arguments only), do not call the tool
     uncertain key  -> recovery (reconcile or a person), never a blind call
+    key done, or left uncertain, by another run of the scope -> the same, from there
     otherwise      -> policy -> tool_call_started (durable) -> invoke -> completed
 """
 
@@ -20,12 +21,14 @@ from typing import Any
 
 import msgspec
 
+from .errors import InvalidRunIdError, RunMismatchError
 from .events import EventType, encode_value, now, render
 from .faults import fault_point
 from .journal import Observer, RunJournal, open_journal
-from .keys import idempotency_key, run_scope
+from .keys import canonical_args, idempotency_key, run_scope
 from .metrics import METRICS
 from .models import Model, ModelError, ModelRequest, ModelResponse
+from .peers import Elsewhere, peers_of
 from .policy import (
     AllowAll,
     Budget,
@@ -38,13 +41,14 @@ from .policy import (
 from .state import (
     SETTLING_VERDICTS,
     Approval,
+    CompletedCall,
     Message,
     PendingCall,
     RunState,
     Status,
     ToolCall,
 )
-from .store import Store
+from .store import Store, validate_run_id
 from .tools import Absent, Conflict, Effect, Found, Tool, ToolContext, ToolFailed, Unknown
 
 E = EventType
@@ -70,6 +74,46 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
             approvals=list(state.approvals.values()), pause_reason=state.pause_reason,
             escalation=state.escalation, state=state,
         )
+
+
+def new_run_id() -> str:
+    """A fresh run id, for a caller that means to start a new run (keep it to resume).
+
+    Ids are never made up on the caller's behalf: an empty id from a supervisor
+    that lost its own would start a second run and repeat every effect.
+    """
+    return f"run-{uuid.uuid4().hex[:12]}"
+
+
+def require_run_id(run_id: object) -> str:
+    """``run_id``, refused with InvalidRunIdError when it is missing, empty or unsafe."""
+    if run_id is None or (isinstance(run_id, str) and not run_id.strip()):
+        raise InvalidRunIdError(
+            "" if run_id is None else run_id,
+            f"it is empty{' (None)' if run_id is None else ''}; a run id names the run to "
+            "start or resume (pass new_run_id() to start a new run, and keep it to resume)")
+    return validate_run_id(run_id)
+
+
+def same_intent(recorded: dict[str, Any] | None, asked: dict[str, Any]) -> bool:
+    """Whether a call asks for exactly what was recorded (compared canonically).
+
+    Unknown recorded arguments (a verdict-settled completion in a log written
+    before completions kept them) are taken as the same, as they were then.
+    """
+    return recorded is None or canonical_args(recorded) == canonical_args(asked)
+
+
+def changed_intent(tool: Tool, recorded: dict[str, Any] | None, asked: dict[str, Any],
+                   where: str | None = None) -> str:
+    """Why a call whose key is done, with other arguments, is refused (the model reads it)."""
+    done = f"run {where!r} of this scope" if where else "this run"
+    identity = ", ".join(tool.identity) or "arguments"
+    return (f"{tool.name} with this identity ({identity}) was already done by {done} with "
+            f"arguments {canonical_args(recorded or {}).decode()}; this call asks for "
+            f"{canonical_args(asked).decode()}. The same identity with other arguments is "
+            "another action, and it was not made: repeat the recorded arguments to get the "
+            f"recorded result, or use a new {identity} for a new action.")
 
 
 def as_json(value: Any) -> Any:
@@ -115,7 +159,7 @@ class Agent:
     def run(
         self,
         store: Store,
-        run_id: str | None = None,
+        run_id: str,
         task: str | None = None,
         *,
         scope: str | None = None,
@@ -125,11 +169,18 @@ class Agent:
     ) -> RunResult:
         """Start ``run_id`` with ``task``, or resume it. Returns where the run stopped.
 
+        ``run_id`` is the run's identity and is required: the same id resumes the
+        run, and an empty one is refused (InvalidRunIdError), never replaced by a
+        fresh id that would start the work, and its effects, again. To start a new
+        run, pass :func:`new_run_id` and keep the id. Resuming with a task, scope or
+        agent_ref other than the recorded ones is refused (RunMismatchError);
+        leaving them out, or repeating them, is a plain resume.
+
         ``scope`` is the idempotency scope (default: the run; see keys.py);
         ``agent_ref`` ("module:object") is recorded so `agentjournal resume`
         can find this agent again.
         """
-        run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
+        run_id = require_run_id(run_id)
         with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl, observer=observer,
                           snapshot_every=self.snapshot_every) as j:
             if j.state.last_seq == 0:
@@ -141,10 +192,25 @@ class Agent:
                                      "agent": agent_ref}),
                     (E.USER_MESSAGE, {"content": task}),
                 ]))
-            elif j.state.status != "finished":
-                j.record(E.RUN_RESUMED)
+            else:
+                self._check_same_run(j.state, task=task, scope=scope, agent_ref=agent_ref)
+                if j.state.waits_for_a_person:
+                    # Nothing new to act on: another lookup would only escalate again.
+                    return RunResult.of(j.state)
+                if j.state.status != "finished":
+                    j.record(E.RUN_RESUMED)
             self._drive(j)
             return RunResult.of(j.state)
+
+    @staticmethod
+    def _check_same_run(state: RunState, *, task: str | None, scope: str | None,
+                        agent_ref: str | None) -> None:
+        """Refuse to resume ``state`` as other work: its recorded effects would be served
+        to, or its open calls made for, an intent that is not the one they were for."""
+        for field, recorded, given in (("task", state.task, task), ("scope", state.scope, scope),
+                                       ("agent", state.agent, agent_ref)):
+            if given is not None and recorded is not None and given != recorded:
+                raise RunMismatchError(state.run_id, field, recorded, given)
 
     def _drive(self, j: RunJournal) -> None:
         if not self._recover(j):
@@ -184,18 +250,35 @@ class Agent:
         tool = self.tools.get(p.tool)
         if tool is None:
             return self._verdict(j, p, "unknown", reason=f"tool {p.tool!r} is not registered")
+        if tool.effect is not Effect.READ_ONLY and self._done_in_scope(j, p):
+            return True
         if tool.reconcile is not None:
-            try:
-                evidence = tool.reconcile(p)
-            except Exception as exc:
-                evidence = Unknown(f"lookup failed: {type(exc).__name__}: {exc}")
-            return self._apply_evidence(j, tool, p, evidence)
+            return self._apply_evidence(j, tool, p, self._look_up(tool, p))
         if tool.effect in (Effect.READ_ONLY, Effect.IDEMPOTENT):
             if blocked := self._retry_blocked(tool, p):
                 return self._verdict(j, p, "unknown", reason=blocked)
             self._verdict(j, p, "retry", reason=f"{tool.effect} tool: retry with the same key")
             return self._execute(j, self._call_of(p), tool, p.key)
         return False  # reversible / irreversible with no lookup: a person decides
+
+    @staticmethod
+    def _look_up(tool: Tool, p: PendingCall) -> Any:
+        assert tool.reconcile is not None
+        try:
+            return tool.reconcile(p)
+        except Exception as exc:
+            return Unknown(f"lookup failed: {type(exc).__name__}: {exc}")
+
+    def _done_in_scope(self, j: RunJournal, p: PendingCall) -> bool:
+        """Settle ``p`` as found if another run of the scope completed its key with its
+        arguments (a fork taken between the origin's start and its completion)."""
+        other = peers_of(j).find(p.key)
+        if other is None or other.done is None or not same_intent(other.done.args, p.args):
+            return False
+        done = self._completion(p.started_seq, self._call_of(p), p.key, other.done.result,
+                                source="scope", args=p.args, origin=other.where)
+        return self._verdict(j, p, "found", evidence=as_json(other.done.result),
+                             then=self._guarded(j, [done]), **{"from": other.where})
 
     def _apply_evidence(
         self, j: RunJournal, tool: Tool, p: PendingCall, evidence: Any
@@ -204,8 +287,9 @@ class Agent:
             case Found(result=result):
                 # The verdict and the completion in one batch: between them a crash
                 # would leave the call settled but not completed, and it would run again.
+                # The verdict closes the start first, so the completion carries the args.
                 done = self._completion(p.started_seq, self._call_of(p), p.key, result,
-                                        source="reconciliation")
+                                        source="reconciliation", args=p.args)
                 self._verdict(j, p, "found", evidence=as_json(result),
                               then=self._guarded(j, [done]))
                 return True
@@ -278,15 +362,15 @@ class Agent:
             return self._deny(j, call, None, f"invalid arguments: {exc}")
         key = tool.key(j.state.scope, call.args)
         if (done := j.state.completed.get(key)) is not None:
-            j.record(E.TOOL_RESULT_SERVED, call_id=call.id, tool=call.name, key=key,
-                     result=done.result, served_from_seq=done.seq)
-            return True
+            return self._serve(j, call, tool, key, done)
         for p in list(j.state.pending.values()):
             if p.key == key and not self._settle(j, p):
                 self._pause(j, f"call {call.name} {key[:12]} is uncertain")
                 return False
         if key in j.state.completed:
             return self._dispatch(j, call)  # settled as found: serve it
+        if tool.effect is not Effect.READ_ONLY and not self._clear_in_scope(j, call, tool, key):
+            return j.state.status == "running"  # answered from another run, or stopped
         decision = self.policy.decide(call, tool, j.state)
         if isinstance(decision, Deny):
             return self._deny(j, call, key, decision.reason)
@@ -296,6 +380,126 @@ class Agent:
             self._pause(j, f"call {call.name} {key[:12]} is uncertain")
             return False
         return True
+
+    def _serve(self, j: RunJournal, call: ToolCall, tool: Tool, key: str,
+               done: CompletedCall) -> bool:
+        """The recorded result, if the call asks for what was recorded; else a denial
+        showing both argument sets (the same identity, another intent: never a success)."""
+        if not same_intent(done.args, call.args):
+            return self._deny(j, call, key, changed_intent(tool, done.args, call.args))
+        j.record(E.TOOL_RESULT_SERVED, call_id=call.id, tool=call.name, key=key,
+                 result=done.result, served_from_seq=done.seq)
+        return True
+
+    # --- effects belong to the scope, not to one log -----------------------------------
+    #
+    # A fork keeps its origin's scope and another run of one operation shares it, so
+    # both compute the same key for the same action; the world does not fork with the
+    # log. Before making an effect, a run asks the other runs of its scope (peers.py).
+    # The window that remains: two live runs of one scope reaching the same key at the
+    # same instant both find it untouched and both make the call (or one finds the
+    # other's start a moment before its effect lands and its lookup says "absent").
+    # Only the receiver, deduplicating on the key both send, closes that window.
+
+    def _clear_in_scope(self, j: RunJournal, call: ToolCall, tool: Tool, key: str) -> bool:
+        """True if no other run of the scope made, or may have made, this call. Otherwise
+        answer it from theirs or stop the run, and return False (unless their call is
+        proven not to have happened, or may be retried with the key: then True)."""
+        other = peers_of(j).find(key)
+        if other is None:
+            return True
+        if other.done is not None:
+            self._serve_from_scope(j, call, tool, key, other, other.done)
+            return False
+        assert other.started is not None
+        return self._settle_elsewhere(j, call, tool, other, other.started)
+
+    def _serve_from_scope(self, j: RunJournal, call: ToolCall, tool: Tool, key: str,
+                          other: Elsewhere, done: CompletedCall) -> None:
+        if not same_intent(done.args, call.args):
+            self._deny(j, call, key, changed_intent(tool, done.args, call.args, other.run_id))
+            return
+        # A completion here (not a served copy): later calls and forks of this run
+        # find the key done in this log, and it says where the effect was made.
+        j.record_all(self._guarded(j, [self._completion(
+            None, call, key, done.result, source="scope", args=done.args, origin=other.where)]))
+
+    def _settle_elsewhere(self, j: RunJournal, call: ToolCall, tool: Tool, other: Elsewhere,
+                          p: PendingCall) -> bool:
+        """Another run started this call and never completed it: uncertain here too.
+        The usual rules decide; True only when this run may now make the call itself."""
+        if tool.reconcile is not None:
+            return self._evidence_elsewhere(j, call, tool, other, p, self._look_up(tool, p))
+        if tool.effect is Effect.IDEMPOTENT:
+            if not (blocked := self._retry_blocked(tool, p)):
+                return self._verdict_elsewhere(j, other, p, "retry",
+                                               reason="idempotent tool: retry with the same key")
+            self._verdict_elsewhere(j, other, p, "unknown", reason=blocked)
+        self._pause_for_elsewhere(j, other, p)  # reversible / irreversible: a person decides
+        return False
+
+    def _evidence_elsewhere(self, j: RunJournal, call: ToolCall, tool: Tool, other: Elsewhere,
+                            p: PendingCall, evidence: Any) -> bool:
+        """``_apply_evidence`` for another run's call. What this run then makes is the
+        model's call, under the same key, so a found effect answers it only when the
+        arguments are the same."""
+        match evidence:
+            case Found(result=result) if same_intent(p.args, call.args):
+                done = self._completion(None, call, p.key, result, source="reconciliation",
+                                        args=p.args, origin=other.where)
+                self._verdict_elsewhere(j, other, p, "found", evidence=as_json(result),
+                                        then=self._guarded(j, [done]))
+                return False
+            case Found(result=result):
+                self._verdict_elsewhere(j, other, p, "found", evidence=as_json(result))
+                self._deny(j, call, p.key, changed_intent(tool, p.args, call.args, other.run_id))
+                return False
+            case Absent(final=True) if not self._retry_blocked(tool, p):
+                return self._verdict_elsewhere(j, other, p, "absent")
+            case Conflict(found=found):
+                escalation = {"reason": "conflicting effect found at the receiver",
+                              "key": p.key, "tool": p.tool, "ours": p.args,
+                              "theirs": as_json(found), "started_at": p.started_at.isoformat(),
+                              "from": other.where}
+                self._verdict_elsewhere(j, other, p, "conflict", evidence=as_json(found),
+                                        then=[(E.RUN_ESCALATED, escalation)])
+                return False
+            case Unknown(reason=reason):
+                pass
+            case Absent(final=False):
+                reason = "absent now, but may still commit"
+            case Absent():
+                reason = self._retry_blocked(tool, p) or ""
+            case _:
+                raise TypeError(f"reconcile for {tool.name!r} returned {evidence!r}")
+        self._verdict_elsewhere(j, other, p, "unknown", reason=reason)
+        self._pause_for_elsewhere(j, other, p)
+        return False
+
+    @staticmethod
+    def _verdict_elsewhere(j: RunJournal, other: Elsewhere, p: PendingCall, verdict: str, *,
+                           then: Sequence[Fact] = (), **detail: Any) -> bool:
+        """A verdict on another run's call, recorded here (that run's log has its own
+        writer): it closes no start of this run (started_seq null; ``from`` names it)."""
+        j.record_all([(E.TOOL_CALL_RECONCILED, {
+            "started_seq": None, "key": p.key, "tool": p.tool, "verdict": verdict,
+            "by": "agentjournal", "from": other.where, **detail}), *then])
+        METRICS.count(f"uncertain_{verdict}")
+        return verdict in SETTLING_VERDICTS
+
+    @staticmethod
+    def _pause_for_elsewhere(j: RunJournal, other: Elsewhere, p: PendingCall) -> None:
+        if j.state.status != "running":
+            return  # escalated: that already says why it stopped
+        j.record(E.RUN_PAUSED, reason=(
+            f"call {p.tool} {p.key[:12]} is uncertain in run {other.run_id!r} of this scope: "
+            f"settle it there (agentjournal resolve {other.run_id} {p.key[:16]} --happened | "
+            "--did-not-happen | --conflict), then resume this run"),
+            uncertain=[], elsewhere={
+                **other.where, "key": p.key, "tool": p.tool, "args": p.args, "effect": p.effect,
+                "started_at": p.started_at.isoformat(), "attempt": p.attempt,
+                "last_error": p.last_error})
+        METRICS.count("uncertain_handed_to_a_person")
 
     def _approved(self, j: RunJournal, call: ToolCall, key: str, ask: RequireApproval) -> bool:
         # The id binds the exact call, arguments included: a changed call needs
@@ -347,12 +551,19 @@ class Agent:
     def _remember(j: RunJournal, key: str, value: Any) -> None:
         j.record(E.MEMORY_WRITTEN, key=key, value=as_json(value))
 
-    def _completion(self, started_seq: int, call: ToolCall, key: str, result: Any, *,
-                    source: str) -> Fact:
-        label = {"trust": "untrusted"} if self.tools[call.name].untrusted else {}
+    def _completion(self, started_seq: int | None, call: ToolCall, key: str, result: Any, *,
+                    source: str, args: dict[str, Any] | None = None,
+                    origin: dict[str, Any] | None = None) -> Fact:
+        """A completion. ``args`` when its start is not (or no longer) open in this run,
+        so the fold can keep them; ``origin`` names the run and seq it came from."""
+        extra: dict[str, Any] = {"trust": "untrusted"} if self.tools[call.name].untrusted else {}
+        if args is not None:
+            extra["args"] = args
+        if origin is not None:
+            extra["from"] = origin
         return (E.TOOL_CALL_COMPLETED, {
             "started_seq": started_seq, "call_id": call.id, "tool": call.name,
-            "idempotency_key": key, "result": as_json(result), "source": source, **label})
+            "idempotency_key": key, "result": as_json(result), "source": source, **extra})
 
     def _complete(self, j: RunJournal, started_seq: int, call: ToolCall, key: str,
                   result: Any, *, source: str) -> None:

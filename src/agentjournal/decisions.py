@@ -68,7 +68,8 @@ def resolve_uncertain(
             facts.append((EventType.TOOL_CALL_COMPLETED, {
                 "call_id": pending.call_id, "tool": pending.tool,
                 "started_seq": pending.started_seq, "idempotency_key": pending.key,
-                "result": result, "source": "person"}))
+                # the verdict closes the start first: the completion keeps its arguments
+                "args": pending.args, "result": result, "source": "person"}))
         elif outcome == "conflict":
             facts.append((EventType.RUN_ESCALATED, {
                 "reason": reason or "conflict", "by": by, "key": pending.key,

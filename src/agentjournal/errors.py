@@ -3,6 +3,7 @@
     JournalError                    root: catch this to catch them all
     ├── InvalidRunIdError           a run id that could name a file elsewhere, or is too long
     ├── RunNotFoundError            no events recorded for that run id
+    ├── RunMismatchError            a resume names a task, scope or agent other than the run's
     ├── NotPendingError             no such open approval or uncertain call in the run
     ├── AmbiguousKeyError           a key prefix that names several uncertain calls
     ├── ConflictError               the log moved on: expected_seq is stale
@@ -52,6 +53,26 @@ class RunNotFoundError(JournalError, LookupError):
             "(`agentjournal runs` lists them) and the store URL.",
             run_id=run_id,
         )
+
+
+class RunMismatchError(JournalError, ValueError):
+    """A resume asked for another task, scope or agent than the run recorded.
+
+    Reusing a run id for other work would resume the old run (and its recorded
+    effects) under the new intent; it is refused, never guessed.
+    """
+
+    def __init__(self, run_id: str, field: str, recorded: str, given: str) -> None:
+        super().__init__(
+            f"run {run_id!r} exists with {field} {recorded!r}, not {given!r}. To resume it, "
+            f"give no {field} or the recorded one (agentjournal resume {run_id}); for other "
+            "work, start a run under a new run id (new_run_id(), or `agentjournal run` "
+            "without --run-id).",
+            run_id=run_id,
+        )
+        self.field = field
+        self.recorded = recorded
+        self.given = given
 
 
 class NotPendingError(JournalError, LookupError):

@@ -18,7 +18,9 @@ from .errors import UnknownEventTypeError
 from .events import Event, EventType, render
 
 #: Bumped whenever a fold rule or the state's shape changes (snapshots record it).
-FOLD_VERSION = 2
+#: v3: completed calls keep their arguments; the seqs of the last escalation and
+#: of the last decision a person made.
+FOLD_VERSION = 3
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished"]
@@ -67,7 +69,11 @@ class PendingCall(msgspec.Struct, kw_only=True):
 class CompletedCall(msgspec.Struct, kw_only=True):
     result: Any
     seq: int
-    source: str = "tool"  # "tool" or "reconciliation"
+    source: str = "tool"  # "tool", "reconciliation", "person" or "scope" (another run's)
+    #: The arguments of the call that took effect: the same key with other arguments
+    #: is another intent, never answered with this result. None only for a completion
+    #: settled by a verdict in a log written before they were recorded.
+    args: dict[str, Any] | None = None
 
 
 class Approval(msgspec.Struct, kw_only=True):
@@ -124,6 +130,14 @@ class RunState(msgspec.Struct, kw_only=True):
     resumes: int = 0
     pause_reason: str | None = None
     escalation: dict[str, Any] | None = None
+    escalated_seq: int = 0  # the last run_escalated
+    decided_seq: int = 0  # the last decision a person recorded (approval or verdict)
+
+    @property
+    def waits_for_a_person(self) -> bool:
+        """Escalated, and no person has decided anything since: opening it again
+        could only repeat the lookup and the escalation."""
+        return self.status == "escalated" and self.decided_seq < self.escalated_seq
 
     @property
     def uncertain(self) -> dict[str, PendingCall]:
@@ -168,6 +182,8 @@ def durable_fields(state: RunState) -> dict[str, Any]:
         "messages": [[m.role, m.trust, m.content] for m in state.messages],
         "compactions": state.compactions,
         "memory": dict(sorted(state.memory.items())),
+        "completed_args": {k: c.args for k, c in sorted(state.completed.items())},
+        "waits_for_a_person": state.waits_for_a_person,
     }
 
 
@@ -238,15 +254,17 @@ def _tool_call_completed(st: RunState, ev: Event) -> None:
     # A completion is both an observation (the tool message the model sees)
     # and, only when it carries an idempotency key, a deduplication fact. A
     # proven failure carries no key, so it may be attempted again.
+    # Its arguments are the start's; a completion whose start was already settled
+    # by a verdict, or that was made by another run of the scope, carries them.
     p = ev.payload
-    if p.get("started_seq") is not None:
-        st.pending.pop(p["started_seq"], None)
+    started = st.pending.pop(p["started_seq"], None) if p.get("started_seq") is not None else None
     is_error = bool(p.get("is_error", False))
     content = p.get("content")
     _tool_message(st, ev, render(p.get("result")) if content is None else content, is_error)
     if key := p.get("idempotency_key"):
+        args = p.get("args", started.args if started else None)
         st.completed[key] = CompletedCall(
-            result=p.get("result"), seq=ev.seq, source=p.get("source", "tool")
+            result=p.get("result"), seq=ev.seq, source=p.get("source", "tool"), args=args
         )
 
 
@@ -263,8 +281,11 @@ SETTLING_VERDICTS = frozenset({"found", "absent", "retry"})
 
 
 def _tool_call_reconciled(st: RunState, ev: Event) -> None:
-    if ev.payload["verdict"] in SETTLING_VERDICTS:
+    # started_seq is None for a verdict on a call another run of the scope left uncertain.
+    if ev.payload["verdict"] in SETTLING_VERDICTS and ev.payload["started_seq"] is not None:
         st.pending.pop(ev.payload["started_seq"], None)
+    if ev.payload.get("by", "agentjournal") != "agentjournal":
+        st.decided_seq = ev.seq  # a person's verdict
 
 
 def _tool_result_served(st: RunState, ev: Event) -> None:
@@ -292,6 +313,7 @@ def _approval_requested(st: RunState, ev: Event) -> None:
 def _approval_decided(st: RunState, ev: Event) -> None:
     p = ev.payload
     asked = st.approvals.pop(p["approval_id"], None)
+    st.decided_seq = ev.seq
     st.decisions[p["approval_id"]] = ApprovalDecision(
         approved=bool(p["approved"]), key=asked.key if asked else "",
         args=asked.args if asked else {}, by=p.get("by", ""), reason=p.get("reason", ""),
@@ -349,6 +371,7 @@ def _run_paused(st: RunState, ev: Event) -> None:
 def _run_escalated(st: RunState, ev: Event) -> None:
     st.status = "escalated"
     st.escalation = dict(ev.payload)
+    st.escalated_seq = ev.seq
 
 
 def _run_finished(st: RunState, ev: Event) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import shlex
 import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -18,10 +18,13 @@ from rich.text import Text
 from .. import (
     Agent,
     JournalError,
+    RunMismatchError,
     RunResult,
     Store,
     fork,
+    new_run_id,
 )
+from ..agent import require_run_id
 from ..store import validate_run_id
 from ._base import (
     CliError,
@@ -81,8 +84,11 @@ def _takes_no_args(fn: Callable[..., Any]) -> bool:
 def drive(store: Store, agent: Agent, run_id: str, task: str | None, ref: str) -> RunResult:
     """Start or resume the run, with a spinner naming the last event on a terminal."""
     with progress(f"{run_id}: opening") as update:
-        return agent.run(store, run_id, task, agent_ref=ref,
-                         observer=lambda e, _s: update(f"{run_id}: seq {e.seq} {e.type.value}"))
+        try:
+            return agent.run(store, run_id, task, agent_ref=ref, observer=lambda e, _s: update(
+                f"{run_id}: seq {e.seq} {e.type.value}"))
+        except RunMismatchError as exc:  # refused, like an unknown or leased run
+            raise CliError(str(exc), 2) from None
 
 
 def result_json(result: RunResult) -> dict[str, Any]:
@@ -132,7 +138,8 @@ def next_steps(result: RunResult, hint: str) -> list[str]:
 @cli.command()
 @click.argument("ref", metavar="MODULE:OBJECT")
 @click.argument("task")
-@click.option("--run-id", help="The run's id (default: a new one). The same id resumes.")
+@click.option("--run-id", help="The run's id; the same id (with the same TASK) resumes it. "
+              "Omitted: a new run, whose id is printed. An empty id is refused.")
 @json_option
 @store_option
 def run(ref: str, task: str, run_id: str | None, as_json: bool, store_url: str) -> None:
@@ -145,7 +152,9 @@ def run(ref: str, task: str, run_id: str | None, as_json: bool, store_url: str) 
     Example:
       agentjournal run myagents:reconciler "Reconcile Q3" --run-id q3
     """
-    run_id = validate_run_id(run_id or f"run-{uuid.uuid4().hex[:12]}")
+    # Only an omitted --run-id means "a new run": an empty one (RUN_ID="" from a
+    # supervisor that lost it) is refused, or it would start the work over.
+    run_id = new_run_id() if run_id is None else require_run_id(run_id)  # printed below
     with opened(store_url, create=True) as store:
         result = drive(store, load_agent(ref), run_id, task, ref)
     print_result(result, store_url, as_json)
@@ -167,7 +176,8 @@ def resume(run_id: str, as_json: bool, store_url: str) -> None:
         if folded.agent is None:
             raise CliError(
                 f"run {run_id!r} recorded no agent (it was started without agent_ref). "
-                f"Resume it with: agentjournal run MODULE:OBJECT TASK --run-id {run_id}")
+                "Resume it with: agentjournal run MODULE:OBJECT "
+                f"{shlex.quote(folded.task)} --run-id {run_id}")
         result = drive(store, load_agent(folded.agent), run_id, None, folded.agent)
     print_result(result, store_url, as_json)
 
