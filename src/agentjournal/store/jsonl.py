@@ -166,7 +166,7 @@ def _snap_name(seq: int, fold_version: int) -> str:
 
 
 # Record marks (see the module docstring); the checksum covers the mark.
-_MORE, _END, _OLD = b"+", b".", b"{"  # _OLD: a line from before marks
+_MORE, _END, _OLD = b"+.{"  # _OLD: a line from before marks (ints: bytes indexed)
 _CRC_MORE, _CRC_END = zlib.crc32(b"+"), zlib.crc32(b".")
 _HEAD = re.compile(rb"[0-9a-f]{8} ")  # a record's framing before byte 9...
 _BODY = re.compile(rb"[+.]?\{")  # ...and from it (ending in "}")
@@ -175,10 +175,12 @@ _HOLE = b"\0" * 8  # one flipped bit makes at most one NUL; a block never writte
 
 def _frame_batch(bodies: list[bytes]) -> bytes:
     """The bytes of one batch: every record marked ``+`` but the last, marked ``.``."""
-    framed = [b"%08x +%s\n" % (zlib.crc32(body, _CRC_MORE), body) for body in bodies[:-1]]
     last = bodies[-1]
-    framed.append(b"%08x .%s\n" % (zlib.crc32(last, _CRC_END), last))
-    return b"".join(framed)
+    end = b"%08x .%s\n" % (zlib.crc32(last, _CRC_END), last)
+    if len(bodies) == 1:  # the common case
+        return end
+    more = [b"%08x +%s\n" % (zlib.crc32(body, _CRC_MORE), body) for body in bodies[:-1]]
+    return b"".join([*more, end])
 
 
 def _whole(line: bytes) -> bool:
@@ -364,10 +366,13 @@ class JsonlStore:
                                           "record, yet whole records follow them")
                 break  # leftovers of an incomplete final batch start here
             seq += 1
-            mark = data[at : at + 1]
-            if mark not in (_MORE, _END, _OLD):
-                raise CorruptLogError(run_id, seq, f"unknown record mark {mark!r}")
-            body = data[at if mark == _OLD else at + 1 : nl]
+            mark = data[at]  # (the newline itself on a line with nothing after the CRC)
+            if mark == _OLD:
+                body = data[at:nl]
+            elif mark in (_MORE, _END):
+                body = data[at + 1 : nl]
+            else:
+                raise CorruptLogError(run_id, seq, f"unknown record mark {chr(mark)!r}")
             if seq > after_seq:
                 event, prev = decode_record(run_id, seq, body, prev)
                 events.append(event)
