@@ -20,7 +20,7 @@ from agentjournal.demo.reconcile import LEDGERS
 from agentjournal.models import ModelResponse, ScriptedModel, calls, reply
 from agentjournal.state import PendingCall
 from agentjournal.store import Store
-from agentjournal.tools import Found, ToolContext, tool
+from agentjournal.tools import Conflict, Found, ToolContext, tool
 
 from .conftest import BACKENDS
 
@@ -155,6 +155,35 @@ def test_a_call_left_uncertain_elsewhere_is_reconciled_here(store: Store) -> Non
     (verdict,) = [e.payload for e in store.read(forked) if e.type is E.TOOL_CALL_RECONCILED]
     assert verdict["verdict"] == "found" and verdict["from"]["run_id"] == "r1"
     assert completions(store, forked)[-1]["source"] == "reconciliation"
+
+
+def test_a_conflict_found_for_a_call_left_elsewhere_waits_for_a_decision_there(
+    store: Store,
+) -> None:
+    receiver = Receiver()
+    receiver.lose.add("a")
+    paused = Agent(script("a"), [posting(receiver)]).run(store, "r1", "t")
+    forked = fork(store, "r1", first_start(store, "r1", "a") - 2, "r1-fork")
+    lookups: list[PendingCall] = []
+
+    def conflicting(call: PendingCall) -> Any:
+        lookups.append(call)
+        return Conflict({"name": "a", "amount": 999})
+
+    def agent() -> Agent:
+        return Agent(script("a"), [posting(receiver, reconcile=conflicting)])
+
+    first = agent().run(store, forked)
+    assert first.status == "escalated" and (first.escalation or {})["from"]["run_id"] == "r1"
+    for _ in range(3):  # nothing was decided, here or there: nothing to append
+        assert agent().run(store, forked).last_seq == first.last_seq
+    assert len(lookups) == 1 and receiver.applied["a"] == 1
+    # A person settles the call where it was started; the fork goes on from there.
+    resolve_uncertain(store, "r1", paused.uncertain[0].key, outcome="happened", by="ana",
+                      result={"name": "a", "amount": 1, "n": 1})
+    assert agent().run(store, forked).status == "finished"
+    assert receiver.applied["a"] == 1
+    assert completions(store, forked)[-1]["source"] == "scope"
 
 
 class Crash(BaseException):

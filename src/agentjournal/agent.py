@@ -194,13 +194,26 @@ class Agent:
                 ]))
             else:
                 self._check_same_run(j.state, task=task, scope=scope, agent_ref=agent_ref)
-                if j.state.waits_for_a_person:
+                if self._waits_for_a_person(j):
                     # Nothing new to act on: another lookup would only escalate again.
                     return RunResult.of(j.state)
                 if j.state.status != "finished":
                     j.record(E.RUN_RESUMED)
             self._drive(j)
             return RunResult.of(j.state)
+
+    @staticmethod
+    def _waits_for_a_person(j: RunJournal) -> bool:
+        """Escalated, and nothing decided since. A conflict over a call another run of
+        the scope left uncertain is decided there, where the call can be resolved: this
+        run waits while that call is still open."""
+        if not j.state.waits_for_a_person:
+            return False
+        where = (j.state.escalation or {}).get("from")
+        if where is None:
+            return True
+        peer = peers_of(j).state_of(where["run_id"])
+        return peer is not None and where["seq"] in peer.pending
 
     @staticmethod
     def _check_same_run(state: RunState, *, task: str | None, scope: str | None,
@@ -457,10 +470,12 @@ class Agent:
             case Absent(final=True) if not self._retry_blocked(tool, p):
                 return self._verdict_elsewhere(j, other, p, "absent")
             case Conflict(found=found):
-                escalation = {"reason": "conflicting effect found at the receiver",
-                              "key": p.key, "tool": p.tool, "ours": p.args,
-                              "theirs": as_json(found), "started_at": p.started_at.isoformat(),
-                              "from": other.where}
+                escalation = {
+                    "reason": f"conflicting effect found at the receiver for a call run "
+                              f"{other.run_id!r} left uncertain: settle it there (agentjournal "
+                              f"resolve {other.run_id} {p.key[:16]} ...), then resume this run",
+                    "key": p.key, "tool": p.tool, "ours": p.args, "theirs": as_json(found),
+                    "started_at": p.started_at.isoformat(), "from": other.where}
                 self._verdict_elsewhere(j, other, p, "conflict", evidence=as_json(found),
                                         then=[(E.RUN_ESCALATED, escalation)])
                 return False

@@ -56,6 +56,11 @@ class ScopePeers:
                 for event in self.store.read(peer, after_seq=state.last_seq):
                     apply(state, event)
 
+    def state_of(self, run_id: str) -> RunState | None:
+        """The state of peer ``run_id`` as of now; None if it is not a run of the scope."""
+        self.refresh()
+        return self._states.get(run_id)
+
     def find(self, key: str) -> Elsewhere | None:
         """Another run's record of ``key``, as of now: a completion if any run has one,
         else a start without one; None if no other run of the scope touched it."""
