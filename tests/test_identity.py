@@ -220,3 +220,14 @@ def test_a_person_who_says_conflict_keeps_the_run_escalated(store: Store) -> Non
     last = store.last_seq("r1")
     again = Agent(ScriptedModel([reply("ok")]), [corrections(ledger)]).run(store, "r1")
     assert again.status == "escalated" and again.last_seq == last
+
+
+@pytest.mark.parametrize("bad", ["", "  "])
+def test_a_fork_under_an_empty_id_is_refused(store: Store, bad: str) -> None:
+    from agentjournal import fork
+
+    Agent(ScriptedModel([reply("ok")]), []).run(store, "r1", "t")
+    with pytest.raises(InvalidRunIdError, match="empty"):
+        fork(store, "r1", 2, bad)
+    assert [r.run_id for r in store.list_runs()] == ["r1"]
+    assert fork(store, "r1", 2).startswith("r1.fork-")  # omitted: a new id, asked for

@@ -163,14 +163,21 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None) 
     """Start a new run from the first ``at_seq`` events of ``run_id``; returns its id.
 
     The fork records its origin and keeps the origin's idempotency scope, so
-    it never re-executes an effect its prefix recorded.
+    it never re-executes an effect its prefix recorded, nor one its origin (or any
+    run of the scope) recorded after ``at_seq``: the loop asks the scope's other
+    runs before making an effect (see peers.py). The world does not fork.
+
+    ``new_run_id`` omitted asks for a new id; an empty one is refused
+    (InvalidRunIdError), never replaced by a made-up one.
     """
     prefix = list(store.read(run_id))[:at_seq]
     if not prefix:
         raise RunNotFoundError(run_id)
     if at_seq < 1 or at_seq > len(prefix) or prefix[0].type is not EventType.RUN_STARTED:
         raise ValueError(f"run {run_id!r} has events 1..{len(prefix)}; fork at one of them")
-    new_id = validate_run_id(new_run_id or f"{run_id[:100]}.fork-{uuid.uuid4().hex[:8]}")
+    if new_run_id is None:
+        new_run_id = f"{run_id[:100]}.fork-{uuid.uuid4().hex[:8]}"
+    new_id = validate_run_id(new_run_id if new_run_id.strip() else "")  # "" is refused: empty
     origin_scope = fold(prefix[:1]).scope
     first = {**prefix[0].payload, "scope": origin_scope,
              "origin": {"run_id": run_id, "at_seq": at_seq}}
