@@ -150,6 +150,26 @@ def test_same_identity_other_arguments_is_denied_not_served(store: Store) -> Non
     assert done.args == {"correction_id": "C-6", "amount": 840}
 
 
+def test_an_approved_identity_asked_again_over_the_limit_is_denied(store: Store) -> None:
+    # The reported case: C-6 for 840 needed approval and got it; C-6 for 8400 must
+    # neither ride on that approval nor be answered with the 840 result.
+    from agentjournal.decisions import decide_approval
+
+    ledger = Ledger()
+    limit = Rules(approve_if={"post_correction": lambda call: call.args["amount"] > 500})
+    agent = Agent(ScriptedModel([post("C-6", 840), post("C-6", 8400), reply("ok")]),
+                  [corrections(ledger)], policy=limit)
+    waiting = agent.run(store, "r1", "fix C-6")
+    decide_approval(store, "r1", waiting.approvals[0].approval_id, approved=True, by="ana")
+    assert agent.run(store, "r1").status == "finished"
+    assert ledger.applied == {"C-6": 1} and ledger.rows["C-6"]["amount"] == 840
+    log = list(store.read("r1"))
+    assert [e.type for e in log].count(E.APPROVAL_REQUESTED) == 1
+    assert not [e for e in log if e.type is E.TOOL_RESULT_SERVED]
+    (denied,) = [e.payload for e in log if e.type is E.TOOL_CALL_DENIED]
+    assert '"amount":8400' in denied["reason"] and "not made" in denied["reason"]
+
+
 def test_the_same_arguments_in_another_order_are_served(store: Store) -> None:
     ledger = Ledger()
     again = calls(("post_correction", {"amount": 840, "correction_id": "C-6"}))
