@@ -232,19 +232,26 @@ def seal(events: Iterable[Event], prev: str) -> tuple[list[bytes], str]:
     return bodies, prev
 
 
-def unseal(body: bytes | memoryview) -> tuple[str, bytes] | None:
-    """(stored digest, the bytes it covers) of a sealed record; None if unsealed."""
-    body = bytes(body)
-    end = _AT + _DIGEST_LEN
-    if body[:_AT] != _HEAD or body[end : end + 1] != b'"':
+def unseal(body: bytes | memoryview, prev: str) -> tuple[str, str] | None:
+    """(stored digest, the digest its bytes and ``prev`` give) of a sealed record;
+    None if the record is unsealed (written before v4). Hashes the stored bytes in
+    place, around the digest, without copying them."""
+    digest = stored_digest(body)
+    if not digest:
         return None
-    return body[_AT:end].decode("ascii", "replace"), body[:_AT] + body[end:]
+    view = memoryview(body)
+    h = hashlib.sha256(prev.encode("ascii"))
+    h.update(view[:_AT])
+    h.update(view[_AT + _DIGEST_LEN :])
+    return digest, h.hexdigest()[:_DIGEST_LEN]
 
 
 def stored_digest(body: bytes | memoryview) -> str:
     """The digest a stored record carries ("" for a record written before v4)."""
-    sealed = unseal(body)
-    return sealed[0] if sealed else GENESIS
+    head = bytes(memoryview(body)[: _AT + _DIGEST_LEN + 1])
+    if head[:_AT] != _HEAD or head[-1:] != b'"' or len(head) <= _AT + _DIGEST_LEN:
+        return GENESIS
+    return head[_AT:-1].decode("ascii", "replace")
 
 
 # --- upcasters: (type, from version) -> payload of version + 1 --------------------

@@ -29,7 +29,6 @@ from ..events import (
     SEALED_SINCE,
     Event,
     EventType,
-    chain_digest,
     decode_stored,
     unseal,
     upcast,
@@ -127,10 +126,10 @@ def decode_record(
     by seq. (An unknown event type or a newer schema version raises its own error:
     that is a newer release's log, not damage.)
     """
-    sealed = unseal(body)
+    sealed = unseal(body, prev)
     if sealed is not None:
-        digest, covered = sealed
-        if chain_digest(prev, covered) != digest:
+        digest, computed = sealed
+        if computed != digest:
             raise CorruptLogError(
                 run_id, seq,
                 "its digest does not match its content and the digest before it: this "
