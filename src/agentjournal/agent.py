@@ -13,10 +13,11 @@ fact made durable before it is relied on. A tool call is:
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -49,7 +50,18 @@ from .state import (
     ToolCall,
 )
 from .store import Store, validate_run_id
-from .tools import Absent, Conflict, Effect, Found, Tool, ToolContext, ToolFailed, Unknown
+from .tools import (
+    Absent,
+    CallGuard,
+    CallRunner,
+    Conflict,
+    Effect,
+    Found,
+    Tool,
+    ToolContext,
+    ToolFailed,
+    Unknown,
+)
 
 E = EventType
 Fact = tuple[EventType, dict[str, Any]]
@@ -141,7 +153,15 @@ class Agent:
         model_retries: int = 3,
         lease_ttl: float = 30.0,
         snapshot_every: int | None = 1000,
+        tool_timeout: float | None = 300.0,
+        stuck_after: float | None = None,
     ) -> None:
+        """``tool_timeout``: seconds a tool call may take unless the tool says otherwise
+        (None: no limit); past it the call is abandoned and uncertain. ``stuck_after``:
+        seconds without progress (an append, a tool's return) after which the run counts
+        as stuck and stops renewing its lease, so another worker can take it over;
+        default ``tool_timeout + lease_ttl`` (never less than a call's own timeout plus
+        the TTL while it runs), ``math.inf`` never."""
         self.model = model
         self.tools = {t.name: t for t in tools}
         self.policy = policy or AllowAll()
@@ -153,6 +173,11 @@ class Agent:
         self.model_retries = model_retries
         self.lease_ttl = lease_ttl
         self.snapshot_every = snapshot_every
+        self.tool_timeout = self._limit(tool_timeout)
+        if stuck_after is None and self.tool_timeout is not None:
+            stuck_after = self.tool_timeout + lease_ttl
+        self.stuck_after = self._limit(stuck_after)
+        self._runners = threading.local()  # a CallRunner per calling thread
 
     # --- the one entry point ---------------------------------------------------------
 
@@ -541,12 +566,18 @@ class Agent:
         attempt = j.state.attempts.get(key, 0) + 1
         start = j.record(E.TOOL_CALL_STARTED, key=key, tool=tool.name, args=call.args,
                          call_id=call.id, effect=tool.effect.value, attempt=attempt)
+        guard = CallGuard()  # an abandoned call may no longer write to the run
         ctx = ToolContext(run_id=j.run_id, key=key, attempt=attempt, epoch=j.lease.epoch,
                           call_id=call.id, scope=j.state.scope, memory=dict(j.state.memory),
-                          remember=lambda k, v: self._remember(j, k, v))
+                          remember=lambda k, v: guard.run(self._remember, j, k, v))
         fault_point("before_effect")
+        if tool.effect is not Effect.READ_ONLY:
+            # A worker paused past its lease may have been replaced, and its successor may
+            # have settled this very call: making it now could apply it twice.
+            j.check_lease(tool.name)
+            fault_point("lease_checked")
         try:
-            result = tool.invoke(call.args, ctx)
+            result = self._invoke(j, tool, call, ctx, guard)
         except ToolFailed as exc:
             self._fail(j, start.seq, call, str(exc))
             return True
@@ -561,6 +592,36 @@ class Agent:
         fault_point("after_effect")
         self._complete(j, start.seq, call, key, result, source="tool")
         return True
+
+    def _invoke(self, j: RunJournal, tool: Tool, call: ToolCall, ctx: ToolContext,
+                guard: CallGuard) -> Any:
+        """Call the tool: within its timeout on a worker thread, or inline without one."""
+        limit = self._timeout_of(tool)
+        # While the call runs, the run is quiet but not stuck: not until its timeout has
+        # passed (plus a TTL of slack), and never for a call that has no limit.
+        j.expect_progress(None if limit is None or self.stuck_after is None
+                          else max(self.stuck_after, limit + self.lease_ttl))
+        try:
+            if limit is None:
+                return tool.invoke(call.args, ctx)
+            return self._runner().call(lambda: tool.invoke(call.args, ctx), limit, guard,
+                                       tool.name)
+        finally:
+            j.expect_progress(self.stuck_after)  # a return, or an abandonment: progress
+
+    def _timeout_of(self, tool: Tool) -> float | None:
+        return self._limit(self.tool_timeout if tool.timeout is None else tool.timeout)
+
+    @staticmethod
+    def _limit(seconds: float | None) -> float | None:
+        """A limit in seconds, or None for none (``math.inf`` says none too)."""
+        return None if seconds is None or math.isinf(seconds) else seconds
+
+    def _runner(self) -> CallRunner:
+        runner: CallRunner | None = getattr(self._runners, "runner", None)
+        if runner is None:
+            runner = self._runners.runner = CallRunner()
+        return runner
 
     @staticmethod
     def _remember(j: RunJournal, key: str, value: Any) -> None:
@@ -597,6 +658,7 @@ class Agent:
                                messages=list(j.state.messages),
                                tools=[t.spec() for t in self.tools.values()],
                                memory=dict(j.state.memory))
+        j.expect_progress(self.stuck_after)  # a model call that never answers is stuck
         for attempt in range(self.model_retries + 1):
             fault_point("model_call")
             try:
@@ -638,8 +700,8 @@ class Agent:
             j.record(E.CONTEXT_COMPACTED, summary=summary, kept=kept)
 
     def _over_budget(self, j: RunJournal) -> bool:
-        started: datetime | None = j.state.started_at
-        elapsed = (now() - started).total_seconds() if started else 0.0
+        # The journal's count, which a wall clock set back cannot rewind.
+        elapsed = j.elapsed() if self.budget.max_seconds is not None else 0.0
         hit = self.budget.exceeded(j.state, elapsed)
         if hit is None:
             return False

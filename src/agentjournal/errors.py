@@ -9,6 +9,7 @@
     ├── ConflictError               the log moved on: expected_seq is stale
     ├── FencedError                 the writer's lease epoch was superseded
     ├── LeaseHeldError              another owner holds a live lease
+    ├── LeaseExpiredError           the lease lapsed before an effect; the worker stopped first
     ├── CorruptLogError             damage before the tail of a log
     ├── DurabilityError             an fsync or commit failed; the handle is now closed for writes
     ├── StoreUnavailableError       the store's server could not be reached; nothing was committed
@@ -138,6 +139,22 @@ class LeaseHeldError(JournalError):
         self.owner = owner
         self.epoch = epoch
         self.expires_in = expires_in
+
+
+class LeaseExpiredError(JournalError):
+    """A worker's lease lapsed by its own clock and could not be renewed, right before a
+    tool with an effect: another worker may own the run, so the effect was not made."""
+
+    def __init__(self, run_id: str, epoch: int, tool: str, detail: str) -> None:
+        super().__init__(
+            f"run {run_id!r}: the lease (epoch {epoch}) lapsed before {tool!r} was called and "
+            f"could not be renewed ({detail}). The call was not made and nothing was appended; "
+            "another worker may own the run now. Resume it: its started call is settled first.",
+            run_id=run_id,
+        )
+        self.epoch = epoch
+        self.tool = tool
+        self.detail = detail
 
 
 class CorruptLogError(JournalError):

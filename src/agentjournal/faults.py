@@ -8,8 +8,10 @@ cleanup, no flush, no atexit, exactly like an eviction) or, with action
 can wake with SIGCONT after its lease was taken over.
 
 Points: ``model_call`` (while waiting for the model), ``before_effect`` (the
-start is durable, the tool has not run), ``after_effect`` (the tool returned,
-its completion is not yet durable).
+start is durable, the tool has not run), ``lease_checked`` (a tool with an
+effect: the lease was just found valid, the request has not left: the window
+only a receiver that checks the epoch can close), ``after_effect`` (the tool
+returned, its completion is not yet durable).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import signal
 
 ENV_VAR = "AGENTJOURNAL_FAULT"
-POINTS = ("model_call", "before_effect", "after_effect")
+POINTS = ("model_call", "before_effect", "lease_checked", "after_effect")
 
 _armed: tuple[str, int, signal.Signals] | None = None
 _ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}

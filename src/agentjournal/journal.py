@@ -4,6 +4,12 @@ Every state change goes through ``RunJournal.record``: the event is made
 durable first, then folded into the in-memory state with the same rule a
 replay uses. Nothing else mutates run state, so the live run and any later
 replay agree by construction (and the prefix tests check it).
+
+The journal also keeps the writer's own view of time: a local deadline for its
+lease (``check_lease``, consulted right before an effect), whether the run is
+making progress (a stuck run stops renewing, so it can be taken over), and the
+run's elapsed time for budgets. All three use a monotonic clock, never the wall
+clock, which can be set back.
 """
 
 from __future__ import annotations
@@ -12,19 +18,34 @@ import contextlib
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from .errors import JournalError, LeaseHeldError, RunNotFoundError
-from .events import Event, EventType, make_events
+from .errors import JournalError, LeaseExpiredError, LeaseHeldError, RunNotFoundError
+from .events import Event, EventType, make_events, now
 from .snapshots import load_state, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 
 Observer = Callable[[Event, RunState], None]
+
+#: The share of a lease's TTL this writer does not count on: its clock and the
+#: store's may run at slightly different rates, and the check comes a moment
+#: before the effect leaves the process.
+LEASE_MARGIN = 0.1
+
+# CLOCK_BOOTTIME is monotonic and keeps counting while the machine is suspended, as the
+# store's clock does; CLOCK_MONOTONIC would stop and let a lease look younger than it is.
+_CLOCK_ID: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def _clock() -> float:
+    """Seconds by a clock no change of the wall clock moves (for deadlines and elapsed)."""
+    return time.clock_gettime(_CLOCK_ID) if _CLOCK_ID is not None else time.monotonic()
 
 
 def default_owner() -> str:
@@ -75,14 +96,28 @@ class RunJournal:
         state: RunState,
         observer: Observer | None = None,
         snapshot_every: int | None = None,
+        *,
+        ttl: float = 30.0,
+        leased_at: float | None = None,
     ) -> None:
         self.store, self.lease, self.state = store, lease, state
         self.run_id = lease.run_id
         self.observer = observer
         self.snapshot_every = snapshot_every
+        self.ttl = ttl
         self._snapshot_seq = state.last_seq
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        # The lease is surely ours until then, by our clock. ``leased_at`` is taken
+        # before the request that got the lease, so a slow store never makes it look longer.
+        self._renewing = threading.Lock()
+        self._valid_until = (_clock() if leased_at is None else leased_at) + self._trusted_ttl()
+        # Progress (an append, a tool's return) and how long the run may go without it.
+        self._progress_at = _clock()
+        self._stall_limit: float | None = None
+        # Elapsed time: the wall clock once, at open; our own clock from then on.
+        self._opened_at, self._opened_wall, self._opened_seq = _clock(), now(), state.last_seq
+        self._elapsed_at_open: float | None = None
 
     def record(self, kind: EventType, **payload: Any) -> Event:
         """Append one fact durably, then fold it into the state."""
@@ -94,6 +129,7 @@ class RunJournal:
         events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
         self.store.append(self.run_id, events, expected_seq=self.state.last_seq,
                           epoch=self.lease.epoch)
+        self._progress_at = _clock()
         for event in events:
             apply(self.state, event)
             if self.observer is not None:
@@ -103,18 +139,85 @@ class RunJournal:
             self._snapshot_seq = self.state.last_seq
         return events
 
-    def keep_alive(self, ttl: float) -> None:
-        """Renew the lease every ttl/3 in the background while the run is open."""
+    # --- the lease -------------------------------------------------------------------
+
+    def _trusted_ttl(self) -> float:
+        return self.ttl * (1 - LEASE_MARGIN)
+
+    def _renew(self) -> None:
+        with self._renewing:  # the heartbeat and check_lease may both renew
+            started = _clock()
+            self.lease = self.store.renew(self.lease, self.ttl)
+            self._valid_until = max(self._valid_until, started + self._trusted_ttl())
+
+    def check_lease(self, tool: str) -> None:
+        """Raise LeaseExpiredError unless the lease is surely still this writer's.
+
+        Called right before a tool with an effect. Within the TTL of the last
+        acquire or renew (by our clock, less a margin) it costs a clock read;
+        past it, the lease is renewed now, which the store refuses if another
+        worker took the run over: then the call is not made. A pause between this
+        check and the request leaving the process can still let a stale request
+        out; only a receiver that refuses an older epoch (``ctx.epoch``) closes it.
+        """
+        if _clock() < self._valid_until:
+            return
+        try:
+            self._renew()
+        except JournalError as exc:
+            detail = f"{type(exc).__name__}: {str(exc).split('. ')[0]}"
+            raise LeaseExpiredError(self.run_id, self.lease.epoch, tool, detail) from exc
+
+    def keep_alive(self) -> None:
+        """Renew the lease every ttl/3 in the background while the run makes progress.
+
+        A run that is stuck (see ``expect_progress``) is not renewed: its lease
+        lapses, so another worker can take the run over. Renewal resumes once it
+        makes progress again, if the lease is still its own.
+        """
 
         def beat() -> None:
-            while not self._stop.wait(ttl / 3):
+            while not self._stop.wait(self.ttl / 3):
+                if self.stalled():
+                    continue
                 try:
-                    self.lease = self.store.renew(self.lease, ttl)
-                except JournalError:
-                    return  # fenced or broken: the next append will say so
+                    self._renew()
+                except JournalError as exc:
+                    if not exc.retryable:
+                        return  # fenced or broken: the next append will say so
 
         self._heartbeat = threading.Thread(target=beat, name=f"lease:{self.run_id}", daemon=True)
         self._heartbeat.start()
+
+    # --- progress --------------------------------------------------------------------
+
+    def expect_progress(self, within: float | None) -> None:
+        """From now, expect progress (an append, a tool's return) within ``within``
+        seconds; None: no limit. Past it the run counts as stuck."""
+        self._stall_limit = within
+        self._progress_at = _clock()
+
+    def stalled(self) -> bool:
+        limit = self._stall_limit
+        return limit is not None and _clock() - self._progress_at > limit
+
+    # --- elapsed time ----------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        """Seconds since the run started, counted so that a wall clock set back cannot
+        rewind it: by the wall clock up to this open (never earlier than the last event
+        recorded), by our own monotonic clock since."""
+        if self._elapsed_at_open is None:
+            self._elapsed_at_open = self._elapsed_before_open()
+        return self._elapsed_at_open + (_clock() - self._opened_at)
+
+    def _elapsed_before_open(self) -> float:
+        started = self.state.started_at
+        if started is None or self._opened_seq == 0:
+            return 0.0  # started by this writer: all of it is on our clock
+        tail = list(self.store.read(self.run_id, after_seq=self._opened_seq - 1))
+        latest = max(self._opened_wall, tail[0].ts) if tail else self._opened_wall
+        return max(0.0, (latest - started).total_seconds())
 
     def close(self) -> None:
         self._stop.set()
@@ -146,6 +249,7 @@ def open_journal(
     that many events have been appended since the last one.
     """
     validate_run_id(run_id)
+    leased_at = _clock()
     lease = take_lease(store, run_id, owner or default_owner(), ttl)
     try:
         state = load_state(store, run_id).state
@@ -154,8 +258,9 @@ def open_journal(
     except BaseException:
         store.release(lease)
         raise
-    journal = RunJournal(store, lease, state, observer, snapshot_every)
-    journal.keep_alive(ttl)
+    journal = RunJournal(store, lease, state, observer, snapshot_every, ttl=ttl,
+                         leased_at=leased_at)
+    journal.keep_alive()
     return journal
 
 

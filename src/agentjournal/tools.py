@@ -14,16 +14,24 @@ other exception from a tool with an effect may have happened after the
 request left (a timeout, a reset connection): it is *uncertain*, and only
 recovery may decide what happens next. A read-only tool's exceptions are
 plain failures.
+
+A call has a timeout (``@tool(timeout=...)``, else the agent's ``tool_timeout``).
+Past it the call is abandoned, not stopped (Python cannot stop a thread): it is
+recorded as uncertain (a read-only one as failed) and settled like any other, and
+whatever it still does is on its own thread. It can no longer write to the run.
 """
 
 from __future__ import annotations
 
 import inspect
+import queue
+import threading
 import typing
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -64,6 +72,99 @@ class ToolFailed(Exception):
 
 class ToolUncertain(Exception):
     """Raise from a tool when the effect may have happened (e.g. a timeout after sending)."""
+
+
+class ToolTimedOut(ToolUncertain):
+    """The call did not return within its timeout. It was abandoned, not stopped: it may
+    still be running and its effect may still happen, so it is uncertain."""
+
+
+# --- running a call within its timeout -----------------------------------------------
+
+T = TypeVar("T")
+
+
+class CallGuard:
+    """Whether a call was abandoned. What the call still does through its context (a
+    ``remember``) happens wholly before the abandonment, or is refused."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.abandoned = False
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._lock:
+            if self.abandoned:
+                raise ToolTimedOut("the call was abandoned at its timeout; it can no longer "
+                                   "write to the run")
+            return fn(*args)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self.abandoned = True
+
+
+class _Job:
+    __slots__ = ("done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    while (job := jobs.get()) is not None:
+        try:
+            job.result = job.fn()
+        except BaseException as exc:  # handed to the caller, who decides
+            job.error = exc
+        job.done.set()
+
+
+class CallRunner:
+    """Runs calls on a worker thread, so the caller can stop waiting at a timeout.
+
+    The thread is reused from call to call (a hand-off costs microseconds; a thread
+    start costs more); a call past its timeout is abandoned with its thread, which
+    exits once the call returns, and the next call gets a new one. The thread is a
+    daemon: an abandoned call never holds up the process's exit. A runner serves one
+    calling thread at a time: each would otherwise wait for the other's calls.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None
+        self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+
+    def call(self, fn: Callable[[], T], timeout: float, guard: CallGuard, what: str) -> T:
+        """``fn()``, or ToolTimedOut after ``timeout`` seconds (``guard`` is abandoned)."""
+        jobs = self._jobs or self._start()
+        job = _Job(fn)
+        jobs.put(job)
+        if not job.done.wait(timeout):
+            guard.abandon()
+            self._retire()
+            raise ToolTimedOut(f"{what} did not return within {timeout:g}s; abandoned "
+                               "(it may still be running)")
+        if job.error is not None:
+            raise job.error
+        result: T = job.result
+        return result
+
+    def _start(self) -> queue.SimpleQueue[_Job | None]:
+        jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        threading.Thread(target=_serve, args=(jobs,), name="agentjournal-tool",
+                         daemon=True).start()
+        self._jobs = jobs
+        self._finalizer = weakref.finalize(self, jobs.put, None)  # runner gone: thread exits
+        return jobs
+
+    def _retire(self) -> None:
+        """Let the current thread go: it exits after the call it is stuck in."""
+        if self._finalizer is not None:
+            self._finalizer()  # puts the sentinel now, once
+        self._jobs = self._finalizer = None
 
 
 # --- what a reconcile lookup may conclude ------------------------------------------
@@ -108,6 +209,7 @@ class Tool:
     compensate: Callable[[PendingCall, Any], Any] | None = None
     key_retention: float | None = None  # seconds the receiver remembers keys
     untrusted: bool = False  # its results carry outside content (web pages, emails)
+    timeout: float | None = None  # seconds; None: the agent's default; math.inf: none
     args_type: type[msgspec.Struct] = field(default=msgspec.Struct, repr=False)
     schema: dict[str, Any] = field(default_factory=dict, repr=False)
     takes_context: bool = False
@@ -157,6 +259,7 @@ def tool(
     compensate: Callable[[PendingCall, Any], Any] | None = None,
     key_retention: float | None = None,
     untrusted: bool = False,
+    timeout: float | None = None,
     description: str | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
@@ -172,13 +275,18 @@ def tool(
     compensate: Callable[[PendingCall, Any], Any] | None = None,
     key_retention: float | None = None,
     untrusted: bool = False,
+    timeout: float | None = None,
     description: str | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool. The default effect is the cautious one: ``irreversible``.
 
     ``untrusted=True`` labels its results ``untrusted`` in the model's context
-    (content from outside: a fetched page, an inbound email).
+    (content from outside: a fetched page, an inbound email). ``timeout`` is how
+    many seconds a call may take before it is abandoned as uncertain (default: the
+    agent's ``tool_timeout``; ``math.inf``: no limit).
     """
+    if timeout is not None and not timeout > 0:  # NaN too
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
 
     def wrap(f: Callable[..., Any]) -> Tool:
         tool_name = name or f.__name__
@@ -193,8 +301,8 @@ def tool(
             name=tool_name, fn=f, effect=Effect(effect),
             description=description or inspect.getdoc(f) or "",
             identity=tuple(identity), reconcile=reconcile, compensate=compensate,
-            key_retention=key_retention, untrusted=untrusted, args_type=args_type, schema=schema,
-            takes_context=takes_context,
+            key_retention=key_retention, untrusted=untrusted, timeout=timeout,
+            args_type=args_type, schema=schema, takes_context=takes_context,
         )
 
     return wrap(fn) if fn is not None else wrap

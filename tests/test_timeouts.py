@@ -1,0 +1,235 @@
+"""Time: a hung tool is abandoned at its timeout and recorded as uncertain, a stuck run
+lets its lease lapse so another worker can take it over, and a wall clock going
+backwards cannot extend the time budget."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentjournal import EventType, FencedError, LeaseHeldError, fold, open_store
+from agentjournal import agent as agent_module
+from agentjournal import journal as journal_module
+from agentjournal.agent import Agent
+from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
+from agentjournal.policy import Budget
+from agentjournal.store import Store
+from agentjournal.tools import ToolContext, tool
+
+E = EventType
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def hang() -> Iterator[threading.Event]:
+    """Set at the end of the test, so abandoned tool threads can finish."""
+    gate = threading.Event()
+    yield gate
+    gate.set()
+
+
+def types(store: Store, run_id: str) -> list[str]:
+    return [e.type.value for e in store.read(run_id)]
+
+
+def one_call(name: str, args: dict[str, Any] | None = None) -> ScriptedModel:
+    return ScriptedModel([calls((name, args or {})), reply("done")])
+
+
+# --- tool timeouts -------------------------------------------------------------------
+
+
+def test_irreversible_tool_past_its_timeout_is_uncertain_and_pauses(
+    store: Store, hang: threading.Event
+) -> None:
+    @tool(effect="irreversible", timeout=0.2)
+    def post() -> str:
+        hang.wait()
+        return "posted"
+
+    began = time.monotonic()
+    result = Agent(one_call("post"), [post]).run(store, "r1", "t")
+    assert time.monotonic() - began < 5
+    assert result.status == "paused" and len(result.uncertain) == 1
+    (uncertain,) = [e for e in store.read("r1") if e.type is E.TOOL_CALL_UNCERTAIN]
+    assert uncertain.payload["error"].startswith("ToolTimedOut: post did not return within 0.2s")
+
+
+def test_idempotent_tool_past_its_timeout_is_retried_with_the_same_key(
+    store: Store, hang: threading.Event
+) -> None:
+    keys: list[str] = []
+
+    @tool(effect="idempotent", timeout=0.2)
+    def send(ctx: ToolContext) -> str:
+        keys.append(ctx.key)
+        if len(keys) == 1:
+            hang.wait()  # the first attempt hangs; the retry answers
+        return "sent"
+
+    result = Agent(one_call("send"), [send]).run(store, "r1", "t")
+    assert result.status == "finished"
+    assert len(keys) == 2 and keys[0] == keys[1]
+    verdicts = [e.payload["verdict"] for e in store.read("r1")
+                if e.type is E.TOOL_CALL_RECONCILED]
+    assert verdicts == ["retry"]
+
+
+def test_read_only_tool_past_the_agents_default_timeout_fails(
+    store: Store, hang: threading.Event
+) -> None:
+    @tool(effect="read_only")
+    def look() -> str:
+        hang.wait()
+        return "seen"
+
+    result = Agent(one_call("look"), [look], tool_timeout=0.2).run(store, "r1", "t")
+    assert result.status == "finished"
+    (done,) = [e for e in store.read("r1") if e.type is E.TOOL_CALL_COMPLETED]
+    assert done.payload["is_error"] and "did not return within 0.2s" in done.payload["content"]
+    assert "tool_call_uncertain" not in types(store, "r1")
+
+
+def test_a_tool_may_lift_the_agents_default_timeout(store: Store) -> None:
+    @tool(effect="irreversible", timeout=float("inf"))
+    def slow() -> str:
+        time.sleep(0.3)
+        return "ok"
+
+    result = Agent(one_call("slow"), [slow], tool_timeout=0.1).run(store, "r1", "t")
+    assert result.status == "finished"
+
+
+def test_an_abandoned_call_can_no_longer_remember(store: Store, hang: threading.Event) -> None:
+    refused: list[BaseException] = []
+    returned = threading.Event()
+
+    @tool(effect="read_only", timeout=0.2)
+    def late(ctx: ToolContext) -> str:
+        hang.wait()
+        try:
+            ctx.remember("late", 1)
+        except Exception as exc:
+            refused.append(exc)
+        returned.set()
+        return "too late"
+
+    Agent(one_call("late"), [late]).run(store, "r1", "t")
+    hang.set()
+    assert returned.wait(5)
+    assert [type(e).__name__ for e in refused] == ["ToolTimedOut"]
+    assert "memory_written" not in types(store, "r1")
+
+
+def test_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        @tool(timeout=0)
+        def never() -> None: ...
+
+
+# --- a stuck run lets its lease lapse --------------------------------------------------
+
+
+def test_a_stuck_run_lets_its_lease_lapse_so_another_worker_can_take_over(
+    store: Store, hang: threading.Event
+) -> None:
+    asked = threading.Event()
+
+    def stuck(request: ModelRequest) -> ModelResponse:
+        asked.set()
+        hang.wait()  # a model call that never answers
+        return reply("late")
+
+    agent = Agent(ScriptedModel([stuck]), [], lease_ttl=0.3, stuck_after=0.5)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            agent.run(store, "r1", "t")
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert asked.wait(10)  # the run holds its lease and waits for the model
+    deadline = time.monotonic() + 10
+    while True:  # the heartbeat keeps renewing until the run counts as stuck
+        try:
+            lease = store.acquire("r1", "successor", 30)
+            break
+        except LeaseHeldError:
+            assert time.monotonic() < deadline, "a stuck run kept its lease"
+            time.sleep(0.05)
+    assert lease.epoch == 2
+    hang.set()
+    worker.join(10)
+    assert [type(e) for e in errors] == [FencedError]
+
+
+def test_renewals_resume_when_a_stalled_run_makes_progress(store: Store) -> None:
+    second_turn = threading.Event()
+    release = threading.Event()
+
+    def slow(request: ModelRequest) -> ModelResponse:
+        time.sleep(1.2)  # stalled past stuck_after: the lease lapses, nobody takes it
+        return calls(("noop", {}))
+
+    def waiting(request: ModelRequest) -> ModelResponse:
+        second_turn.set()
+        release.wait(10)
+        return reply("done")
+
+    @tool(effect="read_only")
+    def noop() -> str:
+        return "ok"
+
+    agent = Agent(ScriptedModel([slow, waiting]), [noop], lease_ttl=0.3, stuck_after=0.8)
+    worker = threading.Thread(target=lambda: agent.run(store, "r1", "t"))
+    worker.start()
+    try:
+        assert second_turn.wait(10)
+        time.sleep(0.3)  # a heartbeat or two after the progress
+        with pytest.raises(LeaseHeldError):
+            store.acquire("r1", "successor", 30)
+    finally:
+        release.set()
+        worker.join(10)
+    assert fold(list(store.read("r1"))).status == "finished"
+
+
+# --- the time budget -----------------------------------------------------------------
+
+
+def test_a_wall_clock_going_backwards_does_not_extend_the_time_budget(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wall = [datetime.now(UTC)]
+    ticks = [1000.0]
+    monkeypatch.setattr(agent_module, "now", lambda: wall[0])
+    monkeypatch.setattr(journal_module, "now", lambda: wall[0], raising=False)
+    monkeypatch.setattr(journal_module, "_clock", lambda: ticks[0], raising=False)
+
+    @tool(effect="read_only")
+    def work(n: int) -> str:
+        ticks[0] += 10  # ten seconds pass...
+        wall[0] -= timedelta(hours=1)  # ...while the wall clock is set back an hour
+        return "ok"
+
+    model = ScriptedModel([calls(("work", {"n": n})) for n in range(5)])
+    agent = Agent(model, [work], budget=Budget(max_seconds=15))
+    result = agent.run(store, "r1", "t")
+    assert result.status == "paused" and "seconds" in (result.pause_reason or "")
+    (hit,) = [e for e in store.read("r1") if e.type is E.BUDGET_EXCEEDED]
+    assert hit.payload["used"] == pytest.approx(20)
