@@ -1,6 +1,8 @@
 """Real processes, real SIGKILL, a real receiver: the agent runs in a child process, is
 killed in a chosen (or random) window, and is resumed in a new process; the ledger
-service, itself a separate process with its own SQLite file, counts the effects."""
+service, itself a separate process with its own SQLite file, counts the effects.
+
+Every test runs on every backend (``store_url`` from conftest.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +22,17 @@ import msgspec
 import pytest
 
 from agentjournal import EventType, fold, open_store
-from agentjournal.demo.ledger import LedgerService
+from agentjournal.demo.ledger import LedgerService, http_json
 from agentjournal.demo.reconcile import LEDGERS
+
+from .conftest import BACKENDS
+
+pytestmark = pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
 
 E = EventType
 CORRECTIONS = {f"q3-{n}" for n in LEDGERS}
+#: Random kills per mode and backend; ``--slow`` is the soak.
+KILLS, SOAK_KILLS = 12, 200
 
 
 @pytest.fixture
@@ -32,11 +40,6 @@ def ledger(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LedgerSer
     idempotency = getattr(request, "param", True)
     with LedgerService(tmp_path / "ledger.db", idempotency=idempotency, latency_ms=5) as svc:
         yield svc
-
-
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'journal.db'}"
 
 
 def agent_cmd(store_url: str, ledger: LedgerService, *extra: str) -> list[str]:
@@ -148,7 +151,7 @@ def kill_at_random(store_url: str, ledger: LedgerService, kills: int, seed: int,
 def test_random_kills_every_effect_exactly_once(
     store_url: str, ledger: LedgerService, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    kills = 200 if request.config.getoption("--slow") else 30
+    kills = SOAK_KILLS if request.config.getoption("--slow") else KILLS
     parts = max(6, kills // 6)  # enough steps that every kill lands inside the run
     done, out = kill_at_random(store_url, ledger, kills, seed=len(mode),
                                extra=("--mode", mode, "--parts", str(parts),
@@ -167,32 +170,52 @@ def test_random_kills_every_effect_exactly_once(
 
 
 def test_handover_race_on_a_crashed_prefix_one_takes_the_next_epoch(
-    store_url: str, ledger: LedgerService
+    store_url: str, ledger: LedgerService, tmp_path: Path
 ) -> None:
-    # A worker dies mid-run, leaving a prefix and its lease (epoch 1). Two workers
-    # released together to resume it: one takes the next epoch, the other is
-    # refused and appends nothing.
+    # A worker dies mid-run, leaving a prefix and its lease (epoch 1). Two workers are
+    # released together to resume it: one takes the next epoch and finishes the run;
+    # the other is refused the lease, or (if it comes late) finds the run finished.
+    # Either way it appends nothing. The barrier is the test's own: each racer says
+    # it is ready (store open, imports done), and both go when both are ready.
     code, _ = run_agent(store_url, ledger, fault="after_effect:4")
     assert code == -signal.SIGKILL
     prefix = len(log_of(store_url))
-    start_at = str(time.time() + 1.0)
-    racers = [subprocess.Popen(agent_cmd(store_url, ledger, "--start-at", start_at),
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(2)]
+    racers = [subprocess.Popen(agent_cmd(store_url, ledger, "--ready-file", str(r),
+                                         "--go-file", str(go)),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for _ in range(2)]
+              for r in ready]
+    deadline = time.monotonic() + 30
+    while not all(r.exists() for r in ready):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in racers)
+        time.sleep(0.005)
+    go.touch()
     outs = [json.loads(p.communicate(timeout=60)[0]) for p in racers]
-    assert sorted(o.get("error", o.get("status")) for o in outs) == ["LeaseHeldError",
-                                                                     "finished"]
+    results = sorted(o.get("error", o.get("status")) for o in outs)
+    assert results in (["LeaseHeldError", "finished"], ["finished", "finished"])
     log = log_of(store_url)
     assert {e.epoch for e in log[:prefix]} == {1}
-    assert {e.epoch for e in log[prefix:]} == {2}  # only the winner wrote, once
+    assert {e.epoch for e in log[prefix:]} == {2}  # only the winner wrote
     assert [e.type for e in log[prefix:]].count(E.RUN_RESUMED) == 1
+    assert log[-1].type is E.RUN_FINISHED
     assert ledger.effects()["corrections"] == dict.fromkeys(CORRECTIONS, 1)
 
 
+def wait_until_stopped(process: subprocess.Popen[str]) -> None:
+    """Until ``process`` is stopped by SIGSTOP (state T in /proc)."""
+    deadline = time.monotonic() + 30
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline
+        with open(f"/proc/{process.pid}/stat", "rb") as stat:
+            if stat.read().rsplit(b")", 1)[1].split()[0] == b"T":
+                return
+        time.sleep(0.01)
+
+
 def test_worker_frozen_after_effect_is_fenced_and_successor_reconciles(
-    tmp_path: Path, ledger: LedgerService
+    store_url: str, ledger: LedgerService
 ) -> None:
-    store_url = f"sqlite:///{tmp_path / 'handover.db'}"
     first = subprocess.Popen(agent_cmd(store_url, ledger, "--lease-ttl", "1"),
                              env={**os.environ, "AGENTJOURNAL_FAULT": "after_effect:4:stop"},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -211,3 +234,56 @@ def test_worker_frozen_after_effect_is_fenced_and_successor_reconciles(
     assert all(e.epoch == 2 for e in log[takeover - 1:])  # the old epoch appended nothing
     assert verdicts(log) == ["found"]
     assert ledger.effects()["corrections"] == dict.fromkeys(CORRECTIONS, 1)
+
+
+@pytest.mark.parametrize("ledger", [False], indirect=True, ids=["receiver-ignores-keys"])
+def test_worker_frozen_before_effect_wakes_and_does_not_send(
+    store_url: str, ledger: LedgerService
+) -> None:
+    # Frozen after its call's start is durable, before the request leaves, past its
+    # lease: a successor settles the call (absent at the ledger: posted again). The
+    # woken worker must not send its request (the receiver here dedupes nothing).
+    first = subprocess.Popen(agent_cmd(store_url, ledger, "--lease-ttl", "1"),
+                             env={**os.environ, "AGENTJOURNAL_FAULT": "before_effect:4:stop"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until_stopped(first)
+    time.sleep(1.5)  # past its lease
+    code, out = run_agent(store_url, ledger, "--lease-ttl", "1")
+    assert code == 0 and out["status"] == "finished"
+    settled = len(log_of(store_url))
+    first.send_signal(signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=30)
+    assert json.loads(stdout)["error"] == "LeaseExpiredError", stderr
+    log = log_of(store_url)
+    assert len(log) == settled  # the woken worker appended nothing
+    assert verdicts(log) == ["absent"]
+    effects = ledger.effects()
+    assert effects["corrections"] == dict.fromkeys(CORRECTIONS, 1)
+    assert effects["fenced"] == 0  # its request never left: the receiver saw none
+    # The successor's request carried its epoch (ctx.epoch) to the receiver.
+    status, applied = http_json("GET", f"{ledger.url}/corrections/q3-ledger-a")
+    assert status == 200 and applied["epoch"] == 2
+
+
+@pytest.mark.parametrize("ledger", [False], indirect=True, ids=["receiver-ignores-keys"])
+def test_worker_frozen_after_its_lease_check_is_refused_by_the_receiver(
+    store_url: str, ledger: LedgerService
+) -> None:
+    # The window the lease check cannot close: frozen after the check passed, before
+    # the request left. The woken worker's request carries its old epoch, and the
+    # ledger, having seen the successor's newer epoch for that correction, refuses it.
+    first = subprocess.Popen(agent_cmd(store_url, ledger, "--lease-ttl", "1"),
+                             env={**os.environ, "AGENTJOURNAL_FAULT": "lease_checked:1:stop"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until_stopped(first)
+    time.sleep(1.5)  # past its lease
+    code, out = run_agent(store_url, ledger, "--lease-ttl", "1")
+    assert code == 0 and out["status"] == "finished"
+    settled = len(log_of(store_url))
+    first.send_signal(signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=30)
+    assert json.loads(stdout)["error"] == "FencedError", stderr  # its failure is not recorded
+    assert len(log_of(store_url)) == settled
+    effects = ledger.effects()
+    assert effects["corrections"] == dict.fromkeys(CORRECTIONS, 1)
+    assert effects["fenced"] == 1  # the stale request did arrive, and was refused

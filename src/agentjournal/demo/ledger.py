@@ -146,7 +146,7 @@ def _check_fields(
     return None
 
 
-def _parse_epoch(token: str | None) -> int | None | Reply:
+def _parse_epoch(token: str | None) -> int | Reply | None:
     if token is None:
         return None
     if not token.isascii() or not token.isdigit():

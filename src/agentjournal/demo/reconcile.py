@@ -18,6 +18,7 @@ import hashlib
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -28,7 +29,7 @@ from ..models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
 from ..state import PendingCall
 from ..store import open_store
 from ..tools import Absent, Conflict, Found, Tool, ToolContext, ToolFailed, Unknown, tool
-from .ledger import http_json
+from .ledger import FENCING_HEADER, http_json
 
 LEDGERS = ("ledger-a", "ledger-b", "ledger-c")
 TASK = "Reconcile Q3: read every ledger, correct each discrepancy, file an exception, summarise."
@@ -39,8 +40,11 @@ def correction_id(ledger: str, part: int = 1, parts: int = 1) -> str:
     return f"q3-{ledger}" if parts == 1 else f"q3-{ledger}-{part}of{parts}"
 
 
-def _post(url: str, path: str, body: dict[str, Any], key: str) -> dict[str, Any]:
-    status, answer = http_json("POST", f"{url}{path}", body, {"Idempotency-Key": key})
+def _post(url: str, path: str, body: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    # The key lets the ledger dedupe a retry; the epoch lets it refuse a stale worker
+    # whose request leaves after a successor has acted (see README, "Fencing effects").
+    headers = {"Idempotency-Key": ctx.key, FENCING_HEADER: str(ctx.epoch)}
+    status, answer = http_json("POST", f"{url}{path}", body, headers)
     if status >= 400:  # the service refused: provably nothing was applied
         raise ToolFailed(f"{path} answered {status}: {answer.get('error', answer)}")
     return answer
@@ -78,13 +82,13 @@ def ledger_tools(url: str, mode: Mode = "lookup") -> list[Tool]:
                         memo: str = "") -> dict[str, Any]:
         """Post a correction of `amount` cents to a ledger."""
         body = {"correction_id": correction_id, "ledger": ledger, "amount": amount, "memo": memo}
-        return _post(url, "/corrections", body, ctx.key)
+        return _post(url, "/corrections", body, ctx)
 
     @tool(effect="idempotent", identity=["ticket_id"])
     def file_ticket(ctx: ToolContext, ticket_id: str, title: str, body: str) -> dict[str, Any]:
         """File an exception ticket for a person to review."""
         return _post(url, "/tickets", {"ticket_id": ticket_id, "title": title, "body": body},
-                     ctx.key)
+                     ctx)
 
     return [read_ledger, post_correction, file_ticket]
 
@@ -129,6 +133,15 @@ def reconciliation_agent(url: str, *, mode: Mode = "lookup", parts: int = 1,
                  lease_ttl=lease_ttl)
 
 
+def _barrier(ready: Path | None, go: Path | None) -> None:
+    """Say we are ready (imports done, store open), then wait for the go: whoever
+    controls the go file releases racing workers together, however loaded the machine."""
+    if ready is not None:
+        ready.touch()
+    while go is not None and not go.exists():
+        time.sleep(0.001)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run or resume the reconciliation once.")
     parser.add_argument("--store", required=True)
@@ -138,13 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", type=int, default=1)
     parser.add_argument("--model-delay", type=float, default=0.0)
     parser.add_argument("--lease-ttl", type=float, default=30.0)
-    parser.add_argument("--start-at", type=float, default=0.0,
-                        help="wall-clock time to start at (lines up racing workers)")
+    parser.add_argument("--ready-file", type=Path,
+                        help="create this file once ready to run (a barrier for racing workers)")
+    parser.add_argument("--go-file", type=Path,
+                        help="wait for this file to exist before running")
     args = parser.parse_args(argv)
     agent = reconciliation_agent(args.ledger, mode=args.mode, parts=args.parts,
                                  model_delay=args.model_delay, lease_ttl=args.lease_ttl)
     store = open_store(args.store)
-    time.sleep(max(0.0, args.start_at - time.time()))
+    _barrier(args.ready_file, args.go_file)
     try:
         result: RunResult = agent.run(store, args.run_id, TASK)
     except JournalError as exc:
