@@ -42,7 +42,8 @@ class Target(NamedTuple):
 
 
 def _jsonl_frame(body: bytes) -> bytes:
-    return b"%08x %s\n" % (zlib.crc32(body), body)
+    # The store's framing of a one-record batch: crc over the end mark and the body.
+    return b"%08x .%s\n" % (zlib.crc32(body, zlib.crc32(b".")), body)
 
 
 @contextlib.contextmanager
