@@ -109,7 +109,8 @@ class _Job:
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
-        self.done = threading.Event()
+        self.done = threading.Lock()  # held until the call returns: cheaper than an Event
+        self.done.acquire()
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -120,7 +121,7 @@ def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
             job.result = job.fn()
         except BaseException as exc:  # handed to the caller, who decides
             job.error = exc
-        job.done.set()
+        job.done.release()
 
 
 class CallRunner:
@@ -142,7 +143,7 @@ class CallRunner:
         jobs = self._jobs or self._start()
         job = _Job(fn)
         jobs.put(job)
-        if not job.done.wait(timeout):
+        if not job.done.acquire(timeout=timeout):
             guard.abandon()
             self._retire()
             raise ToolTimedOut(f"{what} did not return within {timeout:g}s; abandoned "
