@@ -20,7 +20,6 @@ from ._base import (
     _report_unreadable,
     age,
     cli,
-    emit_json,
     fold_all,
     human_age,
     json_option,
@@ -32,6 +31,7 @@ from ._base import (
     store_option,
     table,
 )
+from ._safe import cells, echo, emit_json
 from .reading import summary
 
 # --- decisions -------------------------------------------------------------------------
@@ -47,9 +47,9 @@ def print_appended(appended: list[Event], run_id: str, store_url: str, as_json: 
         emit_json([msgspec.to_builtins(e) for e in appended])
         return
     for e in appended:
-        click.echo(f"appended seq {e.seq} {e.type.value}: {summary(e)}")
-    click.echo(f"next: resume the run to act on it: agentjournal resume {run_id}"
-               f"{store_hint(store_url)}")
+        echo(f"appended seq {e.seq} {e.type.value}: {summary(e)}")
+    echo(f"next: resume the run to act on it: agentjournal resume {run_id}"
+         f"{store_hint(store_url)}")
 
 
 @cli.command()
@@ -77,8 +77,8 @@ def approvals(ctx: click.Context, as_json: bool, store_url: str) -> None:
     else:
         out().print(table(
             ("run", "approval", "tool", "args", "reason", "age"),
-            [(r["run_id"], r["approval_id"], r["tool"], short(r["args"], 50), r["reason"],
-              human_age(r["age_s"])) for r in rows],
+            cells((r["run_id"], r["approval_id"], r["tool"], short(r["args"], 50),
+                   r["reason"], human_age(r["age_s"])) for r in rows),
             keep=("run", "approval")))
         note("decide with: agentjournal approve RUN APPROVAL_ID  (or deny ... --reason TEXT)")
     _report_unreadable(ctx, errors)
@@ -155,14 +155,14 @@ def uncertain(ctx: click.Context, as_json: bool, store_url: str) -> None:
     else:
         out().print(table(
             ("run", "tool", "key", "age", "risk", "last error"),
-            [(r["run_id"], r["tool"], r["key"][:16], human_age(r["age_s"]), r["risk"],
-              short(r["last_error"] or "-", 60)) for r in rows],
+            cells((r["run_id"], r["tool"], r["key"][:16], human_age(r["age_s"]), r["risk"],
+                   short(r["last_error"] or "-", 60)) for r in rows),
             keep=("run", "key", "risk")))
         oldest: dict[str, float] = {}
         for r in rows:  # rows are oldest first
             oldest.setdefault(r["risk"], r["age_s"])
-        note(f"{len(rows)} open; oldest by risk class: " + ", ".join(
-            f"{risk} {human_age(a)}" for risk, a in sorted(oldest.items())))
+        echo(f"{len(rows)} open; oldest by risk class: " + ", ".join(
+            f"{risk} {human_age(a)}" for risk, a in sorted(oldest.items())), err=True)
         note("settle with: agentjournal resolve RUN KEY --happened | --did-not-happen | "
              "--conflict")
     _report_unreadable(ctx, errors)

@@ -1,4 +1,8 @@
-"""Reading runs: runs, show, events, state, verify. Reading never writes."""
+"""Reading runs: runs, show, events, state, verify. Reading never writes.
+
+Everything printed for people goes through ``_safe`` (``visible``, ``cells``,
+``echo``; JSON through its ``emit_json``): a run's content is shown, never executed.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,6 @@ from ._base import (
     _report_unreadable,
     age,
     cli,
-    emit_json,
     exit_code_for,
     fold_all,
     human_age,
@@ -41,6 +44,7 @@ from ._base import (
     store_option,
     table,
 )
+from ._safe import cells, echo, emit_json, json_text, visible
 
 # --- inspection ------------------------------------------------------------------------
 
@@ -76,9 +80,9 @@ def runs(ctx: click.Context, status: str | None, as_json: bool, store_url: str) 
     else:
         out().print(table(
             ("run", "status", "events", "started", "last activity", "uncertain", "approvals"),
-            [(r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
-              human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
-              str(r["approvals"])) for r in rows],
+            cells((r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
+                   human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
+                   str(r["approvals"])) for r in rows),
             keep=("run", "status", "started")))
     _report_unreadable(ctx, errors)
 
@@ -154,23 +158,26 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
 
 
 def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
-    # Plain lines, cut at the terminal's width: one event is always one line.
+    # Plain lines, cut at the terminal's width: one event is always one line (a newline
+    # in content is made visible, so it cannot start another).
     console = out()
-    console.print(Text(f"run {run_id}: {state.status}, {len(events)} events", style="bold"))
+    console.print(Text(visible(f"run {run_id}: {state.status}, {len(events)} events"),
+                       style="bold"))
     width = max(len(e.type.value) for e in events)
     for e in events:
         line = (f"{e.seq:>5}  {local_time(e.ts, '%H:%M:%S.%f')[:-3]}  "
                 f"{e.type.value:<{width}}  {summary(e)}")
-        console.print(Text(line), no_wrap=True, overflow="ellipsis")
+        console.print(Text(visible(line)), no_wrap=True, overflow="ellipsis")
 
 
 def print_state(state: RunState) -> None:
     console = out()
-    console.print(Text(f"run {state.run_id} as of seq {state.last_seq}: {state.status}"
-                       + (f" ({state.pause_reason})" if state.pause_reason else "")))
-    console.print(Text(f"task: {state.task}"))
+    console.print(Text(visible(f"run {state.run_id} as of seq {state.last_seq}: "
+                               f"{state.status}"
+                               + (f" ({state.pause_reason})" if state.pause_reason else ""))))
+    console.print(Text(visible(f"task: {state.task}", multiline=True)))
     if state.escalation:
-        console.print(Text(f"escalated: {short(state.escalation, 200)}"))
+        console.print(Text(visible(f"escalated: {short(state.escalation, 200)}")))
     _print_rows(console, "messages (the model's context)", ("seq", "role", "trust", "content"),
                 [(str(m.seq), m.role, m.trust,
                   " → ".join(filter(None, [short(m.content),
@@ -191,7 +198,8 @@ def _print_rows(console: Console, title: str, header: Sequence[str],
     if not rows:
         console.print(f"{title}: none")
         return
-    console.print(table(header, rows, keep=("key", "approval", "role", "trust"), title=title))
+    console.print(table(header, cells(rows), keep=("key", "approval", "role", "trust"),
+                        title=title))
 
 
 @cli.command()
@@ -209,7 +217,9 @@ def events(run_id: str, after: int, store_url: str) -> None:
     with opened(store_url) as store:
         printed = 0
         for event in store.read(run_id, after_seq=after):
-            click.echo(encode(event))  # bytes: written as they are, plus a newline
+            # The canonical line, with characters a terminal would act on spelt \uXXXX
+            # (the same JSON value): `events` is often read on a terminal too.
+            click.echo(json_text(encode(event)))
             printed += 1
         if not printed and store.last_seq(run_id) == 0:
             raise RunNotFoundError(run_id)
@@ -282,24 +292,25 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, as_json: bool
 def _print_verdicts(reports: Sequence[VerifyReport]) -> None:
     for r in reports:
         if r.corrupt_seq is not None:
-            click.echo(f"{r.run_id}: CORRUPT at seq {r.corrupt_seq} (snapshots not checked)")
+            echo(f"{r.run_id}: CORRUPT at seq {r.corrupt_seq} (snapshots not checked)")
             continue
         verdict = "ok" if r.ok else f"{len(r.mismatches)} MISMATCHES"
-        click.echo(f"{r.run_id}: {verdict} ({r.events} events, "
-                   f"{r.snapshots_checked} snapshots)")
+        echo(f"{r.run_id}: {verdict} ({r.events} events, {r.snapshots_checked} snapshots)")
         for m in r.mismatches:
-            click.echo(f"  {m.check} at seq {m.seq}: {', '.join(m.fields)}")
+            echo(f"  {m.check} at seq {m.seq}: {', '.join(m.fields)}")
 
 
 def _verify_failures(reports: Sequence[VerifyReport],
                      errors: Sequence[JournalError]) -> list[int]:
     """Print one error line per failure; their exit codes."""
-    codes = [_fail(f"{r.run_id}: the log is corrupt at seq {r.corrupt_seq}: {r.corrupt}. "
-                   "The log was not changed. Restore it from a backup or inspect it by hand; "
-                   "agentjournal will not resume a run from a damaged log.", 3)
+    # What damage says can quote the damaged bytes: shown, never executed.
+    codes = [_fail(visible(f"{r.run_id}: the log is corrupt at seq {r.corrupt_seq}: "
+                           f"{r.corrupt}. The log was not changed. Restore it from a backup "
+                           "or inspect it by hand; agentjournal will not resume a run from a "
+                           "damaged log."), 3)
              for r in reports if r.corrupt_seq is not None]
     if failed := [r.run_id for r in reports if r.mismatches]:
         codes.append(_fail(f"{', '.join(failed)}: a snapshot plus its tail differs from a "
                            "full replay. That fold version is quarantined, so its snapshots "
                            "are never loaded again; runs replay from the log.", 3))
-    return codes + [_fail(str(exc), exit_code_for(exc)) for exc in errors]
+    return codes + [_fail(visible(str(exc)), exit_code_for(exc)) for exc in errors]
