@@ -11,8 +11,15 @@ execution (agent, tools, models, policy) -> surfaces (cli, demo).
 from __future__ import annotations
 
 from .agent import Agent, RunResult, new_run_id
-from .decisions import decide_approval, resolve_uncertain
+from .decisions import (
+    Decision,
+    decide_approval,
+    record_approval,
+    record_resolution,
+    resolve_uncertain,
+)
 from .errors import (
+    AlreadyDecidedError,
     AmbiguousKeyError,
     ConflictError,
     CorruptLogError,
@@ -73,6 +80,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Absent",
     "Agent",
+    "AlreadyDecidedError",
     "AmbiguousKeyError",
     "Allow",
     "Budget",
@@ -80,6 +88,7 @@ __all__ = [
     "Conflict",
     "ConflictError",
     "CorruptLogError",
+    "Decision",
     "Deny",
     "Durability",
     "DurabilityError",
@@ -139,6 +148,8 @@ __all__ = [
     "new_run_id",
     "open_store",
     "operation_scope",
+    "record_approval",
+    "record_resolution",
     "reply",
     "resolve_uncertain",
     "run_scope",

@@ -5,6 +5,7 @@
     ├── RunNotFoundError            no events recorded for that run id
     ├── RunMismatchError            a resume names a task, scope or agent other than the run's
     ├── NotPendingError             no such open approval or uncertain call in the run
+    │   └── AlreadyDecidedError     a decision contradicting one that already stands
     ├── AmbiguousKeyError           a key prefix that names several uncertain calls
     ├── ConflictError               the log moved on: expected_seq is stale
     ├── FencedError                 the writer's lease epoch was superseded
@@ -84,6 +85,25 @@ class NotPendingError(JournalError, LookupError):
         super().__init__(
             f"run {run_id!r} has no open {what}. Open ones: {listing}.", run_id=run_id
         )
+
+
+class AlreadyDecidedError(NotPendingError):
+    """A decision that contradicts one already standing: approve after deny, or another
+    outcome for a call already resolved. Nothing was appended. (A repeat of the same
+    decision is not an error: it returns what stands.)"""
+
+    def __init__(self, run_id: str, what: str, standing: str, seq: int) -> None:
+        JournalError.__init__(
+            self,
+            f"run {run_id!r}: {what} is already decided: {standing} (seq {seq}). Nothing was "
+            f"appended; a decision stands once recorded (agentjournal show {run_id}). To "
+            f"decide otherwise, fork the run before it (agentjournal fork {run_id} --at "
+            f"{seq - 1}) and decide in the fork.",
+            run_id=run_id,
+        )
+        self.what = what
+        self.standing = standing
+        self.seq = seq
 
 
 class AmbiguousKeyError(JournalError, ValueError):

@@ -8,12 +8,7 @@ from typing import Any, cast
 import click
 import msgspec
 
-from .. import (
-    Event,
-    decide_approval,
-    resolve_uncertain,
-)
-from ..decisions import Outcome
+from ..decisions import Decision, Outcome, record_approval, record_resolution
 from ._base import (
     F,
     _os_user,
@@ -42,11 +37,18 @@ def by_option(f: F) -> F:
                         help="Who decides (recorded in the event).")(f)
 
 
-def print_appended(appended: list[Event], run_id: str, store_url: str, as_json: bool) -> None:
+def print_decision(decision: Decision, run_id: str, store_url: str, as_json: bool) -> None:
+    """The events that record the decision; a repeat says it already stood. With --json,
+    the events either way, so a retried script reads what the first attempt printed."""
     if as_json:
-        emit_json([msgspec.to_builtins(e) for e in appended])
+        emit_json([msgspec.to_builtins(e) for e in decision.events])
         return
-    for e in appended:
+    if not decision.appended:
+        for e in decision.events:
+            echo(f"already decided the same way: seq {e.seq} {e.type.value}: {summary(e)}")
+        echo("nothing was appended")
+        return
+    for e in decision.events:
         echo(f"appended seq {e.seq} {e.type.value}: {summary(e)}")
     echo(f"next: resume the run to act on it: agentjournal resume {run_id}"
          f"{store_hint(store_url)}")
@@ -87,9 +89,9 @@ def approvals(ctx: click.Context, as_json: bool, store_url: str) -> None:
 def _decide(run_id: str, approval_id: str, *, approved: bool, by: str, reason: str,
             store_url: str, as_json: bool) -> None:
     with opened(store_url) as store:
-        event = decide_approval(store, run_id, approval_id, approved=approved, by=by,
-                                reason=reason)
-    print_appended([event], run_id, store_url, as_json)
+        decision = record_approval(store, run_id, approval_id, approved=approved, by=by,
+                                   reason=reason)
+    print_decision(decision, run_id, store_url, as_json)
 
 
 @cli.command()
@@ -218,8 +220,8 @@ def resolve(run_id: str, key: str, happened: bool, result: str | None, did_not_h
         raise click.UsageError("--result goes with --happened only")
     value = parse_result(result)
     with opened(store_url) as store:
-        appended = resolve_uncertain(store, run_id, key, outcome=outcome, by=by,
+        decision = record_resolution(store, run_id, key, outcome=outcome, by=by,
                                      reason=reason, result=value)
-    print_appended(appended, run_id, store_url, as_json)
+    print_decision(decision, run_id, store_url, as_json)
 
 
