@@ -13,6 +13,7 @@ import pytest
 
 from agentjournal import (
     CorruptLogError,
+    CorruptStoreError,
     DurabilityError,
     EventType,
     InvalidRunIdError,
@@ -369,9 +370,9 @@ def test_unreadable_quarantine_disables_snapshots(
     with caplog.at_level(logging.WARNING, logger="agentjournal"):
         assert store.snapshots("r1") == []
     assert "quarantine" in caplog.text
-    with pytest.raises(OSError):
+    with pytest.raises(CorruptStoreError, match="quarantine record"):  # damage, not an OSError
         store.quarantined()
-    with pytest.raises(OSError):
+    with pytest.raises(CorruptStoreError):
         store.quarantine(1, "x")
     assert (tmp_path / "runs" / "_quarantine.json").read_bytes() == b"{torn"
 

@@ -12,8 +12,11 @@
     ├── LeaseHeldError              another owner holds a live lease
     ├── LeaseExpiredError           the lease lapsed before an effect; the worker stopped first
     ├── CorruptLogError             damage before the tail of a log
+    │   └── CorruptStoreError       damage to a store's file itself (a truncated SQLite database)
     ├── DurabilityError             an fsync or commit failed; the handle is now closed for writes
     ├── StoreUnavailableError       the store's server could not be reached; nothing was committed
+    ├── StoreIOError                the OS refused a store read or write (disk full, permissions)
+    │   └── ReadOnlyStoreError      a write to a store opened read-only, or on a read-only mount
     ├── EncodingError               a payload that cannot be stored (NaN, infinity, unknown type)
     ├── UnknownEventTypeError       an event type string this release does not know
     ├── UnsupportedVersionError     an event schema version newer than this release
@@ -191,6 +194,21 @@ class CorruptLogError(JournalError):
         self.detail = detail
 
 
+class CorruptStoreError(CorruptLogError):
+    """The store's file is damaged as a whole (not one run's record): a truncated or
+    overwritten SQLite database. Refused, never repaired or re-created in place."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        JournalError.__init__(
+            self,
+            f"store {url} is damaged: {detail}. It was not changed. Restore it from a "
+            "backup; a copy may still be read with the sqlite3 tool's .recover command.",
+        )
+        self.seq = 0
+        self.detail = detail
+        self.url = url
+
+
 class DurabilityError(JournalError):
     """An fsync or commit failed. The data may be lost; the handle refuses writes."""
 
@@ -216,6 +234,50 @@ class StoreUnavailableError(JournalError):
         )
         self.url = url
         self.detail = detail
+
+
+class StoreIOError(JournalError):
+    """The operating system refused to read or write the store's files. Nothing of the
+    failed write was kept (a partial append is cut back before this is raised)."""
+
+    def __init__(self, url: str, action: str, exc: OSError, *, run_id: str | None = None,
+                 advice: str | None = None) -> None:
+        reason = exc.strerror or str(exc)
+        super().__init__(
+            f"could not {action} in store {url}: {reason}"
+            + (f" ({exc.filename})" if exc.filename else "")
+            + f". {advice or _io_advice(exc.errno)}",
+            run_id=run_id,
+        )
+        self.url = url
+        self.errno = exc.errno
+
+
+def _io_advice(code: int | None) -> str:
+    import errno
+
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return ("The disk (or a quota or file size limit) is full: nothing of this write "
+                "was kept. Free space and retry")
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return ("The store is not writable by this user. Fix its permissions, or copy it "
+                "somewhere writable; reading commands work on a read-only store")
+    return "Check the disk and the store's files, then retry"
+
+
+class ReadOnlyStoreError(StoreIOError):
+    """A write to a store opened read-only (for inspection) or on a read-only file system."""
+
+    def __init__(self, url: str, action: str, *, run_id: str | None = None) -> None:
+        JournalError.__init__(
+            self,
+            f"cannot {action}: store {url} is open read-only (inspection never writes). "
+            "Open it for writing (open_store(url), or a command that runs or decides) to "
+            "change it; a store on a read-only mount must be copied somewhere writable first.",
+            run_id=run_id,
+        )
+        self.url = url
+        self.errno = None
 
 
 class EncodingError(JournalError, ValueError):
@@ -261,7 +323,7 @@ class NotAStoreError(StoreUrlError):
     def __init__(self, url: str, detail: str) -> None:
         JournalError.__init__(
             self,
-            f"{url} is not an agentjournal store ({detail}). The file was not changed; "
+            f"{url} is not an agentjournal store ({detail}). It was not changed; "
             "check the store URL.",
         )
         self.url = url

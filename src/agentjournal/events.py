@@ -143,6 +143,13 @@ def _explain(value: Any, where: str) -> None:
             _explain(v, f"{where}[{i}]")
 
 
+def _not_utf8(exc: UnicodeEncodeError) -> str:
+    bad = exc.object[exc.start : exc.end]
+    return (f"a string holds {bad!r}, a lone surrogate that UTF-8 cannot encode (often "
+            "bytes decoded with errors='surrogateescape'); decode the source with "
+            "errors='replace' or pass bytes as base64")
+
+
 def encode(event: Event) -> bytes:
     """The canonical bytes of ``event``. Refuses NaN, infinities and non-JSON values."""
     _check_finite(event.payload)
@@ -150,6 +157,8 @@ def encode(event: Event) -> bytes:
         return _encoder.encode(event)
     except (TypeError, msgspec.EncodeError) as exc:
         raise EncodingError(str(exc)) from None
+    except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 can hold it
+        raise EncodingError(_not_utf8(exc)) from None
 
 
 def encode_value(value: Any) -> bytes:
@@ -159,6 +168,8 @@ def encode_value(value: Any) -> bytes:
         return _encoder.encode(value)
     except (TypeError, msgspec.EncodeError) as exc:
         raise EncodingError(str(exc)) from None
+    except UnicodeEncodeError as exc:
+        raise EncodingError(_not_utf8(exc)) from None
 
 
 def render(result: Any) -> str:

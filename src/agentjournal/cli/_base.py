@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar, get_args
+from typing import Any, TypeVar, cast, get_args
 
 import click
 import msgspec
@@ -40,7 +40,7 @@ from .. import (
 )
 from ..snapshots import load_state
 from ..state import Status
-from ..store import ENV_VAR, RunInfo, local_path
+from ..store import ENV_VAR, RunInfo, local_path, mask_secrets
 
 E = EventType
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,7 +69,7 @@ def exit_code_for(exc: JournalError) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {mask_secrets(message)}", err=True)
     return code
 
 
@@ -109,6 +109,9 @@ class JournalGroup(click.Group):
         except sqlite3.DatabaseError as exc:  # damage SQLite found below the store's checks
             damaged = not isinstance(exc, sqlite3.OperationalError)
             return _fail(f"the SQLite store failed: {exc}", 3 if damaged else 1)
+        except OSError as exc:  # a last resort: the stores translate the ones they expect
+            return _fail(f"the operating system refused: {exc}. Check the store's disk and "
+                         "permissions", 1)
         except click.Abort:
             return _fail("aborted", 130)
         return rv if type(rv) is int else 0
@@ -131,34 +134,61 @@ def json_option(f: F) -> F:
 
 
 def _check_target(url: str, *, create: bool) -> None:
-    """Refuse a missing store (unless creating) and a file that is not a store."""
+    """Refuse a missing store unless creating, naming the absolute path it looked at.
+    (What is there is judged by the store itself, which refuses what is not a store.)"""
     local = local_path(url)
     if local is None:
         return  # Postgres, or a URL open_store will reject with its own message
-    scheme, path = local
+    path = local[1].absolute()
     if not path.exists():
         if not create:
-            raise CliError(f"no store at {path} (from {url}). Check --store or ${ENV_VAR}; "
+            raise CliError(f"no store at {path} (from {url}). Check --store or ${ENV_VAR} "
+                           "(sqlite:///rel.db is relative to the working directory, "
+                           "sqlite:////abs.db absolute); `agentjournal init` or "
                            "`agentjournal run` creates a store.", 2)
-        if not path.absolute().parent.is_dir():
+        if not path.parent.is_dir():
             raise CliError(f"cannot create a store at {path}: the directory "
-                           f"{path.absolute().parent} does not exist")
-        return
-    if scheme == "sqlite" and path.is_file() and path.stat().st_size:
-        with path.open("rb") as f:
-            if f.read(16) != b"SQLite format 3\x00":
-                raise CliError(f"{path} is not an agentjournal store: it is not an SQLite "
-                               "database. Check --store.", 3)
-    if scheme == "jsonl" and not path.is_dir():
-        raise CliError(f"{path} is not an agentjournal store: a jsonl store is a directory, "
-                       "this is a file. Check --store.", 3)
+                           f"{path.parent} does not exist")
+
+
+_WRITES = frozenset({"append", "acquire", "renew", "release", "put_snapshot",
+                     "delete_snapshots", "quarantine"})
+
+
+class _ReadFirst:
+    """A store opened read-only, reopened for writing at the first write a command makes.
+
+    Reading never writes: a command that only inspects (runs, show, events, state,
+    approvals, uncertain, and verify unless it must quarantine) never holds a writable
+    handle, so it creates, migrates and changes nothing and works on a read-only copy.
+    A command that decides or drives a run writes through a normal handle, opened only
+    once the read-only one has shown the store is an agentjournal store.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._reader = open_store(url, readonly=True)
+        self._writer: Store | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _WRITES and self._writer is None:
+            self._writer = open_store(self._url)
+        return getattr(self._writer or self._reader, name)
+
+    def close(self) -> None:
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            self._reader.close()
 
 
 @contextmanager
 def opened(url: str, *, create: bool = False) -> Iterator[Store]:
-    """The store at ``url``, closed afterwards. Only ``create`` may make a new one."""
+    """The store at ``url``, closed afterwards: read-only until a command writes to it
+    (see :class:`_ReadFirst`). Only ``create`` may make a new one."""
     _check_target(url, create=create)
-    store = open_store(url)
+    store = open_store(url) if create else cast(Store, _ReadFirst(url))
     try:
         yield store
     finally:
@@ -224,8 +254,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Iterab
 
 
 def note(message: str) -> None:
-    """Progress and advice: stderr, so stdout stays data."""
-    click.echo(message, err=True)
+    """Progress and advice: stderr, so stdout stays data (a store URL's password masked)."""
+    click.echo(mask_secrets(message), err=True)
 
 
 def short(value: Any, width: int = 80) -> str:
@@ -251,7 +281,8 @@ def local_time(ts: datetime | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
 
 def store_hint(url: str) -> str:
     """`--store URL`, when a follow-up command would not find the store without it."""
-    return "" if url == (os.environ.get(ENV_VAR) or DEFAULT_URL) else f" --store {url}"
+    same = url == (os.environ.get(ENV_VAR) or DEFAULT_URL)
+    return "" if same else f" --store {mask_secrets(url)}"
 
 
 @contextmanager

@@ -42,12 +42,24 @@ per snapshot, ``<seq:012d>-f<fold_version>.snap``: a one-line JSON header (the
 metadata) then the raw body. Each is written to a ``.tmp`` file, fsynced and
 renamed into place, so a reader sees a whole snapshot or none; ``.tmp`` files
 are never read. The store-wide quarantine record is ``_quarantine.json``.
+
+Opened ``readonly`` (inspection), the store creates nothing: not the directory,
+not a ``.lock`` file. It takes a run's flock only when the lock file exists, and
+then through a read-only descriptor (flock needs no write access, so this works on
+a read-only mount too). Without a lock file no writer has used the run since the
+file was made (every writer creates it first), so there is no one to wait for; a
+writer that arrives mid-read is safe too: its unfinished batch reads as an
+incomplete final batch, which readers skip. Every write raises ``ReadOnlyStoreError``.
+
+The operating system's refusals (a full disk, a read-only file system, missing
+permissions) are ``StoreIOError``; an append that fails is cut back first, so
+nothing of it is kept.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -56,22 +68,25 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 import msgspec
 
 from ..errors import (
     ConflictError,
     CorruptLogError,
+    CorruptStoreError,
     DurabilityError,
     FencedError,
     InvalidRunIdError,
     LeaseHeldError,
     NotAStoreError,
+    ReadOnlyStoreError,
+    StoreIOError,
     StoreUrlError,
 )
 from ..events import Event, seal, stored_digest
@@ -88,6 +103,26 @@ from .base import (
 )
 
 log = logging.getLogger("agentjournal")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _os_errors(action: str, *, write: bool) -> Callable[[_F], _F]:
+    """Make the operating system's refusals inside a store method ``StoreIOError`` (and a
+    write on a read-only handle ``ReadOnlyStoreError``), saying what to do about them."""
+
+    def wrap(method: _F) -> _F:
+        @functools.wraps(method)
+        def translated(self: JsonlStore, *args: Any, **kwargs: Any) -> Any:
+            if write and self.readonly:
+                raise ReadOnlyStoreError(self.url, action)
+            try:
+                return method(self, *args, **kwargs)
+            except OSError as exc:
+                raise StoreIOError(self.url, action, exc) from exc
+
+        return cast(_F, translated)
+
+    return wrap
 
 _CHUNK = 1 << 24
 _OPEN_RUNS = 64  # runs whose files stay open between calls
@@ -220,10 +255,12 @@ class JsonlStore:
         *,
         durability: Durability = Durability.FSYNC,
         batch_every: int = 64,
+        readonly: bool = False,
     ) -> None:
         self.path = Path(directory)
         self.url = f"jsonl:///{self.path}"
         self.durability = Durability(durability)
+        self.readonly = readonly
         if batch_every < 1:
             raise ValueError("batch_every must be at least 1")
         self.batch_every = batch_every
@@ -238,8 +275,14 @@ class JsonlStore:
         self._log_fds: OrderedDict[str, int] = OrderedDict()
         self._epochs: dict[str, tuple[tuple[int, int, int], int]] = {}
         self._unsynced: dict[str, int] = {}  # BATCHED: appends since the run's last fsync
+        where = str(self.path.absolute())
         if self.path.exists() and not self.path.is_dir():
-            raise NotAStoreError(self.url, "it is a file; a jsonl store is a directory")
+            raise NotAStoreError(where, "it is a file; a jsonl store is a directory")
+        if readonly:
+            if not self.path.is_dir():
+                raise StoreUrlError(where, "no directory there; a store is created by its "
+                                    "first run or by `agentjournal init`")
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -254,7 +297,13 @@ class JsonlStore:
         with self._lock:
             if write and self._broken:
                 raise DurabilityError(self._broken, run_id=run_id)
-            fd = self._cached_fd(self._lock_fds, run_id, ".lock", os.O_RDWR | os.O_CREAT)
+            if self.readonly:  # see the module docstring: no lock file, no writer to wait for
+                if not os.path.exists(f"{self._dir}/{run_id}.lock"):
+                    yield
+                    return
+                fd = self._cached_fd(self._lock_fds, run_id, ".lock", os.O_RDONLY)
+            else:
+                fd = self._cached_fd(self._lock_fds, run_id, ".lock", os.O_RDWR | os.O_CREAT)
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
@@ -429,6 +478,7 @@ class JsonlStore:
 
     # --- the log ---------------------------------------------------------------
 
+    @_os_errors("append to a run", write=True)
     def append(self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int) -> int:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
@@ -481,9 +531,13 @@ class JsonlStore:
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
+        yield from self._read(run_id, after_seq)  # a generator: the work is in _read
+
+    @_os_errors("read a run", write=False)
+    def _read(self, run_id: str, after_seq: int) -> list[Event]:
         path = self._file(run_id, ".jsonl")
         if not path.exists():
-            return
+            return []
         with self._locked(run_id, write=False):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -492,12 +546,14 @@ class JsonlStore:
                 os.close(fd)
             if not after_seq:  # a partial scan learns neither the start time nor the digest
                 self._tails[run_id] = tail
-        yield from events
+        return events
 
+    @_os_errors("read a run", write=False)
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
         return self._tail(run_id).last_seq
 
+    @_os_errors("list runs", write=False)
     def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
         runs: list[RunInfo] = []
         for path in self.path.glob("*.jsonl"):
@@ -545,6 +601,7 @@ class JsonlStore:
         if created:
             self._sync_dir(run_id, directory)
 
+    @_os_errors("read a scope", write=False)
     def scope_runs(self, scope: str) -> list[str]:
         try:
             with open(self._scope_file(scope), "rb") as f:
@@ -594,6 +651,7 @@ class JsonlStore:
         os.replace(tmp, self._file(run_id, ".lease"))
         self._sync_dir(run_id)
 
+    @_os_errors("take a lease", write=True)
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
         with self._locked(run_id, write=True):
@@ -611,6 +669,7 @@ class JsonlStore:
             self._write_lease(run_id, record)
         return Lease(run_id, owner, epoch, record.expires_at)
 
+    @_os_errors("renew a lease", write=True)
     def renew(self, lease: Lease, ttl: float) -> Lease:
         validate_run_id(lease.run_id)
         with self._locked(lease.run_id, write=True):
@@ -622,6 +681,7 @@ class JsonlStore:
             self._write_lease(lease.run_id, record)
         return Lease(lease.run_id, lease.owner, lease.epoch, record.expires_at)
 
+    @_os_errors("release a lease", write=True)
     def release(self, lease: Lease) -> None:
         validate_run_id(lease.run_id)
         with self._locked(lease.run_id, write=True):
@@ -676,6 +736,7 @@ class JsonlStore:
         good.sort(key=lambda g: (g[1].seq, g[1].created_at.timestamp(), g[0].name), reverse=True)
         return good, bad
 
+    @_os_errors("write a snapshot", write=True)
     def put_snapshot(self, snapshot: Snapshot, *, keep: int = 2) -> None:
         run_id = validate_run_id(snapshot.run_id)
         header = _SnapHeader(
@@ -705,13 +766,14 @@ class JsonlStore:
             if doomed:
                 self._sync_dir(run_id, directory)
 
+    @_os_errors("read snapshots", write=False)
     def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
         validate_run_id(run_id)
         if not self._snap_dir(run_id).is_dir():
             return []  # and no lock file created for a run that has none
         try:
             self._read_quarantine()
-        except OSError as exc:
+        except (OSError, CorruptStoreError) as exc:
             # Which fold versions are unsafe is unknown: load none until it is fixed.
             log.warning("run %r: not using snapshots: %s", run_id, exc)
             return []
@@ -732,6 +794,7 @@ class JsonlStore:
             for h, body in filter(None, loaded)
         ]
 
+    @_os_errors("delete snapshots", write=True)
     def delete_snapshots(self, run_id: str) -> int:
         validate_run_id(run_id)
         directory = self._snap_dir(run_id)
@@ -763,17 +826,21 @@ class JsonlStore:
             return msgspec.json.decode(raw, type=dict[int, str])
         except msgspec.DecodeError as exc:
             # Never read as "nothing quarantined": that could load a known-bad fold.
-            raise OSError(errno.EIO, f"unreadable quarantine record {path}: {exc}") from None
+            raise CorruptStoreError(str(path), f"its quarantine record does not decode "
+                                    f"({exc})") from None
 
+    @_os_errors("record a quarantine", write=True)
     def quarantine(self, fold_version: int, reason: str) -> None:
         with self._flocked(self.path / "_quarantine.lock", write=True, run_id=None):
             record = self._read_quarantine()
             record[fold_version] = reason
             self._publish(self.path / _QUARANTINE, msgspec.json.encode(record), None)
 
+    @_os_errors("read the quarantine record", write=False)
     def quarantined(self) -> dict[int, str]:
         return self._read_quarantine()  # replaced whole, so no lock is needed to read it
 
+    @_os_errors("close the store", write=False)
     def close(self) -> None:
         """Fsync what BATCHED left unsynced, close open files; ``DurabilityError`` if a sync
         fails."""

@@ -30,10 +30,23 @@ cut may lose the most recent acknowledged appends (up to about three
 ``wal_writer_delay``, 600 ms by default), always a suffix of the log, never a
 hole; a client crash loses nothing acknowledged. Lease writes always commit
 synchronously: a lost lease grant could hand the same epoch out twice.
+
+A schema is ours when it has a ``schema_version`` table. Opening never migrates
+into another schema's tables (``NotAStoreError``); opened ``readonly`` it creates
+nothing at all (no schema, no table, no migration) and refuses every write; a
+schema at a newer version than this release is ``UnsupportedVersionError``.
+
+During an outage psycopg_pool logs its reconnection attempts as warnings to the
+``psycopg.pool`` logger; a ``NullHandler`` there keeps them out of a CLI user's
+stderr when the application configured no logging (they still reach any handler
+it did configure). A ``release`` lost to a dropped connection is retried at once
+on a fresh one, and else on the handle's next use and on ``close``, so a
+successor does not wait out the TTL.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -51,9 +64,13 @@ from ..errors import (
     ConflictError,
     DurabilityError,
     FencedError,
+    JournalError,
     LeaseHeldError,
+    NotAStoreError,
+    ReadOnlyStoreError,
     StoreUnavailableError,
     StoreUrlError,
+    UnsupportedVersionError,
 )
 from ..events import GENESIS, Event, seal, stored_digest
 from .base import (
@@ -66,6 +83,8 @@ from .base import (
     scope_started,
     validate_run_id,
 )
+
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())  # see the docstring
 
 DEFAULT_SCHEMA = "agentjournal"
 # Postgres silently truncates identifiers past 63 bytes, which could alias two schemas.
@@ -166,12 +185,20 @@ def _public_url(params: dict[str, Any], schema: str) -> str:
 
 
 def _oneline(exc: BaseException) -> str:
-    return " ".join(str(exc).split())  # libpq's messages span lines
+    from . import mask_secrets  # (the package imports this module lazily)
+
+    return mask_secrets(" ".join(str(exc).split()))  # libpq's messages span lines
 
 
 def _configure(conn: Conn) -> None:
     # RunInfo datetimes come back in UTC, as from the other backends.
     conn.execute("SET TIME ZONE 'UTC'")
+    conn.commit()
+
+
+def _configure_readonly(conn: Conn) -> None:
+    _configure(conn)
+    conn.execute("SET default_transaction_read_only = on")  # the server refuses writes too
     conn.commit()
 
 
@@ -183,15 +210,18 @@ class PostgresStore:
         schema: str = DEFAULT_SCHEMA,
         durability: Durability = Durability.FSYNC,
         pool_size: int = 4,
+        readonly: bool = False,
     ) -> None:
         self.schema = schema
         self.durability = Durability(durability)
+        self.readonly = readonly
         self._broken: str | None = None
+        self._unreleased: dict[str, Lease] = {}  # releases lost to a dropped connection
         self._ends: dict[str, tuple[int, str]] = {}  # run -> (last seq, its digest), a guess
         self._ends_lock = threading.Lock()
         try:
             params = conninfo_to_dict(conninfo)
-        except psycopg.Error as exc:
+        except (psycopg.Error, ValueError) as exc:
             detail = f"invalid connection string: {_oneline(exc)}"
             raise StoreUrlError("postgresql://", detail) from None
         self.url = _public_url(params, schema)
@@ -210,7 +240,10 @@ class PostgresStore:
             # A direct connection first: it fails fast with libpq's reason,
             # where the pool would retry quietly until its timeout.
             with psycopg.connect(dsn) as conn:
-                self._migrate(conn)
+                if readonly:
+                    self._check_schema(conn)
+                else:
+                    self._migrate(conn)
         except psycopg.OperationalError as exc:
             raise StoreUrlError(self.url, f"cannot connect: {_oneline(exc)}") from None
         except psycopg.Error as exc:
@@ -221,7 +254,7 @@ class PostgresStore:
             min_size=1,
             max_size=pool_size,
             open=False,
-            configure=_configure,
+            configure=_configure_readonly if readonly else _configure,
             # No check per checkout (a round trip per append): after a server restart
             # the first call fails with StoreUnavailableError and the pool reconnects.
             name=f"agentjournal.{schema}",
@@ -235,14 +268,44 @@ class PostgresStore:
     def _q(self, text: LiteralString) -> sql.Composed:
         return sql.SQL(text).format(s=self._s)
 
+    def _version(self, conn: Conn) -> int | None:
+        """The schema's migration count; None if it does not exist; NotAStoreError if it
+        holds tables but no ``schema_version`` (another program's, such as ``public``)."""
+        tables = [r[0] for r in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')"
+            " ORDER BY c.relname", (self.schema,)).fetchall()]
+        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,))
+        if exists.fetchone() is None:
+            return None
+        if "schema_version" not in tables:
+            if tables:
+                raise NotAStoreError(self.url, f"schema {self.schema!r} holds other tables "
+                                     f"({', '.join(tables[:5])}) and no schema_version; "
+                                     "agentjournal adds none to it. Name a schema of its own")
+            return 0
+        ((version,),) = conn.execute(
+            self._q("SELECT coalesce(max(version), 0) FROM {s}.schema_version")).fetchall()
+        if version > len(MIGRATIONS):
+            raise UnsupportedVersionError(f"store {self.url}", version, len(MIGRATIONS))
+        return int(version)
+
+    def _check_schema(self, conn: Conn) -> None:
+        """For a read-only open: the schema must be an agentjournal store already."""
+        version = self._version(conn)
+        conn.rollback()  # leave no transaction open on the connection
+        if not version:
+            found = "does not exist" if version is None else "has no agentjournal tables"
+            raise NotAStoreError(self.url, f"schema {self.schema!r} {found}; a store is "
+                                 "created by its first run or by `agentjournal init`")
+
     def _migrate(self, conn: Conn) -> None:
         # Two processes opening a fresh schema at once would both try to create
         # it; the lock serializes them and the second finds the work done.
         conn.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK, self.schema)
         )
-        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,))
-        if exists.fetchone() is None:  # skipped otherwise: it needs CREATE on the database
+        if self._version(conn) is None:  # else skipped: it needs CREATE on the database
             conn.execute(self._q("CREATE SCHEMA {s}"))
         conn.execute(
             self._q(
@@ -270,6 +333,10 @@ class PostgresStore:
     @contextmanager
     def _write(self, run_id: str | None, *, batched: bool = False) -> Iterator[Cursor]:
         """A transaction committed by :meth:`_sync`; a failed commit breaks the handle."""
+        if self.readonly:
+            raise ReadOnlyStoreError(self.url, "write", run_id=run_id)
+        if self._unreleased:
+            self._retry_releases()
         if self._broken:
             raise DurabilityError(self._broken, run_id=run_id)
         with self._conn() as conn, conn.cursor() as cur:
@@ -474,6 +541,19 @@ class PostgresStore:
         return Lease(lease.run_id, lease.owner, lease.epoch, expires_at)
 
     def release(self, lease: Lease) -> None:
+        """Release ``lease``. A connection dropped under it is retried at once on a fresh
+        one (the pool discards the dead one); if the server is still away, the release is
+        kept and retried on this handle's next write and on ``close``."""
+        try:
+            self._release(lease)
+        except StoreUnavailableError:
+            try:
+                self._release(lease)
+            except StoreUnavailableError:
+                self._unreleased[lease.run_id] = lease
+                raise
+
+    def _release(self, lease: Lease) -> None:
         with self._write(lease.run_id) as cur:
             cur.execute(
                 self._q(
@@ -482,6 +562,17 @@ class PostgresStore:
                 ),
                 (lease.run_id, lease.epoch),
             )
+        self._unreleased.pop(lease.run_id, None)
+
+    def _retry_releases(self) -> None:
+        """Best effort: a release that failed earlier (a newer lease of the run is never
+        touched: the update matches the old epoch only)."""
+        pending, self._unreleased = self._unreleased, {}
+        for run_id, lease in pending.items():
+            try:
+                self._release(lease)
+            except JournalError:
+                self._unreleased.setdefault(run_id, lease)
 
     # --- snapshots ---------------------------------------------------------------
 
@@ -569,6 +660,8 @@ class PostgresStore:
             return {int(v): str(r) for v, r in rows.fetchall()}
 
     def close(self) -> None:
+        if self._unreleased:
+            self._retry_releases()
         self._pool.close()
 
     def __enter__(self) -> PostgresStore:

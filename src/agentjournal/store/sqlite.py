@@ -12,10 +12,18 @@ worker whose wall clock runs an hour ahead must not take over a live run.
 deadline written under another boot id is over: its holder died with that
 boot. Rows written before migration 4, or on a host without a boot id, carry
 only the wall-clock ``expires_at``, and are judged by it.
+
+Opened ``readonly``, the store changes nothing (see :func:`_readonly_uri` for how
+SQLite's WAL files are handled), works on a read-only copy, and refuses writes.
+A file is ours when its ``user_version`` is set (only our migrations set it); an
+empty file, random bytes or another program's tables are ``NotAStoreError``,
+never migrated into. A file with SQLite's header that SQLite cannot read is
+damage (``CorruptStoreError``), not "not a store".
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -27,11 +35,14 @@ from typing import Any
 
 from ..errors import (
     ConflictError,
+    CorruptStoreError,
     DurabilityError,
     FencedError,
     LeaseHeldError,
     NotAStoreError,
+    ReadOnlyStoreError,
     StoreUrlError,
+    UnsupportedVersionError,
 )
 from ..events import Event, now, seal, stored_digest
 from .base import (
@@ -106,6 +117,41 @@ def _seconds_left(row: tuple[Any, ...], wall: float, boot: str, now: float) -> f
     return float(expires_at) - wall
 
 
+_HEADER = b"SQLite format 3\x00"
+
+
+def _readonly_uri(path: Path) -> str:
+    """How to open ``path`` for reading without creating or changing any file.
+
+    A rollback-journal database is read with ``mode=ro``: that creates nothing. A
+    WAL database's readers need its ``-wal`` and ``-shm`` files, and a read-only
+    connection that creates them cannot remove them afterwards. So, in a writable
+    directory, it is opened read-write with ``query_only`` (it cannot write): the last
+    connection to close removes the files it made, as any SQLite user does. On a
+    read-only directory (a backup, a forensic mount) whose WAL is gone (checkpointed),
+    nothing can change the file, so it is opened ``immutable``: no locks, no ``-shm``.
+    A leftover WAL there is read with ``mode=ro``, which needs its ``-shm`` too.
+    """
+    with path.open("rb") as f:
+        header = f.read(100)
+    quoted = sqlite3_path(path)
+    if len(header) < 20 or header[18] != 2:  # not WAL (byte 18: the read version)
+        return f"file:{quoted}?mode=ro"
+    if os.access(path.absolute().parent, os.W_OK):
+        return f"file:{quoted}?mode=rw"
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size:
+        return f"file:{quoted}?mode=ro"
+    return f"file:{quoted}?mode=ro&immutable=1"
+
+
+def sqlite3_path(path: Path) -> str:
+    """``path`` quoted for a ``file:`` URI (?, # and % are special there)."""
+    from urllib.parse import quote
+
+    return quote(str(path.absolute()), safe="/")
+
+
 class SQLiteStore:
     def __init__(
         self,
@@ -113,26 +159,103 @@ class SQLiteStore:
         *,
         durability: Durability = Durability.FSYNC,
         busy_timeout: float = 30.0,
+        readonly: bool = False,
     ) -> None:
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
         self.durability = Durability(durability)
+        self.readonly = readonly
         self._lock = threading.RLock()
         self._broken: str | None = None
+        where = str(self.path.absolute())
         if self.path.is_dir():
-            raise StoreUrlError(self.url, "the path is a directory, not a database file")
+            raise StoreUrlError(where, "the path is a directory, not a database file")
+        if readonly and not self.path.is_file():
+            raise StoreUrlError(where, "no database file there; a store is created by its "
+                                "first run or by `agentjournal init`")
         try:
+            self._refuse_foreign_file()
+            if readonly:
+                self._db = sqlite3.connect(self._readonly_target(), uri=True,
+                                           timeout=busy_timeout, isolation_level=None,
+                                           check_same_thread=False)
+                self._db.execute("PRAGMA query_only=ON")
+                self._check_version(writing=False)
+                return
             self._db = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
             )
+            self._check_version(writing=True)
             self._enable_wal(busy_timeout)
             sync = "FULL" if self.durability is Durability.FSYNC else "NORMAL"
             self._db.execute(f"PRAGMA synchronous={sync}")
             self._migrate()
         except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
-            raise StoreUrlError(self.url, f"cannot open the database ({exc})") from None
-        except sqlite3.DatabaseError as exc:  # the file's content is not a database
-            raise NotAStoreError(self.url, str(exc)) from None
+            self._close_quietly()
+            raise StoreUrlError(where, f"cannot open the database ({exc})") from None
+        except sqlite3.DatabaseError as exc:  # SQLite's header, unreadable content: damage
+            self._close_quietly()
+            raise CorruptStoreError(where, f"SQLite cannot read it ({exc})") from None
+        except BaseException:
+            self._close_quietly()
+            raise
+
+    def _readonly_target(self) -> str:
+        try:
+            return _readonly_uri(self.path)
+        except OSError as exc:
+            raise StoreUrlError(self.url, f"cannot read the file ({exc.strerror})") from None
+
+    def _close_quietly(self) -> None:
+        db = getattr(self, "_db", None)
+        if db is not None:
+            db.close()
+
+    def _refuse_foreign_file(self) -> None:
+        """A file that exists but is no SQLite database (random bytes, text) is not ours.
+        An empty file is refused when reading (a truncated store must not read as an
+        empty one); a writer may make a store in a new empty file (mkstemp's)."""
+        try:
+            with self.path.open("rb") as f:
+                head = f.read(len(_HEADER))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StoreUrlError(self.url, f"cannot read the file ({exc.strerror})") from None
+        if not head:
+            if self.readonly:
+                raise NotAStoreError(
+                    str(self.path.absolute()),
+                    "the file is empty (0 bytes); if it was a store, it was truncated: "
+                    "restore it from a backup")
+            return
+        if head != _HEADER:
+            raise NotAStoreError(str(self.path.absolute()),
+                                 "it is not an SQLite database")
+
+    def _check_version(self, *, writing: bool) -> None:
+        """Refuse another program's database, and one from a newer release."""
+        self._db.execute("BEGIN")  # one snapshot: a concurrent first migration is all or none
+        try:
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            tables = self._db.execute(
+                "SELECT group_concat(name, ', ') FROM (SELECT name FROM sqlite_master"
+                " WHERE type = 'table' ORDER BY name LIMIT 5)").fetchone()[0]
+        finally:
+            self._db.execute("COMMIT")
+        if version == 0:
+            where = str(self.path.absolute())
+            if tables:
+                raise NotAStoreError(where, f"an SQLite database of another program, with "
+                                     f"tables {tables}; agentjournal adds none to it")
+            if not writing:
+                raise NotAStoreError(where, "an SQLite database with no agentjournal tables")
+        elif version > len(MIGRATIONS):
+            raise UnsupportedVersionError(f"store {self.url}", version, len(MIGRATIONS))
+
+    def _writable(self, action: str, run_id: str | None = None) -> None:
+        if self.readonly:
+            raise ReadOnlyStoreError(self.url, action, run_id=run_id)
 
     def _enable_wal(self, timeout: float) -> None:
         """Switch to WAL mode. Processes opening a new file together can get SQLITE_BUSY
@@ -159,6 +282,7 @@ class SQLiteStore:
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction holding the database's write lock from its first read."""
+        self._writable("write")
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
@@ -210,7 +334,7 @@ class SQLiteStore:
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
-        with self._lock:
+        with self._reading():
             rows = self._db.execute(  # from after_seq itself: its digest starts the chain
                 "SELECT seq, body FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq",
                 (run_id, after_seq),
@@ -224,7 +348,7 @@ class SQLiteStore:
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
-        with self._lock:
+        with self._reading():
             return self._last_seq(self._db, run_id)
 
     @staticmethod
@@ -237,7 +361,7 @@ class SQLiteStore:
             "SELECT run_id, max(seq), min(ts), max(ts) FROM events GROUP BY run_id "
             "ORDER BY max(ts) DESC"
         )
-        with self._lock:
+        with self._reading():
             rows = self._db.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
         return [
             RunInfo(r[0], r[1], datetime.fromisoformat(r[2]), datetime.fromisoformat(r[3]))
@@ -245,7 +369,7 @@ class SQLiteStore:
         ]
 
     def scope_runs(self, scope: str) -> list[str]:
-        with self._lock:
+        with self._reading():
             rows = self._db.execute(
                 "SELECT s.run_id FROM scopes s JOIN events e ON e.run_id = s.run_id AND e.seq = 1"
                 " WHERE s.scope = ? ORDER BY e.ts, s.run_id", (scope,)).fetchall()
@@ -325,7 +449,7 @@ class SQLiteStore:
 
     def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
         validate_run_id(run_id)
-        with self._lock:
+        with self._reading():
             rows = self._db.execute(
                 "SELECT seq, schema_version, fold_version, digest, body, created_at "
                 "FROM snapshots WHERE run_id = ? ORDER BY seq DESC, created_at DESC LIMIT ?",
@@ -348,12 +472,25 @@ class SQLiteStore:
                        (fold_version, reason, now().isoformat()))
 
     def quarantined(self) -> dict[int, str]:
-        with self._lock:
+        with self._reading():
             return dict(self._db.execute("SELECT fold_version, reason FROM quarantine"))
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    # SQLite reports damage it finds mid-query as DatabaseError; the read paths call
+    # this so it is CorruptStoreError, not a raw sqlite3 error.
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.OperationalError:
+                raise
+            except sqlite3.DatabaseError as exc:
+                where = str(self.path.absolute())
+                raise CorruptStoreError(where, f"SQLite cannot read it ({exc})") from None
 
     def __enter__(self) -> SQLiteStore:
         return self
