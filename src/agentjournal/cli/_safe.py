@@ -41,6 +41,8 @@ def _shown(ch: str) -> str:
 
 def visible(text: str, *, multiline: bool = False) -> str:
     """``text`` with every character a terminal could act on made visible."""
+    if text.isprintable():  # the common case, checked in C: nothing can be hidden
+        return text
     kept = "\n\t" if multiline else ""
 
     def show(match: re.Match[str]) -> str:
@@ -82,7 +84,10 @@ _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 def json_text(encoded: bytes) -> str:
     """JSON ``encoded`` by msgspec, with the hidden characters it leaves raw (DEL, C1,
     bidi, zero-width, tags, separators) spelt ``\\uXXXX``: the same value, safe to print."""
-    return _NON_ASCII.sub(_json_escape, encoded.decode().replace("\x7f", "\\u007f"))
+    lines = encoded.decode().split("\n")  # indented JSON: look only at lines that need it
+    return "\n".join(line if line.isprintable() else
+                     _NON_ASCII.sub(_json_escape, line.replace("\x7f", "\\u007f"))
+                     for line in lines)
 
 
 def emit_json(value: Any) -> None:
