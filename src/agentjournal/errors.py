@@ -268,12 +268,13 @@ def _io_advice(code: int | None) -> str:
 class ReadOnlyStoreError(StoreIOError):
     """A write to a store opened read-only (for inspection) or on a read-only file system."""
 
-    def __init__(self, url: str, action: str, *, run_id: str | None = None) -> None:
+    def __init__(self, url: str, action: str, *, run_id: str | None = None,
+                 reason: str = "it is open read-only (inspection never writes)") -> None:
         JournalError.__init__(
             self,
-            f"cannot {action}: store {url} is open read-only (inspection never writes). "
-            "Open it for writing (open_store(url), or a command that runs or decides) to "
-            "change it; a store on a read-only mount must be copied somewhere writable first.",
+            f"cannot {action}: store {url} is read-only: {reason}. Open it for writing "
+            "(open_store(url), or a command that runs or decides) to change it; a store on "
+            "a read-only mount or directory must be copied somewhere writable first.",
             run_id=run_id,
         )
         self.url = url

@@ -501,9 +501,11 @@ class JsonlStore:
             elif torn is not None:  # only a writer cuts, and only right before it writes
                 self._cut(run_id, fd, torn)
             try:
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(f"short write: {written} of {len(data)} bytes")
+                # Under the flock no reader sees a part; a short write (a full disk, a
+                # file size limit) is followed by one that fails with the OS's reason.
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
             except OSError:
                 try:
                     os.ftruncate(fd, tail.size)

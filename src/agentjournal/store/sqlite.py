@@ -192,6 +192,9 @@ class SQLiteStore:
             self._migrate()
         except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
             self._close_quietly()
+            if not readonly and not self._can_write():
+                raise ReadOnlyStoreError(where, "open it for writing", reason=(
+                    f"the file or its directory is not writable ({exc})")) from None
             raise StoreUrlError(where, f"cannot open the database ({exc})") from None
         except sqlite3.DatabaseError as exc:  # SQLite's header, unreadable content: damage
             self._close_quietly()
@@ -199,6 +202,13 @@ class SQLiteStore:
         except BaseException:
             self._close_quietly()
             raise
+
+    def _can_write(self) -> bool:
+        """Whether SQLite could write here: the file (if any) and its directory, where
+        the WAL and shared-memory files live. access() also sees a read-only mount."""
+        directory = self.path.absolute().parent
+        exists = self.path.exists()
+        return os.access(directory, os.W_OK) and (not exists or os.access(self.path, os.W_OK))
 
     def _readonly_target(self) -> str:
         try:
