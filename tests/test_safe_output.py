@@ -149,3 +149,37 @@ def test_decisions_print_their_events_safely(url: str) -> None:
     resolved = ok(invoke("resolve", "r1", "kkkk", "--happened", "--result",
                          json.dumps({"r": EVIL}), "--by", "ana", "--json", "--store", url))
     assert json.loads(resolved)[1]["payload"]["result"] == {"r": EVIL}
+
+
+# --- not wired yet: these print through cli/_base.py and cli/running.py ----------------
+
+FAIL = "cli/_base.py's _fail does not print through _safe.visible yet"
+RESULT = "cli/running.py's print_result does not print through _safe yet"
+
+
+@pytest.mark.xfail(strict=True, reason=FAIL)
+def test_error_lines_make_escapes_visible(url: str) -> None:
+    store = open_store(url)
+    try:
+        store.append("r1", make_events("r1", 9, 0, [(E.APPROVAL_REQUESTED, {
+            "approval_id": "approval-\x1b]52;c;eA==\x07", "key": "n" * 64, "tool": "post",
+            "args": {}, "call_id": "c5", "reason": ""})]), expected_seq=9, epoch=0)
+    finally:
+        store.close()
+    refused = invoke("approve", "r1", "approval-nope", "--store", url)
+    assert refused.exit_code == 2 and "approval-\\x1b]52;c;" in refused.stderr
+    assert not hazards(refused.stderr)
+
+
+@pytest.mark.xfail(strict=True, reason=RESULT)
+def test_run_prints_the_outcome_with_escapes_visible(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "evil_agent.py").write_text(
+        "from agentjournal import Agent, ScriptedModel, reply\n"
+        f"agent = Agent(ScriptedModel([reply({EVIL!r})]), [])\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = invoke("run", "evil_agent:agent", "t", "--run-id", "r9", "--store",
+                    f"sqlite:///{tmp_path / 'run.db'}")
+    assert result.exit_code == 0, result.stderr
+    assert "\\x1b]52;c;" in result.stdout and not hazards(result.stdout)
