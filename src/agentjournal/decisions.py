@@ -195,7 +195,7 @@ def _resolution_stands(store: Store, run_id: str, state: RunState, key: str,
     else:
         done = state.completed[full]
         stood, events = "happened", _events_at(store, run_id, done.seq, 1)
-        standing = f"happened: completed (source {done.source})"
+        standing = f"happened: completed (source {done.source!r})"
     if stood != outcome:
         raise AlreadyDecidedError(run_id, f"uncertain call {full[:16]!r}", standing,
                                   events[0].seq)
