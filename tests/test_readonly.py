@@ -297,23 +297,29 @@ def _readonly_runner() -> str | None:
     return "unshare" if probe is not None and probe.returncode == 0 else None
 
 
-def run_readonly(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``agentjournal ARGS`` in a subprocess that sees ``directory`` read-only."""
+def run_readonly(directory: Path, *args: str,
+                 cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``agentjournal ARGS`` in a subprocess (in ``cwd``, which is also its import path)
+    that sees ``directory`` read-only."""
     how = _readonly_runner()
     if how is None:
         pytest.skip("no way to make a read-only directory here (root without unshare)")
     argv = [sys.executable, "-m", "agentjournal", *args]
     env = {**os.environ, "AGENTJOURNAL_STORE": "", "COLUMNS": "200"}
+    if cwd is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH")]))
     if how == "unshare":
         d = str(directory)
         script = f'mount --bind "{d}" "{d}" && mount -o remount,ro,bind "{d}" && exec "$@"'
         argv = ["unshare", "-m", "sh", "-c", script, "sh", *argv]
-        return subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd,
+                              check=False)
     modes = {p: p.stat().st_mode for p in [directory, *directory.rglob("*")]}
     try:
         for p in modes:
             p.chmod(modes[p] & ~0o222)
-        return subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd,
+                              check=False)
     finally:
         for p, mode in modes.items():
             p.chmod(mode)

@@ -30,6 +30,7 @@ def init(store_url: str) -> None:
     existed = local is not None and local[1].exists()
     store = open_store(store_url)
     try:
+        store.list_runs()  # an existing store must read: damage is reported, not "ready"
         where = describe(store_url) if local else store.url
     finally:
         store.close()

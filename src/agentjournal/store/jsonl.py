@@ -208,6 +208,14 @@ _BODY = re.compile(rb"[+.]?\{")  # ...and from it (ending in "}")
 _HOLE = b"\0" * 8  # one flipped bit makes at most one NUL; a block never written, many
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``: a short write (a full disk, a file size limit) is followed by
+    one that fails with the OS's reason, so nothing half-written is taken as done."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _frame_batch(bodies: list[bytes]) -> bytes:
     """The bytes of one batch: every record marked ``+`` but the last, marked ``.``."""
     last = bodies[-1]
@@ -287,6 +295,9 @@ class JsonlStore:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreUrlError(self.url, f"cannot create the directory ({exc})") from None
+        if not os.access(self.path, os.W_OK):  # say so now, not at the first append
+            raise ReadOnlyStoreError(where, "open it for writing", reason="its directory is "
+                                     "not writable (a read-only mount, or permissions)")
 
     def _file(self, run_id: str, suffix: str) -> Path:
         return self.path / f"{run_id}{suffix}"
@@ -369,9 +380,7 @@ class JsonlStore:
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, data)
             self._durable(fd, run_id)
         except BaseException:
             with suppress(OSError):
@@ -503,9 +512,7 @@ class JsonlStore:
             try:
                 # Under the flock no reader sees a part; a short write (a full disk, a
                 # file size limit) is followed by one that fails with the OS's reason.
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                _write_all(fd, data)
             except OSError:
                 try:
                     os.ftruncate(fd, tail.size)
@@ -596,7 +603,7 @@ class JsonlStore:
         created = not os.path.exists(path)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, f"{run_id}\n".encode())
+            _write_all(fd, f"{run_id}\n".encode())
             self._durable(fd, run_id)
         finally:
             os.close(fd)
@@ -646,7 +653,7 @@ class JsonlStore:
         tmp = self._file(run_id, ".lease.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, msgspec.json.encode(record))
+            _write_all(fd, msgspec.json.encode(record))  # a short write must not be published
             self._durable(fd, run_id)
         finally:
             os.close(fd)
