@@ -265,3 +265,40 @@ def test_a_lone_surrogate_is_an_encoding_error(tmp_path: Path) -> None:
                 expected_seq=0, epoch=0)
     finally:
         store.close()
+
+
+# --- a Postgres password never reaches the terminal ---------------------------------------
+
+
+def test_a_postgres_password_is_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .conftest import POSTGRES_URL, drop_schema, postgres_reason
+
+    if reason := postgres_reason():
+        pytest.skip(reason)
+    agents = f"mask_agents_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{agents}.py").write_text(AGENTS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    user, rest = POSTGRES_URL.split("://", 1)[1].split("@", 1)
+    url = f"postgresql://{user.split(':')[0]}:hunter2@{rest}"  # trust auth ignores it
+    url += ("&" if "?" in url else "?") + f"schema={schema}"
+    outputs = []
+    try:
+        for args in (["init"], ["run", f"{agents}:approving", "post it", "--run-id", "r2"],
+                     ["runs"], ["approvals"], ["show", "r2"], ["state", "r2"],
+                     ["verify", "--all"], ["fork", "r2", "--at", "1", "--new-id", "f"],
+                     ["show", "nope"]):
+            result = invoke(*args, "--store", url)
+            assert "Traceback" not in result.output
+            outputs.append(result.output)
+        gone = url.replace(rest.split("/")[0], "127.0.0.1:1")  # nobody listens on port 1
+        outputs.append(invoke("runs", "--store", gone).output)
+    finally:
+        drop_schema(schema)
+        sys.modules.pop(agents, None)
+    assert "agentjournal approve r2" in "".join(outputs)  # a hint naming the store...
+    assert "postgres:***@" in "".join(outputs)
+    assert not [o for o in outputs if "hunter2" in o]  # ...without its password

@@ -431,3 +431,78 @@ def test_a_refused_claim_still_reports_conflict_and_fencing(store: PostgresStore
     store.append("r", make_events("r", 2, lease.epoch, _facts(1)), expected_seq=2,
                  epoch=lease.epoch)
     assert [e.seq for e in store.read("r")] == [1, 2, 3]
+
+
+# --- outages are quiet and short ----------------------------------------------------------
+
+
+def _drop_connections(application_name: str) -> None:
+    """What a server restart or a network cut does to the handle's pooled connections."""
+    _sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+         (application_name,))
+
+
+def test_a_release_lost_to_a_dropped_connection_is_retried(schema: str) -> None:
+    app = f"t_{uuid.uuid4().hex[:12]}"
+    holder = PostgresStore(f"{PG_URL}?application_name={app}", schema=schema)
+    successor = PostgresStore(PG_URL, schema=schema)
+    try:
+        lease = holder.acquire("r1", "w1", ttl=300.0)
+        _drop_connections(app)
+        holder.release(lease)  # its connection is dead: retried at once on a fresh one
+        assert successor.acquire("r1", "w2", ttl=5.0).epoch == lease.epoch + 1  # no TTL wait
+    finally:
+        holder.close()
+        successor.close()
+
+
+def test_a_release_that_still_fails_is_retried_on_next_use_and_close(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = PostgresStore(PG_URL, schema=schema)
+    successor = PostgresStore(PG_URL, schema=schema)
+    try:
+        lease = holder.acquire("r1", "w1", ttl=300.0)
+
+        def gone(*args: object, **kwargs: object) -> Any:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+        monkeypatch.setattr(holder._pool, "connection", gone)
+        with pytest.raises(StoreUnavailableError):
+            holder.release(lease)
+        monkeypatch.undo()  # the server is back
+        holder.close()  # the kept release goes out before the pool closes
+        assert successor.acquire("r1", "w2", ttl=5.0).epoch == lease.epoch + 1
+    finally:
+        successor.close()
+
+
+def test_pool_warnings_during_an_outage_stay_off_stderr(schema: str) -> None:
+    """psycopg_pool logs each failed reconnection as a warning; with no logging configured
+    Python prints those to stderr. A CLI user during an outage sees our one error line."""
+    import subprocess
+    import sys
+
+    app = f"t_{uuid.uuid4().hex[:12]}"
+    script = f"""
+import time
+from agentjournal import StoreUnavailableError, open_store
+from agentjournal.store.postgres import PostgresStore
+store = open_store({PG_URL + f"?schema={schema}&application_name={app}"!r})
+assert isinstance(store, PostgresStore)
+store._pool.conninfo = "host=127.0.0.1 port=1 connect_timeout=1"  # the server is gone
+print("ready", flush=True)
+input()  # the test drops our connections now
+try:
+    store.list_runs()
+except StoreUnavailableError:
+    print("unavailable", flush=True)
+time.sleep(2)  # the pool keeps trying to reconnect meanwhile
+"""
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    _drop_connections(app)
+    out, err = child.communicate("\n", timeout=60)
+    assert "unavailable" in out
+    assert "error connecting" not in err and "discarding closed connection" not in err, err
