@@ -70,3 +70,31 @@ def test_processes_opening_a_new_sqlite_file_together_all_succeed(tmp_path: Path
         for t in threads:
             t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("url, message", [
+    ("sqlite:///a%00b.db", "NUL byte"),
+    ("postgresql://[::1/db", "does not parse"),
+    ("postgresql://u:secret@host:70000/db", "does not parse"),
+    ("postgresql://u@host/db?schema=", "schema ''"),
+])
+def test_bad_urls_are_store_url_errors_not_raw_exceptions(url: str, message: str) -> None:
+    with pytest.raises(StoreUrlError, match=message) as info:
+        open_store(url)
+    assert "secret" not in str(info.value)
+
+
+def test_an_empty_url_is_not_a_store() -> None:
+    with pytest.raises(NotAStoreError, match="empty"):
+        open_store("")
+
+
+def test_mask_secrets_hides_url_and_keyword_passwords() -> None:
+    from agentjournal.store import mask_secrets
+
+    assert mask_secrets("see postgresql://me:p%40ss@h:5432/db?x=1 now") == (
+        "see postgresql://me:***@h:5432/db?x=1 now")
+    assert mask_secrets("host=h password=s3cret user=me") == "host=h password=*** user=me"
+    assert mask_secrets("postgresql://me@h/db?password=s3cret&x=1") == (
+        "postgresql://me@h/db?password=***&x=1")
+    assert mask_secrets("sqlite:///runs.db") == "sqlite:///runs.db"
