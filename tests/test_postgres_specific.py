@@ -488,21 +488,24 @@ def test_pool_warnings_during_an_outage_stay_off_stderr(schema: str) -> None:
 import time
 from agentjournal import StoreUnavailableError, open_store
 from agentjournal.store.postgres import PostgresStore
-store = open_store({PG_URL + f"?schema={schema}&application_name={app}"!r})
+store = open_store({PG_URL + f"?schema={schema}&application_name={app}&connect_timeout=2"!r})
 assert isinstance(store, PostgresStore)
 store._pool.conninfo = "host=127.0.0.1 port=1 connect_timeout=1"  # the server is gone
 print("ready", flush=True)
 input()  # the test drops our connections now
-try:
-    store.list_runs()
-except StoreUnavailableError:
-    print("unavailable", flush=True)
-time.sleep(2)  # the pool keeps trying to reconnect meanwhile
+for _ in range(2):  # a dead pooled connection, then no connection at all
+    started = time.monotonic()
+    try:
+        store.list_runs()
+    except StoreUnavailableError:
+        print("unavailable after", round(time.monotonic() - started), flush=True)
+time.sleep(1)  # the pool keeps trying to reconnect meanwhile
 """
     child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stdout.readline() == "ready\n"
     _drop_connections(app)
     out, err = child.communicate("\n", timeout=60)
-    assert "unavailable" in out
+    waits = [int(line.split()[-1]) for line in out.splitlines() if line.startswith("unav")]
+    assert len(waits) == 2 and max(waits) <= 3, out  # connect_timeout, not the pool's 30 s
     assert "error connecting" not in err and "discarding closed connection" not in err, err

@@ -39,7 +39,8 @@ schema at a newer version than this release is ``UnsupportedVersionError``.
 During an outage psycopg_pool logs its reconnection attempts as warnings to the
 ``psycopg.pool`` logger; a ``NullHandler`` there keeps them out of a CLI user's
 stderr when the application configured no logging (they still reach any handler
-it did configure). A ``release`` lost to a dropped connection is retried at once
+it did configure), and a call waits for a connection at most ``connect_timeout``
+(10 s unless the URL sets it). A ``release`` lost to a dropped connection is retried at once
 on a fresh one, and else on the handle's next use and on ``close``, so a
 successor does not wait out the TTL.
 """
@@ -255,6 +256,9 @@ class PostgresStore:
             max_size=pool_size,
             open=False,
             configure=_configure_readonly if readonly else _configure,
+            # A call waits for a connection no longer than connecting may take (not the
+            # pool's 30 s): during an outage each call fails in connect_timeout.
+            timeout=timeout,
             # No check per checkout (a round trip per append): after a server restart
             # the first call fails with StoreUnavailableError and the pool reconnects.
             name=f"agentjournal.{schema}",
