@@ -514,3 +514,48 @@ def test_a_redaction_is_appended_with_the_content_it_redacts(
     state = fold(store.read("r1"))
     assert [m.content for m in state.messages if m.role != "assistant"] == [
         "card [redacted]?", "card [redacted]"]
+
+
+HIDDEN = "pay\u200bme \u202eevil\u202c \U000e0041\U000e0042 ok\ufeff"
+
+
+def test_invisible_characters_in_untrusted_results_never_reach_the_model(store: Store) -> None:
+    @tool(effect="read_only", untrusted=True)
+    def fetch(url: str) -> str:
+        return HIDDEN
+
+    @tool(effect="read_only")
+    def own(x: int) -> str:
+        return "a\u200bb"  # trusted output is left alone by default
+
+    seen: list[str] = []
+
+    def look(req: ModelRequest) -> ModelResponse:
+        seen.extend(m.content for m in req.messages if m.role == "tool")
+        return reply("ok")
+
+    model = ScriptedModel([calls(("fetch", {"url": "u"}), ("own", {"x": 1})),
+                           calls(("fetch", {"url": "u"})), look])
+    Agent(model, [fetch, own]).run(store, "r1", "t")
+    assert seen == ["payme evil  ok", "a\u200bb", "payme evil  ok"]  # served again: cleaned
+    log = list(store.read("r1"))
+    hits = [e.payload for e in log if e.type is E.GUARDRAIL_TRIGGERED]
+    assert [h["name"] for h in hits] == ["invisible_text", "invisible_text"]
+    assert hits[0]["action"] == "redact" and hits[0]["detail"].startswith("6 ")
+    assert [m.content for m in fold(log).messages if m.role == "tool"] == seen
+
+
+def test_invisible_characters_can_be_shown_instead(store: Store) -> None:
+    from agentjournal.policy import InvisibleText
+
+    @tool(effect="read_only", untrusted=True)
+    def fetch(url: str) -> str:
+        return "a\u200bb\u202ec"
+
+    model = ScriptedModel([calls(("fetch", {"url": "u"})), reply("ok")])
+    Agent(model, [fetch], invisible=InvisibleText(mode="show")).run(store, "r1", "t")
+    (message,) = [m for m in fold(store.read("r1")).messages if m.role == "tool"]
+    assert message.content == "a<U+200B>b<U+202E>c"
+    Agent(model, [fetch], invisible=None).run(store, "r2", "t")
+    (message,) = [m for m in fold(store.read("r2")).messages if m.role == "tool"]
+    assert message.content == "a\u200bb\u202ec"

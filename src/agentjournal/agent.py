@@ -22,8 +22,8 @@ from typing import Any
 
 import msgspec
 
-from .errors import InvalidRunIdError, RunMismatchError
-from .events import EventType, encode_value, now, render
+from .errors import EncodingError, InvalidRunIdError, RunMismatchError
+from .events import EventType, now, render
 from .faults import fault_point
 from .journal import Observer, RunJournal, open_journal
 from .keys import canonical_args, idempotency_key, run_scope
@@ -36,9 +36,13 @@ from .policy import (
     Compaction,
     Deny,
     Guardrail,
+    InvisibleText,
     Policy,
+    RegexGuardrail,
     RequireApproval,
 )
+from .redaction import Redaction, was_redacted
+from .results import to_json
 from .state import (
     SETTLING_VERDICTS,
     Approval,
@@ -129,13 +133,21 @@ def changed_intent(tool: Tool, recorded: dict[str, Any] | None, asked: dict[str,
 
 
 def as_json(value: Any) -> Any:
-    """``value`` as plain JSON data (a tool's result must be storable)."""
+    """``value`` as plain JSON data by the result rule (results.py), for evidence kept
+    beside a verdict; a value with no JSON form is recorded as why, never as its repr."""
     try:
-        plain = msgspec.to_builtins(value)
-        encode_value(plain)
-        return plain
-    except (TypeError, ValueError):
-        return str(value)
+        return to_json(value, "evidence")
+    except EncodingError as exc:
+        return {"not_kept": str(exc)}
+
+
+#: Untrusted content has invisible and bidi control characters stripped by default.
+DEFAULT_INVISIBLE = InvisibleText()
+
+
+def not_kept(reason: str) -> str:
+    """What the model reads for a call whose result could not be stored."""
+    return f"error: the call was made, but its result was not kept: {reason}"
 
 
 class Agent:
@@ -155,19 +167,30 @@ class Agent:
         snapshot_every: int | None = 1000,
         tool_timeout: float | None = 300.0,
         stuck_after: float | None = None,
+        redaction: Redaction | None = None,
+        invisible: InvisibleText | None = DEFAULT_INVISIBLE,
     ) -> None:
         """``tool_timeout``: seconds a tool call may take unless the tool says otherwise
         (None: no limit); past it the call is abandoned and uncertain. ``stuck_after``:
         seconds without progress (an append, a tool's return) after which the run counts
         as stuck and stops renewing its lease, so another worker can take it over;
         default ``tool_timeout + lease_ttl`` (never less than a call's own timeout plus
-        the TTL while it runs), ``math.inf`` never."""
+        the TTL while it runs), ``math.inf`` never.
+
+        ``budget``: default ``Budget()``, with default limits on turns, tool calls and
+        tokens (``Budget.unlimited()`` for none). ``redaction``: what is kept off disk
+        (default ``Redaction()``, common credential patterns; ``Redaction.none()``:
+        nothing); the patterns of redacting ``RegexGuardrail``s are added to it.
+        ``invisible``: how invisible and bidi control characters in untrusted content
+        are handled before the model reads them (default: stripped; None: left)."""
         self.model = model
         self.tools = {t.name: t for t in tools}
         self.policy = policy or AllowAll()
-        self.guardrails = list(guardrails)
+        # Invisible characters first: they could hide a match from the guardrails after.
+        self.guardrails = [*([invisible] if invisible is not None else []), *guardrails]
+        self.redaction = self._redaction(redaction, guardrails)
         self.compaction = compaction
-        self.budget = budget or Budget()
+        self.budget = Budget() if budget is None else budget
         self.max_attempts = max_attempts
         self.max_recoveries = max_recoveries
         self.model_retries = model_retries
@@ -178,6 +201,18 @@ class Agent:
             stuck_after = self.tool_timeout + lease_ttl
         self.stuck_after = self._limit(stuck_after)
         self._runners = threading.local()  # a CallRunner per calling thread
+
+    @staticmethod
+    def _redaction(given: Redaction | None, guardrails: Sequence[Guardrail]) -> Redaction:
+        """The run's redaction: ``given`` (or the default) plus every redacting regex
+        guardrail's pattern, so what a guardrail redacts is kept off disk too."""
+        base = Redaction() if given is None else given
+        merged = Redaction.none()
+        merged.rules = list(base.rules)
+        for g in guardrails:
+            if isinstance(g, RegexGuardrail) and g.action == "redact":
+                merged.add(g.name, g.pattern.pattern, "[redacted]")
+        return merged
 
     # --- the one entry point ---------------------------------------------------------
 
@@ -207,7 +242,7 @@ class Agent:
         """
         run_id = require_run_id(run_id)
         with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl, observer=observer,
-                          snapshot_every=self.snapshot_every) as j:
+                          snapshot_every=self.snapshot_every, redaction=self.redaction) as j:
             if j.state.last_seq == 0:
                 if task is None:
                     raise ValueError(f"run {run_id!r} does not exist yet; give it a task")
@@ -218,7 +253,9 @@ class Agent:
                     (E.USER_MESSAGE, {"content": task}),
                 ]))
             else:
-                self._check_same_run(j.state, task=task, scope=scope, agent_ref=agent_ref)
+                # Compared as recorded: a task holding a secret was recorded redacted.
+                self._check_same_run(j.state, task=j.as_recorded(task),
+                                     scope=j.as_recorded(scope), agent_ref=j.as_recorded(agent_ref))
                 if self._waits_for_a_person(j):
                     # Nothing new to act on: another lookup would only escalate again.
                     return RunResult.of(j.state)
@@ -271,6 +308,15 @@ class Agent:
             if not response.tool_calls:  # the final answer and the finish stand together
                 turn.append((E.RUN_FINISHED, {"outcome": response.text}))
             j.record_all(turn)
+            self._keep_live_args(j, response)
+
+    @staticmethod
+    def _keep_live_args(j: RunJournal, response: ModelResponse) -> None:
+        """Hold the arguments the log could not keep (redacted), for this process only."""
+        for call in response.tool_calls:
+            recorded = j.state.awaiting.get(call.id)
+            if recorded is not None and recorded.args != call.args:
+                j.live_args[call.id] = call.args
 
     # --- recovery: settle uncertain calls before anything else -------------------------
 
@@ -293,10 +339,10 @@ class Agent:
         if tool.reconcile is not None:
             return self._apply_evidence(j, tool, p, self._look_up(tool, p))
         if tool.effect in (Effect.READ_ONLY, Effect.IDEMPOTENT):
-            if blocked := self._retry_blocked(tool, p):
+            if blocked := self._retry_blocked(tool, p) or self._args_lost(j, tool, p):
                 return self._verdict(j, p, "unknown", reason=blocked)
             self._verdict(j, p, "retry", reason=f"{tool.effect} tool: retry with the same key")
-            return self._execute(j, self._call_of(p), tool, p.key)
+            return self._execute(j, self._call_of(j, tool, p), tool, p.key)
         return False  # reversible / irreversible with no lookup: a person decides
 
     @staticmethod
@@ -313,8 +359,9 @@ class Agent:
         other = peers_of(j).find(p.key)
         if other is None or other.done is None or not same_intent(other.done.args, p.args):
             return False
-        done = self._completion(p.started_seq, self._call_of(p), p.key, other.done.result,
-                                source="scope", args=p.args, origin=other.where)
+        done = self._completion(p.started_seq, self._call_of(j, None, p), p.key,
+                                other.done.result, source="scope", args=p.args,
+                                origin=other.where)
         return self._verdict(j, p, "found", evidence=as_json(other.done.result),
                              then=self._guarded(j, [done]), **{"from": other.where})
 
@@ -326,16 +373,16 @@ class Agent:
                 # The verdict and the completion in one batch: between them a crash
                 # would leave the call settled but not completed, and it would run again.
                 # The verdict closes the start first, so the completion carries the args.
-                done = self._completion(p.started_seq, self._call_of(p), p.key, result,
+                done = self._completion(p.started_seq, self._call_of(j, None, p), p.key, result,
                                         source="reconciliation", args=p.args)
                 self._verdict(j, p, "found", evidence=as_json(result),
                               then=self._guarded(j, [done]))
                 return True
             case Absent(final=True):
-                if blocked := self._retry_blocked(tool, p):
+                if blocked := self._retry_blocked(tool, p) or self._args_lost(j, tool, p):
                     return self._verdict(j, p, "unknown", reason=blocked)
                 self._verdict(j, p, "absent")
-                return self._execute(j, self._call_of(p), tool, p.key)
+                return self._execute(j, self._call_of(j, tool, p), tool, p.key)
             case Absent():
                 return self._verdict(j, p, "unknown", reason="absent now, but may still commit")
             case Conflict(found=found):
@@ -372,8 +419,23 @@ class Agent:
         return verdict in SETTLING_VERDICTS
 
     @staticmethod
-    def _call_of(p: PendingCall) -> ToolCall:
+    def _call_of(j: RunJournal, tool: Tool | None, p: PendingCall) -> ToolCall:
+        """The call ``p`` records, with the arguments this process was given when the
+        recorded ones were redacted (checked against the key: they must be the same call)."""
+        live = j.live_args.get(p.call_id)
+        if live is not None and tool is not None and tool.key(j.state.scope, live) == p.key:
+            return ToolCall(id=p.call_id, name=p.tool, args=live)
         return ToolCall(id=p.call_id, name=p.tool, args=p.args)
+
+    def _args_lost(self, j: RunJournal, tool: Tool, p: PendingCall) -> str | None:
+        """Why ``p`` cannot be made again from the log: its recorded arguments were
+        redacted, and this process does not hold the originals. A retry would send
+        the redaction marks, so a person decides."""
+        if not was_redacted(p.args) or self._call_of(j, tool, p).args is not p.args:
+            return None
+        return ("its arguments were redacted before they were recorded and this process "
+                "does not hold the originals: a retry would send the redacted values, so "
+                "a person decides")
 
     def _pause(self, j: RunJournal, reason: str) -> None:
         if j.state.status != "running":
@@ -394,6 +456,15 @@ class Agent:
         tool = self.tools.get(call.name)
         if tool is None:
             return self._deny(j, call, None, f"unknown tool {call.name!r}")
+        if (live := j.live_args.get(call.id)) is not None:
+            call = ToolCall(id=call.id, name=call.name, args=live)
+        elif was_redacted(call.args):
+            # Asked before a crash: the log holds only the redacted arguments. Making the
+            # call would send the redaction marks; it was never started, so deny it.
+            return self._deny(j, call, None, (
+                "its arguments held a secret that was redacted before it was recorded, and "
+                "the process that had the original is gone: the call was not made; ask "
+                "again with the full arguments"))
         try:
             tool.check_args(call.args)
         except msgspec.ValidationError as exc:
@@ -423,10 +494,16 @@ class Agent:
                done: CompletedCall) -> bool:
         """The recorded result, if the call asks for what was recorded; else a denial
         showing both argument sets (the same identity, another intent: never a success)."""
-        if not same_intent(done.args, call.args):
+        if not same_intent(done.args, j.as_recorded(call.args)):
             return self._deny(j, call, key, changed_intent(tool, done.args, call.args))
-        j.record(E.TOOL_RESULT_SERVED, call_id=call.id, tool=call.name, key=key,
-                 result=done.result, served_from_seq=done.seq)
+        served: dict[str, Any] = {"call_id": call.id, "tool": call.name, "key": key,
+                                  "result": done.result, "served_from_seq": done.seq}
+        if tool.untrusted:
+            served["trust"] = "untrusted"
+        if done.error is not None:
+            served["content"] = not_kept(done.error)
+        # Guarded like the completion was: a served result reaches the model too.
+        j.record_all(self._guarded(j, [(E.TOOL_RESULT_SERVED, served)]))
         return True
 
     # --- effects belong to the scope, not to one log -----------------------------------
@@ -454,7 +531,7 @@ class Agent:
 
     def _serve_from_scope(self, j: RunJournal, call: ToolCall, tool: Tool, key: str,
                           other: Elsewhere, done: CompletedCall) -> None:
-        if not same_intent(done.args, call.args):
+        if not same_intent(done.args, j.as_recorded(call.args)):
             self._deny(j, call, key, changed_intent(tool, done.args, call.args, other.run_id))
             return
         # A completion here (not a served copy): later calls and forks of this run
@@ -482,7 +559,7 @@ class Agent:
         model's call, under the same key, so a found effect answers it only when the
         arguments are the same."""
         match evidence:
-            case Found(result=result) if same_intent(p.args, call.args):
+            case Found(result=result) if same_intent(p.args, j.as_recorded(call.args)):
                 done = self._completion(None, call, p.key, result, source="reconciliation",
                                         args=p.args, origin=other.where)
                 self._verdict_elsewhere(j, other, p, "found", evidence=as_json(result),
@@ -553,9 +630,10 @@ class Agent:
             return False
         if not decided.approved:
             self._deny(j, call, key, f"denied by {decided.by}: {decided.reason}")
-        elif decided.args != call.args:
+        same = decided.args == j.as_recorded(call.args)  # recorded redacted, if at all
+        if decided.approved and not same:
             self._deny(j, call, key, "the call changed after it was approved")
-        return decided.approved and decided.args == call.args
+        return decided.approved and same
 
     def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str) -> bool:
         j.record(E.TOOL_CALL_DENIED, call_id=call.id, tool=call.name, key=key, reason=reason)
@@ -564,6 +642,8 @@ class Agent:
     def _execute(self, j: RunJournal, call: ToolCall, tool: Tool, key: str) -> bool:
         """Start (durably), invoke, complete. False if the call ends uncertain."""
         attempt = j.state.attempts.get(key, 0) + 1
+        if j.as_recorded(call.args) != call.args:
+            j.live_args[call.id] = call.args  # a same-process retry needs the originals
         start = j.record(E.TOOL_CALL_STARTED, key=key, tool=tool.name, args=call.args,
                          call_id=call.id, effect=tool.effect.value, attempt=attempt)
         guard = CallGuard()  # an abandoned call may no longer write to the run
@@ -625,7 +705,8 @@ class Agent:
 
     @staticmethod
     def _remember(j: RunJournal, key: str, value: Any) -> None:
-        j.record(E.MEMORY_WRITTEN, key=key, value=as_json(value))
+        # The result rule: a value with no faithful JSON form is refused to the tool.
+        j.record(E.MEMORY_WRITTEN, key=key, value=to_json(value, f"memory value {key!r}"))
 
     def _completion(self, started_seq: int | None, call: ToolCall, key: str, result: Any, *,
                     source: str, args: dict[str, Any] | None = None,
@@ -637,9 +718,16 @@ class Agent:
             extra["args"] = args
         if origin is not None:
             extra["from"] = origin
+        try:
+            extra["result"] = to_json(result)
+        except EncodingError as exc:
+            # The effect happened; only its result could not be kept. The key stays, so
+            # the call is never made again; the model is told, never given a repr.
+            extra.update(result=None, is_error=True, encoding_error=str(exc),
+                         content=not_kept(str(exc)))
         return (E.TOOL_CALL_COMPLETED, {
             "started_seq": started_seq, "call_id": call.id, "tool": call.name,
-            "idempotency_key": key, "result": as_json(result), "source": source, **extra})
+            "idempotency_key": key, "source": source, **extra})
 
     def _complete(self, j: RunJournal, started_seq: int, call: ToolCall, key: str,
                   result: Any, *, source: str) -> None:

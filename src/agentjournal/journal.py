@@ -27,6 +27,7 @@ import msgspec
 
 from .errors import JournalError, LeaseExpiredError, LeaseHeldError, RunNotFoundError
 from .events import Event, EventType, make_events, now
+from .redaction import Redaction
 from .snapshots import load_state, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
@@ -99,8 +100,14 @@ class RunJournal:
         *,
         ttl: float = 30.0,
         leased_at: float | None = None,
+        redaction: Redaction | None = None,
     ) -> None:
         self.store, self.lease, self.state = store, lease, state
+        # Every fact passes record_all: redacting there keeps secrets off every copy.
+        self.redaction = Redaction() if redaction is None else redaction
+        # The arguments of calls whose recorded form was redacted, by call id, as this
+        # process was given them: only this process may make such a call again.
+        self.live_args: dict[str, dict[str, Any]] = {}
         self.run_id = lease.run_id
         self.observer = observer
         self.snapshot_every = snapshot_every
@@ -124,8 +131,18 @@ class RunJournal:
         (event,) = self.record_all([(kind, payload)])
         return event
 
+    def as_recorded(self, value: Any) -> Any:
+        """``value`` as it would be recorded (redacted), to compare with what was."""
+        return self.redaction.scrub(value)
+
     def record_all(self, facts: list[tuple[EventType, dict[str, Any]]]) -> list[Event]:
-        """Append facts that must stand or fall together, in one atomic batch."""
+        """Append facts that must stand or fall together, in one atomic batch.
+
+        Each payload is redacted first (see redaction.py): the raw value never reaches
+        the store, and the state (so snapshots, observers, the model) is folded from
+        exactly what was stored.
+        """
+        facts = [(kind, self.redaction.payload(p)) for kind, p in facts]
         events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
         self.store.append(self.run_id, events, expected_seq=self.state.last_seq,
                           epoch=self.lease.epoch)
@@ -242,10 +259,12 @@ def open_journal(
     observer: Observer | None = None,
     must_exist: bool = False,
     snapshot_every: int | None = None,
+    redaction: Redaction | None = None,
 ) -> RunJournal:
     """Take the run's lease and load its state (snapshot + tail, or a full fold).
 
-    Appends nothing. With ``snapshot_every``, a snapshot is written each time
+    Appends nothing. ``redaction`` is applied to every fact recorded (default:
+    ``Redaction()``, the default rules). With ``snapshot_every``, a snapshot is written each time
     that many events have been appended since the last one.
     """
     validate_run_id(run_id)
@@ -259,7 +278,7 @@ def open_journal(
         store.release(lease)
         raise
     journal = RunJournal(store, lease, state, observer, snapshot_every, ttl=ttl,
-                         leased_at=leased_at)
+                         leased_at=leased_at, redaction=redaction)
     journal.keep_alive()
     return journal
 

@@ -115,6 +115,47 @@ class RegexGuardrail:
         )
 
 
+#: Characters a person cannot see that change what a model reads: zero-width
+#: characters, the word joiner, the byte-order mark, bidi embeddings, overrides
+#: and isolates, and the tag characters (which can spell hidden ASCII).
+INVISIBLE = re.compile("[\u200b-\u200d\u2060\ufeff\u202a-\u202e\u2066-\u2069"
+                       "\U000e0000-\U000e007f]")
+
+
+class InvisibleText:
+    """Strips (``mode="strip"``) or shows as ``<U+XXXX>`` (``mode="show"``) invisible and
+    bidi control characters in messages of the given trust levels (default: untrusted
+    content, i.e. results of tools declared ``untrusted=True``) before the model reads
+    them. Each change is a guardrail verdict (``invisible_text``, action redact), so a
+    replay rebuilds the same context; the stored result keeps the characters, as evidence.
+    """
+
+    name = "invisible_text"
+
+    def __init__(self, mode: Literal["strip", "show"] = "strip", *,
+                 trust: Collection[str] = ("untrusted",)) -> None:
+        if mode not in ("strip", "show"):
+            raise ValueError(f"mode is 'strip' or 'show', not {mode!r}")
+        self.mode, self.trust = mode, set(trust)
+
+    def clean(self, text: str) -> str:
+        if self.mode == "strip":
+            return INVISIBLE.sub("", text)
+        return INVISIBLE.sub(lambda m: f"<U+{ord(m[0]):04X}>", text)
+
+    def inspect(self, message: Message) -> GuardrailVerdict | None:
+        if message.trust not in self.trust:
+            return None
+        hits = len(INVISIBLE.findall(message.content))
+        if not hits:
+            return None
+        return GuardrailVerdict(
+            name=self.name, action="redact", severity="warn",
+            replacement=self.clean(message.content),
+            detail=f"{hits} invisible or bidi control character(s) "
+                   f"{'removed' if self.mode == 'strip' else 'made visible'}")
+
+
 # --- compaction ------------------------------------------------------------------
 
 
@@ -171,19 +212,40 @@ def _safe_tail(messages: Sequence[Message], keep: int) -> int:
 # --- budgets ---------------------------------------------------------------------
 
 
-class Budget(msgspec.Struct, frozen=True, kw_only=True):
-    """Limits that stop a runaway loop. The stop is an event (budget_exceeded)."""
+#: Default limits (``Budget()``): generous for real work, small enough that a model
+#: looping on the same call stops within minutes and a bounded bill. Lift them per
+#: agent (``Budget(max_turns=1000)``), or all at once with ``Budget.unlimited()``.
+DEFAULT_MAX_TURNS = 100
+DEFAULT_MAX_TOOL_CALLS = 500
+DEFAULT_MAX_TOKENS = 2_000_000
 
-    max_turns: int | None = None
-    max_tool_calls: int | None = None
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True):
+    """Limits that stop a runaway loop. The stop is an event (budget_exceeded) and a pause.
+
+    On by default: 100 model turns, 500 tool calls, 2,000,000 tokens (input plus
+    output). Cost and elapsed time have no default limit (prices and patience vary).
+    A limit of None is no limit; ``Budget.unlimited()`` has none at all.
+    """
+
+    max_turns: int | None = DEFAULT_MAX_TURNS
+    max_tool_calls: int | None = DEFAULT_MAX_TOOL_CALLS
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     max_cost_usd: float | None = None
     max_seconds: float | None = None
 
+    @classmethod
+    def unlimited(cls) -> Budget:
+        """No limit at all: the run goes on until the model finishes or someone stops it."""
+        return cls(max_turns=None, max_tool_calls=None, max_tokens=None)
+
     def exceeded(self, state: RunState, elapsed: float) -> tuple[str, float, float] | None:
         """(budget, limit, used) for the first limit reached, else None."""
+        tokens = state.usage.input_tokens + state.usage.output_tokens
         checks: list[tuple[str, float | None, float]] = [
             ("turns", self.max_turns, state.turns),
             ("tool_calls", self.max_tool_calls, state.tool_calls),
+            ("tokens", self.max_tokens, tokens),
             ("cost_usd", self.max_cost_usd, state.cost_usd),
             ("seconds", self.max_seconds, elapsed),
         ]

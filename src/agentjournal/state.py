@@ -19,8 +19,9 @@ from .events import Event, EventType, render
 
 #: Bumped whenever a fold rule or the state's shape changes (snapshots record it).
 #: v3: completed calls keep their arguments; the seqs of the last escalation and
-#: of the last decision a person made.
-FOLD_VERSION = 3
+#: of the last decision a person made. v4: a completion whose result could not be
+#: kept says why (``CompletedCall.error``); payloads may carry ``redactions``.
+FOLD_VERSION = 4
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished"]
@@ -74,6 +75,8 @@ class CompletedCall(msgspec.Struct, kw_only=True):
     #: is another intent, never answered with this result. None only for a completion
     #: settled by a verdict in a log written before they were recorded.
     args: dict[str, Any] | None = None
+    #: Why the result was not kept (it had no JSON form); the call happened all the same.
+    error: str | None = None
 
 
 class Approval(msgspec.Struct, kw_only=True):
@@ -264,7 +267,8 @@ def _tool_call_completed(st: RunState, ev: Event) -> None:
     if key := p.get("idempotency_key"):
         args = p.get("args", started.args if started else None)
         st.completed[key] = CompletedCall(
-            result=p.get("result"), seq=ev.seq, source=p.get("source", "tool"), args=args
+            result=p.get("result"), seq=ev.seq, source=p.get("source", "tool"), args=args,
+            error=p.get("encoding_error"),
         )
 
 

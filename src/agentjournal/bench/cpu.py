@@ -17,6 +17,7 @@ import msgspec
 from ..agent import Agent
 from ..events import SCHEMA_VERSION, make_events
 from ..models import Model, ModelRequest, ModelResponse, ScriptedModel, calls, reply
+from ..policy import Budget
 from ..state import ToolCall
 from ..store import Durability, Store, open_store
 from ..store.jsonl import JsonlStore
@@ -142,7 +143,8 @@ def _model(kind: str, steps: int) -> Model:
 
 
 def _agent_run_us(workdir: Path, kind: str, steps: int, lookup: Tool) -> float:
-    agent = Agent(_model(kind, steps), [lookup], snapshot_every=None)
+    # Thousands of steps on purpose: no budget.
+    agent = Agent(_model(kind, steps), [lookup], snapshot_every=None, budget=Budget.unlimited())
     path = workdir / f"agent-{uuid.uuid4().hex[:8]}"
     store = open_store(store_url("sqlite", path, "durability=batched"))
     try:

@@ -26,6 +26,7 @@ import msgspec
 from ..agent import Agent, RunResult
 from ..errors import JournalError
 from ..models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
+from ..policy import Budget
 from ..state import PendingCall
 from ..store import open_store
 from ..tools import Absent, Conflict, Found, Tool, ToolContext, ToolFailed, Unknown, tool
@@ -129,8 +130,10 @@ def reconciliation_agent(url: str, *, mode: Mode = "lookup", parts: int = 1,
     corrections = [_correct(n, p, parts) for n in LEDGERS for p in range(1, parts + 1)]
     script = [calls(*[("read_ledger", {"name": n}) for n in LEDGERS]), *corrections,
               _ticket, _summary]
+    # A budget sized to the script: --parts 33 makes more turns than the default 100.
+    budget = Budget(max_turns=len(script) + 10, max_tool_calls=2 * len(script) + 10)
     return Agent(ScriptedModel(script, delay=model_delay), ledger_tools(url, mode),
-                 lease_ttl=lease_ttl)
+                 lease_ttl=lease_ttl, budget=budget)
 
 
 def _barrier(ready: Path | None, go: Path | None) -> None:

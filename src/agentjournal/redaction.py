@@ -1,0 +1,106 @@
+"""Secrets are redacted before an event is encoded.
+
+A :class:`Redaction` is applied by the run's journal to every fact it records
+(``RunJournal.record_all``, the one chokepoint every event passes), so the raw
+value never reaches the log, a snapshot (built from state folded from these
+events), a metric, an observer or the terminal. What it covers is every string
+in a payload, keys included: the task, messages, model text and the arguments
+of the tool calls a model asks for, tool arguments and results, error messages,
+memory values, verdicts and escalations. Each match becomes
+``[redacted:<rule>]``; the event records which rules matched and how often in
+its ``redactions`` list, never the value.
+
+What it does not cover: what a tool itself sends to its receiver (the tool is
+given the real arguments: that is its business), exceptions raised to the
+caller, and values that match no rule. A call whose recorded arguments were
+redacted cannot be made again from the log: only the live process that still
+holds the originals may retry it (see ``Agent``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+#: Patterns for common credentials: API keys (OpenAI, Stripe, Anthropic), AWS
+#: access keys, GitHub and Slack tokens, bearer tokens, JWTs, private keys, and
+#: the password in a URL's user info.
+DEFAULT_RULES: dict[str, str] = {
+    "api_key": r"\b(?:sk|rk)[-_][A-Za-z0-9_-]{16,}",
+    "aws_access_key": r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+    "github_token": r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
+    "slack_token": r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
+    "bearer_token": r"\b[Bb]earer\s+[A-Za-z0-9._~+/=-]{20,}",
+    "jwt": r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+    "private_key": (r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?"
+                    r"-----END [A-Z ]*PRIVATE KEY-----"),
+    "url_password": r"(?<=://)[^\s/:@]+:[^\s/@]+(?=@)",
+}
+
+#: What marks a redacted value; a recorded string holding it is not the original.
+MARK = "[redacted"
+
+
+def was_redacted(value: Any) -> bool:
+    """Whether a recorded value holds a redaction (so it is not what was given)."""
+    if isinstance(value, str):
+        return MARK in value
+    if isinstance(value, dict):
+        return any(was_redacted(k) or was_redacted(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(was_redacted(v) for v in value)
+    return False
+
+
+class Redaction:
+    """Rules (name -> regex) and literal secret values (name -> value) to keep off disk.
+
+    ``Redaction()`` uses :data:`DEFAULT_RULES`; ``Redaction(rules={...})`` replaces
+    them (add ``**DEFAULT_RULES`` to keep them); ``Redaction.none()`` redacts nothing.
+    ``values`` are exact strings known in advance (e.g. from the environment).
+    """
+
+    def __init__(self, rules: Mapping[str, str] | None = None, *,
+                 values: Mapping[str, str] | None = None) -> None:
+        self.rules: list[tuple[str, re.Pattern[str], str]] = []
+        for name, secret in (values or {}).items():
+            if len(secret) < 4:  # redacting "a" everywhere would destroy the log
+                raise ValueError(f"secret value {name!r} is too short to redact safely")
+            self.add(name, re.escape(secret))
+        for name, pattern in (DEFAULT_RULES if rules is None else rules).items():
+            self.add(name, pattern)
+
+    @classmethod
+    def none(cls) -> Redaction:
+        return cls(rules={})
+
+    def add(self, name: str, pattern: str, replacement: str | None = None) -> None:
+        """Another rule; ``replacement`` defaults to ``[redacted:<name>]``."""
+        self.rules.append((name, re.compile(pattern), replacement or f"[redacted:{name}]"))
+
+    def scrub(self, value: Any, counts: Counter[str] | None = None) -> Any:
+        """``value`` with every match replaced; matches counted per rule in ``counts``."""
+        if isinstance(value, str):
+            for name, pattern, replacement in self.rules:
+                value, n = pattern.subn(replacement, value)
+                if n and counts is not None:
+                    counts[name] += n
+            return value
+        if isinstance(value, dict):
+            return {self.scrub(k, counts): self.scrub(v, counts) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub(v, counts) for v in value]
+        return value
+
+    def payload(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """A payload as it may be recorded: scrubbed, with a ``redactions`` list (rule
+        and count, sorted by rule) when anything matched."""
+        if not self.rules:
+            return dict(payload)
+        counts: Counter[str] = Counter()
+        clean: dict[str, Any] = self.scrub(dict(payload), counts)
+        if counts:
+            clean["redactions"] = [{"rule": r, "count": n} for r, n in sorted(counts.items())]
+        return clean

@@ -1,0 +1,90 @@
+"""The one rule for what a tool returns, and what ``ctx.remember`` keeps.
+
+A value is stored as JSON, faithfully or not at all:
+
+- JSON types as they are (str, int, finite float, bool, None, lists, dicts);
+- datetime / date / time as ISO 8601 strings; Decimal as its exact string
+  ("1.10"); UUID as its string; bytes as base64;
+- tuples as lists; sets and frozensets as sorted lists (the order of a set is
+  not stable between processes);
+- enums as their value; dataclasses, msgspec structs and attrs classes as
+  objects of their fields; Pydantic models (anything with ``model_dump``,
+  duck-typed: pydantic is not a dependency) as ``model_dump(mode="json")``;
+- dict keys that are not strings (ints, enums, ...) as strings, as JSON does.
+
+NaN and infinities are refused, and so is anything else (a generator, an open
+file, an arbitrary object): :class:`EncodingError`, naming where in the value
+and its type, never its ``repr`` (which may hold a secret). A tool result that is
+refused makes its completion an encoding error (the effect happened; its result
+was not kept); a memory value that is refused is refused to the tool.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from .errors import EncodingError
+
+
+def _hook(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        return dump(mode="json")
+    raise TypeError(type(value).__name__)
+
+
+def to_json(value: Any, where: str = "result") -> Any:
+    """``value`` as plain JSON data by the rule above; EncodingError if it has none."""
+    try:
+        plain = msgspec.to_builtins(value, str_keys=True, enc_hook=_hook, order="deterministic")
+    except (TypeError, ValueError, msgspec.EncodeError):
+        _refuse(value, where)
+        raise EncodingError(f"{where} has no JSON form") from None  # not reached
+    _check(plain, where)
+    return _lists(plain)
+
+
+def _lists(value: Any) -> Any:
+    """Tuples as lists, so the value is exactly what a replay decodes."""
+    if isinstance(value, list | tuple):
+        return [_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    return value
+
+
+def _check(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        what = "NaN" if math.isnan(value) else "an infinity"
+        raise EncodingError(f"{where} is {what}; NaN and infinities are not JSON and are "
+                            "not stored")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check(v, f"{where}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check(v, f"{where}[{i}]")
+
+
+_LEAF = (str, int, float, bool, type(None))
+
+
+def _refuse(value: Any, where: str) -> None:
+    """Raise EncodingError naming the first part of ``value`` with no JSON form."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _refuse(v, f"{where}.{k}")
+    elif isinstance(value, list | tuple | set | frozenset):
+        for i, v in enumerate(value):
+            _refuse(v, f"{where}[{i}]")
+    elif not isinstance(value, _LEAF):
+        try:
+            msgspec.to_builtins(value, str_keys=True, enc_hook=_hook, order="deterministic")
+        except (TypeError, ValueError, msgspec.EncodeError):
+            raise EncodingError(
+                f"{where} is a {type(value).__qualname__!s}, which has no JSON form; return "
+                "JSON data, or a type the result rule lists (see agentjournal.results)"
+            ) from None
