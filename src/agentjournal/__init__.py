@@ -54,11 +54,13 @@ from .policy import (
     Deny,
     Guardrail,
     GuardrailVerdict,
+    InvisibleText,
     Policy,
     RegexGuardrail,
     RequireApproval,
     Rules,
 )
+from .redaction import Redaction
 from .state import FOLD_RULES, RECORD_ONLY, Message, PendingCall, RunState, ToolCall, apply, fold
 from .store import DEFAULT_URL, Durability, Lease, RunInfo, Store, open_store
 from .tools import (
@@ -105,6 +107,7 @@ __all__ = [
     "Guardrail",
     "GuardrailVerdict",
     "InvalidRunIdError",
+    "InvisibleText",
     "JournalError",
     "Lease",
     "LeaseExpiredError",
@@ -120,6 +123,7 @@ __all__ = [
     "ReadOnlyStoreError",
     "PendingCall",
     "Policy",
+    "Redaction",
     "RegexGuardrail",
     "RequireApproval",
     "Rules",
