@@ -122,3 +122,52 @@ def test_renew_moves_the_host_clock_deadline(store: SQLiteStore) -> None:
         store.acquire("r1", "worker-b", ttl=60)
     assert 50 < info.value.expires_in <= 60
     assert lease.expires_at > time.time() + 50  # the wall-clock expiry, for display
+
+
+# --- SQLite's operational failures are ours too ----------------------------------------
+
+
+class _DiskFull:
+    """The store's connection, except that inserting finds the disk full (SQLITE_FULL)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def executemany(self, *args: Any) -> None:
+        exc = sqlite3.OperationalError("database or disk is full")
+        exc.sqlite_errorcode = sqlite3.SQLITE_FULL
+        raise exc
+
+
+def test_a_full_disk_mid_transaction_is_a_store_io_error(tmp_path: Path) -> None:
+    from agentjournal import StoreIOError
+
+    store = SQLiteStore(tmp_path / "j.db")
+    real = store._db
+    store._db = _DiskFull(real)  # type: ignore[assignment]
+    facts = [(EventType.USER_MESSAGE, {"content": "x"})]
+    with pytest.raises(StoreIOError, match=r"disk is full.*Free space and retry"):
+        store.append("r1", make_events("r1", 0, 0, facts), expected_seq=0, epoch=0)
+    store._db = real
+    assert store.append("r1", make_events("r1", 0, 0, facts), expected_seq=0, epoch=0) == 1
+    store.close()
+
+
+def test_a_lock_held_past_the_busy_timeout_is_retryable_unavailability(tmp_path: Path) -> None:
+    from agentjournal import StoreUnavailableError
+
+    store = SQLiteStore(tmp_path / "j.db", busy_timeout=0.1)
+    other = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    try:
+        with pytest.raises(StoreUnavailableError, match="locked") as info:
+            store.acquire("r1", "me", 5.0)
+        assert info.value.retryable
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.acquire("r1", "me", 5.0).epoch == 1
+    store.close()

@@ -23,6 +23,7 @@ damage (``CorruptStoreError``), not "not a store".
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import threading
@@ -38,9 +39,12 @@ from ..errors import (
     CorruptStoreError,
     DurabilityError,
     FencedError,
+    JournalError,
     LeaseHeldError,
     NotAStoreError,
     ReadOnlyStoreError,
+    StoreIOError,
+    StoreUnavailableError,
     StoreUrlError,
     UnsupportedVersionError,
 )
@@ -118,6 +122,9 @@ def _seconds_left(row: tuple[Any, ...], wall: float, boot: str, now: float) -> f
 
 
 _HEADER = b"SQLite format 3\x00"
+# SQLite's primary result codes for the OS's refusals, as the errno they stand for.
+_ERRNO = {sqlite3.SQLITE_FULL: errno.ENOSPC, sqlite3.SQLITE_READONLY: errno.EROFS,
+          sqlite3.SQLITE_PERM: errno.EACCES, sqlite3.SQLITE_CANTOPEN: errno.EACCES}
 
 
 def _readonly_uri(path: Path) -> str:
@@ -263,6 +270,15 @@ class SQLiteStore:
         elif version > len(MIGRATIONS):
             raise UnsupportedVersionError(f"store {self.url}", version, len(MIGRATIONS))
 
+    def _translated(self, exc: sqlite3.OperationalError, action: str) -> JournalError:
+        """SQLite's operational failure as one of ours: a lock held past the busy timeout
+        is retryable; the rest are the OS refusing (a full disk, a read-only file)."""
+        code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return StoreUnavailableError(self.url, f"another connection held the database "
+                                         f"locked past the busy timeout ({exc})")
+        return StoreIOError(self.url, action, OSError(_ERRNO.get(code, errno.EIO), str(exc)))
+
     def _writable(self, action: str, run_id: str | None = None) -> None:
         if self.readonly:
             raise ReadOnlyStoreError(self.url, action, run_id=run_id)
@@ -296,11 +312,17 @@ class SQLiteStore:
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise self._translated(exc, "write") from exc
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as exc:
+                if self._db.in_transaction:  # (SQLite may have rolled back already)
+                    self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise self._translated(exc, "write") from exc
                 raise
             try:
                 self._sync()
@@ -496,8 +518,8 @@ class SQLiteStore:
         with self._lock:
             try:
                 yield self._db
-            except sqlite3.OperationalError:
-                raise
+            except sqlite3.OperationalError as exc:
+                raise self._translated(exc, "read") from exc
             except sqlite3.DatabaseError as exc:
                 where = str(self.path.absolute())
                 raise CorruptStoreError(where, f"SQLite cannot read it ({exc})") from None
