@@ -228,3 +228,20 @@ def test_a_call_whose_arguments_were_redacted_is_never_retried_from_the_log(
     denied = [e.payload for e in store.read("r2") if e.type is E.TOOL_CALL_DENIED]
     assert denied and "redacted" in denied[0]["reason"]
     assert again.status == "finished"
+
+
+@pytest.mark.parametrize(("rule", "sample"), [
+    ("api_key", "sk-proj-abcdefghijklmnop1234"), ("api_key", "rk_live_abcdefghijklmnop1234"),
+    ("aws_access_key", "AKIAIOSFODNN7EXAMPLE"),
+    ("github_token", "ghp_" + "a1" * 18), ("github_token", "github_pat_" + "b2" * 11),
+    ("slack_token", "xoxb-1234567890-abcdef"),
+    ("bearer_token", "Authorization: Bearer abcdefghijklmnopqrstuvwxyz0123"),
+    ("jwt", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9P"),
+    ("private_key", "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----"),
+    ("url_password", "postgresql://app:s3cr3t-pw@db.internal/prod"),
+])
+def test_every_default_rule_redacts_its_kind_of_secret(rule: str, sample: str) -> None:
+    payload = Redaction().payload({"text": f"see {sample} here", "nested": [{sample: 1}]})
+    secret = sample.split("Bearer ")[-1].split("://")[-1].split("@")[0]
+    assert secret not in str(payload)
+    assert payload["redactions"] == [{"rule": rule, "count": 2}]

@@ -208,7 +208,7 @@ class Agent:
         guardrail's pattern, so what a guardrail redacts is kept off disk too."""
         base = Redaction() if given is None else given
         merged = Redaction.none()
-        merged.rules = list(base.rules)
+        merged.extend(base)
         for g in guardrails:
             if isinstance(g, RegexGuardrail) and g.action == "redact":
                 merged.add(g.name, g.pattern.pattern, "[redacted]")
