@@ -509,3 +509,17 @@ time.sleep(1)  # the pool keeps trying to reconnect meanwhile
     waits = [int(line.split()[-1]) for line in out.splitlines() if line.startswith("unav")]
     assert len(waits) == 2 and max(waits) <= 3, out  # connect_timeout, not the pool's 30 s
     assert "error connecting" not in err and "discarding closed connection" not in err, err
+
+
+def test_a_read_only_server_opens_and_refuses_writes_as_read_only(schema: str) -> None:
+    """A standby (or a role whose transactions are read-only) serves reads; a write is
+    ReadOnlyStoreError, not a raw driver error. An up-to-date schema needs no DDL to open."""
+    from agentjournal.errors import ReadOnlyStoreError
+
+    PostgresStore(PG_URL, schema=schema).close()  # created and migrated
+    readonly = "options=-c%20default_transaction_read_only%3Don"
+    sep = "&" if "?" in PG_URL else "?"
+    with PostgresStore(f"{PG_URL}{sep}{readonly}", schema=schema) as store:
+        assert store.list_runs() == []
+        with pytest.raises(ReadOnlyStoreError, match="accepts no writes"):
+            store.acquire("r1", "me", 5.0)

@@ -47,6 +47,7 @@ successor does not wait out the TTL.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import threading
@@ -69,6 +70,7 @@ from ..errors import (
     LeaseHeldError,
     NotAStoreError,
     ReadOnlyStoreError,
+    StoreIOError,
     StoreUnavailableError,
     StoreUrlError,
     UnsupportedVersionError,
@@ -309,7 +311,11 @@ class PostgresStore:
         conn.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK, self.schema)
         )
-        if self._version(conn) is None:  # else skipped: it needs CREATE on the database
+        found = self._version(conn)
+        if found == len(MIGRATIONS):  # up to date: no DDL, so a read-only server opens too
+            conn.commit()
+            return
+        if found is None:  # else skipped: it needs CREATE on the database
             conn.execute(self._q("CREATE SCHEMA {s}"))
         conn.execute(
             self._q(
@@ -331,6 +337,15 @@ class PostgresStore:
         try:
             with self._pool.connection() as conn:
                 yield conn
+        except psycopg.errors.ReadOnlySqlTransaction as exc:  # a standby, or read-only role
+            raise ReadOnlyStoreError(self.url, "write", reason="the server accepts no writes "
+                                     f"({_oneline(exc)})") from exc
+        except psycopg.errors.DiskFull as exc:
+            raise StoreIOError(self.url, "write", OSError(errno.ENOSPC, _oneline(exc))) from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise StoreIOError(self.url, "use the store", OSError(errno.EACCES, _oneline(exc)),
+                               advice="Grant this database role the privileges it needs on "
+                               "the schema, or name another store") from exc
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(self.url, _oneline(exc)) from exc
 
