@@ -354,3 +354,21 @@ def test_a_write_to_a_readonly_copy_says_so(tmp_path: Path, kind: str) -> None:
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr and result.stderr.startswith("error: ")
     assert "read-only" in result.stderr.lower() or "not writable" in result.stderr
+
+
+def test_a_readonly_copy_with_an_unreadable_wal_says_what_to_copy(tmp_path: Path) -> None:
+    store = tmp_path / "live"
+    store.mkdir()
+    seed(f"sqlite:///{store / 'j.db'}")
+    writer = sqlite3.connect(store / "j.db")  # holds the WAL open: not checkpointed
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("INSERT INTO quarantine VALUES (9, 'x', 'now')")
+    writer.commit()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("j.db", "j.db-wal"):  # a backup that missed the -shm file
+        shutil.copy(store / name, copy / name)
+    writer.close()
+    result = run_readonly(copy, "runs", "--store", f"sqlite:///{copy / 'j.db'}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "j.db-wal holds data" in result.stderr and "-shm" in result.stderr

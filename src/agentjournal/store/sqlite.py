@@ -202,6 +202,11 @@ class SQLiteStore:
             if not readonly and not self._can_write():
                 raise ReadOnlyStoreError(where, "open it for writing", reason=(
                     f"the file or its directory is not writable ({exc})")) from None
+            if readonly and self._unreadable_wal():
+                raise StoreUrlError(where, f"its write-ahead log {self.path}-wal holds data "
+                                    "that SQLite reads only through a -shm file, which cannot "
+                                    "be made in this read-only directory: copy the store with "
+                                    "its -wal and -shm files, or to somewhere writable") from None
             raise StoreUrlError(where, f"cannot open the database ({exc})") from None
         except sqlite3.DatabaseError as exc:  # SQLite's header, unreadable content: damage
             self._close_quietly()
@@ -216,6 +221,11 @@ class SQLiteStore:
         directory = self.path.absolute().parent
         exists = self.path.exists()
         return os.access(directory, os.W_OK) and (not exists or os.access(self.path, os.W_OK))
+
+    def _unreadable_wal(self) -> bool:
+        wal, shm = Path(f"{self.path}-wal"), Path(f"{self.path}-shm")
+        return wal.exists() and wal.stat().st_size > 0 and not shm.exists() and not (
+            os.access(self.path.absolute().parent, os.W_OK))
 
     def _readonly_target(self) -> str:
         try:
