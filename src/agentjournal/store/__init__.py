@@ -85,9 +85,11 @@ def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
     ``readonly=True`` opens an existing store for inspection: nothing is created,
     migrated or changed (no file, table, pragma or lock file), it works on a
     read-only copy, and every write raises ``ReadOnlyStoreError``. Without it, the
-    store is created if missing. Either way, something that is not an agentjournal
-    store (another program's database, an empty or foreign file, a foreign
-    Postgres schema) is refused with ``NotAStoreError`` and left as it was.
+    store is created if missing (an empty URL is refused, never the default).
+    Either way, what is not an agentjournal store (another program's database, a
+    file that is no SQLite database, a Postgres schema holding other tables) is
+    refused with ``NotAStoreError`` and left as it was; reading also refuses an
+    empty (0-byte) file, which may be a truncated store.
     """
     if url is None:
         url = os.environ.get(ENV_VAR) or DEFAULT_URL
