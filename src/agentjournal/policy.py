@@ -111,7 +111,8 @@ class RegexGuardrail:
         return GuardrailVerdict(
             name=self.name, action=self.action, severity=self.severity,
             replacement=replacement if self.action == "redact" else None,
-            detail=f"{hits} match(es) of {self.pattern.pattern!r}",
+            # The rule's name, not its pattern: a pattern may spell the secret it hunts.
+            detail=f"{hits} match(es) of {self.name!r}",
         )
 
 
