@@ -21,6 +21,7 @@ from agentjournal import (
     NotAStoreError,
     ReadOnlyStoreError,
     StoreUrlError,
+    UnsupportedVersionError,
     make_events,
     open_store,
 )
@@ -372,3 +373,32 @@ def test_a_readonly_copy_with_an_unreadable_wal_says_what_to_copy(tmp_path: Path
     result = run_readonly(copy, "runs", "--store", f"sqlite:///{copy / 'j.db'}")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "j.db-wal holds data" in result.stderr and "-shm" in result.stderr
+
+
+def test_a_store_from_a_newer_release_is_refused_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    seed(f"sqlite:///{path}")
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    before = fingerprint(tmp_path)
+    for readonly in (True, False):
+        with pytest.raises(UnsupportedVersionError, match="version 99"):
+            open_store(f"sqlite:///{path}", readonly=readonly)
+    no_traceback(invoke("runs", "--store", f"sqlite:///{path}"), 3, "Upgrade agentjournal")
+    assert fingerprint(tmp_path) == before
+
+
+def test_a_postgres_schema_from_a_newer_release_is_refused(pg: str) -> None:
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    open_store(pg + f"schema={schema}").close()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {schema}.schema_version (version) VALUES (99)")
+    try:
+        for readonly in (True, False):
+            with pytest.raises(UnsupportedVersionError, match="version 99"):
+                open_store(pg + f"schema={schema}", readonly=readonly)
+    finally:
+        drop_schema(schema)
