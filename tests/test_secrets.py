@@ -245,3 +245,22 @@ def test_every_default_rule_redacts_its_kind_of_secret(rule: str, sample: str) -
     secret = sample.split("Bearer ")[-1].split("://")[-1].split("@")[0]
     assert secret not in str(payload)
     assert payload["redactions"] == [{"rule": rule, "count": 2}]
+
+
+def test_a_reused_call_id_never_borrows_an_earlier_calls_secret(tmp_path: Path) -> None:
+    from agentjournal import ToolCall
+
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    sent: list[str] = []
+
+    @tool(effect="read_only")
+    def login(token: str) -> str:
+        sent.append(token)
+        return "ok"
+
+    def turn(token: str) -> ModelResponse:
+        return ModelResponse(tool_calls=[ToolCall(id="c1", name="login", args={"token": token})])
+
+    model = ScriptedModel([turn(CANARY), turn("plain-token"), reply("ok")])
+    assert Agent(model, [login]).run(store, "r1", "t").status == "finished"
+    assert sent == [CANARY, "plain-token"]

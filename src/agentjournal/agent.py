@@ -317,6 +317,8 @@ class Agent:
             recorded = j.state.awaiting.get(call.id)
             if recorded is not None and recorded.args != call.args:
                 j.live_args[call.id] = call.args
+            else:  # a model may reuse a call id: never lend an older call's arguments
+                j.live_args.pop(call.id, None)
 
     # --- recovery: settle uncertain calls before anything else -------------------------
 
@@ -456,8 +458,9 @@ class Agent:
         tool = self.tools.get(call.name)
         if tool is None:
             return self._deny(j, call, None, f"unknown tool {call.name!r}")
-        if (live := j.live_args.get(call.id)) is not None:
-            call = ToolCall(id=call.id, name=call.name, args=live)
+        live = j.live_args.get(call.id)
+        if live is not None and canonical_args(j.as_recorded(live)) == canonical_args(call.args):
+            call = ToolCall(id=call.id, name=call.name, args=live)  # the originals of these
         elif was_redacted(call.args):
             # Asked before a crash: the log holds only the redacted arguments. Making the
             # call would send the redaction marks; it was never started, so deny it.
