@@ -151,13 +151,9 @@ def test_decisions_print_their_events_safely(url: str) -> None:
     assert json.loads(resolved)[1]["payload"]["result"] == {"r": EVIL}
 
 
-# --- not wired yet: these print through cli/_base.py and cli/running.py ----------------
-
-FAIL = "cli/_base.py's _fail does not print through _safe.visible yet"
-RESULT = "cli/running.py's print_result does not print through _safe yet"
+# --- error lines and run results print through _base and running ------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=FAIL)
 def test_error_lines_make_escapes_visible(url: str) -> None:
     store = open_store(url)
     try:
@@ -171,7 +167,6 @@ def test_error_lines_make_escapes_visible(url: str) -> None:
     assert not hazards(refused.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason=RESULT)
 def test_run_prints_the_outcome_with_escapes_visible(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "evil_agent.py").write_text(

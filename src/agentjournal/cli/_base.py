@@ -41,6 +41,7 @@ from .. import (
 from ..snapshots import load_state
 from ..state import Status
 from ..store import ENV_VAR, RunInfo, local_path, mask_secrets
+from ._safe import json_text, visible
 
 E = EventType
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,7 +70,7 @@ def exit_code_for(exc: JournalError) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    click.echo(f"error: {mask_secrets(message)}", err=True)
+    click.echo(visible(f"error: {mask_secrets(message)}", multiline=True), err=True)
     return code
 
 
@@ -230,7 +231,8 @@ def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:
 
 
 def emit_json(value: Any) -> None:
-    click.echo(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
+    """``value`` as indented JSON on stdout, the characters a terminal acts on spelt \\u."""
+    click.echo(json_text(msgspec.json.format(msgspec.json.encode(value), indent=2)))
 
 
 def out() -> Console:
@@ -249,13 +251,14 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Iterab
                for i, h in enumerate(headers)]
     grid = Table(*columns, title=title, title_justify="left")
     for i, row in enumerate(rows):
-        grid.add_row(*(Text(cell) for cell in row), style=styles[i] if styles else None)
+        grid.add_row(*(Text(visible(cell)) for cell in row),
+                     style=styles[i] if styles else None)
     return grid
 
 
 def note(message: str) -> None:
     """Progress and advice: stderr, so stdout stays data (a store URL's password masked)."""
-    click.echo(mask_secrets(message), err=True)
+    click.echo(visible(mask_secrets(message), multiline=True), err=True)
 
 
 def short(value: Any, width: int = 80) -> str:

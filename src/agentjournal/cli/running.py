@@ -41,6 +41,7 @@ from ._base import (
     store_option,
     table,
 )
+from ._safe import echo
 
 if TYPE_CHECKING:
     from ..demo.run_demo import DemoResult
@@ -103,17 +104,17 @@ def print_result(result: RunResult, store_url: str, as_json: bool) -> None:
     if as_json:
         emit_json(result_json(result))
     else:
-        click.echo(f"run {result.run_id}: {result.status} at seq {result.last_seq}"
-                   + (f" ({result.pause_reason})" if result.pause_reason else ""))
+        echo(f"run {result.run_id}: {result.status} at seq {result.last_seq}"
+             + (f" ({result.pause_reason})" if result.pause_reason else ""))
         if result.status == "finished":
-            click.echo(f"outcome: {short(result.outcome, 200)}")
+            echo(f"outcome: {short(result.outcome, 200)}")
         for p in result.uncertain:
-            click.echo(f"uncertain: {p.tool} key {p.key[:16]} {short(p.args, 60)} "
-                       f"({p.effect}; last error: {p.last_error or '-'})")
+            echo(f"uncertain: {p.tool} key {p.key[:16]} {short(p.args, 60)} "
+                 f"({p.effect}; last error: {p.last_error or '-'})")
         for a in result.approvals:
-            click.echo(f"awaiting approval: {a.approval_id} {a.tool} {short(a.args, 60)}")
+            echo(f"awaiting approval: {a.approval_id} {a.tool} {short(a.args, 60)}")
         if result.escalation:
-            click.echo(f"escalated: {short(result.escalation.get('reason', ''), 200)}")
+            echo(f"escalated: {short(result.escalation.get('reason', ''), 200)}")
     for line in next_steps(result, store_hint(store_url)):
         note(line)
 
