@@ -264,3 +264,15 @@ def test_a_reused_call_id_never_borrows_an_earlier_calls_secret(tmp_path: Path) 
     model = ScriptedModel([turn(CANARY), turn("plain-token"), reply("ok")])
     assert Agent(model, [login]).run(store, "r1", "t").status == "finished"
     assert sent == [CANARY, "plain-token"]
+
+
+def test_resuming_with_the_same_secret_bearing_task_is_a_plain_resume(tmp_path: Path) -> None:
+    from agentjournal import RunMismatchError
+
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    agent = Agent(ScriptedModel([reply("ok")]), [])
+    agent.run(store, "r1", f"deploy with {CANARY}")
+    assert agent.run(store, "r1", f"deploy with {CANARY}").status == "finished"
+    with pytest.raises(RunMismatchError) as info:  # the error shows no secret either
+        agent.run(store, "r1", f"deploy now with {CANARY}")
+    assert CANARY not in str(info.value) and "[redacted:api_key]" in str(info.value)
