@@ -160,3 +160,21 @@ def test_v1_model_turn_is_upcast_to_the_current_version() -> None:
     assert event.payload == {"text": "hi", "tool_calls": [], "usage": {
         "input_tokens": 3, "output_tokens": 2, "cached_input_tokens": 0, "cost_usd": 0.5}}
     assert fold([event]).cost_usd == 0.5
+
+
+def test_a_result_that_was_not_kept_is_done_and_says_why() -> None:
+    log = [
+        ev(1, EventType.RUN_STARTED, task="t"),
+        ev(2, EventType.TOOL_CALL_STARTED, key="k1", tool="pay", args={"a": 1}, call_id="c1"),
+        ev(3, EventType.TOOL_CALL_COMPLETED, started_seq=2, idempotency_key="k1", tool="pay",
+           call_id="c1", result=None, is_error=True, encoding_error="result is NaN",
+           content="error: the call was made, but its result was not kept: result is NaN",
+           redactions=[{"rule": "api_key", "count": 1}]),
+    ]
+    state = fold(log)
+    assert state.completed["k1"].error == "result is NaN" and not state.pending
+    assert state.messages[-1].is_error and "not kept" in state.messages[-1].content
+    live = RunState()
+    for event in log:
+        apply(live, event)
+    assert as_bytes(live) == as_bytes(state)
