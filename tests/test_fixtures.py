@@ -18,6 +18,7 @@ from agentjournal import (
     apply,
     decode,
 )
+from agentjournal.events import SEALED_SINCE
 from agentjournal.state import RunState, durable_fields
 from agentjournal.store.base import decode_record
 
@@ -59,7 +60,7 @@ def test_every_fixture_reads_through_the_digest_chain(log_file: Path) -> None:
     for seq, line in enumerate(log_file.read_bytes().splitlines(), start=1):
         event, prev = decode_record(event_run(line), seq, line, prev)
         assert event == decode(line)
-    assert (prev != "") == (log_file.parent.name >= "v4")
+    assert (prev != "") == (int(log_file.parent.name[1:]) >= SEALED_SINCE)
 
 
 def event_run(line: bytes) -> str:
