@@ -236,6 +236,20 @@ def test_worker_frozen_after_effect_is_fenced_and_successor_reconciles(
     assert ledger.effects()["corrections"] == dict.fromkeys(CORRECTIONS, 1)
 
 
+def freeze_past_lease_then_succeed(store_url: str, ledger: LedgerService,
+                                   fault: str) -> tuple[subprocess.Popen[str], int]:
+    """A worker SIGSTOPped at ``fault`` past its 1 s lease, and a successor that finishes
+    the run; returns the frozen worker and the log's length the successor left."""
+    first = subprocess.Popen(agent_cmd(store_url, ledger, "--lease-ttl", "1"),
+                             env={**os.environ, "AGENTJOURNAL_FAULT": f"{fault}:stop"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until_stopped(first)
+    time.sleep(1.5)  # past its lease
+    code, out = run_agent(store_url, ledger, "--lease-ttl", "1")
+    assert code == 0 and out["status"] == "finished"
+    return first, len(log_of(store_url))
+
+
 @pytest.mark.parametrize("ledger", [False], indirect=True, ids=["receiver-ignores-keys"])
 def test_worker_frozen_before_effect_wakes_and_does_not_send(
     store_url: str, ledger: LedgerService
@@ -243,14 +257,7 @@ def test_worker_frozen_before_effect_wakes_and_does_not_send(
     # Frozen after its call's start is durable, before the request leaves, past its
     # lease: a successor settles the call (absent at the ledger: posted again). The
     # woken worker must not send its request (the receiver here dedupes nothing).
-    first = subprocess.Popen(agent_cmd(store_url, ledger, "--lease-ttl", "1"),
-                             env={**os.environ, "AGENTJOURNAL_FAULT": "before_effect:4:stop"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until_stopped(first)
-    time.sleep(1.5)  # past its lease
-    code, out = run_agent(store_url, ledger, "--lease-ttl", "1")
-    assert code == 0 and out["status"] == "finished"
-    settled = len(log_of(store_url))
+    first, settled = freeze_past_lease_then_succeed(store_url, ledger, "before_effect:4")
     first.send_signal(signal.SIGCONT)
     stdout, stderr = first.communicate(timeout=30)
     assert json.loads(stdout)["error"] == "LeaseExpiredError", stderr
@@ -272,14 +279,7 @@ def test_worker_frozen_after_its_lease_check_is_refused_by_the_receiver(
     # The window the lease check cannot close: frozen after the check passed, before
     # the request left. The woken worker's request carries its old epoch, and the
     # ledger, having seen the successor's newer epoch for that correction, refuses it.
-    first = subprocess.Popen(agent_cmd(store_url, ledger, "--lease-ttl", "1"),
-                             env={**os.environ, "AGENTJOURNAL_FAULT": "lease_checked:1:stop"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until_stopped(first)
-    time.sleep(1.5)  # past its lease
-    code, out = run_agent(store_url, ledger, "--lease-ttl", "1")
-    assert code == 0 and out["status"] == "finished"
-    settled = len(log_of(store_url))
+    first, settled = freeze_past_lease_then_succeed(store_url, ledger, "lease_checked:1")
     first.send_signal(signal.SIGCONT)
     stdout, stderr = first.communicate(timeout=30)
     assert json.loads(stdout)["error"] == "FencedError", stderr  # its failure is not recorded
