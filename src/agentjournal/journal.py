@@ -18,7 +18,6 @@ import contextlib
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +30,7 @@ from .redaction import Redaction
 from .snapshots import load_state, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
+from .store.base import boot_seconds
 
 Observer = Callable[[Event, RunState], None]
 
@@ -39,14 +39,9 @@ Observer = Callable[[Event, RunState], None]
 #: before the effect leaves the process.
 LEASE_MARGIN = 0.1
 
-# CLOCK_BOOTTIME is monotonic and keeps counting while the machine is suspended, as the
+# Boot time is monotonic and keeps counting while the machine is suspended, as the
 # store's clock does; CLOCK_MONOTONIC would stop and let a lease look younger than it is.
-_CLOCK_ID: int | None = getattr(time, "CLOCK_BOOTTIME", None)
-
-
-def _clock() -> float:
-    """Seconds by a clock no change of the wall clock moves (for deadlines and elapsed)."""
-    return time.clock_gettime(_CLOCK_ID) if _CLOCK_ID is not None else time.monotonic()
+_clock = boot_seconds
 
 
 def default_owner() -> str:

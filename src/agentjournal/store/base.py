@@ -60,6 +60,15 @@ def _boot_id() -> str:
         return ""
 
 
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def boot_seconds() -> float:
+    """A monotonic clock that keeps counting while the machine is suspended (as a lease's
+    TTL does), and that no change of the wall clock moves."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
 def host_clock() -> tuple[str, float]:
     """(this boot's id, seconds since boot): a clock every process on this host shares
     and that no change of the wall clock moves, for judging leases of same-host stores.
@@ -68,7 +77,26 @@ def host_clock() -> tuple[str, float]:
     Where the boot id is unknown ("") callers fall back to the wall clock.
     """
     boot = _boot_id()
-    return boot, time.clock_gettime(time.CLOCK_BOOTTIME) if boot else time.time()
+    return boot, boot_seconds() if boot else time.time()
+
+
+# The one rule for same-host leases (sqlite, jsonl), given the clocks read now: the
+# wall clock (``wall``) and the host clock (``boot``, ``now``; see host_clock).
+
+
+def lease_expiry(ttl: float, wall: float, boot: str, now: float) -> tuple[float, str, float]:
+    """(wall-clock expiry, boot id, deadline on the host clock) of a lease granted now
+    for ``ttl`` seconds; the wall clock is for people and for readers before boot ids."""
+    return wall + ttl, boot, now + ttl
+
+
+def lease_left(expires_at: float, boot_id: str | None, deadline: float | None,
+               wall: float, boot: str, now: float) -> float:
+    """Seconds a lease has left: by the host clock when it was written with one (a lease
+    from another boot is over: its holder died with it), else by the wall clock."""
+    if boot_id and boot and deadline is not None:
+        return deadline - now if boot_id == boot else 0.0
+    return expires_at - wall
 
 
 class Durability(StrEnum):

@@ -98,6 +98,8 @@ from .base import (
     check_batch,
     decode_record,
     host_clock,
+    lease_expiry,
+    lease_left,
     scope_started,
     validate_run_id,
 )
@@ -155,15 +157,12 @@ class _LeaseRecord(msgspec.Struct):
 
     def remaining(self) -> float:
         """Seconds the lease has left, by a clock every process on this host shares."""
-        boot, now = host_clock()
-        if self.boot_id and boot:  # another boot's holder died with it
-            return self.boot_deadline - now if self.boot_id == boot else 0.0
-        return self.expires_at - time.time()
+        return lease_left(self.expires_at, self.boot_id, self.boot_deadline, time.time(),
+                          *host_clock())
 
 
 def _new_lease(owner: str, epoch: int, ttl: float) -> _LeaseRecord:
-    boot, now = host_clock()
-    return _LeaseRecord(owner, epoch, time.time() + ttl, boot, now + ttl)
+    return _LeaseRecord(owner, epoch, *lease_expiry(ttl, time.time(), *host_clock()))
 
 
 class _Tail(NamedTuple):

@@ -57,6 +57,8 @@ from .base import (
     check_batch,
     decode_record,
     host_clock,
+    lease_expiry,
+    lease_left,
     scope_started,
     validate_run_id,
 )
@@ -110,15 +112,6 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE leases ADD COLUMN deadline REAL;
     """,
 )
-
-
-def _seconds_left(row: tuple[Any, ...], wall: float, boot: str, now: float) -> float:
-    """What is left of the lease in ``row`` (..., expires_at, boot_id, deadline), on the
-    host clock (``boot``, ``now``) when the row has one, else on the wall clock."""
-    expires_at, held_boot, deadline = row[-3:]
-    if held_boot and boot and deadline is not None:
-        return float(deadline) - now if held_boot == boot else 0.0  # another boot: over
-    return float(expires_at) - wall
 
 
 _HEADER = b"SQLite format 3\x00"
@@ -432,7 +425,7 @@ class SQLiteStore:
                 "SELECT owner, epoch, expires_at, boot_id, deadline FROM leases"
                 " WHERE run_id = ?", (run_id,)
             ).fetchone()
-            left = _seconds_left(row, wall, boot, now) if row else 0.0
+            left = lease_left(row[2], row[3], row[4], wall, boot, now) if row else 0.0
             if row is None:
                 epoch = 1
             elif row[0] == owner and left > 0:
@@ -450,8 +443,10 @@ class SQLiteStore:
 
     @staticmethod
     def _expiry(ttl: float, wall: float, boot: str, now: float) -> tuple[Any, ...]:
-        """(expires_at, boot_id, deadline) of a lease granted now for ``ttl`` seconds."""
-        return wall + ttl, boot or None, now + ttl if boot else None
+        """(expires_at, boot_id, deadline) of a lease granted now for ``ttl`` seconds, the
+        last two NULL where the host has no boot id."""
+        expires_at, boot_id, deadline = lease_expiry(ttl, wall, boot, now)
+        return expires_at, boot_id or None, deadline if boot_id else None
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         with self._tx() as db:
