@@ -109,7 +109,7 @@ _decoder = msgspec.json.Decoder(Event)
 _raw_decoder = msgspec.json.Decoder()
 
 
-def _check_finite(value: Any, path: str = "payload") -> None:
+def check_finite(value: Any, path: str = "payload") -> None:
     # msgspec writes NaN and infinities as null; refuse them instead of
     # silently storing a different value. This runs on every append, so the
     # walk keeps no paths; only a failure walks again to name the culprit.
@@ -152,7 +152,7 @@ def _not_utf8(exc: UnicodeEncodeError) -> str:
 
 def encode(event: Event) -> bytes:
     """The canonical bytes of ``event``. Refuses NaN, infinities and non-JSON values."""
-    _check_finite(event.payload)
+    check_finite(event.payload)
     try:
         return _encoder.encode(event)
     except (TypeError, msgspec.EncodeError) as exc:
@@ -163,7 +163,7 @@ def encode(event: Event) -> bytes:
 
 def encode_value(value: Any) -> bytes:
     """Canonical JSON for any payload value (sorted keys, refusing NaN)."""
-    _check_finite(value, "value")
+    check_finite(value, "value")
     try:
         return _encoder.encode(value)
     except (TypeError, msgspec.EncodeError) as exc:

@@ -21,12 +21,12 @@ was not kept); a memory value that is refused is refused to the tool.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import msgspec
 
 from .errors import EncodingError
+from .events import check_finite
 
 
 def _hook(value: Any) -> Any:
@@ -43,7 +43,7 @@ def to_json(value: Any, where: str = "result") -> Any:
     except (TypeError, ValueError, msgspec.EncodeError):
         _refuse(value, where)
         raise EncodingError(f"{where} has no JSON form") from None  # not reached
-    _check(plain, where)
+    check_finite(plain, where)  # the codec's own check, naming where a NaN sits
     return _lists(plain)
 
 
@@ -54,19 +54,6 @@ def _lists(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _lists(v) for k, v in value.items()}
     return value
-
-
-def _check(value: Any, where: str) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        what = "NaN" if math.isnan(value) else "an infinity"
-        raise EncodingError(f"{where} is {what}; NaN and infinities are not JSON and are "
-                            "not stored")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check(v, f"{where}.{k}")
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _check(v, f"{where}[{i}]")
 
 
 _LEAF = (str, int, float, bool, type(None))
