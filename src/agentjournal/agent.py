@@ -364,8 +364,9 @@ class Agent:
         done = self._completion(p.started_seq, self._call_of(j, None, p), p.key,
                                 other.done.result, source="scope", args=p.args,
                                 origin=other.where)
+        found_at: dict[str, Any] = {"from": other.where}  # this run's start, their effect
         return self._verdict(j, p, "found", evidence=as_json(other.done.result),
-                             then=self._guarded(j, [done]), **{"from": other.where})
+                             then=self._guarded(j, [done]), **found_at)
 
     def _apply_evidence(
         self, j: RunJournal, tool: Tool, p: PendingCall, evidence: Any
@@ -412,11 +413,17 @@ class Agent:
 
     @staticmethod
     def _verdict(j: RunJournal, p: PendingCall, verdict: str, *, then: Sequence[Fact] = (),
-                 **detail: Any) -> bool:
-        """Record the verdict on ``p``, with the facts that must come with it, atomically."""
+                 elsewhere: Elsewhere | None = None, **detail: Any) -> bool:
+        """Record the verdict on ``p``, with the facts that must come with it, atomically.
+
+        ``elsewhere``: ``p`` is another run's call, judged here (that run's log has its
+        own writer), so the verdict closes no start of this run (started_seq null) and
+        names where the call is (``from``)."""
+        if elsewhere is not None:
+            detail["from"] = elsewhere.where
         j.record_all([(E.TOOL_CALL_RECONCILED, {
-            "started_seq": p.started_seq, "key": p.key, "tool": p.tool, "verdict": verdict,
-            "by": "agentjournal", **detail}), *then])
+            "started_seq": None if elsewhere else p.started_seq, "key": p.key, "tool": p.tool,
+            "verdict": verdict, "by": "agentjournal", **detail}), *then])
         METRICS.count(f"uncertain_{verdict}")  # found / absent / retry: auto-reconciled
         return verdict in SETTLING_VERDICTS
 
@@ -550,9 +557,9 @@ class Agent:
             return self._evidence_elsewhere(j, call, tool, other, p, self._look_up(tool, p))
         if tool.effect is Effect.IDEMPOTENT:
             if not (blocked := self._retry_blocked(tool, p)):
-                return self._verdict_elsewhere(j, other, p, "retry",
-                                               reason="idempotent tool: retry with the same key")
-            self._verdict_elsewhere(j, other, p, "unknown", reason=blocked)
+                return self._verdict(j, p, "retry", elsewhere=other,
+                                     reason="idempotent tool: retry with the same key")
+            self._verdict(j, p, "unknown", elsewhere=other, reason=blocked)
         self._pause_for_elsewhere(j, other, p)  # reversible / irreversible: a person decides
         return False
 
@@ -565,15 +572,15 @@ class Agent:
             case Found(result=result) if same_intent(p.args, j.as_recorded(call.args)):
                 done = self._completion(None, call, p.key, result, source="reconciliation",
                                         args=p.args, origin=other.where)
-                self._verdict_elsewhere(j, other, p, "found", evidence=as_json(result),
-                                        then=self._guarded(j, [done]))
+                self._verdict(j, p, "found", elsewhere=other, evidence=as_json(result),
+                              then=self._guarded(j, [done]))
                 return False
             case Found(result=result):
-                self._verdict_elsewhere(j, other, p, "found", evidence=as_json(result))
+                self._verdict(j, p, "found", elsewhere=other, evidence=as_json(result))
                 self._deny(j, call, p.key, changed_intent(tool, p.args, call.args, other.run_id))
                 return False
             case Absent(final=True) if not self._retry_blocked(tool, p):
-                return self._verdict_elsewhere(j, other, p, "absent")
+                return self._verdict(j, p, "absent", elsewhere=other)
             case Conflict(found=found):
                 escalation = {
                     "reason": f"conflicting effect found at the receiver for a call run "
@@ -581,8 +588,8 @@ class Agent:
                               f"resolve {other.run_id} {p.key[:16]} ...), then resume this run",
                     "key": p.key, "tool": p.tool, "ours": p.args, "theirs": as_json(found),
                     "started_at": p.started_at.isoformat(), "from": other.where}
-                self._verdict_elsewhere(j, other, p, "conflict", evidence=as_json(found),
-                                        then=[(E.RUN_ESCALATED, escalation)])
+                self._verdict(j, p, "conflict", elsewhere=other, evidence=as_json(found),
+                              then=[(E.RUN_ESCALATED, escalation)])
                 return False
             case Unknown(reason=reason):
                 pass
@@ -592,20 +599,9 @@ class Agent:
                 reason = self._retry_blocked(tool, p) or ""
             case _:
                 raise TypeError(f"reconcile for {tool.name!r} returned {evidence!r}")
-        self._verdict_elsewhere(j, other, p, "unknown", reason=reason)
+        self._verdict(j, p, "unknown", elsewhere=other, reason=reason)
         self._pause_for_elsewhere(j, other, p)
         return False
-
-    @staticmethod
-    def _verdict_elsewhere(j: RunJournal, other: Elsewhere, p: PendingCall, verdict: str, *,
-                           then: Sequence[Fact] = (), **detail: Any) -> bool:
-        """A verdict on another run's call, recorded here (that run's log has its own
-        writer): it closes no start of this run (started_seq null; ``from`` names it)."""
-        j.record_all([(E.TOOL_CALL_RECONCILED, {
-            "started_seq": None, "key": p.key, "tool": p.tool, "verdict": verdict,
-            "by": "agentjournal", "from": other.where, **detail}), *then])
-        METRICS.count(f"uncertain_{verdict}")
-        return verdict in SETTLING_VERDICTS
 
     @staticmethod
     def _pause_for_elsewhere(j: RunJournal, other: Elsewhere, p: PendingCall) -> None:
@@ -645,10 +641,10 @@ class Agent:
     def _execute(self, j: RunJournal, call: ToolCall, tool: Tool, key: str) -> bool:
         """Start (durably), invoke, complete. False if the call ends uncertain."""
         attempt = j.state.attempts.get(key, 0) + 1
-        if j.as_recorded(call.args) != call.args:
-            j.live_args[call.id] = call.args  # a same-process retry needs the originals
         start = j.record(E.TOOL_CALL_STARTED, key=key, tool=tool.name, args=call.args,
                          call_id=call.id, effect=tool.effect.value, attempt=attempt)
+        if start.payload["args"] != call.args:  # recorded redacted: a same-process retry
+            j.live_args[call.id] = call.args  # needs the originals
         guard = CallGuard()  # an abandoned call may no longer write to the run
         ctx = ToolContext(run_id=j.run_id, key=key, attempt=attempt, epoch=j.lease.epoch,
                           call_id=call.id, scope=j.state.scope, memory=dict(j.state.memory),
