@@ -93,12 +93,12 @@ def _approval_stands(store: Store, run_id: str, state: RunState, approval_id: st
 
 def find_uncertain(run_id: str, calls: list[PendingCall], key: str) -> PendingCall:
     """The uncertain call whose key is ``key`` or starts with it (an unambiguous prefix)."""
-    hits = [p for p in calls if p.key == key] or [p for p in calls if p.key.startswith(key)]
+    hits = _named(key, [p.key for p in calls])
     if not hits:
         raise NotPendingError(run_id, f"uncertain call {key!r}", [p.key for p in calls])
     if len(hits) > 1:
-        raise AmbiguousKeyError(run_id, key, [p.key for p in hits])
-    return hits[0]
+        raise AmbiguousKeyError(run_id, key, hits)
+    return next(p for p in calls if p.key == hits[0])
 
 
 def resolve_uncertain(
@@ -171,7 +171,7 @@ def _resolution_stands(store: Store, run_id: str, state: RunState, key: str,
             return None  # find_uncertain names the ambiguity
         # Open: only a person's "conflict" can stand on it, and repeating it must not
         # escalate again. Verdicts on this call come after its start.
-        (call,) = [p for p in state.pending.values() if p.key == open_calls[0]]
+        call = find_uncertain(run_id, list(state.pending.values()), open_calls[0])
         verdict = _last_person_verdict(store.read(run_id, after_seq=call.started_seq),
                                        call.key)
         if verdict is None or outcome != "conflict" or verdict.payload["verdict"] != "conflict":
