@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast, get_args
 
 import click
-import msgspec
 from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
@@ -41,7 +40,7 @@ from .. import (
 from ..snapshots import load_state
 from ..state import Status
 from ..store import ENV_VAR, RunInfo, local_path, mask_secrets
-from ._safe import json_text, visible
+from ._safe import visible
 
 E = EventType
 F = TypeVar("F", bound=Callable[..., Any])
@@ -228,11 +227,6 @@ def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:
 
 
 # --- output helpers --------------------------------------------------------------------
-
-
-def emit_json(value: Any) -> None:
-    """``value`` as indented JSON on stdout, the characters a terminal acts on spelt \\u."""
-    click.echo(json_text(msgspec.json.format(msgspec.json.encode(value), indent=2)))
 
 
 def out() -> Console:

@@ -303,14 +303,13 @@ def _print_verdicts(reports: Sequence[VerifyReport]) -> None:
 def _verify_failures(reports: Sequence[VerifyReport],
                      errors: Sequence[JournalError]) -> list[int]:
     """Print one error line per failure; their exit codes."""
-    # What damage says can quote the damaged bytes: shown, never executed.
-    codes = [_fail(visible(f"{r.run_id}: the log is corrupt at seq {r.corrupt_seq}: "
-                           f"{r.corrupt}. The log was not changed. Restore it from a backup "
-                           "or inspect it by hand; agentjournal will not resume a run from a "
-                           "damaged log."), 3)
+    # (_fail shows what damage quotes of the damaged bytes, never executes it.)
+    codes = [_fail(f"{r.run_id}: the log is corrupt at seq {r.corrupt_seq}: {r.corrupt}. "
+                   "The log was not changed. Restore it from a backup or inspect it by hand; "
+                   "agentjournal will not resume a run from a damaged log.", 3)
              for r in reports if r.corrupt_seq is not None]
     if failed := [r.run_id for r in reports if r.mismatches]:
         codes.append(_fail(f"{', '.join(failed)}: a snapshot plus its tail differs from a "
                            "full replay. That fold version is quarantined, so its snapshots "
                            "are never loaded again; runs replay from the log.", 3))
-    return codes + [_fail(visible(str(exc)), exit_code_for(exc)) for exc in errors]
+    return codes + [_fail(str(exc), exit_code_for(exc)) for exc in errors]

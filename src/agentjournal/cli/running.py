@@ -29,7 +29,6 @@ from ..store import validate_run_id
 from ._base import (
     CliError,
     cli,
-    emit_json,
     json_option,
     load,
     note,
@@ -41,7 +40,7 @@ from ._base import (
     store_option,
     table,
 )
-from ._safe import echo
+from ._safe import echo, emit_json
 
 if TYPE_CHECKING:
     from ..demo.run_demo import DemoResult

@@ -7,12 +7,12 @@ import click
 from ._base import (
     CliError,
     cli,
-    emit_json,
     json_option,
     note,
     opened,
     store_option,
 )
+from ._safe import emit_json
 
 # --- snapshots and benchmarks ----------------------------------------------------------
 
