@@ -30,6 +30,8 @@ branch on fields, never on message text.
 
 from __future__ import annotations
 
+import errno
+
 
 class JournalError(Exception):
     """Root of every error agentjournal raises on purpose."""
@@ -254,8 +256,6 @@ class StoreIOError(JournalError):
 
 
 def _io_advice(code: int | None) -> str:
-    import errno
-
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return ("The disk (or a quota or file size limit) is full: nothing of this write "
                 "was kept. Free space and retry")

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from ..errors import (
     ConflictError,
@@ -147,8 +148,6 @@ def _readonly_uri(path: Path) -> str:
 
 def sqlite3_path(path: Path) -> str:
     """``path`` quoted for a ``file:`` URI (?, # and % are special there)."""
-    from urllib.parse import quote
-
     return quote(str(path.absolute()), safe="/")
 
 
