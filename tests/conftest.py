@@ -46,7 +46,16 @@ def drop_schema(schema: str) -> None:
 @pytest.fixture
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh store URL for the backend named by ``request.param``."""
-    backend = request.param
+    yield from fresh_url(request.param, tmp_path)
+
+
+@pytest.fixture(params=BACKENDS)
+def each_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store URL, once per backend: for tests whose fixtures open the store."""
+    yield from fresh_url(request.param, tmp_path)
+
+
+def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
     if backend == "jsonl":
         yield f"jsonl:///{tmp_path / 'runs'}"
     elif backend == "sqlite":

@@ -5,7 +5,6 @@ what stands. In Python and through the command line."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,8 +49,8 @@ def agent(**kw: Any) -> Agent:
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'j.db'}"
+def url(each_backend: str) -> str:
+    return each_backend
 
 
 @pytest.fixture

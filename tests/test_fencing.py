@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +23,8 @@ TTL = 0.5
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+def store(each_backend: str) -> Iterator[Store]:
+    store = open_store(each_backend)
     yield store
     store.close()
 

@@ -6,7 +6,6 @@ person instead of escalating again on every open."""
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +31,8 @@ E = EventType
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return open_store(f"sqlite:///{tmp_path / 'j.db'}")
+def store(each_backend: str) -> Store:
+    return open_store(each_backend)
 
 
 class Ledger:

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,8 +25,8 @@ E = EventType
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+def store(each_backend: str) -> Iterator[Store]:
+    store = open_store(each_backend)
     yield store
     store.close()
 
