@@ -157,9 +157,27 @@ def test_v1_model_turn_is_upcast_to_the_current_version() -> None:
           b'"ts":"2026-01-01T00:00:00Z","type":"model_turn","v":1}')
     event = decode(v1)
     assert event.v == SCHEMA_VERSION
-    assert event.payload == {"text": "hi", "tool_calls": [], "usage": {
-        "input_tokens": 3, "output_tokens": 2, "cached_input_tokens": 0, "cost_usd": 0.5}}
+    assert event.payload == {
+        "text": "hi", "tool_calls": [], "provider": None, "model": None, "finish_reason": None,
+        "usage": {"input_tokens": 3, "output_tokens": 2, "cached_input_tokens": 0,
+                  "cost_usd": 0.5, "cache_write_tokens": 0, "reasoning_tokens": 0}}
     assert fold([event]).cost_usd == 0.5
+
+
+def test_v4_turn_and_start_are_upcast_to_v5() -> None:
+    start = (b'{"epoch":1,"payload":{"task":"t","scope":"run:r"},"run_id":"r","seq":1,'
+             b'"ts":"2026-01-01T00:00:00Z","type":"run_started","v":4}')
+    turn = (b'{"epoch":1,"payload":{"text":"hi","tool_calls":[],"usage":{"input_tokens":3,'
+            b'"output_tokens":2,"cached_input_tokens":1,"cost_usd":0.5}},"run_id":"r",'
+            b'"seq":2,"ts":"2026-01-01T00:00:00Z","type":"model_turn","v":4}')
+    started, answered = decode(start), decode(turn)
+    assert started.payload == {"task": "t", "scope": "run:r", "instructions": None}
+    assert answered.payload["usage"] == {
+        "input_tokens": 3, "output_tokens": 2, "cached_input_tokens": 1, "cost_usd": 0.5,
+        "cache_write_tokens": 0, "reasoning_tokens": 0}
+    assert answered.payload["provider"] is None and answered.v == SCHEMA_VERSION
+    state = fold([started, answered])
+    assert state.instructions is None and state.usage.cached_input_tokens == 1
 
 
 def test_a_result_that_was_not_kept_is_done_and_says_why() -> None:

@@ -46,7 +46,20 @@ from .errors import (
 from .events import SCHEMA_VERSION, Event, EventType, decode, encode, make_events
 from .journal import fork
 from .keys import canonical_args, idempotency_key, operation_scope, run_scope
-from .models import Model, ModelError, ModelRequest, ModelResponse, ScriptedModel, calls, reply
+from .models import (
+    PRICES,
+    AsyncModel,
+    BackgroundModel,
+    Model,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    Price,
+    ScriptedModel,
+    calls,
+    cost_of,
+    reply,
+)
 from .policy import (
     Allow,
     Budget,
@@ -117,6 +130,11 @@ __all__ = [
     "Model",
     "NotAStoreError",
     "ModelError",
+    "AsyncModel",
+    "BackgroundModel",
+    "Price",
+    "PRICES",
+    "cost_of",
     "ModelRequest",
     "ModelResponse",
     "NotPendingError",

@@ -24,7 +24,11 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: cached_input_tokens count. v3: tool_call_completed and tool_result_served may
 #: omit ``content`` when it is the rendered ``result`` (stored once, not twice).
 #: v4: the envelope carries ``digest``, chained to the event before it (see seal).
-SCHEMA_VERSION = 4
+#: v5: model_turn records who answered (provider, model, response and request ids,
+#: finish reason, opaque items, latency) and usage by one convention with cache
+#: writes and reasoning tokens; run_started records instructions; new types
+#: model_call_started, model_call_failed, instructions_changed.
+SCHEMA_VERSION = 5
 
 #: The first schema version whose events are stored sealed (with a chained digest).
 SEALED_SINCE = 4
@@ -34,6 +38,9 @@ class EventType(StrEnum):
     RUN_STARTED = "run_started"
     USER_MESSAGE = "user_message"
     MODEL_TURN = "model_turn"
+    MODEL_CALL_STARTED = "model_call_started"
+    MODEL_CALL_FAILED = "model_call_failed"
+    INSTRUCTIONS_CHANGED = "instructions_changed"
     TOOL_CALL_STARTED = "tool_call_started"
     TOOL_CALL_COMPLETED = "tool_call_completed"
     TOOL_CALL_UNCERTAIN = "tool_call_uncertain"
@@ -281,8 +288,21 @@ def _model_turn_v1_to_v2(p: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in p.items() if k != "cost_usd"}, "usage": usage}
 
 
+def _model_turn_v4_to_v5(p: dict[str, Any]) -> dict[str, Any]:
+    # v5 usage counts cache writes and reasoning tokens; no v4 writer knew them, and
+    # no v4 turn knew who answered.
+    usage = {**(p.get("usage") or {}), "cache_write_tokens": 0, "reasoning_tokens": 0}
+    return {"provider": None, "model": None, "finish_reason": None, **p, "usage": usage}
+
+
+def _run_started_v4_to_v5(p: dict[str, Any]) -> dict[str, Any]:
+    return {"instructions": None, **p}  # no instructions were recorded before v5
+
+
 UPCASTERS: dict[tuple[EventType, int], Upcaster] = {
     (EventType.MODEL_TURN, 1): _model_turn_v1_to_v2,
+    (EventType.MODEL_TURN, 4): _model_turn_v4_to_v5,
+    (EventType.RUN_STARTED, 4): _run_started_v4_to_v5,
 }
 
 

@@ -1,19 +1,37 @@
 """Model clients: messages with trust labels and tool schemas in; text, tool calls and usage out.
 
-A provider adapter implements ``Model.complete``. It raises ``ModelError``
-(``retryable=True`` for rate limits and transient outages) so the loop can
-retry; a model call has no side effect, so retrying it is always safe.
+A provider adapter implements ``Model.complete`` (and ``acomplete`` for the
+async loop). It raises ``ModelError`` (``retryable=True`` for rate limits,
+overload, 5xx and lost connections, with ``retry_after`` when the provider said
+how long to wait) so the loop, the one retry layer, can retry and record each
+failed attempt; a model call has no side effect, so retrying it is safe, though
+it is billed again. A model that can leave a call running at the provider
+(``BackgroundModel``) lets the loop record the call's id before waiting, so a
+crash resumes the same call instead of paying for a second one.
+
+Adapters for real providers live in ``agentjournal.providers`` (extras).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from .state import Message, ToolCall, Usage
+
+#: Provider stop reasons that must never become a run's final answer: the turn was
+#: cut short (length), refused or filtered. The run pauses, saying which.
+STOPS_THAT_PAUSE: frozenset[str] = frozenset({
+    "length", "max_tokens", "max_output_tokens", "content_filter", "refusal",
+    "model_context_window_exceeded", "incomplete", "failed", "cancelled",
+})
+
+#: Stop reasons that mean "ask again with this turn in the context": the provider
+#: paused a long turn (Anthropic ``pause_turn``) and continues it when asked.
+STOPS_THAT_CONTINUE: frozenset[str] = frozenset({"pause_turn"})
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -22,6 +40,7 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     messages: list[Message]
     tools: list[dict[str, Any]]
     memory: dict[str, Any] = msgspec.field(default_factory=dict)  # what tools remembered
+    instructions: str | None = None  # the system prompt, as the run recorded it
 
     def results(self, tool: str) -> list[Any]:
         """The decoded results of every call to ``tool`` still in the context, oldest first."""
@@ -37,18 +56,133 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
     text: str = ""
+    #: A call whose arguments were not a JSON object has ``args={}`` and keeps what the
+    #: model sent in ``raw_arguments``: the loop denies it with the parse error.
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
     usage: Usage = msgspec.field(default_factory=Usage)  # tokens and cost of this turn
+    finish_reason: str | None = None  # the provider's own word ("stop", "max_tokens", ...)
+    provider: str | None = None  # "openai.chat", "openai.responses", "anthropic", ...
+    model: str | None = None  # the model that answered (not only the one asked)
+    response_id: str | None = None
+    request_id: str | None = None
+    #: Provider-native output the adapter needs echoed back on the next turn, in its
+    #: own form (reasoning items with encrypted_content; thinking blocks with their
+    #: signature). Recorded in the turn and returned untouched; opaque to the loop.
+    items: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+def stop_kind(response: ModelResponse) -> str:
+    """What the loop does with a turn: "pause" (cut short, refused, filtered),
+    "continue" (the provider paused it) or "done" (an answer or tool calls)."""
+    reason = response.finish_reason
+    if reason in STOPS_THAT_CONTINUE:
+        return "continue"
+    if reason in STOPS_THAT_PAUSE:
+        return "pause"
+    return "done"
 
 
 class ModelError(Exception):
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    """A model call failed. ``retryable``: the loop may ask again (after ``retry_after``
+    seconds, when the provider said). ``status``: the HTTP status, if any."""
+
+    def __init__(self, message: str, *, retryable: bool = False,
+                 retry_after: float | None = None, status: int | None = None,
+                 request_id: str | None = None, lost: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.retry_after = retry_after
+        self.status = status
+        self.request_id = request_id
+        #: A background call the provider no longer has (expired, failed, cancelled):
+        #: asking again is the only way on.
+        self.lost = lost
 
 
 class Model(Protocol):
     def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+@runtime_checkable
+class AsyncModel(Protocol):
+    """A model the async loop awaits. A model with only ``complete`` runs in a thread there."""
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+@runtime_checkable
+class BackgroundModel(Protocol):
+    """A model whose call can outlive the process that made it (OpenAI Responses with
+    ``background=True``). ``begin`` starts the call and returns its id at once; the
+    loop records the id durably, then ``collect`` returns the answer. After a crash
+    the loop calls ``collect`` with the recorded id: the call is not made, nor paid,
+    twice. ``collect`` raises ``ModelError(lost=True)`` when the provider no longer has it."""
+
+    background: bool  # False: the adapter can, but was asked not to
+
+    def begin(self, request: ModelRequest) -> str: ...
+
+    def collect(self, handle: str, request: ModelRequest) -> ModelResponse: ...
+
+    async def abegin(self, request: ModelRequest) -> str: ...
+
+    async def acollect(self, handle: str, request: ModelRequest) -> ModelResponse: ...
+
+
+class Price(msgspec.Struct, frozen=True):
+    """US dollars per million tokens. ``cached_input``: cache reads; ``cache_write``:
+    tokens written to the cache (None: billed as input)."""
+
+    input: float
+    output: float
+    cached_input: float | None = None
+    cache_write: float | None = None
+
+
+#: List prices as published by the providers (USD per million tokens), for the cost
+#: recorded with each turn. They change: pass ``prices=`` to an adapter to override
+#: or extend; a model missing from the table is recorded with cost 0.
+PRICES: dict[str, Price] = {
+    "gpt-4o": Price(2.50, 10.00, cached_input=1.25),
+    "gpt-4o-mini": Price(0.15, 0.60, cached_input=0.075),
+    "gpt-4.1": Price(2.00, 8.00, cached_input=0.50),
+    "gpt-4.1-mini": Price(0.40, 1.60, cached_input=0.10),
+    "gpt-5": Price(1.25, 10.00, cached_input=0.125),
+    "gpt-5-mini": Price(0.25, 2.00, cached_input=0.025),
+    "o4-mini": Price(1.10, 4.40, cached_input=0.275),
+    "claude-sonnet-4-5": Price(3.00, 15.00, cached_input=0.30, cache_write=3.75),
+    "claude-opus-4-1": Price(15.00, 75.00, cached_input=1.50, cache_write=18.75),
+    "claude-haiku-4-5": Price(1.00, 5.00, cached_input=0.10, cache_write=1.25),
+}
+
+
+def price_of(model: str | None, prices: Mapping[str, Price] | None = None) -> Price | None:
+    """The price of ``model``: an exact entry, else the longest entry it starts with
+    (dated snapshots such as ``gpt-4o-2024-08-06`` price as their family)."""
+    table = PRICES if prices is None else {**PRICES, **prices}
+    if not model:
+        return None
+    if model in table:
+        return table[model]
+    family = max((name for name in table if model.startswith(name)), key=len, default=None)
+    return None if family is None else table[family]
+
+
+def cost_of(usage: Usage, model: str | None,
+            prices: Mapping[str, Price] | None = None) -> float:
+    """What ``usage`` cost, in USD (0 for a model with no price). Usage follows one
+    convention: ``input_tokens`` includes cache reads and writes."""
+    price = price_of(model, prices)
+    if price is None:
+        return 0.0
+    cached = usage.cached_input_tokens
+    written = usage.cache_write_tokens
+    plain = max(usage.input_tokens - cached - written, 0)
+    dollars = (plain * price.input
+               + cached * (price.input if price.cached_input is None else price.cached_input)
+               + written * (price.input if price.cache_write is None else price.cache_write)
+               + usage.output_tokens * price.output)
+    return dollars / 1_000_000
 
 
 Turn = ModelResponse | Callable[[ModelRequest], ModelResponse]

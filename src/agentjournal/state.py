@@ -21,18 +21,22 @@ from .events import Event, EventType, render
 #: v3: completed calls keep their arguments; the seqs of the last escalation and
 #: of the last decision a person made. v4: a completion whose result could not be
 #: kept says why (``CompletedCall.error``); payloads may carry ``redactions``.
-FOLD_VERSION = 4
+#: v5: instructions; an assistant message keeps its provider's items; usage counts
+#: cache writes and reasoning tokens; a model call in flight; failed model attempts.
+FOLD_VERSION = 5
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished"]
 
 
-class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A tool call as the model asked for it. ``id`` is the model's, never part of a key."""
 
     id: str
     name: str
     args: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: What the model sent when it was not a JSON object (``args`` is then empty).
+    raw_arguments: str | None = None
 
 
 class Message(msgspec.Struct, kw_only=True):
@@ -44,13 +48,20 @@ class Message(msgspec.Struct, kw_only=True):
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
+    provider: str | None = None  # for an assistant message: who wrote it
+    items: list[dict[str, Any]] = msgspec.field(default_factory=list)  # its opaque items
 
 
 class Usage(msgspec.Struct, kw_only=True):
+    """Tokens by one convention (OpenAI's): ``input_tokens`` includes cache reads
+    (``cached_input_tokens``) and cache writes; ``output_tokens`` includes reasoning."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
     cost_usd: float = 0.0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 class PendingCall(msgspec.Struct, kw_only=True):
@@ -112,6 +123,7 @@ class RunState(msgspec.Struct, kw_only=True):
     status: Status = "new"
     outcome: Any = None
     task: str = ""
+    instructions: str | None = None  # the system prompt, as last recorded
     scope: str = ""
     origin: dict[str, Any] | None = None
     agent: str | None = None  # "module:object" of the agent that runs it, if known
@@ -133,6 +145,9 @@ class RunState(msgspec.Struct, kw_only=True):
     resumes: int = 0
     pause_reason: str | None = None
     escalation: dict[str, Any] | None = None
+    #: A model call left running at the provider (background mode): its id, turn, seq.
+    model_call: dict[str, Any] | None = None
+    model_failures: int = 0  # failed model attempts, each recorded
     escalated_seq: int = 0  # the last run_escalated
     decided_seq: int = 0  # the last decision a person recorded (approval or verdict)
 
@@ -187,6 +202,10 @@ def durable_fields(state: RunState) -> dict[str, Any]:
         "memory": dict(sorted(state.memory.items())),
         "completed_args": {k: c.args for k, c in sorted(state.completed.items())},
         "waits_for_a_person": state.waits_for_a_person,
+        "instructions": state.instructions,
+        "model_call": state.model_call,
+        "model_failures": state.model_failures,
+        "usage": msgspec.to_builtins(state.usage),
     }
 
 
@@ -200,6 +219,7 @@ def _run_started(st: RunState, ev: Event) -> None:
     st.task = p.get("task", "")
     st.scope = p.get("scope") or f"run:{ev.run_id}"
     st.origin = p.get("origin")
+    st.instructions = p.get("instructions")
     st.agent = p.get("agent")
     st.started_at = ev.ts
 
@@ -213,21 +233,43 @@ def _user_message(st: RunState, ev: Event) -> None:
 
 def _model_turn(st: RunState, ev: Event) -> None:
     p = ev.payload
-    calls = [ToolCall(id=c["id"], name=c["name"], args=c.get("args") or {})
+    calls = [ToolCall(id=c["id"], name=c["name"], args=c.get("args") or {},
+                      raw_arguments=c.get("raw_arguments"))
              for c in p.get("tool_calls", ())]
     st.messages.append(
         Message(
             role="assistant", content=p.get("text", ""), trust="assistant", seq=ev.seq,
-            tool_calls=calls,
+            tool_calls=calls, provider=p.get("provider"), items=p.get("items") or [],
         )
     )
     st.awaiting = {c.id: c for c in calls}
     st.turns += 1
+    st.model_call = None  # answered
     usage = p.get("usage") or {}
-    st.usage.input_tokens += usage.get("input_tokens", 0)
-    st.usage.output_tokens += usage.get("output_tokens", 0)
-    st.usage.cached_input_tokens += usage.get("cached_input_tokens", 0)
+    for field in _USAGE_COUNTS:
+        setattr(st.usage, field, getattr(st.usage, field) + usage.get(field, 0))
     st.usage.cost_usd += usage.get("cost_usd", 0.0)
+
+
+_USAGE_COUNTS = ("input_tokens", "output_tokens", "cached_input_tokens", "cache_write_tokens",
+                 "reasoning_tokens")
+
+
+def _model_call_started(st: RunState, ev: Event) -> None:
+    # Background mode: the provider holds the call; a resumed run collects it by id.
+    p = ev.payload
+    st.model_call = {"handle": p["handle"], "provider": p.get("provider"),
+                     "turn": p.get("turn", st.turns), "seq": ev.seq}
+
+
+def _model_call_failed(st: RunState, ev: Event) -> None:
+    st.model_failures += 1
+    if ev.payload.get("lost"):  # the provider no longer has the call: ask anew
+        st.model_call = None
+
+
+def _instructions_changed(st: RunState, ev: Event) -> None:
+    st.instructions = ev.payload.get("instructions")
 
 
 def _tool_call_started(st: RunState, ev: Event) -> None:
@@ -389,6 +431,9 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.RUN_STARTED: _run_started,
     EventType.USER_MESSAGE: _user_message,
     EventType.MODEL_TURN: _model_turn,
+    EventType.MODEL_CALL_STARTED: _model_call_started,
+    EventType.MODEL_CALL_FAILED: _model_call_failed,
+    EventType.INSTRUCTIONS_CHANGED: _instructions_changed,
     EventType.TOOL_CALL_STARTED: _tool_call_started,
     EventType.TOOL_CALL_COMPLETED: _tool_call_completed,
     EventType.TOOL_CALL_UNCERTAIN: _tool_call_uncertain,
