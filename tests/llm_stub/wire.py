@@ -1,0 +1,359 @@
+"""Script items, and how each provider endpoint renders them on the wire.
+
+Items are provider-agnostic: the same ``Reply`` becomes a ChatCompletion, a Response or an
+Anthropic Message depending on which endpoint consumes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+Json: TypeAlias = dict[str, Any]
+Args: TypeAlias = Mapping[str, Any] | str
+
+STOPS = (None, "length", "refusal", "content_filter", "pause_turn")
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Provider-neutral token counts, copied as-is onto each provider's usage fields."""
+
+    input: int = 12
+    output: int = 7
+    cached: int = 0
+    cache_write: int = 0
+    reasoning: int = 0
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One model answer. ``calls`` args: a dict, or a raw string (sent verbatim, may be bad JSON).
+
+    ``reasoning`` (Responses) and ``thinking`` (Anthropic) may be True or the text to use.
+    ``delay`` is slept before answering; in background mode it is the time until ready.
+    """
+
+    text: str = ""
+    calls: Sequence[tuple[str, Args]] = ()
+    stop: str | None = None
+    reasoning: bool | str = False
+    thinking: bool | str = False
+    redacted_thinking: bool = False
+    delay: float = 0.0
+    usage: Usage | Mapping[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stop not in STOPS:
+            raise ValueError(f"stop must be one of {STOPS}, not {self.stop!r}")
+
+    def counts(self) -> Usage:
+        if self.usage is None:
+            return Usage()
+        return self.usage if isinstance(self.usage, Usage) else Usage(**self.usage)
+
+
+@dataclass(frozen=True)
+class Fail:
+    """An HTTP error in the receiving provider's error shape."""
+
+    status: int
+    retry_after: float | str | None = None
+    retry_after_ms: float | None = None
+    message: str = "stub failure"
+    type: str | None = None  # overrides the provider error type derived from status
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Read the request, then close the connection without answering."""
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Wait ``seconds`` (shutdown interrupts it), then close without answering: a client timeout."""
+
+    seconds: float
+
+
+Outcome: TypeAlias = Reply | Fail | Drop | Hang
+ScriptItem: TypeAlias = Outcome | Callable[[Json], Outcome]
+
+
+def item_from_json(obj: Json) -> Outcome:
+    """CLI script entries: ``{"type": "reply"|"fail"|"drop"|"hang", ...kwargs}``."""
+    kwargs = {k: v for k, v in obj.items() if k != "type"}
+    kind = obj.get("type", "reply")
+    if kind == "reply":
+        kwargs["calls"] = [(name, args) for name, args in kwargs.get("calls", [])]
+        return Reply(**kwargs)
+    return {"fail": Fail, "drop": Drop, "hang": Hang}[kind](**kwargs)
+
+
+@dataclass
+class Chain:
+    """A stored Response's tool calls, which a follow-up by ``previous_response_id`` answers."""
+
+    open: tuple[str, ...]
+
+
+@dataclass
+class Memory:
+    """What this server handed out, so echoed items can be checked like the real APIs do."""
+
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    reasoning: dict[str, str] = field(default_factory=dict)  # rs id -> encrypted_content
+    reasoning_for_call: dict[str, str] = field(default_factory=dict)  # call_id -> rs id
+    redacted: set[str] = field(default_factory=set)
+    chains: dict[str, Chain] = field(default_factory=dict)  # stored response id -> chain
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return prefix + secrets.token_hex(12)
+
+    def sign(self, text: str) -> str:
+        # An HMAC of the text: a tampered text or signature no longer verifies.
+        mac = hmac.new(self.key, text.encode(), hashlib.sha256).digest()
+        return base64.b64encode(mac).decode()
+
+    def opaque(self) -> str:
+        return "gAAAAB" + base64.urlsafe_b64encode(secrets.token_bytes(48)).decode()
+
+
+def json_text(args: Args) -> str:
+    return args if isinstance(args, str) else json.dumps(dict(args))
+
+
+def json_object(args: Args) -> Json:
+    """Anthropic ``input`` is an object: a raw string that is not one becomes ``{}``."""
+    if not isinstance(args, str):
+        return dict(args)
+    try:
+        value = json.loads(args)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+# --- OpenAI Chat Completions -------------------------------------------------------------
+
+
+def render_chat(reply: Reply, body: Json, mem: Memory) -> Json:
+    calls = [
+        {
+            "id": mem.new_id("call_"),
+            "type": "function",
+            "function": {"name": name, "arguments": json_text(args)},
+        }
+        for name, args in reply.calls
+    ]
+    refused = reply.stop == "refusal"
+    content = None if refused or (calls and not reply.text) else reply.text
+    message: Json = {
+        "role": "assistant",
+        "content": content,
+        "refusal": reply.text if refused else None,
+        "annotations": [],
+    }
+    if calls:
+        message["tool_calls"] = calls
+    finish = {"length": "length", "content_filter": "content_filter"}.get(
+        reply.stop or "", "tool_calls" if calls and reply.stop is None else "stop"
+    )
+    u = reply.counts()
+    return {
+        "id": mem.new_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "stub"),
+        "choices": [{"index": 0, "finish_reason": finish, "logprobs": None, "message": message}],
+        "usage": {
+            "prompt_tokens": u.input,
+            "completion_tokens": u.output,
+            "total_tokens": u.input + u.output,
+            "prompt_tokens_details": {"cached_tokens": u.cached, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": u.reasoning, "audio_tokens": 0},
+        },
+        "service_tier": "default",
+        "system_fingerprint": None,
+    }
+
+
+# --- OpenAI Responses ---------------------------------------------------------------------
+
+INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def render_response(reply: Reply, body: Json, mem: Memory) -> Json:
+    output: list[Json] = []
+    rs_id = _reasoning_item(reply, mem, output)
+    reason = INCOMPLETE.get(reply.stop or "")
+    if reply.text or not reply.calls:
+        output.append(_message_item(reply, reason is not None, mem))
+    for name, args in reply.calls:
+        call_id = mem.new_id("call_")
+        output.append(
+            {
+                "type": "function_call",
+                "id": mem.new_id("fc_"),
+                "call_id": call_id,
+                "name": name,
+                "arguments": json_text(args),
+                "status": "completed",
+            }
+        )
+        if rs_id:
+            mem.reasoning_for_call[call_id] = rs_id
+    response = _response_envelope(body, mem, output, reply.counts())
+    response["status"] = "incomplete" if reason else "completed"
+    response["incomplete_details"] = {"reason": reason} if reason else None
+    _remember_chain(response, body, mem)
+    return response
+
+
+def _reasoning_item(reply: Reply, mem: Memory, output: list[Json]) -> str | None:
+    if not reply.reasoning:
+        return None
+    rs_id, encrypted = mem.new_id("rs_"), mem.opaque()
+    mem.reasoning[rs_id] = encrypted
+    text = reply.reasoning if isinstance(reply.reasoning, str) else None
+    summary = [{"type": "summary_text", "text": text}] if text else []
+    output.append(
+        {"type": "reasoning", "id": rs_id, "summary": summary, "encrypted_content": encrypted}
+    )
+    return rs_id
+
+
+def _message_item(reply: Reply, incomplete: bool, mem: Memory) -> Json:
+    if reply.stop == "refusal":
+        content: Json = {"type": "refusal", "refusal": reply.text}
+    else:
+        content = {"type": "output_text", "text": reply.text, "annotations": [], "logprobs": []}
+    return {
+        "type": "message",
+        "id": mem.new_id("msg_"),
+        "role": "assistant",
+        "status": "incomplete" if incomplete else "completed",
+        "content": [content],
+    }
+
+
+def _response_envelope(body: Json, mem: Memory, output: list[Json], u: Usage) -> Json:
+    return {
+        "id": mem.new_id("resp_"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "background": bool(body.get("background")),
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": body.get("metadata") or {},
+        "model": body.get("model", "stub"),
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": body.get("previous_response_id"),
+        "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default",
+        "store": body.get("store", True),
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": u.input,
+            "input_tokens_details": {"cached_tokens": u.cached},
+            "output_tokens": u.output,
+            "output_tokens_details": {"reasoning_tokens": u.reasoning},
+            "total_tokens": u.input + u.output,
+        },
+        "user": None,
+    }
+
+
+def _remember_chain(response: Json, body: Json, mem: Memory) -> None:
+    # Like the real API, an unstored response cannot be continued by id.
+    if body.get("store") is not False:
+        made = tuple(i["call_id"] for i in response["output"] if i["type"] == "function_call")
+        mem.chains[response["id"]] = Chain(made)
+
+
+# --- Anthropic Messages -------------------------------------------------------------------
+
+ANTHROPIC_STOPS = {
+    "length": "max_tokens",
+    "refusal": "refusal",
+    "content_filter": "refusal",
+    "pause_turn": "pause_turn",
+}
+
+
+def render_message(reply: Reply, body: Json, mem: Memory) -> Json:
+    blocks: list[Json] = []
+    if reply.thinking:
+        text = reply.thinking if isinstance(reply.thinking, str) else "Let me think this over."
+        blocks.append({"type": "thinking", "thinking": text, "signature": mem.sign(text)})
+    if reply.redacted_thinking:
+        data = mem.opaque()
+        mem.redacted.add(data)
+        blocks.append({"type": "redacted_thinking", "data": data})
+    if reply.text:
+        blocks.append({"type": "text", "text": reply.text, "citations": None})
+    for name, args in reply.calls:
+        use_id = mem.new_id("toolu_")
+        blocks.append({"type": "tool_use", "id": use_id, "name": name, "input": json_object(args)})
+    natural = "tool_use" if reply.calls else "end_turn"
+    u = reply.counts()
+    return {
+        "id": mem.new_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", "stub"),
+        "content": blocks,
+        "stop_reason": ANTHROPIC_STOPS.get(reply.stop or "", natural),
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": u.input,
+            "output_tokens": u.output,
+            "cache_creation_input_tokens": u.cache_write,
+            "cache_read_input_tokens": u.cached,
+        },
+    }
+
+
+# --- Error bodies -------------------------------------------------------------------------
+
+ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(status: int, message: str, kind: str | None = None) -> Json:
+    default = "api_error" if status >= 500 else "invalid_request_error"
+    kind = kind or ANTHROPIC_ERRORS.get(status, default)
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def openai_error(
+    status: int, message: str, kind: str | None = None, param: str | None = None
+) -> Json:
+    code = {401: "invalid_api_key", 429: "rate_limit_exceeded"}.get(status)
+    default = "server_error" if status >= 500 else "invalid_request_error"
+    kind = kind or ("requests" if status == 429 else default)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
