@@ -379,6 +379,14 @@ def test_callable_sees_request_body_and_exhaustion_says_done(
     assert seen[0]["messages"] == [USER]
 
 
+def test_openai_broken_callable_is_a_500(stub: StubServer, oai: openai.OpenAI) -> None:
+    stub.script([lambda body: body["no such key"], lambda body: "not a reply"])
+    for _ in range(2):
+        with pytest.raises(openai.InternalServerError):
+            oai.chat.completions.create(model="m", messages=[USER])
+    assert "KeyError" in stub.errors[0] and "TypeError" in stub.errors[1]
+
+
 def test_openai_cli_serves_from_script_file(tmp_path: Path) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"type": "reply", "text": "from file"}]))

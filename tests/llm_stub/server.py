@@ -66,7 +66,7 @@ class _Stored:
         if self.cancelled:
             return {**self.final, "status": "cancelled", "output": [], "usage": None}
         if now < self.ready_at:
-            pending = {"output": [], "usage": None, "incomplete_details": None}
+            pending: Json = {"output": [], "usage": None, "incomplete_details": None}
             return {**self.final, **pending, "status": "in_progress"}
         return self.final
 
@@ -141,10 +141,14 @@ class StubServer:
         if isinstance(item, Reply | Fail | Drop | Hang):
             return item
         try:
-            return item(body)
+            outcome = item(body)
+            if not isinstance(outcome, Reply | Fail | Drop | Hang):
+                raise TypeError(f"script callable returned {outcome!r}, not a Reply/Fail/Drop/Hang")
         except Exception as exc:  # a broken test callable must surface, not hang the client
-            self.errors.append(repr(exc))
+            with self.lock:
+                self.errors.append(repr(exc))
             return Fail(500, message=f"stub script callable raised {exc!r}")
+        return outcome
 
     def sleep(self, seconds: float) -> bool:
         """Sleep in small steps; False when the server is shutting down meanwhile."""
@@ -318,7 +322,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(400, reason)
 
     def _error(
-        self, status: int, message: str, kind: str | None = None, headers: Iterable = ()
+        self,
+        status: int,
+        message: str,
+        kind: str | None = None,
+        headers: Iterable[tuple[str, str]] = (),
     ) -> None:
         if self.anthropic:
             body = anthropic_error(status, message, kind)

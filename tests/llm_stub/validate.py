@@ -72,7 +72,7 @@ def check_responses(body: Json, mem: Memory) -> str | None:
             seen_reasoning.add(item.get("id", ""))
         elif kind == "function_call":
             err = _check_call_item(item, mem, need_reasoning, seen_reasoning)
-            open_calls[item.get("call_id")] = None
+            open_calls[str(item.get("call_id"))] = None
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if call_id not in open_calls:
@@ -132,7 +132,7 @@ def check_messages(body: Json, mem: Memory) -> str | None:
             uses = []
         else:
             err = _check_assistant(i, blocks, mem)
-            uses = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
+            uses = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
         if err:
             return err
     return _unanswered_uses(len(messages) - 1, uses) if uses else None

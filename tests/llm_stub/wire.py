@@ -94,7 +94,8 @@ def item_from_json(obj: Json) -> Outcome:
     if kind == "reply":
         kwargs["calls"] = [(name, args) for name, args in kwargs.get("calls", [])]
         return Reply(**kwargs)
-    return {"fail": Fail, "drop": Drop, "hang": Hang}[kind](**kwargs)
+    factory: type[Fail | Drop | Hang] = {"fail": Fail, "drop": Drop, "hang": Hang}[kind]
+    return factory(**kwargs)
 
 
 @dataclass
