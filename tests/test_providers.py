@@ -23,6 +23,7 @@ from anthropic.types import Message as AnthropicMessage
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
+import agentjournal.providers
 from agentjournal.errors import MissingExtraError
 from agentjournal.models import ModelError, ModelRequest, Price, cost_of, stop_kind
 from agentjournal.providers import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
@@ -677,6 +678,7 @@ def test_openai_background_async_with_sync_client() -> None:
 def test_missing_sdk_raises_missing_extra(monkeypatch: pytest.MonkeyPatch, sdk: str,
                                           name: str) -> None:
     monkeypatch.setitem(sys.modules, sdk, None)  # import openai -> ImportError
+    monkeypatch.setattr(agentjournal, "providers", agentjournal.providers)  # restored after
     monkeypatch.delitem(sys.modules, f"agentjournal.providers.{sdk}")
     monkeypatch.delitem(sys.modules, "agentjournal.providers")
     providers = importlib.import_module("agentjournal.providers")  # imports without it

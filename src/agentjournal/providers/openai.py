@@ -142,7 +142,7 @@ class OpenAIResponsesModel(_OpenAI):
                 out.append({"type": "function_call_output", "call_id": m.tool_call_id,
                             "output": m.content})
             elif m.provider == self.provider and m.items:
-                out.extend(m.items)  # verbatim: reasoning items in their exact position
+                out.extend(dict(i) for i in m.items)  # verbatim, reasoning in its place
             else:
                 if m.content:
                     out.append({"role": "assistant", "content": m.content})
