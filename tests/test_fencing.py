@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentjournal import EventType, LeaseExpiredError, StoreUnavailableError, open_store
-from agentjournal import agent as agent_module
+from agentjournal import steps as steps_module
 from agentjournal.agent import Agent
 from agentjournal.models import ScriptedModel, calls, reply
 from agentjournal.store import Lease, Store
@@ -46,14 +46,14 @@ class Outage:
 
 def pause_before_effect(monkeypatch: pytest.MonkeyPatch, then: Any) -> None:
     """At the before_effect point, call ``then()``: the worker's pause."""
-    real = agent_module.fault_point
+    real = steps_module.fault_point
 
     def point(name: str) -> None:
         real(name)
         if name == "before_effect":
             then()
 
-    monkeypatch.setattr(agent_module, "fault_point", point)
+    monkeypatch.setattr(steps_module, "fault_point", point)
 
 
 def posting_agent(sent: list[int]) -> Agent:

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agentjournal import EventType, LeaseHeldError, make_events
+from agentjournal import SCHEMA_VERSION, EventType, LeaseHeldError, make_events
 from agentjournal.store import sqlite as sqlite_module
 from agentjournal.store.base import host_clock
 from agentjournal.store.sqlite import SQLiteStore
@@ -63,7 +63,7 @@ def test_migration_3_backfills_scopes_from_a_v2_database(
         assert sorted(store.scope_runs("op:acme:7")) == ["fork", "origin"]
         assert store.scope_runs("run:solo") == ["solo"]
         # The unsealed log still reads, and new events chain on from it.
-        assert [e.v for e in store.read("solo")] == [4, 4]
+        assert [e.v for e in store.read("solo")] == [SCHEMA_VERSION] * 2  # upcast on read
         more = make_events("solo", 2, 0, [(EventType.USER_MESSAGE, {"content": "again"})])
         store.append("solo", more, expected_seq=2, epoch=0)
         assert [e.payload.get("content") for e in store.read("solo")] == [None, "hi", "again"]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from agentjournal import EventType, FencedError, LeaseHeldError, fold, open_store
-from agentjournal import agent as agent_module
 from agentjournal import journal as journal_module
+from agentjournal import settle as settle_module
 from agentjournal.agent import Agent
 from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
 from agentjournal.policy import Budget
@@ -216,7 +216,7 @@ def test_a_wall_clock_going_backwards_does_not_extend_the_time_budget(
 ) -> None:
     wall = [datetime.now(UTC)]
     ticks = [1000.0]
-    monkeypatch.setattr(agent_module, "now", lambda: wall[0])
+    monkeypatch.setattr(settle_module, "now", lambda: wall[0])
     monkeypatch.setattr(journal_module, "now", lambda: wall[0], raising=False)
     monkeypatch.setattr(journal_module, "_clock", lambda: ticks[0], raising=False)
 

@@ -69,14 +69,18 @@ class RunMismatchError(JournalError, ValueError):
     effects) under the new intent; it is refused, never guessed.
     """
 
-    def __init__(self, run_id: str, field: str, recorded: str, given: str) -> None:
-        super().__init__(
-            f"run {run_id!r} exists with {field} {recorded!r}, not {given!r}. To resume it, "
-            f"give no {field} or the recorded one (agentjournal resume {run_id}); for other "
-            "work, start a run under a new run id (new_run_id(), or `agentjournal run` "
-            "without --run-id).",
-            run_id=run_id,
-        )
+    def __init__(self, run_id: str, field: str, recorded: str | None,
+                 given: str | None) -> None:
+        if field == "instructions":
+            advice = ("To resume it with the new instructions, say so: Agent.run(..., "
+                      "change_instructions=True) records the change; to keep the old ones, "
+                      "give the agent the recorded instructions.")
+        else:
+            advice = (f"To resume it, give no {field} or the recorded one (agentjournal "
+                      f"resume {run_id}); for other work, start a run under a new run id "
+                      "(new_run_id(), or `agentjournal run` without --run-id).")
+        super().__init__(f"run {run_id!r} exists with {field} {recorded!r}, not {given!r}. "
+                         + advice, run_id=run_id)
         self.field = field
         self.recorded = recorded
         self.given = given

@@ -109,6 +109,7 @@ class RunJournal:
         self.ttl = ttl
         self._snapshot_seq = state.last_seq
         self._stop = threading.Event()
+        self._writing = threading.RLock()
         self._heartbeat: threading.Thread | None = None
         # The lease is surely ours until then, by our clock. ``leased_at`` is taken
         # before the request that got the lease, so a slow store never makes it look longer.
@@ -138,17 +139,19 @@ class RunJournal:
         exactly what was stored.
         """
         facts = [(kind, self.redaction.payload(p)) for kind, p in facts]
-        events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
-        self.store.append(self.run_id, events, expected_seq=self.state.last_seq,
-                          epoch=self.lease.epoch)
-        self._progress_at = _clock()
-        for event in events:
-            apply(self.state, event)
-            if self.observer is not None:
-                self.observer(event, self.state)
-        if self.snapshot_every and self.state.last_seq - self._snapshot_seq >= self.snapshot_every:
-            write_snapshot(self.store, self.state)
-            self._snapshot_seq = self.state.last_seq
+        with self._writing:  # a tool's remember() may write from its own thread
+            events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
+            self.store.append(self.run_id, events, expected_seq=self.state.last_seq,
+                              epoch=self.lease.epoch)
+            self._progress_at = _clock()
+            for event in events:
+                apply(self.state, event)
+                if self.observer is not None:
+                    self.observer(event, self.state)
+            if self.snapshot_every and (
+                    self.state.last_seq - self._snapshot_seq >= self.snapshot_every):
+                write_snapshot(self.store, self.state)
+                self._snapshot_seq = self.state.last_seq
         return events
 
     # --- the lease -------------------------------------------------------------------

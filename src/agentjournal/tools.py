@@ -227,6 +227,11 @@ class Tool:
         kwargs = {f: getattr(checked, f) for f in self.args_type.__struct_fields__}
         return self.fn(ctx, **kwargs) if self.takes_context else self.fn(**kwargs)
 
+    @property
+    def is_async(self) -> bool:
+        """Declared ``async def``: the async loop awaits it; the sync loop runs it to its end."""
+        return inspect.iscoroutinefunction(self.fn)
+
     def spec(self) -> dict[str, Any]:
         """The tool as a model sees it: name, description, JSON schema of its arguments."""
         return {"name": self.name, "description": self.description, "parameters": self.schema}

@@ -1,0 +1,243 @@
+"""What the step machine asks of the world, and the two shells that do it.
+
+The loop's logic (steps.py, settle.py) is written once, as generators: it
+records facts itself (appends are synchronous and fast) and *yields* every
+operation that waits on the world — a model call, a lookup, a batch of tool
+calls, a pause before a retry. ``run_sync`` performs them in the calling
+thread (a batch of calls on a thread pool); ``run_async`` awaits them (a batch
+as tasks, sync tools and models in threads). An operation's value is sent back
+into the generator; its exception is thrown into it at the ``yield``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .models import AsyncModel, Model, ModelRequest
+from .state import PendingCall
+from .tools import CallGuard, CallRunner, Tool, ToolTimedOut
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One model call; its value is the ModelResponse (or a ModelError is thrown)."""
+
+    model: Model
+    request: ModelRequest
+
+
+@dataclass(frozen=True)
+class Begin:
+    """Start a background model call; its value is the provider's id for it."""
+
+    model: Any  # a BackgroundModel
+    request: ModelRequest
+
+
+@dataclass(frozen=True)
+class Collect:
+    """Wait for the answer of a background call started earlier, maybe by a dead process."""
+
+    model: Any  # a BackgroundModel
+    handle: str
+    request: ModelRequest
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LookUp:
+    """A tool's reconcile lookup for an uncertain call; its value is the evidence."""
+
+    tool: Tool
+    pending: PendingCall
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call ready to run: ``run()`` calls the tool (an awaitable for an async one)."""
+
+    run: Callable[[], Any]
+    timeout: float | None
+    guard: CallGuard
+    name: str
+    is_async: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    value: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Invoke:
+    """Run ``calls`` concurrently (at most ``limit`` at once); ``done(i, outcome)`` is called
+    in the shell's own thread as each finishes, so completions are recorded as they come."""
+
+    calls: list[Call]
+    done: Callable[[int, Outcome], None]
+    limit: int
+
+
+Op = Ask | Begin | Collect | Sleep | LookUp | Invoke
+Steps = Generator[Op, Any, T]
+
+
+# --- the sync shell --------------------------------------------------------------------
+
+_runners = threading.local()  # a CallRunner per calling thread
+
+
+def _runner() -> CallRunner:
+    runner: CallRunner | None = getattr(_runners, "runner", None)
+    if runner is None:
+        runner = _runners.runner = CallRunner()
+    return runner
+
+
+def _resolve(value: Any) -> Any:
+    """An async tool's (or lookup's) awaitable, run to its end in this thread."""
+    return asyncio.run(value) if inspect.isawaitable(value) else value  # type: ignore[arg-type]
+
+
+def call_in_thread(call: Call) -> Any:
+    """The call within its timeout, on a worker thread; inline when it has none."""
+    if call.timeout is None:
+        return _resolve(call.run())
+    return _runner().call(lambda: _resolve(call.run()), call.timeout, call.guard, call.name)
+
+
+def _outcome(fn: Callable[[], Any]) -> Outcome:
+    try:
+        return Outcome(value=fn())
+    except Exception as exc:
+        return Outcome(error=exc)
+
+
+def _invoke_sync(op: Invoke) -> None:
+    if len(op.calls) == 1 or op.limit <= 1:
+        for i, call in enumerate(op.calls):
+            op.done(i, _outcome(lambda call=call: call_in_thread(call)))  # type: ignore[misc]
+        return
+    with ThreadPoolExecutor(min(op.limit, len(op.calls)),
+                            thread_name_prefix="agentjournal-call") as pool:
+        running = {pool.submit(_outcome, lambda c=c: call_in_thread(c)): i  # type: ignore[misc]
+                   for i, c in enumerate(op.calls)}
+        for future in as_completed(running):
+            op.done(running[future], future.result())
+
+
+def _perform_sync(op: Op) -> Any:
+    match op:
+        case Ask(model=model, request=request):
+            return model.complete(request)
+        case Begin(model=model, request=request):
+            return model.begin(request)
+        case Collect(model=model, handle=handle, request=request):
+            return model.collect(handle, request)
+        case Sleep(seconds=seconds):
+            time.sleep(seconds)
+            return None
+        case LookUp(tool=tool, pending=pending):
+            assert tool.reconcile is not None
+            return _resolve(tool.reconcile(pending))
+        case Invoke():
+            return _invoke_sync(op)
+    raise TypeError(f"unknown operation {op!r}")
+
+
+def run_sync(steps: Steps[T]) -> T:
+    """Drive ``steps`` to its end, performing each operation in this thread."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = steps.throw(error) if error is not None else steps.send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value, error = None, None
+        try:
+            value = _perform_sync(op)
+        except Exception as exc:
+            error = exc
+
+
+# --- the async shell -------------------------------------------------------------------
+
+
+async def _call_async(call: Call) -> Any:
+    if not call.is_async:
+        return await asyncio.to_thread(call_in_thread, call)  # a sync tool: in a thread
+    try:
+        return await asyncio.wait_for(call.run(), call.timeout)
+    except TimeoutError:
+        call.guard.abandon()
+        raise ToolTimedOut(f"{call.name} did not return within {call.timeout:g}s; "
+                           "abandoned (it may have had an effect already)") from None
+
+
+async def _invoke_async(op: Invoke) -> None:
+    gate = asyncio.Semaphore(max(op.limit, 1))
+
+    async def one(i: int, call: Call) -> tuple[int, Outcome]:
+        async with gate:
+            try:
+                return i, Outcome(value=await _call_async(call))
+            except Exception as exc:
+                return i, Outcome(error=exc)
+
+    for finished in asyncio.as_completed([one(i, c) for i, c in enumerate(op.calls)]):
+        i, outcome = await finished
+        op.done(i, outcome)
+
+
+async def _perform_async(op: Op) -> Any:
+    match op:
+        case Ask(model=model, request=request):
+            if isinstance(model, AsyncModel):
+                return await model.acomplete(request)
+            return await asyncio.to_thread(model.complete, request)
+        case Begin(model=model, request=request):
+            return await model.abegin(request)
+        case Collect(model=model, handle=handle, request=request):
+            return await model.acollect(handle, request)
+        case Sleep(seconds=seconds):
+            await asyncio.sleep(seconds)
+            return None
+        case LookUp(tool=tool, pending=pending):
+            assert tool.reconcile is not None
+            if inspect.iscoroutinefunction(tool.reconcile):
+                return await tool.reconcile(pending)
+            return await asyncio.to_thread(tool.reconcile, pending)
+        case Invoke():
+            return await _invoke_async(op)
+    raise TypeError(f"unknown operation {op!r}")
+
+
+async def run_async(steps: Steps[T]) -> T:
+    """Drive ``steps`` to its end, awaiting each operation."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = steps.throw(error) if error is not None else steps.send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value, error = None, None
+        try:
+            value = await _perform_async(op)
+        except Exception as exc:
+            error = exc

@@ -1,0 +1,471 @@
+"""The step machine: what the loop records next, written once for both shells.
+
+A run alternates model turns and tool calls, each fact made durable before it
+is relied on. A tool call is:
+
+    completed key  -> serve the stored result (same arguments only), do not call the tool
+    uncertain key  -> recovery (settle.py: reconcile or a person), never a blind call
+    key done, or left uncertain, by another run of the scope -> the same, from there
+    otherwise      -> policy -> tool_call_started (durable) -> invoke -> completed
+
+The calls of one turn that are cleared to run start together, in one batch of
+``tool_call_started`` events, then run concurrently; each completion is recorded
+as it comes. A crash in between leaves several uncertain calls, which recovery
+settles one by one. Every wait on the world is a yielded operation (ops.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .errors import EncodingError
+from .events import EventType, render
+from .faults import fault_point
+from .keys import canonical_args, idempotency_key
+from .metrics import METRICS
+from .models import BackgroundModel, Model, ModelError, ModelRequest, ModelResponse, stop_kind
+from .ops import Ask, Begin, Call, Collect, Invoke, Outcome, Sleep, Steps
+from .policy import Budget, Compaction, Deny, Guardrail, Policy, RequireApproval
+from .redaction import was_redacted
+from .results import to_json
+from .settle import Fact, Ready, Settling, changed_intent, same_intent
+from .state import CompletedCall, Message, ToolCall
+from .tools import CallGuard, Effect, Tool, ToolContext, ToolFailed
+
+if TYPE_CHECKING:
+    from .journal import RunJournal
+
+E = EventType
+
+#: Why a turn that stopped this way is not the run's answer (the pause says it).
+STOP_EXPLAINED = {
+    "length": "it was cut short at its output token limit",
+    "max_tokens": "it was cut short at its output token limit (max_tokens)",
+    "max_output_tokens": "it was cut short at its output token limit (max_output_tokens)",
+    "content_filter": "the provider's content filter stopped it",
+    "refusal": "the model refused",
+    "model_context_window_exceeded": "the context window is full",
+}
+
+
+def not_kept(reason: str) -> str:
+    """What the model reads for a call whose result could not be stored."""
+    return f"error: the call was made, but its result was not kept: {reason}"
+
+
+def bad_arguments(raw: str) -> str:
+    """Why arguments the model sent are refused, in words the model can act on."""
+    try:
+        decoded = msgspec.json.decode(raw)
+        problem = f"they are a JSON {type(decoded).__name__}, not an object"
+    except msgspec.DecodeError as exc:
+        problem = f"they are not valid JSON ({exc})"
+    shown = raw if len(raw) <= 200 else raw[:200] + "..."
+    return f"invalid arguments: {problem}: {shown!r}; send the arguments as one JSON object"
+
+
+class StepMachine(Settling):
+    """The loop's logic. ``Agent`` holds the configuration it reads."""
+
+    model: Model
+    policy: Policy
+    guardrails: list[Guardrail]
+    compaction: Compaction | None
+    budget: Budget
+    instructions: str | None
+    model_retries: int
+    model_backoff: float
+    max_retry_wait: float
+    parallel_calls: int
+    lease_ttl: float
+    tool_timeout: float | None
+    stuck_after: float | None
+
+    def _drive(self, j: RunJournal) -> Steps[None]:
+        if not (yield from self._recover(j)):
+            return
+        while j.state.status == "running":
+            if j.state.awaiting:
+                if not (yield from self._answer(j)):
+                    return
+                self._compact(j)
+                continue
+            if self._over_budget(j):
+                return
+            asked = yield from self._ask_model(j)
+            if asked is None:
+                return
+            self._record_turn(j, *asked)
+
+    # --- the model's turn ------------------------------------------------------------
+
+    def _request(self, j: RunJournal) -> ModelRequest:
+        return ModelRequest(run_id=j.run_id, turn=j.state.turns, messages=list(j.state.messages),
+                            tools=[t.spec() for t in self.tools.values()],
+                            memory=dict(j.state.memory), instructions=self.instructions)
+
+    def _ask_model(self, j: RunJournal) -> Steps[tuple[ModelResponse, float] | None]:
+        """The model's answer and how long it took (ms); None when the run paused.
+
+        The one retry layer: retryable errors are retried with backoff that honours
+        the provider's retry-after, and every failed attempt is recorded."""
+        request = self._request(j)
+        j.expect_progress(self.stuck_after)  # a model call that never answers is stuck
+        error: ModelError | None = None
+        for attempt in range(1, self.model_retries + 2):
+            fault_point("model_call")
+            began = time.monotonic()
+            try:
+                response = yield from self._call_model(j, request)
+                return response, (time.monotonic() - began) * 1000
+            except ModelError as exc:
+                error = exc
+            failed = (E.MODEL_CALL_FAILED, self._failure(error, attempt))
+            wait = self._retry_wait(error, attempt)
+            if wait is None:
+                j.record_all([failed, (E.RUN_PAUSED, {"reason": self._gave_up(error, attempt)})])
+                return None
+            j.record_all([failed])
+            METRICS.count("model_retries")
+            if wait:
+                yield Sleep(wait)
+        return None
+
+    def _call_model(self, j: RunJournal, request: ModelRequest) -> Steps[ModelResponse]:
+        model = self.model
+        response: ModelResponse
+        if not (isinstance(model, BackgroundModel) and model.background):
+            response = yield Ask(model, request)
+            return response
+        # The call's id is durable before we wait: a crash resumes this call, not a new one.
+        open_call = j.state.model_call
+        if open_call is not None and open_call.get("turn") == j.state.turns:
+            handle = str(open_call["handle"])
+        else:
+            handle = yield Begin(model, request)
+            j.record(E.MODEL_CALL_STARTED, handle=handle, turn=j.state.turns)
+            fault_point("model_started")
+        response = yield Collect(model, handle, request)
+        return response
+
+    @staticmethod
+    def _failure(error: ModelError, attempt: int) -> dict[str, Any]:
+        detail = {"status": error.status, "retry_after": error.retry_after,
+                  "request_id": error.request_id}
+        return {"attempt": attempt, "error": str(error), "retryable": error.retryable,
+                "lost": error.lost, **{k: v for k, v in detail.items() if v is not None}}
+
+    def _retry_wait(self, error: ModelError, attempt: int) -> float | None:
+        """Seconds to wait before asking again, or None to stop asking."""
+        if error.lost:
+            return 0.0 if attempt <= self.model_retries else None  # the call is gone: ask anew
+        if not error.retryable or attempt > self.model_retries:
+            return None
+        backoff = min(self.model_backoff * 2 ** (attempt - 1), 8.0)
+        wait = max(backoff, error.retry_after or 0.0)
+        return None if wait > self.max_retry_wait else wait
+
+    def _gave_up(self, error: ModelError, attempt: int) -> str:
+        if not error.retryable and not error.lost:
+            return f"model error (not retryable): {error}"
+        if error.retry_after is not None and error.retry_after > self.max_retry_wait:
+            return (f"model error: the provider asked to wait {error.retry_after:g}s, longer "
+                    f"than max_retry_wait ({self.max_retry_wait:g}s): {error}")
+        return f"model error after {attempt} attempts: {error}"
+
+    def _record_turn(self, j: RunJournal, response: ModelResponse, latency_ms: float) -> None:
+        """The turn, with what it means for the run, in one batch: a final answer and
+        the finish stand together; a turn cut short pauses the run instead."""
+        turn: list[Fact] = [(E.MODEL_TURN, self._turn_payload(response, latency_ms))]
+        kind = stop_kind(response)
+        if response.tool_calls or kind == "continue":
+            pass  # calls to answer, or a paused turn the provider continues when asked
+        elif kind == "pause":
+            why = STOP_EXPLAINED.get(response.finish_reason or "", "its response was incomplete")
+            turn.append((E.RUN_PAUSED, {"reason": (
+                f"the model stopped without an answer ({response.finish_reason}): {why}; "
+                "its text was not taken as the run's outcome. Resume to ask again.")}))
+        else:
+            turn.append((E.RUN_FINISHED, {"outcome": response.text}))
+        j.record_all(turn)
+        self._keep_live_args(j, response)
+
+    @staticmethod
+    def _turn_payload(response: ModelResponse, latency_ms: float) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "text": response.text, "tool_calls": msgspec.to_builtins(response.tool_calls),
+            "usage": msgspec.to_builtins(response.usage), "latency_ms": round(latency_ms, 3)}
+        for field in ("provider", "model", "response_id", "request_id", "finish_reason"):
+            if (value := getattr(response, field)) is not None:
+                payload[field] = value
+        if response.items:
+            payload["items"] = response.items
+        return payload
+
+    @staticmethod
+    def _keep_live_args(j: RunJournal, response: ModelResponse) -> None:
+        """Hold the arguments the log could not keep (redacted), for this process only."""
+        for call in response.tool_calls:
+            recorded = j.state.awaiting.get(call.id)
+            if recorded is not None and recorded.args != call.args:
+                j.live_args[call.id] = call.args
+            else:  # a model may reuse a call id: never lend an older call's arguments
+                j.live_args.pop(call.id, None)
+
+    # --- the calls of a turn ---------------------------------------------------------
+
+    def _answer(self, j: RunJournal) -> Steps[bool]:
+        """Answer the awaited calls; False when the run must stop here.
+
+        Each is checked in order; those cleared to run start together. A call whose
+        key another call of the batch has is left for after it (then served). When a
+        call stops the run (an approval to wait for, an uncertain key), the calls
+        cleared before it are not started: nothing is done while a run is stopping."""
+        ready: list[Ready] = []
+        for call in list(j.state.awaiting.values()):
+            cleared = yield from self._clear(j, call)
+            if cleared is False:
+                return False
+            if cleared is not True and all(cleared[2] != key for _, _, key in ready):
+                ready.append(cleared)
+        if ready and not (yield from self._execute(j, ready)):
+            names = ", ".join(f"{p.tool} {p.key[:12]}" for p in j.state.pending.values())
+            self._pause(j, f"call {names} is uncertain")
+            return False
+        return True
+
+    def _clear(self, j: RunJournal, call: ToolCall) -> Steps[Ready | bool]:
+        """The call, its tool and key when it may run now; True when it was answered
+        without running (served, denied); False when the run must stop here."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return self._deny(j, call, None, f"unknown tool {call.name!r}")
+        if call.raw_arguments is not None:
+            return self._deny(j, call, None, bad_arguments(call.raw_arguments))
+        live = j.live_args.get(call.id)
+        if live is not None and canonical_args(j.as_recorded(live)) == canonical_args(call.args):
+            call = ToolCall(id=call.id, name=call.name, args=live)  # the originals of these
+        elif was_redacted(call.args):
+            # Asked before a crash: the log holds only the redacted arguments. Making the
+            # call would send the redaction marks; it was never started, so deny it.
+            return self._deny(j, call, None, (
+                "its arguments held a secret that was redacted before it was recorded, and "
+                "the process that had the original is gone: the call was not made; ask "
+                "again with the full arguments"))
+        try:
+            tool.check_args(call.args)
+        except msgspec.ValidationError as exc:
+            return self._deny(j, call, None, f"invalid arguments: {exc}")
+        key = tool.key(j.state.scope, call.args)
+        if (done := j.state.completed.get(key)) is not None:
+            return self._serve(j, call, tool, key, done)
+        for p in list(j.state.pending.values()):
+            if p.key == key and not (yield from self._settle(j, p)):
+                self._pause(j, f"call {call.name} {key[:12]} is uncertain")
+                return False
+        if key in j.state.completed:
+            return (yield from self._clear(j, call))  # settled as found: serve it
+        if tool.effect is not Effect.READ_ONLY and not (
+                yield from self._clear_in_scope(j, call, tool, key)):
+            return j.state.status == "running"  # answered from another run, or stopped
+        decision = self.policy.decide(call, tool, j.state)
+        if isinstance(decision, Deny):
+            return self._deny(j, call, key, decision.reason)
+        if isinstance(decision, RequireApproval) and not self._approved(j, call, key, decision):
+            return j.state.status == "running"
+        return call, tool, key
+
+    def _serve(self, j: RunJournal, call: ToolCall, tool: Tool, key: str,
+               done: CompletedCall) -> bool:
+        """The recorded result, if the call asks for what was recorded; else a denial
+        showing both argument sets (the same identity, another intent: never a success)."""
+        if not same_intent(done.args, j.as_recorded(call.args)):
+            return self._deny(j, call, key, changed_intent(tool, done.args, call.args))
+        served: dict[str, Any] = {"call_id": call.id, "tool": call.name, "key": key,
+                                  "result": done.result, "served_from_seq": done.seq}
+        if tool.untrusted:
+            served["trust"] = "untrusted"
+        if done.error is not None:
+            served["content"] = not_kept(done.error)
+        # Guarded like the completion was: a served result reaches the model too.
+        j.record_all(self._guarded(j, [(E.TOOL_RESULT_SERVED, served)]))
+        return True
+
+    def _approved(self, j: RunJournal, call: ToolCall, key: str, ask: RequireApproval) -> bool:
+        # The id binds the exact call, arguments included: a changed call needs
+        # its own approval even when its idempotency key is the same.
+        approval_id = "approval-" + idempotency_key(key, call.name, call.args)[:16]
+        decided = j.state.decisions.get(approval_id)
+        if decided is None:
+            if approval_id not in j.state.approvals:
+                j.record(E.APPROVAL_REQUESTED, approval_id=approval_id, key=key, tool=call.name,
+                         args=call.args, call_id=call.id, reason=ask.reason)
+            return False
+        if not decided.approved:
+            self._deny(j, call, key, f"denied by {decided.by}: {decided.reason}")
+        same = decided.args == j.as_recorded(call.args)  # recorded redacted, if at all
+        if decided.approved and not same:
+            self._deny(j, call, key, "the call changed after it was approved")
+        return decided.approved and same
+
+    def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str) -> bool:
+        j.record(E.TOOL_CALL_DENIED, call_id=call.id, tool=call.name, key=key, reason=reason)
+        return True
+
+    # --- making the calls ------------------------------------------------------------
+
+    def _execute(self, j: RunJournal, ready: list[Ready]) -> Steps[bool]:
+        """Start ``ready`` (one durable batch), run them, complete each as it returns.
+        False if a call ends uncertain and cannot be settled."""
+        starts = j.record_all([(E.TOOL_CALL_STARTED, {
+            "key": key, "tool": tool.name, "args": call.args, "call_id": call.id,
+            "effect": tool.effect.value, "attempt": j.state.attempts.get(key, 0) + 1})
+            for call, tool, key in ready])
+        calls = [self._prepared(j, start.seq, start.payload["attempt"], *r)
+                 for start, r in zip(starts, ready, strict=True)]
+        for _, tool, _ in ready:  # each call's window, as if it ran alone
+            fault_point("before_effect")
+            if tool.effect is not Effect.READ_ONLY:
+                # A worker paused past its lease may have been replaced, and its successor
+                # may have settled this very call: making it now could apply it twice.
+                j.check_lease(tool.name)
+                fault_point("lease_checked")
+        j.expect_progress(self._quiet_for(calls))
+        try:
+            yield Invoke(calls, functools.partial(self._finish, j, starts, ready),
+                         self.parallel_calls)
+        finally:
+            j.expect_progress(self.stuck_after)  # returns, or abandonments: progress
+        settled = True
+        for start in starts:  # each call that ended uncertain, settled by the usual rules
+            p = j.state.pending.get(start.seq)
+            if p is not None and not (yield from self._settle(j, p)):
+                settled = False
+        return settled
+
+    def _prepared(self, j: RunJournal, started_seq: int, attempt: int, call: ToolCall,
+                  tool: Tool, key: str) -> Call:
+        if j.state.pending[started_seq].args != call.args:  # recorded redacted: a retry in
+            j.live_args[call.id] = call.args  # this process needs the originals
+        guard = CallGuard()  # an abandoned call may no longer write to the run
+        ctx = ToolContext(run_id=j.run_id, key=key, attempt=attempt, epoch=j.lease.epoch,
+                          call_id=call.id, scope=j.state.scope, memory=dict(j.state.memory),
+                          remember=lambda k, v: guard.run(self._remember, j, k, v))
+        return Call(run=functools.partial(tool.invoke, call.args, ctx),
+                    timeout=self._timeout_of(tool), guard=guard, name=tool.name,
+                    is_async=tool.is_async)
+
+    def _quiet_for(self, calls: list[Call]) -> float | None:
+        """While calls run, the run is quiet but not stuck: not until their timeout has
+        passed (plus a TTL of slack), and never while a call with no limit runs."""
+        if self.stuck_after is None or any(c.timeout is None for c in calls):
+            return None
+        return max(self.stuck_after, *(c.timeout + self.lease_ttl for c in calls
+                                       if c.timeout is not None))
+
+    def _finish(self, j: RunJournal, starts: Sequence[Any], ready: list[Ready], i: int,
+                outcome: Outcome) -> None:
+        """Record how call ``i`` of a batch ended, as soon as it has."""
+        call, tool, key = ready[i]
+        seq = starts[i].seq
+        error = outcome.error
+        if error is None:
+            fault_point("after_effect")
+            j.record_all(self._guarded(j, [self._completion(seq, call, key, outcome.value,
+                                                             source="tool")]))
+        elif isinstance(error, ToolFailed):
+            self._fail(j, seq, call, str(error))
+        elif tool.effect is Effect.READ_ONLY:
+            self._fail(j, seq, call, f"{type(error).__name__}: {error}")
+        else:
+            j.record(E.TOOL_CALL_UNCERTAIN, started_seq=seq, key=key,
+                     error=f"{type(error).__name__}: {error}")
+            METRICS.count("uncertain_opened")
+
+    def _timeout_of(self, tool: Tool) -> float | None:
+        return limit(self.tool_timeout if tool.timeout is None else tool.timeout)
+
+    @staticmethod
+    def _remember(j: RunJournal, key: str, value: Any) -> None:
+        # The result rule: a value with no faithful JSON form is refused to the tool.
+        j.record(E.MEMORY_WRITTEN, key=key, value=to_json(value, f"memory value {key!r}"))
+
+    def _completion(self, started_seq: int | None, call: ToolCall, key: str, result: Any, *,
+                    source: str, args: dict[str, Any] | None = None,
+                    origin: dict[str, Any] | None = None) -> Fact:
+        """A completion. ``args`` when its start is not (or no longer) open in this run,
+        so the fold can keep them; ``origin`` names the run and seq it came from."""
+        extra: dict[str, Any] = {"trust": "untrusted"} if self.tools[call.name].untrusted else {}
+        if args is not None:
+            extra["args"] = args
+        if origin is not None:
+            extra["from"] = origin
+        try:
+            extra["result"] = to_json(result)
+        except EncodingError as exc:
+            # The effect happened; only its result could not be kept. The key stays, so
+            # the call is never made again; the model is told, never given a repr.
+            extra.update(result=None, is_error=True, encoding_error=str(exc),
+                         content=not_kept(str(exc)))
+        return (E.TOOL_CALL_COMPLETED, {
+            "started_seq": started_seq, "call_id": call.id, "tool": call.name,
+            "idempotency_key": key, "source": source, **extra})
+
+    @staticmethod
+    def _fail(j: RunJournal, started_seq: int, call: ToolCall, error: str) -> None:
+        # A proven failure carries no idempotency key: the action may be tried again.
+        j.record(E.TOOL_CALL_COMPLETED, started_seq=started_seq, call_id=call.id,
+                 tool=call.name, idempotency_key=None, is_error=True, content=f"error: {error}")
+
+    # --- guardrails, compaction, budget ----------------------------------------------
+
+    def _guarded(self, j: RunJournal, facts: list[Fact]) -> list[Fact]:
+        """``facts`` and the guardrails' verdicts on the message the last one adds.
+
+        One batch: a crash must never leave content in the log without the
+        redaction the live run would have applied to it.
+        """
+        kind, p = facts[-1]
+        if kind is E.USER_MESSAGE:
+            message = Message(role="user", content=p["content"], trust=p.get("trust", "user"),
+                              seq=0)
+        else:  # a tool's completion
+            message = Message(role="tool", content=p.get("content") or render(p.get("result")),
+                              trust=p.get("trust", "tool"), seq=0, name=p.get("tool"))
+        index = len(j.state.messages)  # no fact before the last one in a batch adds a message
+        verdicts = []
+        for guardrail in self.guardrails:
+            verdict = guardrail.inspect(message)
+            if verdict is not None:
+                verdicts.append((E.GUARDRAIL_TRIGGERED,
+                                 {"message_index": index, **msgspec.to_builtins(verdict)}))
+                if verdict.action == "redact" and verdict.replacement is not None:
+                    message.content = verdict.replacement  # the next guardrail sees it so
+        return [*facts, *verdicts]
+
+    def _compact(self, j: RunJournal) -> None:
+        if self.compaction is not None and (plan := self.compaction.plan(j.state.messages)):
+            summary, kept = plan
+            j.record(E.CONTEXT_COMPACTED, summary=summary, kept=kept)
+
+    def _over_budget(self, j: RunJournal) -> bool:
+        # The journal's count, which a wall clock set back cannot rewind.
+        elapsed = j.elapsed() if self.budget.max_seconds is not None else 0.0
+        hit = self.budget.exceeded(j.state, elapsed)
+        if hit is None:
+            return False
+        name, cap, used = hit
+        j.record_all([(E.BUDGET_EXCEEDED, {"budget": name, "limit": cap, "used": used}),
+                      (E.RUN_PAUSED, {"reason": f"budget exceeded: {name} {used:g} of {cap:g}"})])
+        return True
+
+
+def limit(seconds: float | None) -> float | None:
+    """A limit in seconds, or None for none (``math.inf`` says none too)."""
+    return None if seconds is None or math.isinf(seconds) else seconds
