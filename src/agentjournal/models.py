@@ -129,6 +129,12 @@ class BackgroundModel(Protocol):
     async def acollect(self, handle: str, request: ModelRequest) -> ModelResponse: ...
 
 
+def in_background(model: object) -> bool:
+    """Whether ``model`` makes its calls in background mode (``begin`` / ``collect``);
+    the async forms are optional: without them the async loop runs these in a thread."""
+    return getattr(model, "background", False) is True and callable(getattr(model, "begin", None))
+
+
 class Price(msgspec.Struct, frozen=True):
     """US dollars per million tokens. ``cached_input``: cache reads; ``cache_write``:
     tokens written to the cache (None: billed as input)."""

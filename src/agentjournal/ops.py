@@ -211,9 +211,13 @@ async def _perform_async(op: Op) -> Any:
                 return await model.acomplete(request)
             return await asyncio.to_thread(model.complete, request)
         case Begin(model=model, request=request):
-            return await model.abegin(request)
+            if hasattr(model, "abegin"):
+                return await model.abegin(request)
+            return await asyncio.to_thread(model.begin, request)
         case Collect(model=model, handle=handle, request=request):
-            return await model.acollect(handle, request)
+            if hasattr(model, "acollect"):
+                return await model.acollect(handle, request)
+            return await asyncio.to_thread(model.collect, handle, request)
         case Sleep(seconds=seconds):
             await asyncio.sleep(seconds)
             return None

@@ -29,7 +29,7 @@ from .events import EventType, render
 from .faults import fault_point
 from .keys import canonical_args, idempotency_key
 from .metrics import METRICS
-from .models import BackgroundModel, Model, ModelError, ModelRequest, ModelResponse, stop_kind
+from .models import Model, ModelError, ModelRequest, ModelResponse, in_background, stop_kind
 from .ops import Ask, Begin, Call, Collect, Invoke, Outcome, Sleep, Steps
 from .policy import Budget, Compaction, Deny, Guardrail, Policy, RequireApproval
 from .redaction import was_redacted
@@ -140,7 +140,7 @@ class StepMachine(Settling):
     def _call_model(self, j: RunJournal, request: ModelRequest) -> Steps[ModelResponse]:
         model = self.model
         response: ModelResponse
-        if not (isinstance(model, BackgroundModel) and model.background):
+        if not in_background(model):
             response = yield Ask(model, request)
             return response
         # The call's id is durable before we wait: a crash resumes this call, not a new one.

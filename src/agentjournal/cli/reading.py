@@ -103,7 +103,17 @@ def summary(event: Event) -> str:
             return short(p.get("content", ""))
         case E.MODEL_TURN:
             asks = _calls(p.get("tool_calls", []))
-            return " → ".join(filter(None, [short(p.get("text", ""), 60), asks]))
+            said = " → ".join(filter(None, [short(p.get("text", ""), 60), asks]))
+            who = " ".join(filter(None, [p.get("model"), p.get("finish_reason")]))
+            return f"{said} [{who}]" if who else said
+        case E.MODEL_CALL_STARTED:
+            return f"turn {p.get('turn')} running at the provider as {p.get('handle')}"
+        case E.MODEL_CALL_FAILED:
+            then = ("retrying" if p.get("retryable") or p.get("lost") else "not retryable")
+            wait = f", retry after {p['retry_after']:g}s" if p.get("retry_after") else ""
+            return f"attempt {p.get('attempt')}: {short(p.get('error', ''), 90)} ({then}{wait})"
+        case E.INSTRUCTIONS_CHANGED:
+            return f"instructions now: {short(p.get('instructions') or '')}"
         case E.TOOL_CALL_STARTED:
             return (f"{p['tool']} {p['key'][:12]} {short(p.get('args', {}), 60)} "
                     f"({p.get('effect')}, attempt {p.get('attempt', 1)})")
@@ -161,7 +171,8 @@ def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
     # Plain lines, cut at the terminal's width: one event is always one line (a newline
     # in content is made visible, so it cannot start another).
     console = out()
-    console.print(Text(visible(f"run {run_id}: {state.status}, {len(events)} events"),
+    why = f" ({state.pause_reason})" if state.status == "paused" and state.pause_reason else ""
+    console.print(Text(visible(f"run {run_id}: {state.status}{why}, {len(events)} events"),
                        style="bold"))
     width = max(len(e.type.value) for e in events)
     for e in events:
