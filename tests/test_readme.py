@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .llm_stub import StubServer
+
 README = Path(__file__).parents[1] / "README.md"
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
 
@@ -24,8 +26,13 @@ def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.chdir(tmp_path)
     python = blocks("python")
     assert python, "the README lost its quickstart"
-    for code in python:
-        exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
+    with StubServer() as stub:  # the real-model block talks to a local stub of the API
+        monkeypatch.setenv("OPENAI_API_KEY", "test")
+        monkeypatch.setenv("OPENAI_BASE_URL", stub.url + "/v1")
+        namespace: dict[str, object] = {"__name__": "__readme__"}
+        for code in python:  # one namespace: later blocks use the quickstart's tools
+            exec(compile(code, str(README), "exec"), namespace)
+        assert stub.counts["chat"] >= 1 and not stub.rejections
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == ["finished Invoice sent.", "finished 1"]  # as its comments say
 
