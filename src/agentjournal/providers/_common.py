@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -173,9 +172,9 @@ def parse_call(call_id: str, name: str, arguments: str | None) -> ToolCall:
     """A tool call from the model's argument string: not a JSON object -> ``args={}``
     and the string kept in ``raw_arguments``, for the loop to deny with the reason."""
     raw = arguments or ""
-    try:
-        args = json.loads(raw) if raw.strip() else {}
-    except ValueError:
+    try:  # strict JSON: no NaN or Infinity, which the log could not record
+        args = msgspec.json.decode(raw) if raw.strip() else {}
+    except msgspec.DecodeError:
         args = None
     if isinstance(args, dict):
         return ToolCall(id=call_id, name=name, args=args)
