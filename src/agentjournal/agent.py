@@ -200,6 +200,9 @@ class Agent(StepMachine):
         ``agent_ref`` ("module:object") is recorded so `agentjournal resume`
         can find this agent again.
         """
+        if not callable(getattr(self.model, "complete", None)):
+            raise TypeError(f"{type(self.model).__name__} has no complete(): it is an async "
+                            "model, so run the agent with `await agent.arun(...)`")
         with self._opened(store, run_id, task, scope, owner, observer, agent_ref,
                           change_instructions) as (j, drive):
             if drive:
