@@ -243,9 +243,6 @@ def test_background_response_is_collected_after_a_kill_while_polling(
     check_background_resumed(stub, receiver, log, resume(cmd), polled)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "src bug: steps.py calls fault_point('model_started') but faults.POINTS does not list "
-    "it, so AGENTJOURNAL_FAULT=model_started makes agentjournal.faults raise at import"))
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_background_kill_at_the_model_started_fault_point(
     store_url: str, stub: StubServer, receiver: Receiver, log: Log
