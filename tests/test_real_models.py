@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from agentjournal.journal import open_journal
 from agentjournal.providers import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from agentjournal.store import Store
 from agentjournal.tools import Tool, ToolContext, tool
-from tests.llm_stub import Drop, Fail, Reply, StubServer
+from tests.llm_stub import Drop, Fail, Hang, Reply, StubServer
 from tests.llm_stub import Usage as StubUsage
 
 E = EventType
@@ -314,6 +315,22 @@ def test_length_stop_pauses_and_show_prints_why(provider: str, stub: StubServer,
     assert "paused" in printed and " ".join(result.pause_reason.split()) in printed
 
 
+@providers
+def test_length_stop_then_resume_asks_again(provider: str, stub: StubServer,
+                                            store: Store) -> None:
+    """The partial turn (with its reasoning / thinking) stays in the context, and the
+    resumed run's request is one the provider accepts."""
+    stub.script([Reply(text="partial", stop="length", reasoning=True, thinking=True),
+                 Reply(text="whole")])
+    assert drive(provider, stub, store, Receiver().tools()).status == "paused"
+    result = drive(provider, stub, store, Receiver().tools(), task=None)
+
+    assert result.status == "finished" and result.outcome == "whole"
+    assert stub.rejections == [] and len(model_bodies(stub, provider)) == 2
+    assert [e.type for e in read_log(store)][-3:] == [E.RUN_RESUMED, E.MODEL_TURN,
+                                                     E.RUN_FINISHED]
+
+
 # --- 4. retryable failures -----------------------------------------------------------------
 
 
@@ -349,6 +366,22 @@ def test_server_error_or_dropped_connection_is_retried(provider: str, failure: s
         assert "status" not in failed and "connection error" in failed["error"]
     assert seqs(log, E.MODEL_CALL_FAILED)[0] < seqs(log, E.MODEL_TURN)[0]
     assert len(model_bodies(stub, provider)) == 2
+
+
+@providers
+def test_client_timeout_is_retried(provider: str, stub: StubServer, store: Store) -> None:
+    stub.script([Hang(2), Reply(text="ok")])
+    if provider.startswith("openai"):
+        client: Any = openai.OpenAI(base_url=stub.url + "/v1", api_key="test", timeout=0.2)
+    else:
+        client = anthropic.Anthropic(base_url=stub.url, api_key="test", timeout=0.2)
+    with client:
+        agent = Agent(make_adapter(provider, client), [], model_backoff=0.01)
+        result = agent.run(store, "r1", "t")
+
+    assert result.status == "finished" and result.outcome == "ok"
+    (failed,) = of(read_log(store), E.MODEL_CALL_FAILED)
+    assert failed["retryable"] is True and "status" not in failed
 
 
 # --- 5. an error not worth retrying -------------------------------------------------------
@@ -425,6 +458,44 @@ def test_background_lost_call_is_asked_anew(provider: str, stub: StubServer,
     assert stub.counts["created"] == 1
 
 
+@pytest.mark.parametrize("mode", ["run", "arun"])
+@pytest.mark.parametrize("provider", ["openai-responses"])
+def test_background_cancelled_call_is_asked_anew(provider: str, mode: str, stub: StubServer,
+                                                 store_url: str, store: Store) -> None:
+    """A call cancelled at the provider while the run waits on it is lost: recorded so,
+    and asked anew."""
+    stub.script([Reply(text="slow", delay=2.0), Reply(text="again", delay=0.05)])
+
+    def cancel_the_first_call() -> None:
+        watcher = open_store(store_url)
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                events = list(watcher.read("r1")) if watcher.last_seq("r1") else []
+                if started := of(events, E.MODEL_CALL_STARTED):
+                    with make_client(provider, stub) as client:
+                        client.responses.cancel(started[0]["handle"])
+                    return
+                time.sleep(0.02)
+        finally:
+            watcher.close()
+
+    canceller = threading.Thread(target=cancel_the_first_call)
+    canceller.start()
+    result = drive(provider, stub, store, [], mode=mode,
+                   adapter_kw={"background": True, "poll_interval": 0.02})
+    canceller.join()
+
+    assert result.status == "finished" and result.outcome == "again"
+    assert stub.counts["responses_cancel"] == 1 and stub.counts["created"] == 2
+    log = read_log(store)
+    (failed,) = of(log, E.MODEL_CALL_FAILED)
+    assert failed["lost"] is True and "cancelled" in failed["error"]
+    first, second = of(log, E.MODEL_CALL_STARTED)
+    assert first["handle"] in failed["error"]
+    assert of(log, E.MODEL_TURN)[0]["response_id"] == second["handle"] != first["handle"]
+
+
 # --- 7. a turn's calls run together --------------------------------------------------------
 
 
@@ -484,6 +555,26 @@ def test_parallel_calls_1_runs_them_one_after_another(provider: str, mode: str,
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert len(starts) == 4 and min(gaps) >= 0.19
     check_one_batch(read_log(store))
+
+
+@providers
+def test_same_identity_twice_in_one_turn_runs_once(provider: str, stub: StubServer,
+                                                   store: Store) -> None:
+    """Two calls of one turn with one idempotency key: the second waits for the first and
+    is served its result; both calls are answered in the next request."""
+    receiver = Receiver()
+    order = ("place_order", {"order_id": "o-1", "qty": 1})
+    stub.script([Reply(calls=[order, order], reasoning=True, thinking=True), Reply(text="ok")])
+    result = drive(provider, stub, store, receiver.tools())
+
+    assert result.status == "finished" and stub.rejections == []
+    assert list(receiver.effects.values()) == [1]
+    log = read_log(store)
+    (turn, _) = of(log, E.MODEL_TURN)
+    (served,) = of(log, E.TOOL_RESULT_SERVED)
+    assert served["call_id"] == turn["tool_calls"][1]["id"]
+    sent = tool_results(provider, model_bodies(stub, provider)[1])
+    assert sorted(sent) == sorted(c["id"] for c in turn["tool_calls"])
 
 
 # --- 8. sync and async clients under arun --------------------------------------------------
