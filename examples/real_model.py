@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,19 @@ class Ledger:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lock = threading.Lock()  # a turn's calls run in parallel threads
 
     def applied(self) -> dict[str, Any]:
         return json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def post(self, correction_id: str, cents: int) -> dict[str, Any]:
-        applied = self.applied()
-        applied.setdefault(correction_id, {"correction_id": correction_id, "cents": cents})
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(applied))
-        tmp.replace(self.path)
-        return applied[correction_id]
+        with self.lock:
+            applied = self.applied()
+            applied.setdefault(correction_id, {"correction_id": correction_id, "cents": cents})
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(applied))
+            tmp.replace(self.path)
+            return applied[correction_id]
 
 
 def make_tools(ledger: Ledger) -> list[Any]:

@@ -26,8 +26,8 @@ from agentjournal.demo.ledger import http_json
 from agentjournal.errors import RunNotFoundError
 from agentjournal.events import Event
 from agentjournal.state import durable_fields
+from agentjournal.testing.llm_stub import Reply, StubServer
 from tests.crash_agent import READY
-from tests.llm_stub import Reply, StubServer
 
 E = EventType
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .llm_stub import Reply, StubServer
+from agentjournal.testing.llm_stub import Reply, StubServer
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "real_model.py"
 SCRIPT = [

@@ -16,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.llm_stub import Drop, Fail, Hang, Reply, StubServer, Usage, serve
+from agentjournal.testing.llm_stub import Drop, Fail, Hang, Reply, StubServer, Usage, serve
 
 USER = {"role": "user", "content": "add 1 and 2"}
 MAX = 256
@@ -393,7 +393,8 @@ def test_openai_cli_serves_from_script_file(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     root = Path(__file__).resolve().parent.parent
     args = ["--port-file", str(port_file), "--script", str(script)]
-    proc = subprocess.Popen([sys.executable, "-m", "tests.llm_stub", *args], cwd=root)
+    proc = subprocess.Popen([sys.executable, "-m", "agentjournal.testing.llm_stub", *args],
+                            cwd=root)
     try:
         deadline = time.monotonic() + 10
         while not port_file.exists() and time.monotonic() < deadline:

@@ -57,6 +57,9 @@ class FakeClient:
         return self
 
     def _answer(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        # As the SDK sends it: extra_body is merged into the body, over the typed values.
+        extra = kwargs.pop("extra_body", None) or {}
+        kwargs = {**kwargs, **extra}
         self.calls.append((method, args, kwargs))
         out = self.script.pop(0)
         if isinstance(out, BaseException):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .llm_stub import StubServer
+from agentjournal.testing.llm_stub import StubServer
 
 README = Path(__file__).parents[1] / "README.md"
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)

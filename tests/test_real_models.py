@@ -1,5 +1,5 @@
 """The durable loop over the real OpenAI and Anthropic SDK clients, pointed at the
-loopback stub (tests/llm_stub): multi-turn runs with tools, bad arguments, turns cut
+loopback stub (agentjournal.testing.llm_stub): multi-turn runs with tools, bad arguments, turns cut
 short, retries and their recorded failures, background mode, parallel tool calls, and
 sync and async clients under ``run`` and ``arun``. The stub rejects what the real APIs
 reject (400), so ``stub.rejections == []`` means every context sent was well formed."""
@@ -28,9 +28,9 @@ from agentjournal.events import Event
 from agentjournal.journal import open_journal
 from agentjournal.providers import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from agentjournal.store import Store
+from agentjournal.testing.llm_stub import Drop, Fail, Hang, Reply, StubServer
+from agentjournal.testing.llm_stub import Usage as StubUsage
 from agentjournal.tools import Tool, ToolContext, tool
-from tests.llm_stub import Drop, Fail, Hang, Reply, StubServer
-from tests.llm_stub import Usage as StubUsage
 
 E = EventType
 

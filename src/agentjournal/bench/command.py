@@ -40,6 +40,9 @@ from .cpu import (
     agent_figures,
     cpu_figures,
 )
+from .models import (
+    model_figures,
+)
 from .replay import (
     recovery_figures,
     replay_figures,
@@ -82,6 +85,7 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
         *storage_figures(workdir, plan.steps, progress),
         *cpu_figures(workdir, plan, progress),
         *agent_figures(workdir, plan, progress),
+        *model_figures(workdir, plan, progress),
     ]
 
 

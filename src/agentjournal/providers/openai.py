@@ -24,6 +24,20 @@ class _OpenAI(Adapter):
     connection_errors = (openai.APIConnectionError,)
 
 
+def untransformed(create: Callable[..., Any], context: str) -> Callable[..., Any]:
+    """``create`` with the context (``messages`` / ``input``) sent as it is.
+
+    The SDK walks every parameter through its type-driven transform on every call:
+    measured, 88% of a step's CPU at 100 turns, growing with the context. Ours is
+    plain JSON already, so it goes in ``extra_body``, which the SDK sends untouched
+    and which takes precedence over the (empty) typed argument."""
+    def call(**body: Any) -> Any:
+        given = body.pop(context)
+        extra = {**(body.pop("extra_body", None) or {}), context: given}
+        return create(**body, **{context: []}, extra_body=extra)
+    return call
+
+
 def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"name": tool["name"], "description": tool.get("description", ""),
             "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
@@ -40,7 +54,7 @@ class OpenAIChatModel(_OpenAI):
         self.instructions_role = instructions_role
 
     def _method(self) -> Callable[..., Any]:
-        return without_retries(self.client).chat.completions.create  # type: ignore[no-any-return]
+        return untransformed(without_retries(self.client).chat.completions.create, "messages")
 
     def _build(self, request: ModelRequest) -> dict[str, Any]:
         messages: list[dict[str, Any]] = []
@@ -114,7 +128,7 @@ class OpenAIResponsesModel(_OpenAI):
         self.poll_interval = poll_interval
 
     def _method(self) -> Callable[..., Any]:
-        return without_retries(self.client).responses.create  # type: ignore[no-any-return]
+        return untransformed(without_retries(self.client).responses.create, "input")
 
     def _build(self, request: ModelRequest, *, background: bool = False) -> dict[str, Any]:
         kwargs: dict[str, Any] = {**self.params, "model": self.model,

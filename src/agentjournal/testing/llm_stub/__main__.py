@@ -1,4 +1,6 @@
-"""``python -m tests.llm_stub --port-file PATH [--script JSON_FILE]``: serve until killed.
+"""Serve until killed:
+
+    python -m agentjournal.testing.llm_stub --port-file PATH [--script JSON_FILE]
 
 The script file holds a JSON list of ``{"type": "reply"|"fail"|"drop"|"hang", ...kwargs}``.
 """
@@ -18,7 +20,7 @@ from .wire import item_from_json
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.llm_stub")
+    parser = argparse.ArgumentParser(prog="python -m agentjournal.testing.llm_stub")
     parser.add_argument("--port-file", required=True, type=Path)
     parser.add_argument("--script", type=Path, help="JSON list of script items")
     parser.add_argument("--port", type=int, default=0)
