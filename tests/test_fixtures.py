@@ -14,6 +14,7 @@ import pytest
 
 from agentjournal import (
     SCHEMA_VERSION,
+    EventType,
     UnsupportedVersionError,
     apply,
     decode,
@@ -96,3 +97,10 @@ def test_a_newer_schema_version_is_refused() -> None:
     future = line.replace(b'"v":1', f'"v":{SCHEMA_VERSION + 1}'.encode())
     with pytest.raises(UnsupportedVersionError, match=r"(?i)upgrade agentjournal"):
         decode(future)
+
+
+def test_the_newest_fixtures_hold_every_event_type() -> None:
+    newest = FIXTURES / f"v{SCHEMA_VERSION}"
+    seen = {decode(line).type for log in newest.glob("*.events.jsonl")
+            for line in log.read_bytes().splitlines()}
+    assert seen == set(EventType)
