@@ -315,6 +315,21 @@ def test_length_stop_pauses_and_show_prints_why(provider: str, stub: StubServer,
     assert "paused" in printed and " ".join(result.pause_reason.split()) in printed
 
 
+@pytest.mark.parametrize("provider", ["anthropic"])
+def test_pause_turn_is_continued_not_answered(provider: str, stub: StubServer,
+                                               store: Store) -> None:
+    stub.script([Reply(text="searching", stop="pause_turn"), Reply(text="found it")])
+    result = drive(provider, stub, store, Receiver().tools())
+
+    assert (result.status, result.outcome) == ("finished", "found it")
+    turns = of(read_log(store), E.MODEL_TURN)
+    assert [t["finish_reason"] for t in turns] == ["pause_turn", "end_turn"]
+    # The paused turn went back as it was, last, for the model to continue.
+    last = model_bodies(stub, provider)[-1]["messages"][-1]
+    assert last["role"] == "assistant" and last["content"] == turns[0]["items"]
+    assert not stub.rejections
+
+
 @providers
 def test_length_stop_then_resume_asks_again(provider: str, stub: StubServer,
                                             store: Store) -> None:
