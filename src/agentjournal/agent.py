@@ -11,6 +11,7 @@ perform what it asks for (ops.py), in a thread or on an event loop.
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -184,6 +185,8 @@ class Agent(StepMachine):
         observer: Observer | None = None,
         agent_ref: str | None = None,
         change_instructions: bool = False,
+        stop: threading.Event | None = None,
+        keep_lease: bool = False,
     ) -> RunResult:
         """Start ``run_id`` with ``task``, or resume it. Returns where the run stopped.
 
@@ -198,15 +201,18 @@ class Agent(StepMachine):
 
         ``scope`` is the idempotency scope (default: the run; see keys.py);
         ``agent_ref`` ("module:object") is recorded so `agentjournal resume`
-        can find this agent again.
+        can find this agent again. ``stop``: once set, the run returns at its next
+        step boundary (before a model turn or a batch of calls), still running, for
+        another process to resume (a draining worker). ``keep_lease``: leave the lease
+        held on return, for the caller to release (a worker's hand-back).
         """
         if not callable(getattr(self.model, "complete", None)):
             raise TypeError(f"{type(self.model).__name__} has no complete(): it is an async "
                             "model, so run the agent with `await agent.arun(...)`")
         with self._opened(store, run_id, task, scope, owner, observer, agent_ref,
-                          change_instructions) as (j, drive):
+                          change_instructions, keep_lease) as (j, drive):
             if drive:
-                run_sync(self._drive(j))
+                run_sync(self._drive(j, stop))
             return RunResult.of(j.state)
 
     async def arun(
@@ -220,25 +226,29 @@ class Agent(StepMachine):
         observer: Observer | None = None,
         agent_ref: str | None = None,
         change_instructions: bool = False,
+        stop: threading.Event | None = None,
+        keep_lease: bool = False,
     ) -> RunResult:
         """:meth:`run` for async code: async models and tools are awaited, sync ones run
         in threads, and the calls of one turn run concurrently as tasks. Appends to the
         store are made on the event loop (each is one short durable write)."""
         with self._opened(store, run_id, task, scope, owner, observer, agent_ref,
-                          change_instructions) as (j, drive):
+                          change_instructions, keep_lease) as (j, drive):
             if drive:
-                await run_async(self._drive(j))
+                await run_async(self._drive(j, stop))
             return RunResult.of(j.state)
 
     @contextlib.contextmanager
     def _opened(self, store: Store, run_id: str, task: str | None, scope: str | None,
                 owner: str | None, observer: Observer | None, agent_ref: str | None,
-                change_instructions: bool) -> Iterator[tuple[RunJournal, bool]]:
+                change_instructions: bool,
+                keep_lease: bool) -> Iterator[tuple[RunJournal, bool]]:
         """The run's journal, started or resumed, and whether there is anything to
         drive (not when it waits for a person)."""
         run_id = require_run_id(run_id)
         with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl, observer=observer,
-                          snapshot_every=self.snapshot_every, redaction=self.redaction) as j:
+                          snapshot_every=self.snapshot_every, redaction=self.redaction,
+                          keep_lease=keep_lease) as j:
             yield j, self._start_or_resume(j, task, scope, agent_ref, change_instructions)
 
     def _start_or_resume(self, j: RunJournal, task: str | None, scope: str | None,

@@ -341,3 +341,15 @@ class MissingExtraError(JournalError, ImportError):
             f"pip install 'agentjournal[{extra}]'"
         )
         self.extra = extra
+
+
+class NoQueueError(JournalError, ValueError):
+    """The store has no queue of runs (JSONL): workers need SQLite or PostgreSQL."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            f"{url} has no queue of runs: a JSONL store keeps logs, not a queue. Use a "
+            "SQLite store (sqlite:///runs.db: workers on one host) or PostgreSQL "
+            "(postgresql://...: workers on many hosts)."
+        )
+        self.url = url

@@ -110,6 +110,9 @@ class RunJournal:
         self._snapshot_seq = state.last_seq
         self._stop = threading.Event()
         self._writing = threading.RLock()
+        #: Leave the lease held on close: its taker releases it (a worker hands the run
+        #: back to the queue and releases the lease in one transaction).
+        self.keep_lease = False
         self._heartbeat: threading.Thread | None = None
         # The lease is surely ours until then, by our clock. ``leased_at`` is taken
         # before the request that got the lease, so a slow store never makes it look longer.
@@ -238,8 +241,9 @@ class RunJournal:
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join()
-        with contextlib.suppress(JournalError):  # fenced or broken: nothing to release
-            self.store.release(self.lease)
+        if not self.keep_lease:
+            with contextlib.suppress(JournalError):  # fenced or broken: nothing to release
+                self.store.release(self.lease)
 
     def __enter__(self) -> RunJournal:
         return self
@@ -258,10 +262,12 @@ def open_journal(
     must_exist: bool = False,
     snapshot_every: int | None = None,
     redaction: Redaction | None = None,
+    keep_lease: bool = False,
 ) -> RunJournal:
     """Take the run's lease and load its state (snapshot + tail, or a full fold).
 
-    Appends nothing. ``redaction`` is applied to every fact recorded (default:
+    Appends nothing. ``keep_lease``: closing does not release the lease (its caller
+    does, as a queue's hand-back). ``redaction`` is applied to every fact recorded (default:
     ``Redaction()``, the default rules). With ``snapshot_every``, a snapshot is written each time
     that many events have been appended since the last one.
     """
@@ -277,6 +283,7 @@ def open_journal(
         raise
     journal = RunJournal(store, lease, state, observer, snapshot_every, ttl=ttl,
                          leased_at=leased_at, redaction=redaction)
+    journal.keep_lease = keep_lease
     journal.keep_alive()
     return journal
 

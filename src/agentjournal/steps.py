@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -87,10 +88,12 @@ class StepMachine(Settling):
     tool_timeout: float | None
     stuck_after: float | None
 
-    def _drive(self, j: RunJournal) -> Steps[None]:
+    def _drive(self, j: RunJournal, stop: threading.Event | None = None) -> Steps[None]:
         if not (yield from self._recover(j)):
             return
         while j.state.status == "running":
+            if stop is not None and stop.is_set():
+                return  # asked to stop (a draining worker): the run stays running
             if j.state.awaiting:
                 if not (yield from self._answer(j)):
                     return

@@ -152,6 +152,30 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         AND substring(e.body FOR 11) = convert_to('{{"digest":"', 'UTF8')
         AND substring(e.body FROM 44 FOR 1) = convert_to('"', 'UTF8');
     """,
+    # The queue of runs and the workers draining it (fleet/): see fleet/queue.py.
+    """
+    CREATE TABLE {s}.queue (
+        run_id text PRIMARY KEY,
+        queue text NOT NULL,
+        priority integer NOT NULL,
+        agent text NOT NULL,
+        task text NOT NULL,
+        state text NOT NULL,
+        worker text,
+        parked_seq bigint NOT NULL DEFAULT 0,
+        claims integer NOT NULL DEFAULT 0,
+        crashes integer NOT NULL DEFAULT 0,
+        submitted_at timestamptz NOT NULL DEFAULT now(),
+        changed_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX queue_open ON {s}.queue (queue, priority DESC, submitted_at)
+        WHERE state <> 'done';
+    CREATE TABLE {s}.workers (
+        worker_id text PRIMARY KEY,
+        info jsonb NOT NULL,
+        heartbeat_at timestamptz NOT NULL
+    );
+    """,
 )
 
 # An append's one statement: move the run's end (its WHERE is the whole check) and,
@@ -239,6 +263,7 @@ class PostgresStore:
         params.setdefault("application_name", "agentjournal")
         timeout = float(str(params["connect_timeout"]))
         dsn = make_conninfo("", **params)
+        self.dsn = dsn  # for a connection of its own (the queue's LISTEN)
         try:
             # A direct connection first: it fails fast with libpq's reason,
             # where the pool would retry quietly until its timeout.

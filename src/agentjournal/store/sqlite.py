@@ -112,6 +112,29 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE leases ADD COLUMN boot_id TEXT;
     ALTER TABLE leases ADD COLUMN deadline REAL;
     """,
+    # The queue of runs and the workers draining it (fleet/): see fleet/queue.py.
+    """
+    CREATE TABLE queue (
+        run_id TEXT PRIMARY KEY,
+        queue TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        agent TEXT NOT NULL,
+        task TEXT NOT NULL,
+        state TEXT NOT NULL,
+        worker TEXT,
+        parked_seq INTEGER NOT NULL DEFAULT 0,
+        claims INTEGER NOT NULL DEFAULT 0,
+        crashes INTEGER NOT NULL DEFAULT 0,
+        submitted_at REAL NOT NULL,
+        changed_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX queue_open ON queue (queue, priority DESC, submitted_at) WHERE state != 'done';
+    CREATE TABLE workers (
+        worker_id TEXT PRIMARY KEY,
+        info BLOB NOT NULL,
+        heartbeat_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    """,
 )
 
 

@@ -1,0 +1,55 @@
+"""Runs as a durable queue, drained by any number of workers (``agentjournal worker``).
+
+``submit`` puts a run in the queue; a worker claims it with its lease and the next
+epoch, runs it with the agent named by its ``agent_ref``, and hands it back done,
+waiting for a person, or (draining) queued for another worker. SQLite serves the
+workers of one host; PostgreSQL those of many. JSONL has no queue.
+"""
+
+from __future__ import annotations
+
+from ..agent import new_run_id, require_run_id
+from ..errors import NoQueueError
+from ..redaction import Redaction
+from ..store import Store
+from .queue import QUEUE_STATES, Claim, Queue, QueuedRun, QueueState, WorkerInfo
+
+__all__ = ["QUEUE_STATES", "Claim", "Queue", "QueueState", "QueuedRun", "WorkerInfo",
+           "queue_of", "submit"]
+
+
+def queue_of(store: Store) -> Queue:
+    """The queue of ``store``; NoQueueError for a store that has none (JSONL)."""
+    from ..store.sqlite import SQLiteStore
+
+    if isinstance(store, SQLiteStore):
+        from .sqlite import SQLiteQueue
+        return SQLiteQueue(store)
+    try:
+        from ..store.postgres import PostgresStore
+    except ImportError:  # no [postgres] extra: it cannot be a Postgres store
+        PostgresStore = None  # type: ignore[assignment,misc]
+    if PostgresStore is not None and isinstance(store, PostgresStore):
+        from .postgres import PostgresQueue
+        return PostgresQueue(store)
+    raise NoQueueError(store.url)
+
+
+def submit(store: Store, agent_ref: str, task: str, run_id: str | None = None, *,
+           queue: str = "default", priority: int = 0,
+           redaction: Redaction | None = None) -> str:
+    """Put a run in the queue for a worker to run with the agent ``agent_ref``
+    ("module:object"); returns its run id (a new one unless given).
+
+    Submitting a run id again with the same agent and task changes nothing and
+    returns it; with another agent or task it is refused (RunMismatchError):
+    never a second run. The task is stored as the run would record it: with
+    ``redaction`` (default: the common credential patterns) applied, since it
+    waits on disk until a worker takes it.
+    """
+    if ":" not in agent_ref:
+        raise ValueError(f"agent_ref must be 'module:object', not {agent_ref!r}")
+    run_id = new_run_id() if run_id is None else require_run_id(run_id)
+    kept = (Redaction() if redaction is None else redaction).scrub(task)
+    queue_of(store).submit(run_id, agent_ref, kept, queue=queue, priority=priority)
+    return run_id

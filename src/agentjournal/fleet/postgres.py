@@ -1,0 +1,192 @@
+"""The queue on PostgreSQL: workers on many hosts, a claim is one statement.
+
+Idle workers wait on ``LISTEN`` (a channel per schema) with a poll as the
+fallback; ``NOTIFY`` is only a coalesced hint, sent in the transaction that
+made a run runnable, never the carrier of work (Postgres serialises notifying
+commits, so the work itself stays in the table).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any, LiteralString
+
+import msgspec
+import psycopg
+from psycopg import sql
+
+from ..errors import RunMismatchError
+from ..store import Lease
+from ..store.base import validate_run_id
+from ..store.postgres import PostgresStore
+from .queue import Claim, QueuedRun, QueueState, WorkerInfo
+
+# Runnable: submitted or handed back; running on an expired lease (its worker died);
+# stopped for a person, and something appended since (a person's decision).
+_RUNNABLE: LiteralString = """(q.state = 'queued'
+    OR (q.state = 'running' AND coalesce(r.lease_expires_at <= clock_timestamp(), true))
+    OR (q.state IN ('waiting', 'parked') AND r.last_seq > q.parked_seq))"""
+
+# One statement: pick (skipping rows another claim or an append holds), take the lease
+# with the next epoch, mark the run running. A claim of a run still marked running
+# counts a crash of the worker that held it.
+_CLAIM: LiteralString = """
+WITH pick AS (
+    SELECT q.run_id, q.state FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id
+    WHERE q.queue = ANY(%(queues)s) AND """ + _RUNNABLE + """
+    ORDER BY q.priority DESC, q.submitted_at, q.run_id
+    LIMIT 1 FOR UPDATE OF q, r SKIP LOCKED
+), leased AS (
+    UPDATE {s}.runs r SET lease_owner = %(owner)s, lease_epoch = r.lease_epoch + 1,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
+    FROM pick WHERE r.run_id = pick.run_id
+    RETURNING r.run_id, r.lease_epoch, extract(epoch FROM r.lease_expires_at)::float8 AS until
+)
+UPDATE {s}.queue q SET state = 'running', worker = %(owner)s, claims = q.claims + 1,
+    crashes = q.crashes + (pick.state = 'running')::int, changed_at = clock_timestamp()
+FROM leased JOIN pick ON pick.run_id = leased.run_id
+WHERE q.run_id = leased.run_id
+RETURNING q.run_id, leased.lease_epoch, leased.until, q.agent, q.task, q.queue, q.crashes
+"""
+
+_HAND_BACK: LiteralString = """
+WITH mine AS (
+    UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)
+    WHERE run_id = %(run)s AND lease_epoch = %(epoch)s RETURNING run_id
+)
+UPDATE {s}.queue q SET state = %(state)s, worker = NULL, parked_seq = %(seq)s,
+    crashes = CASE WHEN %(state)s IN ('done', 'waiting') THEN 0 ELSE q.crashes END,
+    changed_at = clock_timestamp()
+FROM mine WHERE q.run_id = mine.run_id RETURNING q.run_id
+"""
+
+
+class PostgresQueue:
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self.channel = f"agentjournal_{store.schema}"
+        self._listener: psycopg.Connection[Any] | None = None
+        self._claim, self._hand_back = (store._q(text) for text in (_CLAIM, _HAND_BACK))
+
+    def submit(self, run_id: str, agent: str, task: str, *, queue: str = "default",
+               priority: int = 0) -> bool:
+        validate_run_id(run_id)
+        with self.store._write(run_id) as cur:
+            cur.execute(self.store._q(
+                "INSERT INTO {s}.queue (run_id, queue, priority, agent, task, state)"
+                " VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT (run_id) DO NOTHING"
+                " RETURNING run_id"), (run_id, queue, priority, agent, task))
+            if not cur.fetchall():
+                cur.execute(self.store._q("SELECT agent, task FROM {s}.queue WHERE run_id = %s"),
+                            (run_id,))
+                (row,) = cur.fetchall()
+                for field, recorded, given in (("agent", row[0], agent), ("task", row[1], task)):
+                    if recorded != given:
+                        raise RunMismatchError(run_id, field, recorded, given)
+                return False
+            self.store._lock_run(cur, run_id)  # the run's row: a claim joins on it
+            self._notify(cur)
+        return True
+
+    def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
+        with self.store._write(None) as cur:
+            cur.execute(self._claim, {"queues": list(queues), "owner": owner, "ttl": ttl})
+            rows = cur.fetchall()
+        if not rows:
+            return None
+        ((run_id, epoch, until, agent, task, queue, crashes),) = rows
+        return Claim(lease=Lease(run_id, owner, int(epoch), float(until)), agent=agent,
+                     task=task, queue=queue, crashes=int(crashes))
+
+    def hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+        with self.store._write(lease.run_id) as cur:
+            cur.execute(self._hand_back, {"run": lease.run_id, "epoch": lease.epoch,
+                                          "state": state, "seq": at_seq})
+            mine = bool(cur.fetchall())
+            if mine and state == "queued":
+                self._notify(cur)
+        return mine
+
+    def retry(self, run_id: str) -> bool:
+        with self.store._write(run_id) as cur:
+            cur.execute(self.store._q(
+                "UPDATE {s}.queue SET state = 'queued', crashes = 0, changed_at = now()"
+                " WHERE run_id = %s AND state IN ('waiting', 'parked') RETURNING run_id"),
+                (run_id,))
+            changed = bool(cur.fetchall())
+            if changed:
+                self._notify(cur)
+        return changed
+
+    def runs(self) -> list[QueuedRun]:
+        with self.store._conn() as conn:
+            rows = conn.execute(self.store._q(
+                "SELECT q.run_id, q.queue, q.state, q.priority, q.agent, q.worker, q.crashes,"
+                " q.claims, extract(epoch FROM q.submitted_at)::float8,"
+                " extract(epoch FROM q.changed_at)::float8, " + _RUNNABLE
+                + " FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id"
+                " ORDER BY q.submitted_at, q.run_id")).fetchall()
+        return [QueuedRun(run_id=r[0], queue=r[1], state=r[2], priority=r[3], agent=r[4],
+                          worker=r[5], crashes=r[6], claims=r[7], submitted_at=r[8],
+                          changed_at=r[9], runnable=bool(r[10])) for r in rows]
+
+    def beat(self, worker: WorkerInfo) -> None:
+        with self.store._write(None) as cur:
+            cur.execute(self.store._q(
+                "INSERT INTO {s}.workers VALUES (%s, %s::jsonb, to_timestamp(%s))"
+                " ON CONFLICT (worker_id) DO UPDATE SET info = excluded.info,"
+                " heartbeat_at = excluded.heartbeat_at"),
+                (worker.worker_id, msgspec.json.encode(worker).decode(), worker.heartbeat_at))
+
+    def forget(self, worker_id: str) -> None:
+        with self.store._write(None) as cur:
+            cur.execute(self.store._q("DELETE FROM {s}.workers WHERE worker_id = %s"),
+                        (worker_id,))
+
+    def workers(self) -> list[WorkerInfo]:
+        with self.store._conn() as conn:
+            rows = conn.execute(self.store._q(
+                "SELECT info FROM {s}.workers ORDER BY worker_id")).fetchall()
+        return [msgspec.convert(r[0], WorkerInfo) for r in rows]
+
+    # --- wake-ups --------------------------------------------------------------------
+
+    def _notify(self, cur: psycopg.Cursor[Any]) -> None:
+        cur.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(self.channel)))
+
+    def wake(self) -> None:
+        with self.store._write(None) as cur:
+            self._notify(cur)
+
+    def wait(self, timeout: float) -> bool:
+        """True when woken by a notification; False after ``timeout`` (or when the
+        server is away: the caller's poll then finds out, and this reconnects later)."""
+        try:
+            listener = self._listen()
+            woken = any(True for _ in listener.notifies(timeout=timeout, stop_after=1))
+            if woken:  # coalesce: whatever else arrived meanwhile says the same
+                for _ in listener.notifies(timeout=0.0):
+                    pass
+            return woken
+        except psycopg.Error:
+            self._drop_listener()
+            time.sleep(min(timeout, 1.0))
+            return False
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        if self._listener is None or self._listener.closed:
+            conn = psycopg.connect(self.store.dsn, autocommit=True)
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            self._listener = conn
+        return self._listener
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._listener.close()
+            self._listener = None
+
+    def close(self) -> None:
+        self._drop_listener()

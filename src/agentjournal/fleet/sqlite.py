@@ -1,0 +1,153 @@
+"""The queue on SQLite: every worker on one host, each claim one immediate transaction.
+
+Leases are judged as the store judges them (the host's boot clock, see
+store/base.py), so the claim reads the candidates and decides in Python while
+it holds the database's write lock: no other claim can interleave.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from ..errors import RunMismatchError
+from ..store import Lease
+from ..store.base import host_clock, lease_left, validate_run_id
+from ..store.sqlite import SQLiteStore
+from .queue import Claim, QueuedRun, QueueState, WorkerInfo
+
+_CANDIDATES = """
+    SELECT q.run_id, q.state, q.parked_seq, q.agent, q.task, q.queue, q.crashes,
+           l.epoch, l.expires_at, l.boot_id, l.deadline,
+           (SELECT coalesce(max(seq), 0) FROM events e WHERE e.run_id = q.run_id)
+    FROM queue q LEFT JOIN leases l ON l.run_id = q.run_id
+    WHERE q.state != 'done' {where}
+    ORDER BY q.priority DESC, q.submitted_at, q.run_id
+"""
+
+
+def _runnable(state: str, parked_seq: int, last_seq: int, left: float) -> bool:
+    if state == "queued":
+        return True
+    if state == "running":
+        return left <= 0  # its worker died, or stalled past its lease
+    return state in ("waiting", "parked") and last_seq > parked_seq  # a person decided
+
+
+class SQLiteQueue:
+    def __init__(self, store: SQLiteStore) -> None:
+        self.store = store
+
+    def submit(self, run_id: str, agent: str, task: str, *, queue: str = "default",
+               priority: int = 0) -> bool:
+        validate_run_id(run_id)
+        now = time.time()
+        with self.store._tx() as db:
+            row = db.execute("SELECT agent, task FROM queue WHERE run_id = ?",
+                             (run_id,)).fetchone()
+            if row is not None:
+                _same_submission(run_id, row, agent, task)
+                return False
+            db.execute("INSERT INTO queue (run_id, queue, priority, agent, task, state,"
+                       " submitted_at, changed_at) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
+                       (run_id, queue, priority, agent, task, now, now))
+        return True
+
+    def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
+        marks = ", ".join("?" * len(queues))
+        with self.store._tx() as db:
+            wall, (boot, now) = time.time(), host_clock()
+            for row in db.execute(_CANDIDATES.format(where=f"AND q.queue IN ({marks})"),
+                                  tuple(queues)).fetchall():
+                (run_id, state, parked, agent, task, queue, crashes, epoch, expires, boot_id,
+                 deadline, last) = row
+                left = lease_left(expires, boot_id, deadline, wall, boot, now) if epoch else 0
+                if not _runnable(state, parked, last, left):
+                    continue
+                crashes += state == "running"
+                lease = self._lease(db, run_id, owner, (epoch or 0) + 1, ttl, wall, boot, now)
+                db.execute("UPDATE queue SET state = 'running', worker = ?, claims = claims + 1,"
+                           " crashes = ?, changed_at = ? WHERE run_id = ?",
+                           (owner, crashes, wall, run_id))
+                return Claim(lease=lease, agent=agent, task=task, queue=queue, crashes=crashes)
+        return None
+
+    def _lease(self, db: sqlite3.Connection, run_id: str, owner: str, epoch: int, ttl: float,
+               wall: float, boot: str, now: float) -> Lease:
+        db.execute("INSERT OR REPLACE INTO leases (run_id, owner, epoch, expires_at, boot_id,"
+                   " deadline) VALUES (?, ?, ?, ?, ?, ?)",
+                   (run_id, owner, epoch, *self.store._expiry(ttl, wall, boot, now)))
+        return Lease(run_id, owner, epoch, wall + ttl)
+
+    def hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+        with self.store._tx() as db:
+            if self.store._epoch(db, lease.run_id) != lease.epoch:
+                return False  # taken over: the run is another worker's now
+            db.execute("UPDATE leases SET expires_at = 0, deadline = 0 WHERE run_id = ?",
+                       (lease.run_id,))
+            db.execute("UPDATE queue SET state = ?, worker = NULL, parked_seq = ?, crashes ="
+                       " CASE WHEN ? IN ('done', 'waiting') THEN 0 ELSE crashes END,"
+                       " changed_at = ? WHERE run_id = ?",
+                       (state, at_seq, state, time.time(), lease.run_id))
+        return True
+
+    def retry(self, run_id: str) -> bool:
+        with self.store._tx() as db:
+            changed = db.execute("UPDATE queue SET state = 'queued', crashes = 0, changed_at = ?"
+                                 " WHERE run_id = ? AND state IN ('waiting', 'parked')",
+                                 (time.time(), run_id)).rowcount
+        return bool(changed)
+
+    def runs(self) -> list[QueuedRun]:
+        wall, (boot, now) = time.time(), host_clock()
+        with self.store._reading() as db:
+            rows = db.execute(
+                "SELECT q.run_id, q.queue, q.state, q.priority, q.agent, q.worker, q.crashes,"
+                " q.claims, q.submitted_at, q.changed_at, q.parked_seq, l.epoch, l.expires_at,"
+                " l.boot_id, l.deadline, (SELECT coalesce(max(seq), 0) FROM events e"
+                " WHERE e.run_id = q.run_id) FROM queue q LEFT JOIN leases l"
+                " ON l.run_id = q.run_id ORDER BY q.submitted_at, q.run_id").fetchall()
+        out = []
+        for (run_id, queue, state, priority, agent, worker, crashes, claims, submitted,
+             changed, parked, epoch, expires, boot_id, deadline, last) in rows:
+            left = lease_left(expires, boot_id, deadline, wall, boot, now) if epoch else 0
+            out.append(QueuedRun(
+                run_id=run_id, queue=queue, state=state, priority=priority, agent=agent,
+                worker=worker, crashes=crashes, claims=claims, submitted_at=submitted,
+                changed_at=changed, runnable=_runnable(state, parked, last, left)))
+        return out
+
+    def beat(self, worker: WorkerInfo) -> None:
+        with self.store._tx() as db:
+            db.execute("INSERT OR REPLACE INTO workers VALUES (?, ?, ?)",
+                       (worker.worker_id, msgspec.json.encode(worker), worker.heartbeat_at))
+
+    def forget(self, worker_id: str) -> None:
+        with self.store._tx() as db:
+            db.execute("DELETE FROM workers WHERE worker_id = ?", (worker_id,))
+
+    def workers(self) -> list[WorkerInfo]:
+        with self.store._reading() as db:
+            rows = db.execute("SELECT info FROM workers ORDER BY worker_id").fetchall()
+        return [msgspec.json.decode(r[0], type=WorkerInfo) for r in rows]
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(timeout)  # one host, no notifications: the poll is the wake-up
+        return False
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _same_submission(run_id: str, row: Any, agent: str, task: str) -> None:
+    """A second submit of ``run_id`` is the same request, or refused: never a second run."""
+    for field, recorded, given in (("agent", row[0], agent), ("task", row[1], task)):
+        if recorded != given:
+            raise RunMismatchError(run_id, field, recorded, given)
