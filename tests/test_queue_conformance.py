@@ -1,0 +1,210 @@
+"""The queue's contract, one suite for every backend that has a queue (sqlite, postgres):
+claims, races, takeovers, hand-backs, decisions, poison counts. JSONL has none."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentjournal import (
+    Agent,
+    EventType,
+    FencedError,
+    NoQueueError,
+    RunMismatchError,
+    ScriptedModel,
+    calls,
+    decide_approval,
+    make_events,
+    open_store,
+    reply,
+    tool,
+)
+from agentjournal.fleet import queue_of, submit
+from agentjournal.policy import Rules
+from agentjournal.store import Store
+
+from .conftest import fresh_url
+
+QUEUED = ("sqlite", "postgres")
+
+
+@pytest.fixture(params=QUEUED)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from fresh_url(request.param, tmp_path)
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[Store]:
+    with open_store(url) as opened:
+        yield opened
+
+
+def test_jsonl_has_no_queue(tmp_path: Path) -> None:
+    with open_store(f"jsonl:///{tmp_path / 'runs'}") as store, pytest.raises(NoQueueError,
+                                                                               match="SQLite"):
+        queue_of(store)
+
+
+def test_submit_is_idempotent_and_never_a_second_run(store: Store) -> None:
+    run_id = submit(store, "m:agent", "do it", "r1")
+    assert submit(store, "m:agent", "do it", "r1") == "r1"
+    with pytest.raises(RunMismatchError, match="task"):
+        submit(store, "m:agent", "do something else", "r1")
+    with pytest.raises(RunMismatchError, match="agent"):
+        submit(store, "m:other", "do it", "r1")
+    assert [r.run_id for r in queue_of(store).runs()] == [run_id]
+
+
+def test_a_submitted_task_is_stored_redacted(store: Store) -> None:
+    submit(store, "m:agent", "use sk-abcdefghijklmnopqrstuvwxyz123456 to pay", "r1")
+    claim = queue_of(store).claim("w", 30, ["default"])
+    assert claim is not None and "sk-abcdefghijklmnop" not in claim.task
+
+
+def test_claims_take_the_most_urgent_first_and_each_once(store: Store) -> None:
+    for run_id, priority in (("low", 0), ("high", 5), ("low2", 0)):
+        submit(store, "m:a", "t", run_id, priority=priority)
+    submit(store, "m:a", "t", "elsewhere", queue="other")
+    queue = queue_of(store)
+    taken = [queue.claim("w", 30, ["default"]) for _ in range(4)]
+    assert [c.lease.run_id if c else None for c in taken] == ["high", "low", "low2", None]
+    assert all(c.lease.epoch == 1 and c.crashes == 0 for c in taken if c)
+    other = queue.claim("w", 30, ["other", "default"])
+    assert other is not None and other.lease.run_id == "elsewhere"
+
+
+def _claim_in_process(url: str, barrier: multiprocessing.synchronize.Barrier,
+                      out: multiprocessing.queues.Queue[str | None]) -> None:
+    with open_store(url) as store:
+        queue = queue_of(store)
+        barrier.wait()
+        claim = queue.claim(f"proc-{multiprocessing.current_process().pid}", 30, ["default"])
+        out.put(claim.lease.run_id if claim else None)
+
+
+def test_no_double_claim_under_a_race_of_threads(url: str, store: Store) -> None:
+    submit(store, "m:a", "t", "only")
+    n = 8
+    barrier, won = threading.Barrier(n), []
+
+    def race(i: int) -> None:
+        with open_store(url) as mine:
+            queue = queue_of(mine)
+            barrier.wait()
+            claim = queue.claim(f"thread-{i}", 30, ["default"])
+            if claim is not None:
+                won.append(claim.lease.owner)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+
+
+def test_no_double_claim_under_a_race_of_processes(url: str, store: Store) -> None:
+    submit(store, "m:a", "t", "only")
+    submit(store, "m:a", "t", "second")
+    ctx = multiprocessing.get_context("spawn")
+    n = 4
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_claim_in_process, args=(url, barrier, out)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert sorted(r for r in got if r) == ["only", "second"] and got.count(None) == n - 2
+
+
+def test_an_expired_lease_is_taken_over_with_the_next_epoch_and_a_crash(store: Store) -> None:
+    submit(store, "m:a", "t", "r1")
+    queue = queue_of(store)
+    first = queue.claim("dead", 0.3, ["default"])
+    assert first is not None and queue.claim("other", 30, ["default"]) is None  # held
+    time.sleep(0.4)
+    second = queue.claim("successor", 30, ["default"])
+    assert second is not None and second.lease.epoch == first.lease.epoch + 1
+    assert second.crashes == 1
+    # The dead worker's lease is fenced: its append and its hand-back do nothing.
+    (event,) = make_events("r1", 0, first.lease.epoch, [(EventType.RUN_STARTED, {"task": "t"})])
+    with pytest.raises(FencedError):
+        store.append("r1", [event], expected_seq=0, epoch=first.lease.epoch)
+    assert not queue.hand_back(first.lease, "done", 0)
+    assert queue.hand_back(second.lease, "done", 0)
+    (row,) = queue.runs()
+    assert (row.state, row.crashes, row.runnable) == ("done", 0, False)
+
+
+def test_a_run_handed_back_queued_is_claimable_at_once_without_a_crash(store: Store) -> None:
+    submit(store, "m:a", "t", "r1")
+    queue = queue_of(store)
+    drained = queue.claim("draining", 30, ["default"])
+    assert drained is not None and queue.hand_back(drained.lease, "queued", 0)
+    taken = queue.claim("other", 30, ["default"])
+    assert taken is not None and taken.lease.epoch == drained.lease.epoch + 1
+    assert taken.crashes == 0
+
+
+def test_crashes_count_until_a_clean_hand_back(store: Store) -> None:
+    submit(store, "m:a", "t", "r1")
+    queue = queue_of(store)
+    seen = []
+    for _ in range(3):
+        claim = queue.claim("w", 0.05, ["default"])
+        assert claim is not None
+        seen.append(claim.crashes)
+        time.sleep(0.1)
+    assert seen == [0, 1, 2]
+    claim = queue.claim("w", 30, ["default"])
+    assert claim is not None and claim.crashes == 3
+    assert queue.hand_back(claim.lease, "parked", 0)
+    assert queue.claim("w", 30, ["default"]) is None  # parked: a person decides
+    assert queue.retry("r1")
+    again = queue.claim("w", 30, ["default"])
+    assert again is not None and again.crashes == 0
+
+
+@tool(effect="irreversible")
+def pay(amount: int) -> str:
+    return f"paid {amount}"
+
+
+def test_a_person_s_decision_makes_a_waiting_run_runnable(store: Store) -> None:
+    submit(store, "m:a", "pay 5", "r1")
+    queue = queue_of(store)
+    claim = queue.claim("w1", 30, ["default"])
+    assert claim is not None
+    agent = Agent(ScriptedModel([calls(("pay", {"amount": 5})), reply("done")]), [pay],
+                  policy=Rules(approve_if={"pay": lambda c: True}))
+    result = agent.run(store, "r1", claim.task, owner="w1", keep_lease=True)
+    assert result.status == "waiting_approval"
+    assert queue.hand_back(claim.lease, "waiting", result.last_seq)
+    assert queue.claim("w2", 30, ["default"]) is None  # nothing new: it waits
+    decide_approval(store, "r1", result.approvals[0].approval_id, approved=True, by="ana")
+    (row,) = queue.runs()
+    assert row.state == "waiting" and row.runnable
+    again = queue.claim("w2", 30, ["default"])  # (the decision's writer took an epoch too)
+    assert again is not None and again.lease.epoch > claim.lease.epoch
+    done = agent.run(store, "r1", again.task, owner="w2", keep_lease=True)
+    assert done.status == "finished" and queue.hand_back(again.lease, "done", done.last_seq)
+
+
+def test_workers_are_seen_and_forgotten(store: Store) -> None:
+    from agentjournal.fleet import WorkerInfo
+
+    queue = queue_of(store)
+    info = WorkerInfo(worker_id="h:1:ab", host="h", pid=1, queues=["default"], runs=["r1"],
+                      started_at=time.time(), heartbeat_at=time.time())
+    queue.beat(info)
+    queue.beat(info)  # a heartbeat replaces, never duplicates
+    assert queue.workers() == [info]
+    queue.forget(info.worker_id)
+    assert queue.workers() == []
