@@ -14,7 +14,7 @@ lease, a fence, nothing pending by that id); 3 the store's data cannot be read
 stderr; ``--json`` output is the only thing on stdout.
 """
 
-from . import decide, reading, running, setup, snapshots  # noqa: F401  (each registers its commands)
+from . import decide, fleet, reading, running, setup, snapshots  # noqa: F401  (each registers its commands)
 from ._base import cli, main
 
 __all__ = ["cli", "main"]

@@ -1,0 +1,255 @@
+"""The fleet: submit, worker, queue, workers, requeue."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import click
+import msgspec
+
+from .. import RunMismatchError
+from ..agent import new_run_id, require_run_id
+from ..errors import NoQueueError
+from ..fleet import QUEUE_STATES, Queue, queue_of
+from ..fleet.worker import Worker
+from ..redaction import Redaction
+from ..store import open_store
+from ._base import (
+    CliError,
+    _check_target,
+    cli,
+    human_age,
+    json_option,
+    note,
+    out,
+    store_hint,
+    store_option,
+    table,
+)
+from ._safe import cells, echo, emit_json
+
+
+@contextmanager
+def queue_at(url: str, *, create: bool = False, readonly: bool = False) -> Iterator[Queue]:
+    """The queue of the store at ``url``, closed afterwards. A JSONL store has none
+    (NoQueueError, exit 1), refused before anything is created."""
+    if url.strip().lower().startswith("jsonl:"):
+        raise NoQueueError(url)
+    _check_target(url, create=create)
+    store = open_store(url, readonly=readonly)
+    try:
+        queue = queue_of(store)
+        try:
+            yield queue
+        finally:
+            queue.close()
+    finally:
+        store.close()
+
+
+@cli.command(name="submit")
+@click.option("--agent", "agent_ref", required=True, metavar="MODULE:OBJECT",
+              help="The agent a worker runs it with (an Agent or a zero-argument factory).")
+@click.option("--task", required=True, help="The run's task.")
+@click.option("--run-id", help="The run's id (default: a new one, printed). Submitting the "
+              "same id with the same agent and task again changes nothing.")
+@click.option("--queue", "queue_name", default="default", show_default=True,
+              help="The queue it waits in (workers name the queues they drain).")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="Higher is claimed first.")
+@json_option
+@store_option
+def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
+               priority: int, as_json: bool, store_url: str) -> None:
+    """Put a run in the queue for a worker; prints its run id.
+
+    Idempotent: the same --run-id with the same agent and task is the same run
+    (exit 0, "already submitted"); another agent or task under that id is refused
+    (exit 2), never a second run.
+
+    \b
+    Example:
+      agentjournal submit --agent myapp.agents:reconciler --task "Reconcile Q3" \\
+          --run-id q3 --store sqlite:///runs.db
+    """
+    if ":" not in agent_ref:
+        raise CliError(f"--agent must be MODULE:OBJECT, not {agent_ref!r}", 2)
+    # As fleet.submit does, keeping whether the run was created.
+    submitted = new_run_id() if run_id is None else require_run_id(run_id)
+    with queue_at(store_url, create=True) as queue:
+        try:
+            created = queue.submit(submitted, agent_ref, Redaction().scrub(task),
+                                   queue=queue_name, priority=priority)
+        except RunMismatchError as exc:
+            raise CliError(str(exc), 2) from None
+    if as_json:
+        emit_json({"run_id": submitted, "created": created})
+        return
+    click.echo(submitted)
+    if not created:
+        note(f"run {submitted} was already submitted with this agent and task: nothing changed")
+    else:
+        note(f"submitted {submitted} to queue {queue_name!r}; start workers with: "
+             f"agentjournal worker{store_hint(store_url)}")
+
+
+@cli.command()
+@click.option("--queue", "queues", multiple=True, metavar="Q",
+              help="A queue to drain (repeatable; default: default).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs held at once, each in its own thread.")
+@click.option("--ttl", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Lease TTL in seconds: the takeover time after this worker dies "
+              "without draining.")
+@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="On SIGTERM, seconds to let runs reach their next step boundary.")
+@click.option("--max-crashes", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Park (and escalate) a run claimed after this many crashes.")
+@click.option("--poll", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Seconds between looks for work when idle (PostgreSQL also wakes "
+              "on NOTIFY).")
+@store_option
+@click.pass_context
+def worker(ctx: click.Context, queues: tuple[str, ...], concurrency: int, ttl: float,
+           grace: float, max_crashes: int, poll: float, store_url: str) -> None:
+    """Claim runnable runs and run them until SIGTERM or SIGINT, which drains:
+    nothing more is claimed, each run stops at its next step boundary and is handed
+    back queued, so other workers continue it at once; then it exits 0.
+
+    A run that killed its worker --max-crashes times is parked and escalated
+    (see `agentjournal queue`; `agentjournal requeue RUN` after fixing it).
+    Needs a SQLite (one host) or PostgreSQL (many hosts) store; JSONL has no queue.
+    Logs one line per event on stderr, prefixed with the worker id.
+
+    \b
+    Example:
+      agentjournal worker --store postgresql://worker@db/agents --concurrency 4 --grace 60
+    """
+    if store_url.strip().lower().startswith("jsonl:"):
+        raise NoQueueError(store_url)
+    _check_target(store_url, create=True)
+    w = Worker(store_url, queues=queues or ("default",), concurrency=concurrency, ttl=ttl,
+               poll=poll, grace=grace, max_crashes=max_crashes)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if not w.draining:
+            w.log(f"{signal.Signals(signum).name}: draining")
+        w.drain()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ctx.exit(w.run())
+
+
+def _queue_summary(queue: Queue) -> dict[str, Any]:
+    now = time.time()
+    runs = queue.runs()
+    by_queue: dict[str, dict[str, int]] = {}
+    for r in runs:
+        counts = by_queue.setdefault(r.queue, dict.fromkeys(QUEUE_STATES, 0))
+        counts[r.state] += 1
+    totals = {state: sum(c[state] for c in by_queue.values()) for state in QUEUE_STATES}
+    queued = [r for r in runs if r.state == "queued"]
+    oldest = min(queued, key=lambda r: r.submitted_at) if queued else None
+    return {
+        "total": totals,
+        "queues": by_queue,
+        "runnable": sum(r.runnable for r in runs),
+        "oldest_queued": None if oldest is None else {
+            "run_id": oldest.run_id, "queue": oldest.queue,
+            "age_s": round(max(0.0, now - oldest.submitted_at), 3)},
+        "poison": [{"run_id": r.run_id, "queue": r.queue, "agent": r.agent,
+                    "crashes": r.crashes, "claims": r.claims,
+                    "parked_age_s": round(max(0.0, now - r.changed_at), 3),
+                    "runnable": r.runnable}
+                   for r in runs if r.state == "parked"],
+    }
+
+
+@cli.command(name="queue")
+@json_option
+@store_option
+def queue_cmd(as_json: bool, store_url: str) -> None:
+    """Counts of runs per state and queue, the oldest queued run, how many are
+    runnable now, and the poison (parked) runs. Reading never writes.
+
+    \b
+    Example:
+      agentjournal queue --store sqlite:///runs.db --json | jq .total
+    """
+    with queue_at(store_url, readonly=True) as queue:
+        summary = _queue_summary(queue)
+    if as_json:
+        emit_json(summary)
+        return
+    console = out()
+    rows = [(name, *(str(counts[s]) for s in QUEUE_STATES))
+            for name, counts in sorted(summary["queues"].items())]
+    rows.append(("all", *(str(summary["total"][s]) for s in QUEUE_STATES)))
+    console.print(table(("queue", *QUEUE_STATES), rows, keep=("queue",)))
+    echo(f"runnable now: {summary['runnable']}")
+    oldest = summary["oldest_queued"]
+    if oldest is not None:
+        echo(f"oldest queued: {oldest['run_id']} ({oldest['queue']}), "
+             f"{human_age(oldest['age_s'])} old")
+    if summary["poison"]:
+        console.print(table(("poison run", "queue", "crashes", "agent", "parked"), cells(
+            (p["run_id"], p["queue"], str(p["crashes"]), p["agent"],
+             human_age(p["parked_age_s"]) + " ago") for p in summary["poison"]),
+            keep=("poison run",)))
+        note(f"see why: agentjournal show RUN{store_hint(store_url)}; after fixing the "
+             f"cause: agentjournal requeue RUN{store_hint(store_url)}")
+
+
+@cli.command()
+@json_option
+@store_option
+def workers(as_json: bool, store_url: str) -> None:
+    """The workers that sent a heartbeat: id, host, pid, the runs they hold, the age
+    of their last heartbeat, and whether they drain. A worker that exited cleanly
+    removed its row; one that died keeps it, ageing. Reading never writes.
+
+    \b
+    Example:
+      agentjournal workers --store postgresql://worker@db/agents --json
+    """
+    with queue_at(store_url, readonly=True) as queue:
+        found = queue.workers()
+    now = time.time()
+    rows = [{**msgspec.to_builtins(w), "heartbeat_age_s": round(max(0.0, now - w.heartbeat_at), 3)}
+            for w in found]
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        note("no workers")
+        return
+    out().print(table(("worker", "host", "pid", "runs", "heartbeat", "draining"), cells(
+        (r["worker_id"], r["host"], str(r["pid"]), ", ".join(r["runs"]) or "-",
+         human_age(r["heartbeat_age_s"]) + " ago", "yes" if r["draining"] else "no")
+        for r in rows), keep=("worker",)))
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@store_option
+def requeue(run_id: str, store_url: str) -> None:
+    """Make a parked (poison) or waiting run runnable again, its crash count reset.
+
+    \b
+    Example:
+      agentjournal requeue q3 --store sqlite:///runs.db
+    """
+    with queue_at(store_url) as queue:
+        if not queue.retry(run_id):
+            state = next((r.state for r in queue.runs() if r.run_id == run_id), None)
+            if state is None:
+                raise CliError(f"run {run_id!r} is not in the queue", 2)
+            raise CliError(f"run {run_id!r} is {state}, not parked or waiting: nothing to "
+                           "requeue", 2)
+    echo(f"requeued {run_id}: a worker will claim it")

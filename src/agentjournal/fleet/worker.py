@@ -1,0 +1,397 @@
+"""A worker: claims runnable runs from a store's queue and runs them, until drained.
+
+``Worker(url).run()`` is what ``agentjournal worker`` runs. It keeps one control
+store handle for claims and heartbeats; each claimed run runs in its own thread
+with its own store handle (a PostgreSQL handle refuses every write after a failed
+commit, so a run's trouble never breaks the claims, and handles are reopened).
+
+The lease and its epoch are the only owner of a run: a run is claimed with the
+worker's id as the lease owner, run with ``Agent.run(..., owner=worker_id,
+keep_lease=True)`` (the same owner, so the journal renews the claimed epoch), and
+handed back with the lease released in the same transaction: ``done`` when it
+finished, ``waiting`` when it stopped for a person, ``queued`` when drained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import (
+    DurabilityError,
+    FencedError,
+    LeaseExpiredError,
+    LeaseHeldError,
+    StoreUnavailableError,
+)
+from ..events import Event, EventType
+from ..journal import default_owner, open_journal
+from ..store import Lease, Store, open_store
+from . import queue_of
+from .queue import Claim, Queue, QueueState, WorkerInfo
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..state import RunState
+
+#: Store trouble that is retried with backoff: the server is away, or a commit failed
+#: (the handle is then reopened).
+TROUBLE = (StoreUnavailableError, DurabilityError)
+LOST = (FencedError, LeaseHeldError, LeaseExpiredError)
+BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
+
+_STATE_OF: dict[str, QueueState] = {
+    "finished": "done", "paused": "waiting", "waiting_approval": "waiting",
+    "escalated": "waiting",
+}
+
+
+class Worker:
+    """Drains the queues of the store at ``store_url`` until :meth:`drain` is called.
+
+    ``queues``: the queues it claims from (most urgent first across them).
+    ``concurrency``: how many runs it holds at once, each in its own thread.
+    ``ttl``: the lease TTL in seconds, for the claim and for the run (it overrides
+    the agent's ``lease_ttl``): how long a run sits unowned after this worker dies
+    without draining (SIGKILL, a lost host) before another worker takes it over.
+    Leases are renewed every ttl/3, and so is the worker's heartbeat row.
+    ``poll``: seconds an idle worker waits before looking again (PostgreSQL wakes it
+    earlier on a NOTIFY; SQLite has only the poll).
+    ``grace``: on drain, how long :meth:`run` waits for the runs to reach their next
+    step boundary and be handed back; a run still busy after that keeps its lease,
+    which expires after ``ttl``.
+    ``max_crashes``: a run claimed after that many claims that never handed it back
+    (each one killed its worker, or raised) is not run again: it is escalated in its
+    log, naming the count, and parked until a person runs ``agentjournal requeue RUN``.
+    ``worker_id``: the lease owner, ``host:pid:nonce`` by default.
+
+    Store trouble (StoreUnavailableError, DurabilityError: a PostgreSQL restart) is
+    retried with backoff (0.2 s doubling to 5 s) and never ends the worker; a run it
+    interrupted is handed back queued once the store answers. A lost lease (fenced,
+    held by another, expired) lets the run go: another worker owns it. Any other
+    exception from a run is logged with its traceback and the run is left as
+    crashed: its lease expires and the next claim counts the crash.
+    """
+
+    def __init__(self, store_url: str, *, queues: Sequence[str] = ("default",),
+                 concurrency: int = 1, ttl: float = 30.0, poll: float = 1.0,
+                 grace: float = 30.0, max_crashes: int = 3, worker_id: str | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency!r}")
+        if ttl <= 0 or poll <= 0 or grace < 0:
+            raise ValueError("ttl and poll must be positive and grace not negative")
+        if max_crashes < 1:
+            raise ValueError(f"max_crashes must be at least 1, not {max_crashes!r}")
+        if not queues:
+            raise ValueError("give at least one queue")
+        self.store_url = store_url
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.ttl = ttl
+        self.poll = poll
+        self.grace = grace
+        self.max_crashes = max_crashes
+        self.worker_id = worker_id or default_owner()
+        self._log_line = log
+        self._draining = threading.Event()
+        self._done = threading.Event()  # run() is over: the heartbeat stops
+        self._beat_now = threading.Event()
+        self._slot_free = threading.Event()
+        self._lock = threading.Lock()
+        self._held: dict[str, threading.Thread] = {}
+        self._agents: dict[str, Agent] = {}
+        self._started_at = time.time()
+        self._store: Store | None = None
+        self._queue: Queue | None = None
+        self._control = threading.Lock()
+
+    # --- logging -----------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        line = f"{self.worker_id} {message}"
+        if self._log_line is not None:
+            self._log_line(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    # --- the control handle ------------------------------------------------------------
+
+    def _control_queue(self) -> Queue:
+        with self._control:
+            if self._queue is None:
+                store = open_store(self.store_url)
+                try:
+                    self._queue = queue_of(store)
+                except BaseException:
+                    store.close()
+                    raise
+                self._store = store
+            return self._queue
+
+    def _reopen_control(self) -> None:
+        """Drop the control handle (a broken one refuses every write); the next use
+        opens a new one."""
+        with self._control:
+            queue, store = self._queue, self._store
+            self._queue = self._store = None
+        if queue is not None:
+            with contextlib.suppress(Exception):
+                queue.close()
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.close()
+
+    # --- the main loop -----------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Claim nothing more; runs return at their next step boundary and are handed
+        back queued. Safe to call from a signal handler (it only sets events)."""
+        self._draining.set()
+        self._beat_now.set()
+        self._slot_free.set()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def held(self) -> list[str]:
+        with self._lock:
+            return sorted(self._held)
+
+    def run(self) -> int:
+        """Claim and run until drained; returns 0 (the exit code) once drained.
+
+        NoQueueError (a JSONL store) and a bad URL are raised at once."""
+        self._control_queue()  # a store without a queue is refused before anything runs
+        self.log(f"started: queues {','.join(self.queues)}, concurrency {self.concurrency},"
+                 f" ttl {self.ttl:g}s, max crashes {self.max_crashes}")
+        beats = threading.Thread(target=self._heartbeat, name="worker-heartbeat",
+                                 daemon=True)
+        beats.start()
+        try:
+            self._claim_loop()
+            self._wait_for_runs()
+        finally:
+            self._done.set()
+            self._beat_now.set()
+            beats.join(timeout=5)
+            self._forget()
+            self._reopen_control()  # closes it
+        return 0
+
+    def _claim_loop(self) -> None:
+        backoff, troubled = BACKOFF_FIRST, False
+        while not self._draining.is_set():
+            with self._lock:
+                full = len(self._held) >= self.concurrency
+                self._slot_free.clear()
+            if full:
+                self._slot_free.wait(self.poll)
+                continue
+            try:
+                queue = self._control_queue()
+                claim = queue.claim(self.worker_id, self.ttl, self.queues)
+            except TROUBLE as exc:
+                if not troubled:
+                    self.log(f"store unavailable, retrying claims with backoff: {exc}")
+                troubled = True
+                if isinstance(exc, DurabilityError):
+                    self._reopen_control()
+                self._draining.wait(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            if troubled:
+                self.log("store answers again")
+            backoff, troubled = BACKOFF_FIRST, False
+            if claim is None:
+                queue.wait(self.poll)
+                continue
+            self._start(claim)
+
+    def _start(self, claim: Claim) -> None:
+        run_id = claim.lease.run_id
+        self.log(f"claimed {run_id} (epoch {claim.lease.epoch}, agent {claim.agent}, "
+                 f"crashes {claim.crashes})")
+        thread = threading.Thread(target=self._work, args=(claim,), name=f"run:{run_id}",
+                                  daemon=True)
+        with self._lock:
+            self._held[run_id] = thread
+        self._beat_now.set()
+        thread.start()
+
+    def _wait_for_runs(self) -> None:
+        held = self.held()
+        if held:
+            self.log(f"draining: waiting up to {self.grace:g}s for {len(held)} run(s) to "
+                     "reach a step boundary")
+        deadline = time.monotonic() + self.grace
+        with self._lock:
+            threads = list(self._held.values())
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        left = self.held()
+        if left:
+            self.log(f"grace expired with {len(left)} run(s) still busy ({', '.join(left)}); "
+                     f"their leases expire after {self.ttl:g}s and others take them over")
+        else:
+            self.log("drained")
+
+    # --- heartbeats --------------------------------------------------------------------
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(worker_id=self.worker_id, host=socket.gethostname(),
+                          pid=os.getpid(), queues=list(self.queues), runs=self.held(),
+                          started_at=self._started_at, heartbeat_at=time.time(),
+                          draining=self.draining)
+
+    def _heartbeat(self) -> None:
+        troubled = False
+        while not self._done.is_set():
+            try:
+                self._control_queue().beat(self.info())
+                troubled = False
+            except TROUBLE as exc:
+                if not troubled:
+                    self.log(f"store unavailable for the heartbeat: {exc}")
+                troubled = True
+                if isinstance(exc, DurabilityError):
+                    self._reopen_control()
+            except Exception:  # never let the heartbeat die silently
+                self.log(f"heartbeat failed:\n{traceback.format_exc().rstrip()}")
+            self._beat_now.wait(self.ttl / 3)
+            self._beat_now.clear()
+
+    def _forget(self) -> None:
+        for attempt in range(3):
+            try:
+                self._control_queue().forget(self.worker_id)
+                return
+            except TROUBLE as exc:
+                if isinstance(exc, DurabilityError):
+                    self._reopen_control()
+                if attempt == 2:
+                    self.log(f"could not remove this worker's row: {exc}")
+                time.sleep(BACKOFF_FIRST * 2 ** attempt)
+
+    # --- one run -----------------------------------------------------------------------
+
+    def _agent(self, ref: str) -> Agent:
+        with self._lock:
+            agent = self._agents.get(ref)
+        if agent is None:
+            from ..cli.running import load_agent
+
+            # A copy: the worker's TTL governs the lease, not the agent's own default.
+            agent = copy.copy(load_agent(ref))
+            agent.lease_ttl = self.ttl
+            with self._lock:
+                agent = self._agents.setdefault(ref, agent)
+        return agent
+
+    def _work(self, claim: Claim) -> None:
+        run_id = claim.lease.run_id
+        seen = {"epoch": claim.lease.epoch, "seq": 0}
+
+        def observe(event: Event, _state: RunState) -> None:
+            seen["epoch"] = max(seen["epoch"], event.epoch)
+            seen["seq"] = event.seq
+
+        try:
+            if claim.crashes >= self.max_crashes:
+                self._park(claim)
+                return
+            agent = self._agent(claim.agent)
+            store = open_store(self.store_url)
+            try:
+                result = agent.run(store, run_id, claim.task, owner=self.worker_id,
+                                   agent_ref=claim.agent, stop=self._draining,
+                                   keep_lease=True, observer=observe)
+            finally:
+                with contextlib.suppress(Exception):
+                    store.close()
+            state = _STATE_OF.get(result.status, "queued")
+            lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
+            if self._hand_back(lease, state, result.last_seq):
+                self.log(f"{'finished' if state == 'done' else 'handed back'} {run_id} "
+                         f"({result.status} at seq {result.last_seq}; now {state})")
+        except LOST as exc:
+            self.log(f"lost the lease of {run_id}, letting it go: {type(exc).__name__}: {exc}")
+        except TROUBLE as exc:
+            self.log(f"store unavailable while running {run_id}: {exc}; handing it back "
+                     "queued once the store answers")
+            lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
+            if self._hand_back(lease, "queued", seen["seq"]):
+                self.log(f"handed back {run_id} (now queued)")
+        except Exception:
+            self.log(f"run {run_id} crashed; not handing it back (its lease expires and the "
+                     f"next claim counts the crash):\n{traceback.format_exc().rstrip()}")
+        finally:
+            with self._lock:
+                self._held.pop(run_id, None)
+            self._slot_free.set()
+            self._beat_now.set()
+
+    def _hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+        """Hand the run back, retrying store trouble with backoff (each try on a new
+        handle). False (logged) if the lease went to another worker meanwhile."""
+        backoff, troubled = BACKOFF_FIRST, False
+        while True:
+            try:
+                store = open_store(self.store_url)
+                try:
+                    queue = queue_of(store)
+                    try:
+                        mine = queue.hand_back(lease, state, at_seq)
+                    finally:
+                        queue.close()
+                finally:
+                    with contextlib.suppress(Exception):
+                        store.close()
+            except TROUBLE as exc:
+                if not troubled:
+                    self.log(f"store unavailable handing back {lease.run_id}, retrying: {exc}")
+                troubled = True
+                time.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            if not mine:
+                self.log(f"lost the lease of {lease.run_id} before handing it back: another "
+                         "worker owns it now")
+            return mine
+
+    def _park(self, claim: Claim) -> None:
+        """A poison run: escalate it in its log, naming the count, and park it."""
+        run_id = claim.lease.run_id
+        reason = (f"parked by a worker: this run was claimed {claim.crashes} times without "
+                  "being handed back (it killed or crashed its worker each time; "
+                  f"max crashes {self.max_crashes}). Find the cause (the workers' logs), "
+                  f"fix it, then run: agentjournal requeue {run_id}")
+        epoch, seq = claim.lease.epoch, 0
+        store = open_store(self.store_url)
+        try:
+            journal = open_journal(store, run_id, owner=self.worker_id, ttl=self.ttl,
+                                   keep_lease=True)
+            try:
+                if journal.state.last_seq:  # an empty log has no run to escalate yet
+                    journal.record(EventType.RUN_ESCALATED, reason=reason,
+                                   crashes=claim.crashes, by="agentjournal worker",
+                                   worker=self.worker_id)
+                epoch, seq = journal.lease.epoch, journal.state.last_seq
+            finally:
+                journal.close()
+        finally:
+            with contextlib.suppress(Exception):
+                store.close()
+        if self._hand_back(Lease(run_id, self.worker_id, epoch, 0.0), "parked", seq):
+            self.log(f"parked {run_id} after {claim.crashes} crashes; requeue it with: "
+                     f"agentjournal requeue {run_id}")
+

@@ -1,0 +1,68 @@
+"""Agents for tests/test_worker.py, run by real worker processes as ``tests.fleet_agents:NAME``.
+
+Their one tool, ``record(label)``, appends ``run_id label key`` to the file named by
+``$FLEET_EFFECTS`` (one short O_APPEND write: lines never interleave): the test
+judges effects by that file, not by the library's log.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from agentjournal import Agent, ScriptedModel, calls, reply, tool
+from agentjournal.policy import Rules
+from agentjournal.tools import Tool, ToolContext
+
+ENV = "FLEET_EFFECTS"
+
+
+def _append(ctx: ToolContext, label: str) -> str:
+    line = f"{ctx.run_id} {label} {ctx.key}\n".encode()
+    fd = os.open(os.environ[ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return f"recorded {label}"
+
+
+def _record(sleep: float = 0.0) -> Tool:
+    @tool(effect="irreversible")
+    def record(ctx: ToolContext, label: str) -> str:
+        """Record that `label` happened, once."""
+        if sleep:
+            time.sleep(sleep)
+        return _append(ctx, label)
+
+    return record
+
+
+def counter() -> Agent:
+    """Two effects, then done."""
+    return Agent(ScriptedModel([calls(("record", {"label": "a"})),
+                                calls(("record", {"label": "b"})), reply("done")]),
+                 [_record()])
+
+
+def slow() -> Agent:
+    """Three turns, each an effect that takes 0.5 s: a drain lands mid-run."""
+    return Agent(ScriptedModel([*(calls(("record", {"label": f"s{i}"})) for i in range(3)),
+                                reply("done")]), [_record(0.5)])
+
+
+def needs_approval() -> Agent:
+    """An effect a person must approve first."""
+    return Agent(ScriptedModel([calls(("record", {"label": "approved"})), reply("done")]),
+                 [_record()], policy=Rules(require_approval={"record"}))
+
+
+@tool(effect="read_only")
+def explode(ctx: ToolContext) -> str:
+    """Kill the process running this run (a poison run: retried, it kills again)."""
+    _append(ctx, "explode")
+    os._exit(1)
+
+
+def poison() -> Agent:
+    return Agent(ScriptedModel([calls(("explode", {})), reply("done")]), [explode])
