@@ -30,7 +30,9 @@ from ..errors import (
     FencedError,
     LeaseExpiredError,
     LeaseHeldError,
+    StoreIOError,
     StoreUnavailableError,
+    StoreUrlError,
 )
 from ..events import Event, EventType
 from ..journal import default_owner, open_journal
@@ -42,9 +44,9 @@ if TYPE_CHECKING:
     from ..agent import Agent
     from ..state import RunState
 
-#: Store trouble that is retried with backoff: the server is away, or a commit failed
-#: (the handle is then reopened).
-TROUBLE = (StoreUnavailableError, DurabilityError)
+#: Store trouble that is retried with backoff: the server is away, a commit failed
+#: (the handle is then reopened), or the disk refused a write.
+TROUBLE = (StoreUnavailableError, DurabilityError, StoreIOError)
 LOST = (FencedError, LeaseHeldError, LeaseExpiredError)
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
 
@@ -73,7 +75,8 @@ class Worker:
     log, naming the count, and parked until a person runs ``agentjournal requeue RUN``.
     ``worker_id``: the lease owner, ``host:pid:nonce`` by default.
 
-    Store trouble (StoreUnavailableError, DurabilityError: a PostgreSQL restart) is
+    Store trouble (StoreUnavailableError, DurabilityError: a PostgreSQL restart;
+    StoreIOError: a disk that refused a write) is
     retried with backoff (0.2 s doubling to 5 s) and never ends the worker; a run it
     interrupted is handed back queued once the store answers. A lost lease (fenced,
     held by another, expired) lets the run go: another worker owns it. Any other
@@ -113,6 +116,7 @@ class Worker:
         self._store: Store | None = None
         self._queue: Queue | None = None
         self._control = threading.Lock()
+        self._opened_once = False
 
     # --- logging -----------------------------------------------------------------------
 
@@ -128,7 +132,9 @@ class Worker:
     def _control_queue(self) -> Queue:
         with self._control:
             if self._queue is None:
-                store = open_store(self.store_url)
+                # The first open fails fast (a bad URL, no queue); reopens retry.
+                store = self._open() if self._opened_once else open_store(self.store_url)
+                self._opened_once = True
                 try:
                     self._queue = queue_of(store)
                 except BaseException:
@@ -310,17 +316,17 @@ class Worker:
                 self._park(claim)
                 return
             agent = self._agent(claim.agent)
-            store = open_store(self.store_url)
+            store = self._run_store()
             try:
                 result = agent.run(store, run_id, claim.task, owner=self.worker_id,
                                    agent_ref=claim.agent, stop=self._draining,
                                    keep_lease=True, observer=observe)
+                state = _STATE_OF.get(result.status, "queued")
+                lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
+                mine = self._hand_back(lease, state, result.last_seq, store)
             finally:
-                with contextlib.suppress(Exception):
-                    store.close()
-            state = _STATE_OF.get(result.status, "queued")
-            lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
-            if self._hand_back(lease, state, result.last_seq):
+                self._close_run_store(store)
+            if mine:
                 self.log(f"{'finished' if state == 'done' else 'handed back'} {run_id} "
                          f"({result.status} at seq {result.last_seq}; now {state})")
         except LOST as exc:
@@ -340,13 +346,51 @@ class Worker:
             self._slot_free.set()
             self._beat_now.set()
 
-    def _hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
-        """Hand the run back, retrying store trouble with backoff (each try on a new
-        handle). False (logged) if the lease went to another worker meanwhile."""
+    def _shares_handle(self) -> bool:
+        """SQLite: every run shares the control handle (thread-safe). A second SQLite
+        connection opened and closed in this process would drop the POSIX locks the
+        others hold (see the report of this change); PostgreSQL handles are pools."""
+        from ..store.sqlite import SQLiteStore
+
+        return isinstance(self._control_queue().store, SQLiteStore)
+
+    def _run_store(self) -> Store:
+        """The store handle a run uses: its own (PostgreSQL), or the shared one."""
+        return self._control_queue().store if self._shares_handle() else self._open()
+
+    def _close_run_store(self, store: Store) -> None:
+        with self._control:
+            shared = store is self._store
+        if not shared:
+            with contextlib.suppress(Exception):
+                store.close()
+
+    def _open(self) -> Store:
+        """A new handle on the store, retrying store trouble with backoff. A URL that
+        opened before and now fails to (SQLite: a lock met mid-open) is retried too."""
+        backoff = BACKOFF_FIRST
+        for attempt in range(8):
+            try:
+                return open_store(self.store_url)
+            except (*TROUBLE, StoreUrlError) as exc:
+                if attempt == 7:
+                    raise
+                self.log(f"opening the store failed, retrying: {exc}")
+                time.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+        raise AssertionError("unreachable")
+
+    def _hand_back(self, lease: Lease, state: QueueState, at_seq: int,
+                   store: Store | None = None) -> bool:
+        """Hand the run back (through ``store`` if given and working), retrying store
+        trouble with backoff on new handles. False (logged) if the lease went to another
+        worker meanwhile."""
         backoff, troubled = BACKOFF_FIRST, False
         while True:
+            own = store is None
             try:
-                store = open_store(self.store_url)
+                if store is None:
+                    store = self._run_store()
                 try:
                     queue = queue_of(store)
                     try:
@@ -354,12 +398,14 @@ class Worker:
                     finally:
                         queue.close()
                 finally:
-                    with contextlib.suppress(Exception):
-                        store.close()
+                    if own:
+                        self._close_run_store(store)
             except TROUBLE as exc:
                 if not troubled:
                     self.log(f"store unavailable handing back {lease.run_id}, retrying: {exc}")
-                troubled = True
+                troubled, store = True, None
+                if isinstance(exc, DurabilityError):
+                    self._reopen_control()  # if it was the shared handle, it is broken
                 time.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
@@ -376,7 +422,7 @@ class Worker:
                   f"max crashes {self.max_crashes}). Find the cause (the workers' logs), "
                   f"fix it, then run: agentjournal requeue {run_id}")
         epoch, seq = claim.lease.epoch, 0
-        store = open_store(self.store_url)
+        store = self._run_store()
         try:
             journal = open_journal(store, run_id, owner=self.worker_id, ttl=self.ttl,
                                    keep_lease=True)
@@ -388,10 +434,11 @@ class Worker:
                 epoch, seq = journal.lease.epoch, journal.state.last_seq
             finally:
                 journal.close()
+            mine = self._hand_back(Lease(run_id, self.worker_id, epoch, 0.0), "parked", seq,
+                                   store)
         finally:
-            with contextlib.suppress(Exception):
-                store.close()
-        if self._hand_back(Lease(run_id, self.worker_id, epoch, 0.0), "parked", seq):
+            self._close_run_store(store)
+        if mine:
             self.log(f"parked {run_id} after {claim.crashes} crashes; requeue it with: "
                      f"agentjournal requeue {run_id}")
 

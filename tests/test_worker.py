@@ -1,0 +1,219 @@
+"""Worker processes (`agentjournal worker`) draining a queue on sqlite and postgres: effects
+once, drain hand-offs without a TTL, poison runs parked, a person's decision resumed, and
+the fleet commands. Effects are judged by the agents' own file (tests/fleet_agents.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentjournal import EventType, open_store
+from agentjournal.fleet import QueuedRun, queue_of, submit
+from agentjournal.snapshots import load_state
+
+from .conftest import fresh_url
+from .fleet_agents import ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+QUEUED = ("sqlite", "postgres")
+#: How much later than 1 s a drained run may be continued: a worker process's own
+#: scheduling (two Python processes and a database on a small CI machine).
+MARGIN = 0.5
+
+
+@pytest.fixture(params=QUEUED)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from fresh_url(request.param, tmp_path)
+
+
+class Fleet:
+    """Worker processes and CLI calls against one store, with one effects file."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url, self.tmp = url, tmp
+        self.effects_file = tmp / "effects.txt"
+        self.env = {**os.environ, ENV: str(self.effects_file), "PYTHONUNBUFFERED": "1"}
+        self.env.pop("AGENTJOURNAL_STORE", None)
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentjournal", *args, "--store", self.url],
+                              cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=60)
+
+    def worker(self, *args: str) -> subprocess.Popen[bytes]:
+        log = self.tmp / f"worker-{len(self.procs)}.log"
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agentjournal", "worker", "--store", self.url,
+                 "--poll", "0.2", *args], cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
+                stderr=err)
+        self.procs.append((proc, log))
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {log.name} (pid {p.pid}, rc {p.poll()})\n{log.read_text()}"
+                         for p, log in self.procs)
+
+    def effects(self) -> Counter[tuple[str, str]]:
+        if not self.effects_file.exists():
+            return Counter()
+        return Counter(tuple(line.split()[:2])  # type: ignore[misc]
+                       for line in self.effects_file.read_text().splitlines())
+
+    def runs(self) -> dict[str, QueuedRun]:
+        with open_store(self.url) as store:
+            return {r.run_id: r for r in queue_of(store).runs()}
+
+    def until(self, what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := check():
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=timeout)
+
+    def close(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def fleet(url: str, tmp_path: Path) -> Iterator[Fleet]:
+    f = Fleet(url, tmp_path)
+    yield f
+    f.close()
+
+
+def _submit(url: str, agent: str, task: str, run_id: str) -> None:
+    with open_store(url) as store:
+        submit(store, f"tests.fleet_agents:{agent}", task, run_id)
+
+
+def test_two_workers_drain_five_runs_each_effect_once(fleet: Fleet) -> None:
+    done = fleet.cli("submit", "--agent", "tests.fleet_agents:counter", "--task", "run 0",
+                     "--run-id", "r0", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout) == {"run_id": "r0", "created": True}
+    for i in range(1, 5):
+        _submit(fleet.url, "counter", f"run {i}", f"r{i}")
+    workers = [fleet.worker("--concurrency", "2") for _ in range(2)]
+    fleet.until("5 runs done", lambda: [r.state for r in fleet.runs().values()] == ["done"] * 5)
+    assert fleet.effects() == {(f"r{i}", label): 1 for i in range(5) for label in "ab"}
+    summary = json.loads(fleet.cli("queue", "--json").stdout)
+    assert summary["total"]["done"] == 5 and summary["queues"]["default"]["done"] == 5
+    assert summary["runnable"] == 0 and summary["poison"] == []
+    seen = json.loads(fleet.cli("workers", "--json").stdout)
+    assert sorted(w["pid"] for w in seen) == sorted(p.pid for p in workers)
+    assert all(w["runs"] == [] and not w["draining"] for w in seen)
+    started = time.monotonic()
+    for proc in workers:
+        proc.send_signal(signal.SIGTERM)
+    assert [proc.wait(timeout=10) for proc in workers] == [0, 0], fleet.logs()
+    assert time.monotonic() - started < 5
+    assert json.loads(fleet.cli("workers", "--json").stdout) == []
+
+
+def test_a_drained_run_is_continued_by_another_worker_within_a_second(fleet: Fleet) -> None:
+    _submit(fleet.url, "slow", "three slow effects", "slow")
+    a = fleet.worker("--ttl", "30")  # a takeover after the TTL would take 30 s
+    fleet.until("A to make the first effect", lambda: fleet.effects()[("slow", "s0")])
+    b = fleet.worker("--ttl", "30")
+    fleet.until("B's heartbeat", lambda: any(
+        w["pid"] == b.pid for w in json.loads(fleet.cli("workers", "--json").stdout)))
+    assert fleet.stop(a) == 0, fleet.logs()
+    fleet.until("the run to finish", lambda: fleet.runs()["slow"].state == "done")
+    assert fleet.effects() == {("slow", f"s{i}"): 1 for i in range(3)}
+    with open_store(fleet.url) as store:
+        events = list(store.read("slow"))
+    epochs = sorted({e.epoch for e in events})
+    assert len(epochs) == 2, [(e.seq, e.type, e.epoch) for e in events]
+    last_a = max(e.ts for e in events if e.epoch == epochs[0])
+    first_b = min(e.ts for e in events if e.epoch == epochs[1])
+    gap = (first_b - last_a).total_seconds()
+    assert 0 <= gap < 1.0 + MARGIN, (gap, fleet.logs())
+    assert "handed back slow" in fleet.logs()
+    assert fleet.stop(b) == 0
+
+
+def test_a_poison_run_is_parked_escalated_and_requeued(fleet: Fleet) -> None:
+    _submit(fleet.url, "poison", "explode", "bad")
+    deadline = time.monotonic() + 30
+    deaths = 0
+    while fleet.runs()["bad"].state != "parked":
+        assert time.monotonic() < deadline, fleet.logs()
+        proc = fleet.worker("--ttl", "1", "--max-crashes", "2")
+        while proc.poll() is None and fleet.runs()["bad"].state != "parked":
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            assert proc.returncode == 1, fleet.logs()  # os._exit(1) in the tool
+            deaths += 1
+    assert deaths == 2 and fleet.effects() == {("bad", "explode"): 2}
+    assert fleet.stop(proc) == 0
+    with open_store(fleet.url) as store:
+        last = list(store.read("bad"))[-1]
+    assert last.type is EventType.RUN_ESCALATED and last.payload["crashes"] == 2
+    assert "claimed 2 times" in last.payload["reason"]
+    assert "agentjournal requeue bad" in last.payload["reason"]
+    summary = json.loads(fleet.cli("queue", "--json").stdout)
+    assert [p["run_id"] for p in summary["poison"]] == ["bad"]
+    assert summary["total"]["parked"] == 1 and summary["runnable"] == 0
+    requeued = fleet.cli("requeue", "bad")
+    assert requeued.returncode == 0, requeued.stderr
+    row = fleet.runs()["bad"]
+    assert (row.state, row.crashes, row.runnable) == ("queued", 0, True)
+    again = fleet.cli("requeue", "bad")
+    assert again.returncode == 2 and "queued" in again.stderr
+
+
+def test_a_waiting_run_is_finished_after_a_person_approves(fleet: Fleet) -> None:
+    _submit(fleet.url, "needs_approval", "ask first", "ask")
+    proc = fleet.worker()
+    fleet.until("the run to wait", lambda: fleet.runs()["ask"].state == "waiting")
+    assert not fleet.runs()["ask"].runnable and fleet.effects() == {}
+    with open_store(fleet.url) as store:
+        (approval,) = load_state(store, "ask").state.approvals
+    approved = fleet.cli("approve", "ask", approval, "--by", "ana")
+    assert approved.returncode == 0, approved.stderr
+    fleet.until("the run to finish", lambda: fleet.runs()["ask"].state == "done")
+    assert fleet.effects() == {("ask", "approved"): 1}
+    assert fleet.stop(proc) == 0
+
+
+def test_submit_is_idempotent_through_the_cli(fleet: Fleet) -> None:
+    args = ("submit", "--agent", "tests.fleet_agents:counter", "--task", "once", "--run-id", "x")
+    first, second = fleet.cli(*args), fleet.cli(*args)
+    assert (first.returncode, first.stdout.strip()) == (0, "x")
+    assert (second.returncode, second.stdout.strip()) == (0, "x")
+    assert "already submitted" in second.stderr
+    other = fleet.cli("submit", "--agent", "tests.fleet_agents:counter", "--task", "twice",
+                      "--run-id", "x")
+    assert other.returncode == 2 and "'once'" in other.stderr and "'twice'" in other.stderr
+    bad = fleet.cli("submit", "--agent", "no-colon", "--task", "t")
+    assert bad.returncode == 2
+    assert list(fleet.runs()) == ["x"]
+
+
+def test_a_jsonl_store_has_no_queue_for_workers_or_submit(tmp_path: Path) -> None:
+    (url,) = fresh_url("jsonl", tmp_path)
+    fleet = Fleet(url, tmp_path)
+    worker = fleet.cli("worker")
+    assert worker.returncode == 1 and "has no queue of runs" in worker.stderr
+    submitted = fleet.cli("submit", "--agent", "m:a", "--task", "t")
+    assert submitted.returncode == 1 and "has no queue of runs" in submitted.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was created
