@@ -74,6 +74,8 @@ class PostgresQueue:
                priority: int = 0) -> bool:
         validate_run_id(run_id)
         with self.store._write(run_id) as cur:
+            # The run's row first (a claim joins on it): a tenant queues only its own runs.
+            self.store._lock_run(cur, run_id)
             cur.execute(self.store._q(
                 "INSERT INTO {s}.queue (run_id, queue, priority, agent, task, state)"
                 " VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT (run_id) DO NOTHING"
@@ -86,7 +88,6 @@ class PostgresQueue:
                     if recorded != given:
                         raise RunMismatchError(run_id, field, recorded, given)
                 return False
-            self.store._lock_run(cur, run_id)  # the run's row: a claim joins on it
             self._notify(cur)
         return True
 

@@ -176,6 +176,39 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         heartbeat_at timestamptz NOT NULL
     );
     """,
+    # Tenants on a shared schema (store/tenants.py, docs/tenants.md): each row of run data
+    # belongs to the role that wrote it (existing rows: the role migrating, the owner).
+    # Row-level security, not forced, so the owner still sees everything: another role
+    # sees and changes only its own rows, and writes events, snapshots and queue entries
+    # only for a run whose ``runs`` row is its own (run ids stay unique across tenants).
+    """
+    ALTER TABLE {s}.runs ADD COLUMN tenant text NOT NULL DEFAULT current_user;
+    ALTER TABLE {s}.events ADD COLUMN tenant text NOT NULL DEFAULT current_user;
+    ALTER TABLE {s}.snapshots ADD COLUMN tenant text NOT NULL DEFAULT current_user;
+    ALTER TABLE {s}.queue ADD COLUMN tenant text NOT NULL DEFAULT current_user;
+    ALTER TABLE {s}.workers ADD COLUMN tenant text NOT NULL DEFAULT current_user;
+    CREATE INDEX runs_tenant ON {s}.runs (tenant);  -- never updated: appends stay HOT
+    CREATE INDEX queue_tenant_open ON {s}.queue (tenant, queue, priority DESC, submitted_at)
+        WHERE state <> 'done';
+    ALTER TABLE {s}.runs ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {s}.events ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {s}.snapshots ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {s}.queue ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {s}.workers ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY tenant ON {s}.runs
+        USING (tenant = current_user) WITH CHECK (tenant = current_user);
+    CREATE POLICY tenant ON {s}.workers
+        USING (tenant = current_user) WITH CHECK (tenant = current_user);
+    CREATE POLICY tenant ON {s}.events USING (tenant = current_user)
+        WITH CHECK (tenant = current_user
+                    AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.run_id = events.run_id));
+    CREATE POLICY tenant ON {s}.snapshots USING (tenant = current_user)
+        WITH CHECK (tenant = current_user
+                    AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.run_id = snapshots.run_id));
+    CREATE POLICY tenant ON {s}.queue USING (tenant = current_user)
+        WITH CHECK (tenant = current_user
+                    AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.run_id = queue.run_id));
+    """,
 )
 
 # An append's one statement: move the run's end (its WHERE is the whole check) and,
@@ -357,7 +390,7 @@ class PostgresStore:
         conn.commit()
 
     @contextmanager
-    def _conn(self) -> Iterator[Conn]:
+    def _conn(self, run_id: str | None = None) -> Iterator[Conn]:
         """A pooled connection; a lost server becomes StoreUnavailableError, here only."""
         try:
             with self._pool.connection() as conn:
@@ -368,6 +401,13 @@ class PostgresStore:
         except psycopg.errors.DiskFull as exc:
             raise StoreIOError(self.url, "write", OSError(errno.ENOSPC, _oneline(exc))) from exc
         except psycopg.errors.InsufficientPrivilege as exc:
+            if "row-level security" in str(exc):  # a tenant's write to another's run id
+                what = f"run {run_id!r}" if run_id else "this id"
+                raise StoreIOError(
+                    self.url, "write",
+                    OSError(errno.EACCES, f"{what} belongs to another tenant of this schema"),
+                    run_id=run_id, advice="Ids are unique across the tenants sharing a schema, "
+                    "and a tenant writes only its own runs: choose another id") from exc
             raise StoreIOError(self.url, "use the store", OSError(errno.EACCES, _oneline(exc)),
                                advice="Grant this database role the privileges it needs on "
                                "the schema, or name another store") from exc
@@ -383,7 +423,7 @@ class PostgresStore:
             self._retry_releases()
         if self._broken:
             raise DurabilityError(self._broken, run_id=run_id)
-        with self._conn() as conn, conn.cursor() as cur:
+        with self._conn(run_id) as conn, conn.cursor() as cur:
             if batched:
                 cur.execute("SET LOCAL synchronous_commit = off")
             yield cur  # an exception here rolls back as the pool's context exits

@@ -1,0 +1,165 @@
+"""Tenants on a shared PostgreSQL schema: one database role per tenant.
+
+Every row of run data (``runs``, ``events``, ``snapshots``, ``queue``, ``workers``)
+carries the role that wrote it in ``tenant`` (``DEFAULT current_user``), and row-level
+security lets any role but the tables' owner see and change only its own rows;
+``events``, ``snapshots`` and ``queue`` rows may be written only for a run whose
+``runs`` row is the role's own (see the last migration in store/postgres.py). The
+owner, who runs the migrations, is exempt and sees every tenant.
+
+A tenant's role must therefore be none of: a superuser, ``BYPASSRLS``, the owner of
+the tables, or a member of the owner's role (a member inheriting the owner's
+privileges is exempt from row-level security like the owner). :func:`grant_tenant`
+refuses such a role; :func:`create_tenant` creates a role that is none of them.
+
+The admin (the owner) calls these with its own URL; tenants then open the store with
+theirs, e.g. ``postgresql://tenant_a@db:5432/app?schema=agentjournal``. Opening an
+up-to-date schema runs no DDL, so a tenant needs only what :func:`grant_tenant`
+gives. A later release's migration is run by the admin first (opening the store with
+the admin's URL), then :func:`grant_tenant` again for each tenant (new tables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import psycopg
+from psycopg import sql
+
+from ..errors import JournalError
+from .postgres import DEFAULT_SCHEMA, PostgresStore
+
+#: Tables whose rows belong to a tenant: read and written under row-level security.
+TENANT_TABLES = ("runs", "events", "snapshots", "queue", "workers")
+#: Tables every tenant reads and none writes.
+SHARED_TABLES = ("quarantine", "schema_version")
+
+
+class TenantRoleError(JournalError, ValueError):
+    """A role that cannot be a tenant (it would see every tenant's runs), or is unknown."""
+
+    def __init__(self, role: str, reason: str) -> None:
+        super().__init__(f"role {role!r} cannot be a tenant: {reason}")
+        self.role = role
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TenantInfo:
+    """A tenant of a schema: a role granted access to it, or one owning rows in it."""
+
+    role: str
+    granted: bool  # holds USAGE on the schema (revoked or dropped roles may own rows)
+    can_login: bool
+    runs: int  # runs with at least one event
+    queued: int  # queue entries not done
+
+
+def _admin_store(admin_url: str, schema: str | None) -> PostgresStore:
+    """The store as its owner opens it: migrated to this release's version."""
+    parts = urlsplit(admin_url)
+    query = parse_qs(parts.query, keep_blank_values=True)
+    named = query.pop("schema", [DEFAULT_SCHEMA])[-1]
+    conninfo = parts._replace(scheme="postgresql", query=urlencode(query, doseq=True)).geturl()
+    return PostgresStore(conninfo, schema=schema or named, pool_size=1)
+
+
+def grant_sql(schema: str, role: str) -> sql.Composed:
+    """The statements that let ``role`` work as a tenant of ``schema`` (for a script)."""
+    s, r = sql.Identifier(schema), sql.Identifier(role)
+    return sql.SQL("; ").join([
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r),
+        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+            sql.SQL(", ").join(sql.Identifier(schema, t) for t in TENANT_TABLES), r),
+        sql.SQL("GRANT SELECT ON {} TO {}").format(
+            sql.SQL(", ").join(sql.Identifier(schema, t) for t in SHARED_TABLES), r),
+    ])
+
+
+def _check_role(conn: psycopg.Connection[tuple[object, ...]], schema: str, role: str) -> None:
+    row = conn.execute(
+        "SELECT r.rolsuper, r.rolbypassrls,"
+        " coalesce(bool_or(pg_has_role(r.oid, c.relowner, 'USAGE')), false)"
+        " FROM pg_roles r LEFT JOIN pg_class c ON c.relnamespace ="
+        " (SELECT oid FROM pg_namespace WHERE nspname = %s) AND c.relkind = 'r'"
+        " WHERE r.rolname = %s GROUP BY r.rolsuper, r.rolbypassrls",
+        (schema, role)).fetchone()
+    if row is None:
+        raise TenantRoleError(role, "no such role (create_tenant creates one)")
+    superuser, bypass, owner = row
+    if superuser:
+        raise TenantRoleError(role, "it is a superuser, which row-level security never limits")
+    if bypass:
+        raise TenantRoleError(role, "it has BYPASSRLS; ALTER ROLE ... NOBYPASSRLS first")
+    if owner:
+        raise TenantRoleError(role, f"it owns the tables of schema {schema!r} or has the "
+                              "privileges of their owner, who sees every tenant's rows")
+
+
+def grant_tenant(admin_url: str, schema: str | None, role: str) -> None:
+    """Let the existing ``role`` use the store at ``admin_url`` as a tenant: USAGE on the
+    schema, SELECT/INSERT/UPDATE/DELETE on the tenant tables (row-level security limits
+    it to its own rows), SELECT on ``quarantine`` and ``schema_version``.
+
+    ``admin_url`` is a store URL of the tables' owner; ``schema`` overrides its
+    ``?schema=`` (None: the URL's, or the default). The schema is created and migrated
+    first if needed. Refuses (TenantRoleError) a role row-level security would not
+    limit. Idempotent; run it again after an upgrade's migration."""
+    with _admin_store(admin_url, schema) as store, psycopg.connect(store.dsn) as conn:
+        _check_role(conn, store.schema, role)
+        conn.execute(grant_sql(store.schema, role))
+        conn.commit()
+
+
+def create_tenant(admin_url: str, schema: str | None, role: str, *,
+                  password: str | None = None) -> None:
+    """Create ``role`` as a login role that can be a tenant (not superuser, no BYPASSRLS,
+    no CREATEDB or CREATEROLE, a member of nothing) if it does not exist, then
+    :func:`grant_tenant` it. The admin needs CREATEROLE (or is a superuser)."""
+    with _admin_store(admin_url, schema) as store, psycopg.connect(store.dsn) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+        if exists is None:
+            create = sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB"
+                             " NOCREATEROLE NOREPLICATION").format(sql.Identifier(role))
+            if password is not None:
+                create += sql.SQL(" PASSWORD {}").format(sql.Literal(password))
+            conn.execute(create)
+        _check_role(conn, store.schema, role)
+        conn.execute(grant_sql(store.schema, role))
+        conn.commit()
+
+
+def revoke_tenant(admin_url: str, schema: str | None, role: str) -> None:
+    """Take back what :func:`grant_tenant` gave ``role``; its rows stay (the owner sees
+    them). Dropping the role afterwards is the admin's choice (``DROP ROLE``)."""
+    with _admin_store(admin_url, schema) as store, psycopg.connect(store.dsn) as conn:
+        s, r = sql.Identifier(store.schema), sql.Identifier(role)
+        tables = sql.SQL(", ").join(sql.Identifier(store.schema, t)
+                                    for t in TENANT_TABLES + SHARED_TABLES)
+        conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, r))
+        conn.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(s, r))
+        conn.commit()
+
+
+def list_tenants(admin_url: str, schema: str | None = None) -> list[TenantInfo]:
+    """The tenants of the schema, by role name: every role granted USAGE on it (but the
+    owner) and every role owning rows in it (the owner included, if it ran any runs)."""
+    with _admin_store(admin_url, schema) as store, psycopg.connect(store.dsn) as conn:
+        rows = conn.execute(sql.SQL(
+            "WITH granted AS ("
+            "  SELECT DISTINCT a.grantee AS oid FROM pg_namespace n,"
+            "  aclexplode(n.nspacl) a WHERE n.nspname = %(schema)s"
+            "  AND a.privilege_type = 'USAGE' AND a.grantee <> n.nspowner),"
+            " names AS ("
+            "  SELECT rolname AS role FROM pg_roles WHERE oid IN (SELECT oid FROM granted)"
+            "  UNION SELECT tenant FROM {s}.runs UNION SELECT tenant FROM {s}.queue)"
+            " SELECT names.role,"
+            "  coalesce(r.oid IN (SELECT oid FROM granted), false), coalesce(r.rolcanlogin, false),"
+            "  (SELECT count(*) FROM {s}.runs x WHERE x.tenant = names.role AND x.last_seq > 0),"
+            "  (SELECT count(*) FROM {s}.queue q WHERE q.tenant = names.role"
+            "   AND q.state <> 'done')"
+            " FROM names LEFT JOIN pg_roles r ON r.rolname = names.role ORDER BY names.role"
+        ).format(s=sql.Identifier(store.schema)), {"schema": store.schema}).fetchall()
+    return [TenantInfo(role=str(r[0]), granted=bool(r[1]), can_login=bool(r[2]),
+                       runs=int(r[3]), queued=int(r[4])) for r in rows]
