@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,3 +173,34 @@ def test_a_lock_held_past_the_busy_timeout_is_retryable_unavailability(tmp_path:
         other.close()
     assert store.acquire("r1", "me", 5.0).epoch == 1
     store.close()
+
+
+# --- several handles in one process ---------------------------------------------------
+
+_SWITCH_JOURNAL = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+try:
+    print(db.execute("PRAGMA journal_mode=DELETE").fetchone()[0])
+except sqlite3.OperationalError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("readonly", [True, False], ids=["reader", "writer"])
+def test_opening_another_handle_keeps_this_process_s_locks(tmp_path: Path,
+                                                          readonly: bool) -> None:
+    # Regression: opening a store read the file's header with open()/close(); closing
+    # any descriptor of a file drops every POSIX lock the process holds on it, so a
+    # live reader of another handle here lost its lock, and another process could
+    # switch the database out of WAL under it.
+    path = tmp_path / "j.db"
+    SQLiteStore(path).close()
+    with SQLiteStore(path) as first:
+        first._db.execute("BEGIN")
+        first._db.execute("SELECT count(*) FROM events").fetchone()  # a live read
+        SQLiteStore(path, readonly=readonly).close()
+        other = subprocess.run([sys.executable, "-c", _SWITCH_JOURNAL, str(path)],
+                               capture_output=True, text=True, check=True)
+        first._db.execute("COMMIT")
+    assert "locked" in other.stdout, other.stdout

@@ -28,6 +28,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -156,10 +157,10 @@ def _readonly_uri(path: Path) -> str:
     nothing can change the file, so it is opened ``immutable``: no locks, no ``-shm``.
     A leftover WAL there is read with ``mode=ro``, which needs its ``-shm`` too.
     """
-    with path.open("rb") as f:
-        header = f.read(100)
+    header = _peek(path, 100)
     quoted = sqlite3_path(path)
-    if len(header) < 20 or header[18] != 2:  # not WAL (byte 18: the read version)
+    in_wal = header is None or (len(header) >= 20 and header[18] == 2)  # 18: read version
+    if not in_wal:  # (None: open here already, by a store, and writable stores use WAL)
         return f"file:{quoted}?mode=ro"
     if os.access(path.absolute().parent, os.W_OK):
         return f"file:{quoted}?mode=rw"
@@ -167,6 +168,34 @@ def _readonly_uri(path: Path) -> str:
     if wal.exists() and wal.stat().st_size:
         return f"file:{quoted}?mode=ro"
     return f"file:{quoted}?mode=ro&immutable=1"
+
+
+# A database file is never opened here by anything but SQLite while this process has it
+# open: closing any descriptor of a file drops every POSIX lock the process holds on it,
+# SQLite's included, so another process could then change the database under a live
+# transaction (https://www.sqlite.org/howtocorrupt.html, 2.2). Files with an open store,
+# by (device, inode); the lock also orders a header read before a connection's locks.
+_OPEN: Counter[tuple[int, int]] = Counter()
+_OPEN_LOCK = threading.Lock()
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)  # stat opens nothing
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _peek(path: Path, size: int) -> bytes | None:
+    """The file's first ``size`` bytes; None when a store of this process has it open
+    (it is a store then, and reading it outside SQLite could drop SQLite's locks)."""
+    with _OPEN_LOCK:
+        ident = _file_id(path)
+        if ident is not None and _OPEN[ident]:
+            return None
+        with path.open("rb") as f:
+            return f.read(size)
 
 
 def sqlite3_path(path: Path) -> str:
@@ -198,15 +227,11 @@ class SQLiteStore:
         try:
             self._refuse_foreign_file()
             if readonly:
-                self._db = sqlite3.connect(self._readonly_target(), uri=True,
-                                           timeout=busy_timeout, isolation_level=None,
-                                           check_same_thread=False)
+                self._connect(self._readonly_target(), busy_timeout, uri=True)
                 self._db.execute("PRAGMA query_only=ON")
                 self._check_version(writing=False)
                 return
-            self._db = sqlite3.connect(
-                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
-            )
+            self._connect(self.path, busy_timeout)
             self._check_version(writing=True)
             self._enable_wal(busy_timeout)
             sync = "FULL" if self.durability is Durability.FSYNC else "NORMAL"
@@ -248,22 +273,41 @@ class SQLiteStore:
         except OSError as exc:
             raise StoreUrlError(self.url, f"cannot read the file ({exc.strerror})") from None
 
+    def _connect(self, target: str | Path, busy_timeout: float, *, uri: bool = False) -> None:
+        """Connect, and count the file as open in this process before any statement
+        can take a lock on it (see ``_peek``)."""
+        self._db = sqlite3.connect(target, uri=uri, timeout=busy_timeout,
+                                   isolation_level=None, check_same_thread=False)
+        with _OPEN_LOCK:
+            self._ident = _file_id(self.path)
+            if self._ident is not None:
+                _OPEN[self._ident] += 1
+
+    def _disconnect(self) -> None:
+        self._db.close()
+        with _OPEN_LOCK:
+            ident, self._ident = getattr(self, "_ident", None), None
+            if ident is not None:
+                _OPEN[ident] -= 1
+                if not _OPEN[ident]:
+                    del _OPEN[ident]
+
     def _close_quietly(self) -> None:
-        db = getattr(self, "_db", None)
-        if db is not None:
-            db.close()
+        if getattr(self, "_db", None) is not None:
+            self._disconnect()
 
     def _refuse_foreign_file(self) -> None:
         """A file that exists but is no SQLite database (random bytes, text) is not ours.
         An empty file is refused when reading (a truncated store must not read as an
         empty one); a writer may make a store in a new empty file (mkstemp's)."""
         try:
-            with self.path.open("rb") as f:
-                head = f.read(len(_HEADER))
+            head = _peek(self.path, len(_HEADER))
         except FileNotFoundError:
             return
         except OSError as exc:
             raise StoreUrlError(self.url, f"cannot read the file ({exc.strerror})") from None
+        if head is None:
+            return  # open in this process already: a store
         if not head:
             if self.readonly:
                 raise NotAStoreError(
@@ -284,7 +328,8 @@ class SQLiteStore:
                 "SELECT group_concat(name, ', ') FROM (SELECT name FROM sqlite_master"
                 " WHERE type = 'table' ORDER BY name LIMIT 5)").fetchone()[0]
         finally:
-            self._db.execute("COMMIT")
+            if self._db.in_transaction:  # (an error may have rolled it back: keep that one)
+                self._db.execute("COMMIT")
         if version == 0:
             where = str(self.path.absolute())
             if tables:
@@ -536,7 +581,7 @@ class SQLiteStore:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self._disconnect()
 
     # SQLite reports damage it finds mid-query as DatabaseError; the read paths call
     # this so it is CorruptStoreError, not a raw sqlite3 error.
