@@ -179,6 +179,13 @@ def test_a_poison_run_is_parked_escalated_and_requeued(fleet: Fleet) -> None:
     assert (row.state, row.crashes, row.runnable) == ("queued", 0, True)
     again = fleet.cli("requeue", "bad")
     assert again.returncode == 2 and "queued" in again.stderr
+    with open_store(fleet.url) as store:
+        decided = list(store.read("bad"))[-1]
+    assert decided.type is EventType.RUN_RESUMED and decided.payload["by"]  # a decision
+    # ... so a worker drives it again (and this one dies in the same tool again).
+    proc = fleet.worker("--ttl", "1", "--max-crashes", "2")
+    fleet.until("the requeued run to run", lambda: proc.poll() is not None)
+    assert fleet.effects() == {("bad", "explode"): 3}
 
 
 def test_a_waiting_run_is_finished_after_a_person_approves(fleet: Fleet) -> None:

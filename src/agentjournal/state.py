@@ -22,7 +22,8 @@ from .events import Event, EventType, render
 #: of the last decision a person made. v4: a completion whose result could not be
 #: kept says why (``CompletedCall.error``); payloads may carry ``redactions``.
 #: v5: instructions; an assistant message keeps its provider's items; usage counts
-#: cache writes and reasoning tokens; a model call in flight; failed model attempts.
+#: cache writes and reasoning tokens; a model call in flight; failed model attempts;
+#: a run_resumed a person recorded (a requeue) is a decision.
 FOLD_VERSION = 5
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
@@ -402,8 +403,11 @@ def _memory_written(st: RunState, ev: Event) -> None:
 
 def _run_resumed(st: RunState, ev: Event) -> None:
     # Recovery runs again on every open, so a paused or escalated run is
-    # live again; it pauses again if nothing new settles its calls.
+    # live again; it pauses again if nothing new settles its calls. One a person
+    # recorded (``by``: a requeue) is their decision to go on.
     st.resumes += 1
+    if ev.payload.get("by"):
+        st.decided_seq = ev.seq
     if st.status in ("paused", "escalated", "new"):
         st.status = "running"
         st.pause_reason = None

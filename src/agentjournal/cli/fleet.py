@@ -16,6 +16,7 @@ from .. import RunMismatchError
 from ..agent import new_run_id, require_run_id
 from ..errors import NoQueueError
 from ..fleet import QUEUE_STATES, Queue, queue_of
+from ..fleet import requeue as requeue_run
 from ..fleet.worker import Worker
 from ..redaction import Redaction
 from ..store import open_store
@@ -32,6 +33,7 @@ from ._base import (
     table,
 )
 from ._safe import cells, echo, emit_json
+from .decide import by_option
 
 
 @contextmanager
@@ -237,16 +239,21 @@ def workers(as_json: bool, store_url: str) -> None:
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
+@by_option
+@click.option("--reason", default="", help="Why it may run again (recorded in its log).")
 @store_option
-def requeue(run_id: str, store_url: str) -> None:
-    """Make a parked (poison) or waiting run runnable again, its crash count reset.
+def requeue(run_id: str, by: str, reason: str, store_url: str) -> None:
+    """Send a parked (poison) or waiting run back to the workers, its crash count reset.
+
+    An escalated run waits for a person: the requeue is that person's decision, and
+    is recorded in its log (with --by and --reason) before a worker takes it.
 
     \b
     Example:
-      agentjournal requeue q3 --store sqlite:///runs.db
+      agentjournal requeue q3 --reason "fixed the parser it crashed in" --store sqlite:///runs.db
     """
     with queue_at(store_url) as queue:
-        if not queue.retry(run_id):
+        if not requeue_run(queue.store, run_id, by=by, reason=reason):
             state = next((r.state for r in queue.runs() if r.run_id == run_id), None)
             if state is None:
                 raise CliError(f"run {run_id!r} is not in the queue", 2)

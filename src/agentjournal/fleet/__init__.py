@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from ..agent import new_run_id, require_run_id
 from ..errors import NoQueueError
+from ..events import EventType
+from ..journal import open_journal
 from ..redaction import Redaction
 from ..store import Store
 from .queue import QUEUE_STATES, Claim, Queue, QueuedRun, QueueState, WorkerInfo
 
 __all__ = ["QUEUE_STATES", "Claim", "Queue", "QueueState", "QueuedRun", "WorkerInfo",
-           "queue_of", "submit"]
+           "queue_of", "requeue", "submit"]
 
 
 def queue_of(store: Store) -> Queue:
@@ -53,3 +55,18 @@ def submit(store: Store, agent_ref: str, task: str, run_id: str | None = None, *
     kept = (Redaction() if redaction is None else redaction).scrub(task)
     queue_of(store).submit(run_id, agent_ref, kept, queue=queue, priority=priority)
     return run_id
+
+
+def requeue(store: Store, run_id: str, *, by: str, reason: str = "") -> bool:
+    """A person sends a parked (poison) or waiting run back to the workers, its crash
+    count forgotten. False if it is neither. An escalated run waits for a person's
+    decision: this is one, recorded in its log (``run_resumed`` with ``by`` and
+    ``reason``) before the run is queued, so a worker drives it again."""
+    queue = queue_of(store)
+    if not any(r.run_id == run_id and r.state in ("parked", "waiting") for r in queue.runs()):
+        return False
+    if store.last_seq(run_id):
+        with open_journal(store, run_id, owner=f"decision:{by}", must_exist=True) as j:
+            if j.state.waits_for_a_person:
+                j.record(EventType.RUN_RESUMED, by=by, reason=reason or "requeued")
+    return queue.retry(run_id)
