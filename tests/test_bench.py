@@ -21,7 +21,8 @@ from .conftest import POSTGRES_URL, postgres_reason
 # Families whose every measured figure stands beside a floor, and those that are
 # ratios between sizes or plain costs (no physical floor applies).
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
-              "cpu_per_event", "chain", "parallel_turn", "model_step"}
+              "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
+              "claim"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
                  "model_call"}
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None

@@ -40,6 +40,11 @@ from .cpu import (
     agent_figures,
     cpu_figures,
 )
+from .fleet import (
+    fleet_figures,
+    fleet_plot_path,
+    write_fleet_plot,
+)
 from .models import (
     model_figures,
 )
@@ -86,6 +91,7 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
         *cpu_figures(workdir, plan, progress),
         *agent_figures(workdir, plan, progress),
         *model_figures(workdir, plan, progress),
+        *fleet_figures(workdir, postgres_url, quick, progress),
     ]
 
 
@@ -192,7 +198,9 @@ def _fail(message: str) -> NoReturn:
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object on stdout (progress stays on stderr).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
-              help="Also draw recovery time against event count to FILE (PNG; needs matplotlib).")
+              help="Also draw recovery time against event count to FILE, and fleet runs/s "
+                   "against worker processes beside it (FILE's name + '-fleet': recovery.png "
+                   "-> recovery-fleet.png) when Postgres was measured (PNG; needs matplotlib).")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Put scratch stores in a fresh subdirectory of DIR, removed afterwards "
                    "(default: the system temp directory). Pick the disk you will deploy on.")
@@ -229,6 +237,8 @@ def bench(quick: bool, as_json: bool, plot: Path | None, store_dir: Path | None,
     if plot is not None:
         write_plot(figures, plot)
         _stderr(f"plot written to {plot}")
+        if write_fleet_plot(figures, fleet_plot_path(plot)):
+            _stderr(f"fleet plot written to {fleet_plot_path(plot)}")
     if as_json:
         doc = {"figures": figures, "machine": machine(), "quick": quick}
         click.echo(msgspec.json.encode(doc).decode())

@@ -1,0 +1,249 @@
+"""7. The fleet on PostgreSQL: throughput with 1, 2, 4 and 8 worker processes, and
+the latency of a claim.
+
+Each round starts N ``agentjournal worker`` processes on a queue of its own, waits
+until every one has sent its first heartbeat (process start-up is not timed), then
+submits R runs of :func:`bench_agent` and times until all are done: runs/s and
+durable events/s. Beside them stands the Postgres commit floor measured in the same
+run: raw INSERT+COMMITs per second on one connection, in the same database (for
+runs/s, that floor divided by the events of a run). Several workers commit on
+several connections, so the ratio may pass 1 as they are added (group commit).
+
+Claim latency: ``queue.claim`` + ``hand_back`` in this process on a pre-filled
+queue, p50 and p99, beside two raw commits (a claim and a hand-back are one
+transaction each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..agent import Agent
+from ..models import ScriptedModel, calls, reply
+from ..policy import Budget
+from ..store import Store, open_store
+from ..tools import tool
+from ._common import Figure, Say, _p99, figure
+from .appends import _drop_schema, postgres_problem
+
+#: Tool calls per bench run: a run records 2 + 3 x STEPS + 2 events.
+STEPS = 3
+CONCURRENCY = 4  # runs each worker holds at once
+QUICK_WORKERS, FULL_WORKERS = (1, 2, 4), (1, 2, 4, 8)
+QUICK_RUNS, FULL_RUNS = 48, 160  # runs per round
+QUICK_CLAIMS, FULL_CLAIMS = 100, 400
+FLOOR_COMMITS = 200
+ROUND_TIMEOUT = 120.0
+
+
+@tool(effect="read_only")
+def lookup(i: int) -> dict[str, Any]:
+    """Look up item `i`."""
+    return {"item": i, "status": "ok"}
+
+
+def bench_agent() -> Agent:
+    """The cheap scripted agent the workers run: ``agentjournal.bench.fleet:bench_agent``."""
+    script = [*(calls(("lookup", {"i": i})) for i in range(STEPS)), reply("done")]
+    return Agent(ScriptedModel(script), [lookup], snapshot_every=None,
+                 budget=Budget(max_turns=STEPS + 5, max_tool_calls=STEPS + 5))
+
+
+AGENT_REF = "agentjournal.bench.fleet:bench_agent"
+
+
+@contextlib.contextmanager
+def _schema(url: str) -> Iterator[tuple[str, str]]:
+    """A throwaway ``bench_fleet_<random>`` schema: (store URL, schema), dropped afterwards."""
+    schema = f"bench_fleet_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}schema={schema}", schema
+    finally:
+        _drop_schema(url, schema)
+
+
+def commit_floor(url: str, schema: str, n: int) -> list[float]:
+    """Seconds per raw INSERT+COMMIT of a ~200-byte row on one connection."""
+    import psycopg
+    from psycopg import sql
+
+    name = sql.Identifier(schema)
+    times = []
+    with psycopg.connect(url) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {}.floor (seq bigint PRIMARY KEY, body bytea NOT NULL)")
+                     .format(name))
+        conn.commit()
+        insert = sql.SQL("INSERT INTO {}.floor VALUES (%s, %s)").format(name)
+        body = b"x" * 200
+        for seq in range(n):
+            start = time.perf_counter()
+            conn.execute(insert, (seq, body))
+            conn.commit()
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _env() -> dict[str, str]:
+    # The workers import this package (and this agent) even when it is not installed.
+    src = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k != "AGENTJOURNAL_STORE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _wait(what: str, check: Any, timeout: float, procs: Sequence[subprocess.Popen[bytes]],
+          logs: Sequence[Path]) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        dead = [p for p in procs if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            tail = "\n".join(log.read_text(errors="replace")[-2000:] for log in logs)
+            raise RuntimeError(f"fleet bench: timed out waiting for {what}\n{tail}")
+        time.sleep(0.05)
+
+
+def fleet_round(store: Store, url: str, workdir: Path, workers: int,
+                runs: int) -> tuple[float, int]:
+    """(seconds from the first submit until every run is done, events recorded)."""
+    from ..fleet import queue_of, submit
+
+    queue, name = queue_of(store), f"w{workers}"
+    logs = [workdir / f"fleet-{name}-{i}.log" for i in range(workers)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for log in logs:
+            with open(log, "wb") as err:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "agentjournal", "worker", "--store", url,
+                     "--queue", name, "--concurrency", str(CONCURRENCY), "--poll", "0.05",
+                     "--ttl", "30", "--grace", "5"],
+                    env=_env(), stdout=subprocess.DEVNULL, stderr=err))
+        pids = {p.pid for p in procs}
+        _wait("the workers' first heartbeats",
+              lambda: pids <= {w.pid for w in queue.workers()}, 60, procs, logs)
+        ids = [f"{name}-{i:04d}" for i in range(runs)]
+        start = time.perf_counter()
+        for run_id in ids:
+            submit(store, AGENT_REF, "bench", run_id, queue=name)
+
+        def done() -> bool:
+            return sum(r.state == "done" for r in queue.runs() if r.queue == name) == runs
+
+        _wait(f"{runs} runs on {workers} worker(s)", done, ROUND_TIMEOUT, procs, logs)
+        elapsed = time.perf_counter() - start
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=15)
+        return elapsed, sum(store.last_seq(run_id) for run_id in ids)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        queue.close()
+
+
+def claim_times(store: Store, n: int) -> list[float]:
+    """Seconds per claim + hand_back, in this process, on a queue holding ``n`` runs."""
+    from ..fleet import queue_of
+
+    queue = queue_of(store)
+    try:
+        for i in range(n):
+            queue.submit(f"claim-{i:05d}", AGENT_REF, "bench", queue="claims")
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            claim = queue.claim("bench:claims", 30.0, ["claims"])
+            assert claim is not None
+            queue.hand_back(claim.lease, "done", 0)
+            times.append(time.perf_counter() - start)
+        return times
+    finally:
+        queue.close()
+
+
+def _skipped(reason: str, workers: Sequence[int]) -> list[Figure]:
+    note = f"skipped: {reason}"
+    return [*(f for n in workers for f in (
+                figure(f"fleet.runs_per_s.{n}", None, "runs/s", note=note),
+                figure(f"fleet.events_per_s.{n}", None, "events/s", note=note))),
+            figure("claim.p50", None, "ms", note=note),
+            figure("claim.p99", None, "ms", note=note)]
+
+
+def fleet_figures(workdir: Path, postgres_url: str | None, quick: bool, say: Say) -> list[Figure]:
+    workers = QUICK_WORKERS if quick else FULL_WORKERS
+    runs = QUICK_RUNS if quick else FULL_RUNS
+    if (problem := postgres_problem(postgres_url)) or not postgres_url:
+        return _skipped(problem or "no Postgres URL given", workers)
+    figures: list[Figure] = []
+    floor_name = "psycopg INSERT+COMMIT, one connection"
+    with _schema(postgres_url) as (url, schema), contextlib.closing(open_store(url)) as store:
+        say(f"fleet: Postgres commit floor, {FLOOR_COMMITS} commits")
+        floor = commit_floor(postgres_url, schema, FLOOR_COMMITS)
+        commits_per_s = 1 / statistics.median(floor)
+        for n in workers:
+            say(f"fleet: {runs} runs on {n} worker process(es)")
+            elapsed, events = fleet_round(store, url, workdir, n, runs)
+            per_run = events / runs
+            note = (f"{runs} runs of {per_run:.0f} events, {n} x concurrency {CONCURRENCY};"
+                    " floor: commits/s / events per run")
+            figures += [
+                figure(f"fleet.runs_per_s.{n}", runs / elapsed, "runs/s",
+                       commits_per_s / per_run, f"{floor_name}, per run's events", note),
+                figure(f"fleet.events_per_s.{n}", events / elapsed, "events/s", commits_per_s,
+                       floor_name, f"durable events of {n} worker process(es)"),
+            ]
+        claims = QUICK_CLAIMS if quick else FULL_CLAIMS
+        say(f"fleet: claim + hand_back latency, {claims} claims")
+        times = claim_times(store, claims)
+        ms, two = 1e3, 2 * statistics.median(floor) * 1e3
+        two_name = f"2 x ({floor_name})"
+        note = f"claim + hand_back in-process, {claims} queued runs"
+        figures += [figure("claim.p50", statistics.median(times) * ms, "ms", two, two_name,
+                           note),
+                    figure("claim.p99", _p99(times) * ms, "ms", 2 * _p99(floor) * ms,
+                           f"2 x p99 ({floor_name})", note)]
+    return figures
+
+
+def write_fleet_plot(figures: Sequence[Figure], path: Path) -> bool:
+    """Runs/s against worker processes to ``path``; False (nothing drawn) if none measured."""
+    points = sorted((int(f.name.rsplit(".", 1)[1]), f.value) for f in figures
+                    if f.name.startswith("fleet.runs_per_s.") and f.value is not None)
+    if not points:
+        return False
+    from .command import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs, ys = zip(*points, strict=True)
+    ax.plot(xs, ys, marker="o", label="runs/s")
+    floors = [f.floor for f in figures if f.name.startswith("fleet.runs_per_s.") and f.floor]
+    if floors:
+        ax.axhline(statistics.median(floors), linestyle="--", color="grey",
+                   label="commit floor (one connection), in runs/s")
+    ax.set(xlabel="worker processes", ylabel="runs/s", xticks=list(xs),
+           title="Fleet throughput on PostgreSQL")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def fleet_plot_path(path: Path) -> Path:
+    """The fleet plot's file beside the recovery plot's: recovery.png -> recovery-fleet.png."""
+    return path.with_name(f"{path.stem}-fleet{path.suffix or '.png'}")
