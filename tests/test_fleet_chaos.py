@@ -315,8 +315,9 @@ def judge(fleet: Fleet, runs: list[str], effects: dict[str, Any], kills: list[Ki
           f"drain {drained:.1f}s; wall {wall:.1f}s")
     if did.get("pg_restart"):
         down, up = did["pg_restart"]
-        print(f"PG restart took {up - down:.1f}s; {len(excluded)} takeover(s) overlapping it "
-              f"left out of the p99: {[round(x, 2) for x in sorted(excluded)]}")
+        print(f"PG restart took {up - down:.1f}s")
+    print(f"{len(excluded)} takeover(s) overlapping the restart or chained (the successor "
+          f"disrupted too) left out of the p99: {[round(x, 2) for x in sorted(excluded)]}")
     if latencies:
         print(f"takeover latency over {len(latencies)} runs of {len(kills)} kills: "
               f"p50 {p50(latencies):.2f}s p99 {p99(latencies):.2f}s max {max(latencies):.2f}s "
@@ -330,20 +331,25 @@ def takeover_latencies(logs: dict[str, list[Any]], kills: list[Kill],
                        pg_restart: tuple[float, float] | None) -> tuple[list[float], list[float]]:
     """For each run a killed worker held: its successor's first event (the first event
     after the kill: the dead worker appends nothing) minus the dead worker's last
-    heartbeat. Takeovers whose window overlaps the PostgreSQL restart are returned
-    apart: no worker can claim while the server is away."""
+    heartbeat. Returned apart: takeovers whose window overlaps the PostgreSQL restart
+    (no worker can claim while the server is away), and chained ones (the successor
+    was killed or stopped too, before its first append)."""
     latencies, excluded = [], []
     for kill in kills:
         if kill.heartbeat_at is None:
             continue
         for run in kill.held:
-            after = [e for e in logs.get(run, ()) if e.ts.timestamp() > kill.at]
+            log = logs.get(run, ())
+            after = [e for e in log if e.ts.timestamp() > kill.at]
             if not after:
                 continue  # it finished before the kill; the hand-back had not landed
+            before = [e for e in log if e.ts.timestamp() <= kill.at]
             latency = after[0].ts.timestamp() - kill.heartbeat_at
             window = (kill.heartbeat_at, after[0].ts.timestamp())
-            if pg_restart and window[0] <= pg_restart[1] + 1.0 and window[1] >= pg_restart[0]:
-                excluded.append(latency)
-            else:
-                latencies.append(latency)
+            overlaps = bool(pg_restart) and window[0] <= pg_restart[1] + 1.0 and (
+                window[1] >= pg_restart[0])
+            # A successor that was itself killed or stopped before its first append
+            # leaves the run to a third worker: two takeovers, not one.
+            chained = bool(before) and after[0].epoch > before[-1].epoch + 1
+            (excluded if overlaps or chained else latencies).append(latency)
     return latencies, excluded

@@ -172,6 +172,19 @@ def test_crashes_count_until_a_clean_hand_back(store: Store) -> None:
     assert again is not None and again.crashes == 0
 
 
+def test_a_crash_is_taken_back_when_the_holder_was_alive(store: Store) -> None:
+    submit(store, "m:a", "t", "r1")
+    queue = queue_of(store)
+    assert queue.claim("paused", 0.05, ["default"]) is not None
+    time.sleep(0.1)
+    taken = queue.claim("successor", 30, ["default"])
+    assert taken is not None and taken.crashes == 1
+    queue.absolve("r1")  # the paused worker woke, was fenced: the run did not kill it
+    queue.absolve("r1")  # never below zero
+    (row,) = queue.runs()
+    assert row.crashes == 0
+
+
 @tool(effect="irreversible")
 def pay(amount: int) -> str:
     return f"paid {amount}"

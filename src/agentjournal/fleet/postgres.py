@@ -110,6 +110,12 @@ class PostgresQueue:
                 self._notify(cur)
         return mine
 
+    def absolve(self, run_id: str) -> None:
+        with self.store._write(run_id) as cur:
+            cur.execute(self.store._q(
+                "UPDATE {s}.queue SET crashes = crashes - 1 WHERE run_id = %s AND crashes > 0"
+                " AND state <> 'parked'"), (run_id,))
+
     def retry(self, run_id: str) -> bool:
         with self.store._write(run_id) as cur:
             cur.execute(self.store._q(

@@ -88,6 +88,11 @@ class Queue(Protocol):
         ``at_seq``, and release the lease. False if the lease was no longer ours."""
         ...
 
+    def absolve(self, run_id: str) -> None:
+        """Take back one crash: a worker that lost the run's lease while it was alive
+        (the store was away, the machine paused it) was not killed by the run."""
+        ...
+
     def retry(self, run_id: str) -> bool:
         """Make a parked (or waiting) run runnable again and forget its crashes."""
         ...

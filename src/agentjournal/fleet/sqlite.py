@@ -95,6 +95,11 @@ class SQLiteQueue:
                        (state, at_seq, state, time.time(), lease.run_id))
         return True
 
+    def absolve(self, run_id: str) -> None:
+        with self.store._tx() as db:
+            db.execute("UPDATE queue SET crashes = crashes - 1 WHERE run_id = ? AND crashes > 0"
+                       " AND state != 'parked'", (run_id,))
+
     def retry(self, run_id: str) -> bool:
         with self.store._tx() as db:
             changed = db.execute("UPDATE queue SET state = 'queued', crashes = 0, changed_at = ?"

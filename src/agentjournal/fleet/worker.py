@@ -331,12 +331,15 @@ class Worker:
                          f"({result.status} at seq {result.last_seq}; now {state})")
         except LOST as exc:
             self.log(f"lost the lease of {run_id}, letting it go: {type(exc).__name__}: {exc}")
+            self._absolve(run_id)
         except TROUBLE as exc:
             self.log(f"store unavailable while running {run_id}: {exc}; handing it back "
                      "queued once the store answers")
             lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
             if self._hand_back(lease, "queued", seen["seq"]):
                 self.log(f"handed back {run_id} (now queued)")
+            else:
+                self._absolve(run_id)
         except Exception:
             self.log(f"run {run_id} crashed; not handing it back (its lease expires and the "
                      f"next claim counts the crash):\n{traceback.format_exc().rstrip()}")
@@ -345,6 +348,14 @@ class Worker:
                 self._held.pop(run_id, None)
             self._slot_free.set()
             self._beat_now.set()
+
+    def _absolve(self, run_id: str) -> None:
+        """The successor that took this run from us (alive all along: the store was away,
+        or we were paused past the lease) counted a crash the run did not cause."""
+        try:
+            self._control_queue().absolve(run_id)
+        except TROUBLE as exc:  # best effort: at worst the run parks one crash early
+            self.log(f"could not take back the crash counted for {run_id}: {exc}")
 
     def _shares_handle(self) -> bool:
         """SQLite: every run shares the control handle (thread-safe). A second SQLite
