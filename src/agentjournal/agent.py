@@ -11,14 +11,18 @@ perform what it asks for (ops.py), in a thread or on an event loop.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
+import os
+import sys
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
 
-from .errors import InvalidRunIdError, RunMismatchError
+from .errors import AgentRefError, InvalidRunIdError, RunMismatchError
 from .events import EventType
 from .journal import Observer, RunJournal, open_journal
 from .keys import run_scope
@@ -43,8 +47,8 @@ from .tools import Tool
 
 E = EventType
 
-__all__ = ["Agent", "RunResult", "as_json", "changed_intent", "new_run_id", "not_kept",
-           "require_run_id", "same_intent"]
+__all__ = ["Agent", "RunResult", "as_json", "changed_intent", "load_agent", "new_run_id",
+           "not_kept", "require_run_id", "same_intent"]
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -303,3 +307,37 @@ class Agent(StepMachine):
             if given is not None and recorded is not None and given != recorded:
                 raise RunMismatchError(state.run_id, field, recorded, given)
 
+
+
+def load_agent(ref: str) -> Agent:
+    """The Agent named by ``MODULE:OBJECT`` (what ``agent_ref`` records): an Agent, or a
+    zero-argument factory of one. The working directory is importable, as under
+    ``python -m``. AgentRefError says what is wrong with the reference."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise AgentRefError(ref, "it is not MODULE:OBJECT (e.g. myagents:reconciler)")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise AgentRefError(ref, f"cannot import module {module_name!r} ({exc}); run from "
+                            "the directory that holds it, or install it") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise AgentRefError(ref, f"module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, Agent) and callable(obj) and _takes_no_args(obj):
+        obj = obj()
+    if not isinstance(obj, Agent):
+        raise AgentRefError(ref, f"it is a {type(obj).__name__}, not an Agent or a "
+                            "zero-argument callable returning one")
+    return obj
+
+
+def _takes_no_args(fn: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(fn).bind()
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -353,3 +353,11 @@ class NoQueueError(JournalError, ValueError):
             "(postgresql://...: workers on many hosts)."
         )
         self.url = url
+
+
+class AgentRefError(JournalError, ValueError):
+    """An agent reference ("module:object") that names no Agent."""
+
+    def __init__(self, ref: str, detail: str) -> None:
+        super().__init__(f"agent {ref!r}: {detail}")
+        self.ref = ref

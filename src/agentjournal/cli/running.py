@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
 import shlex
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,7 +19,9 @@ from .. import (
     fork,
     new_run_id,
 )
+from ..agent import load_agent as load_agent_ref
 from ..agent import require_run_id
+from ..errors import AgentRefError
 from ..store import validate_run_id
 from ._base import (
     CliError,
@@ -50,35 +47,11 @@ if TYPE_CHECKING:
 
 
 def load_agent(ref: str) -> Agent:
-    """The Agent named by ``MODULE:OBJECT``: an Agent, or a zero-argument factory of one."""
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise CliError(f"{ref!r} is not MODULE:OBJECT (e.g. myagents:reconciler)")
-    if os.getcwd() not in sys.path:  # as `python -m` would
-        sys.path.insert(0, os.getcwd())
+    """The Agent named by ``MODULE:OBJECT``, or a CliError saying what is wrong."""
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise CliError(f"cannot import module {module_name!r} ({exc}); run from the directory "
-                       "that holds it, or install it") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise CliError(f"module {module_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
-    if not isinstance(obj, Agent) and callable(obj) and _takes_no_args(obj):
-        obj = obj()
-    if not isinstance(obj, Agent):
-        raise CliError(f"{ref} is a {type(obj).__name__}, not an Agent or a zero-argument "
-                       "callable returning one")
-    return obj
-
-
-def _takes_no_args(fn: Callable[..., Any]) -> bool:
-    try:
-        inspect.signature(fn).bind()
-    except (TypeError, ValueError):
-        return False
-    return True
+        return load_agent_ref(ref)
+    except AgentRefError as exc:
+        raise CliError(str(exc)) from None
 
 
 def drive(store: Store, agent: Agent, run_id: str, task: str | None, ref: str) -> RunResult:

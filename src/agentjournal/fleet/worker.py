@@ -294,7 +294,7 @@ class Worker:
         with self._lock:
             agent = self._agents.get(ref)
         if agent is None:
-            from ..cli.running import load_agent
+            from ..agent import load_agent
 
             # A copy: the worker's TTL governs the lease, not the agent's own default.
             agent = copy.copy(load_agent(ref))
@@ -358,9 +358,9 @@ class Worker:
             self.log(f"could not take back the crash counted for {run_id}: {exc}")
 
     def _shares_handle(self) -> bool:
-        """SQLite: every run shares the control handle (thread-safe). A second SQLite
-        connection opened and closed in this process would drop the POSIX locks the
-        others hold (see the report of this change); PostgreSQL handles are pools."""
+        """SQLite: every run shares the control handle (it is thread-safe, and one
+        connection per process is how SQLite is best used); PostgreSQL: a handle per
+        run, since a handle refuses every write after a failed commit."""
         from ..store.sqlite import SQLiteStore
 
         return isinstance(self._control_queue().store, SQLiteStore)
