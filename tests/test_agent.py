@@ -537,7 +537,9 @@ def test_invisible_characters_in_untrusted_results_never_reach_the_model(store: 
     model = ScriptedModel([calls(("fetch", {"url": "u"}), ("own", {"x": 1})),
                            calls(("fetch", {"url": "u"})), look])
     Agent(model, [fetch, own]).run(store, "r1", "t")
-    assert seen == ["payme evil  ok", "a\u200bb", "payme evil  ok"]  # served again: cleaned
+    # The first turn's two calls run at once: their results come in either order.
+    assert sorted(seen[:2]) == sorted(["payme evil  ok", "a\u200bb"])
+    assert seen[2] == "payme evil  ok"  # served again: cleaned
     log = list(store.read("r1"))
     hits = [e.payload for e in log if e.type is E.GUARDRAIL_TRIGGERED]
     assert [h["name"] for h in hits] == ["invisible_text", "invisible_text"]
