@@ -1,9 +1,9 @@
 """A worker: claims runnable runs from a store's queue and runs them, until drained.
 
-``Worker(url).run()`` is what ``agentjournal worker`` runs. It keeps one control
-store handle for claims and heartbeats; each claimed run runs in its own thread
-with its own store handle (a PostgreSQL handle refuses every write after a failed
-commit, so a run's trouble never breaks the claims, and handles are reopened).
+``Worker(url).run()`` is what ``agentjournal worker`` runs. It keeps one store handle
+(thread-safe; on PostgreSQL a pool sized to the concurrency) for claims, heartbeats
+and its runs, each run in its own thread; a handle broken by a failed commit is
+reopened, and the runs it interrupted are handed back.
 
 The lease and its epoch are the only owner of a run: a run is claimed with the
 worker's id as the lease owner, run with ``Agent.run(..., owner=worker_id,
@@ -133,7 +133,8 @@ class Worker:
         with self._control:
             if self._queue is None:
                 # The first open fails fast (a bad URL, no queue); reopens retry.
-                store = self._open() if self._opened_once else open_store(self.store_url)
+                store = self._open() if self._opened_once else open_store(
+                    self.store_url, pool_size=self.concurrency + 2)
                 self._opened_once = True
                 try:
                     self._queue = queue_of(store)
@@ -316,17 +317,12 @@ class Worker:
                 self._park(claim)
                 return
             agent = self._agent(claim.agent)
-            store = self._run_store()
-            try:
-                result = agent.run(store, run_id, claim.task, owner=self.worker_id,
-                                   agent_ref=claim.agent, stop=self._draining,
-                                   keep_lease=True, observer=observe)
-                state = _STATE_OF.get(result.status, "queued")
-                lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
-                mine = self._hand_back(lease, state, result.last_seq, store)
-            finally:
-                self._close_run_store(store)
-            if mine:
+            result = agent.run(self._run_store(), run_id, claim.task, owner=self.worker_id,
+                               agent_ref=claim.agent, stop=self._draining, keep_lease=True,
+                               observer=observe)
+            state = _STATE_OF.get(result.status, "queued")
+            lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
+            if self._hand_back(lease, state, result.last_seq):
                 self.log(f"{'finished' if state == 'done' else 'handed back'} {run_id} "
                          f"({result.status} at seq {result.last_seq}; now {state})")
         except LOST as exc:
@@ -357,24 +353,11 @@ class Worker:
         except TROUBLE as exc:  # best effort: at worst the run parks one crash early
             self.log(f"could not take back the crash counted for {run_id}: {exc}")
 
-    def _shares_handle(self) -> bool:
-        """SQLite: every run shares the control handle (it is thread-safe, and one
-        connection per process is how SQLite is best used); PostgreSQL: a handle per
-        run, since a handle refuses every write after a failed commit."""
-        from ..store.sqlite import SQLiteStore
-
-        return isinstance(self._control_queue().store, SQLiteStore)
-
     def _run_store(self) -> Store:
-        """The store handle a run uses: its own (PostgreSQL), or the shared one."""
-        return self._control_queue().store if self._shares_handle() else self._open()
-
-    def _close_run_store(self, store: Store) -> None:
-        with self._control:
-            shared = store is self._store
-        if not shared:
-            with contextlib.suppress(Exception):
-                store.close()
+        """The handle a run uses: the control handle, shared (both stores' handles are
+        thread-safe; a handle per run would multiply a fleet's PostgreSQL connections).
+        A failed commit breaks it for every run: they hand back once it is reopened."""
+        return self._control_queue().store
 
     def _open(self) -> Store:
         """A new handle on the store, retrying store trouble with backoff. A URL that
@@ -382,7 +365,7 @@ class Worker:
         backoff = BACKOFF_FIRST
         for attempt in range(8):
             try:
-                return open_store(self.store_url)
+                return open_store(self.store_url, pool_size=self.concurrency + 2)
             except (*TROUBLE, StoreUrlError) as exc:
                 if attempt == 7:
                     raise
@@ -391,30 +374,17 @@ class Worker:
                 backoff = min(backoff * 2, BACKOFF_MAX)
         raise AssertionError("unreachable")
 
-    def _hand_back(self, lease: Lease, state: QueueState, at_seq: int,
-                   store: Store | None = None) -> bool:
-        """Hand the run back (through ``store`` if given and working), retrying store
-        trouble with backoff on new handles. False (logged) if the lease went to another
-        worker meanwhile."""
+    def _hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+        """Hand the run back, retrying store trouble with backoff (on a reopened handle
+        after a failed commit). False (logged) if the lease went to another worker."""
         backoff, troubled = BACKOFF_FIRST, False
         while True:
-            own = store is None
             try:
-                if store is None:
-                    store = self._run_store()
-                try:
-                    queue = queue_of(store)
-                    try:
-                        mine = queue.hand_back(lease, state, at_seq)
-                    finally:
-                        queue.close()
-                finally:
-                    if own:
-                        self._close_run_store(store)
+                mine = self._control_queue().hand_back(lease, state, at_seq)
             except TROUBLE as exc:
                 if not troubled:
                     self.log(f"store unavailable handing back {lease.run_id}, retrying: {exc}")
-                troubled, store = True, None
+                troubled = True
                 if isinstance(exc, DurabilityError):
                     self._reopen_control()  # if it was the shared handle, it is broken
                 time.sleep(backoff)
@@ -432,24 +402,13 @@ class Worker:
                   "being handed back (it killed or crashed its worker each time; "
                   f"max crashes {self.max_crashes}). Find the cause (the workers' logs), "
                   f"fix it, then run: agentjournal requeue {run_id}")
-        epoch, seq = claim.lease.epoch, 0
-        store = self._run_store()
-        try:
-            journal = open_journal(store, run_id, owner=self.worker_id, ttl=self.ttl,
-                                   keep_lease=True)
-            try:
-                if journal.state.last_seq:  # an empty log has no run to escalate yet
-                    journal.record(EventType.RUN_ESCALATED, reason=reason,
-                                   crashes=claim.crashes, by="agentjournal worker",
-                                   worker=self.worker_id)
-                epoch, seq = journal.lease.epoch, journal.state.last_seq
-            finally:
-                journal.close()
-            mine = self._hand_back(Lease(run_id, self.worker_id, epoch, 0.0), "parked", seq,
-                                   store)
-        finally:
-            self._close_run_store(store)
-        if mine:
+        with open_journal(self._run_store(), run_id, owner=self.worker_id, ttl=self.ttl,
+                          keep_lease=True) as journal:
+            if journal.state.last_seq:  # an empty log has no run to escalate yet
+                journal.record(EventType.RUN_ESCALATED, reason=reason, crashes=claim.crashes,
+                               by="agentjournal worker", worker=self.worker_id)
+            epoch, seq = journal.lease.epoch, journal.state.last_seq
+        if self._hand_back(Lease(run_id, self.worker_id, epoch, 0.0), "parked", seq):
             self.log(f"parked {run_id} after {claim.crashes} crashes; requeue it with: "
                      f"agentjournal requeue {run_id}")
 

@@ -72,7 +72,8 @@ def local_path(url: str) -> tuple[str, Path] | None:
     return (parts.scheme, Path(path)) if parts.scheme in ("sqlite", "jsonl") and path else None
 
 
-def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
+def open_store(url: str | None = None, *, readonly: bool = False,
+               pool_size: int | None = None) -> Store:
     """Open the store at ``url`` (default: ``$AGENTJOURNAL_STORE`` or ``sqlite:///./agentjournal.db``).
 
     - ``sqlite:///relative.db`` (relative to the working directory),
@@ -90,6 +91,9 @@ def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
     file that is no SQLite database, a Postgres schema holding other tables) is
     refused with ``NotAStoreError`` and left as it was; reading also refuses an
     empty (0-byte) file, which may be a truncated store.
+
+    ``pool_size``: PostgreSQL only, the most connections the handle opens at once
+    (default 4; it opens them as threads need them).
     """
     if url is None:
         url = os.environ.get(ENV_VAR) or DEFAULT_URL
@@ -120,5 +124,7 @@ def open_store(url: str | None = None, *, readonly: bool = False) -> Store:
         schema = query.pop("schema", ["agentjournal"])[-1]
         rest = "&".join(f"{k}={v}" for k, vs in query.items() for v in vs)
         conninfo = parts._replace(scheme="postgresql", query=rest).geturl()
-        return PostgresStore(conninfo, schema=schema, durability=durability, readonly=readonly)
+        sized = {} if pool_size is None else {"pool_size": pool_size}
+        return PostgresStore(conninfo, schema=schema, durability=durability, readonly=readonly,
+                             **sized)
     raise StoreUrlError(mask_secrets(url), f"unknown scheme {parts.scheme!r}")
