@@ -1,8 +1,8 @@
 """A worker: claims runnable runs from a store's queue and runs them, until drained.
 
 ``Worker(url).run()`` is what ``agentjournal worker`` runs. It keeps one store handle
-(thread-safe; on PostgreSQL a pool sized to the concurrency) for claims, heartbeats
-and its runs, each run in its own thread; a handle broken by a failed commit is
+(thread-safe; on PostgreSQL a pool of at most ``POOL`` connections) for claims,
+heartbeats and its runs, each run in its own thread; a handle broken by a failed commit is
 reopened, and the runs it interrupted are handed back.
 
 The lease and its epoch are the only owner of a run: a run is claimed with the
@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 TROUBLE = (StoreUnavailableError, DurabilityError, StoreIOError)
 LOST = (FencedError, LeaseHeldError, LeaseExpiredError)
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
+#: PostgreSQL connections a worker's handle opens at most, however many runs it holds
+#: (an append holds one for milliseconds): with the LISTEN connection, five a worker,
+#: so a default server (100 connections) serves a fleet of some 16 workers.
+POOL = 4
 
 _STATE_OF: dict[str, QueueState] = {
     "finished": "done", "paused": "waiting", "waiting_approval": "waiting",
@@ -134,7 +138,7 @@ class Worker:
             if self._queue is None:
                 # The first open fails fast (a bad URL, no queue); reopens retry.
                 store = self._open() if self._opened_once else open_store(
-                    self.store_url, pool_size=self.concurrency + 2)
+                    self.store_url, pool_size=POOL)
                 self._opened_once = True
                 try:
                     self._queue = queue_of(store)
@@ -365,7 +369,7 @@ class Worker:
         backoff = BACKOFF_FIRST
         for attempt in range(8):
             try:
-                return open_store(self.store_url, pool_size=self.concurrency + 2)
+                return open_store(self.store_url, pool_size=POOL)
             except (*TROUBLE, StoreUrlError) as exc:
                 if attempt == 7:
                     raise
