@@ -125,6 +125,15 @@ class Fleet:
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [p for p, _ in self.procs if p.poll() is None]
 
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """Wait until every live worker has its SIGTERM handler (it logs "started"):
+        a worker signalled while still importing dies by the signal, holding nothing."""
+        deadline = time.monotonic() + timeout
+        for proc, log in self.procs:
+            while (proc.poll() is None and b"started:" not in log.read_bytes()
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+
     def logs(self, tail: int = 4000) -> str:
         return "\n".join(f"--- {log.name} (pid {p.pid}, rc {p.poll()})\n"
                          f"{log.read_text(errors='replace')[-tail:]}" for p, log in self.procs)
@@ -256,6 +265,7 @@ def test_fleet_survives_kills_stops_and_a_postgres_restart(
                 time.sleep(0.25)
             left = fleet.query(unfinished)
             assert left == 0, f"{left} runs unfinished after the deadline\n{fleet.logs()}"
+            fleet.wait_started()
             stopping = time.monotonic()
             workers = fleet.alive()
             for proc in workers:
