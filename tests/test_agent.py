@@ -19,6 +19,8 @@ from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, call
 from agentjournal.policy import Budget, Compaction, RegexGuardrail, Rules
 from agentjournal.state import PendingCall
 from agentjournal.store import Store
+
+from .conftest import backend_params
 from agentjournal.tools import (
     Absent,
     Conflict,
@@ -561,3 +563,38 @@ def test_invisible_characters_can_be_shown_instead(store: Store) -> None:
     Agent(model, [fetch], invisible=None).run(store, "r2", "t")
     (message,) = [m for m in fold(store.read("r2")).messages if m.role == "tool"]
     assert message.content == "a\u200bb\u202ec"
+
+
+@backend_params()
+def test_a_step_is_two_appends_the_turn_with_its_starts_then_each_completion(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    receiver = Receiver()
+    steps = 5
+    model = ScriptedModel([calls(("post", {"name": f"n{i}"})) for i in range(steps)]
+                          + [reply("done")])
+    with open_store(store_url) as store:
+        batches = spy_on_batches(store, monkeypatch)
+        assert Agent(model, [make_post(receiver)]).run(store, "r1", "t").status == "finished"
+        step = [["model_turn", "tool_call_started"], ["tool_call_completed"]]
+        assert batches == [["run_started", "user_message"], *step * steps,
+                           ["model_turn", "run_finished"]]
+        assert receiver.applied == {f"n{i}": 1 for i in range(steps)}
+
+
+def test_a_turn_is_stored_before_its_calls_wait_on_a_lookup(store: Store) -> None:
+    """A staged turn never waits unstored on the world: here run b's call must first
+    look up the same call, left uncertain by run a of its scope."""
+    receiver = Receiver()
+    logs_of_b: list[list[str]] = []  # at each lookup
+
+    def lookup(call: PendingCall) -> Any:
+        logs_of_b.append(types(store, "b"))
+        return Unknown("ledger API down")
+
+    for run_id, lost in (("a", [True]), ("b", [])):
+        post = make_post(receiver, reconcile=lookup, lost_response=lost)
+        model = ScriptedModel([calls(("post", {"name": "x"})), reply("ok")])
+        assert Agent(model, [post]).run(store, run_id, "t", scope="s").status == "paused"
+    assert logs_of_b[-1][-1] == "model_turn"
+    assert receiver.applied == {"x": 1}

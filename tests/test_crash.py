@@ -72,9 +72,9 @@ def verdicts(log: list[Any]) -> list[str]:
 @pytest.mark.parametrize("mode", ["lookup", "idempotent"])
 @pytest.mark.parametrize(
     "fault, expected",
-    [("model_call:3", []), ("before_effect:4", ["absent", "retry"]),
+    [("model_call:3", []), ("turn_staged:3", []), ("before_effect:4", ["absent", "retry"]),
      ("after_effect:4", ["found", "retry"])],
-    ids=["during-model-call", "before-effect", "after-effect"],
+    ids=["during-model-call", "turn-not-yet-stored", "before-effect", "after-effect"],
 )
 def test_kill_in_window_then_resume_applies_each_effect_once(
     store_url: str, ledger: LedgerService, mode: str, fault: str, expected: list[str]

@@ -7,7 +7,9 @@ cleanup, no flush, no atexit, exactly like an eviction) or, with action
 ``stop``, SIGSTOP: a worker frozen mid-call, as in a long GC pause, that a test
 can wake with SIGCONT after its lease was taken over.
 
-Points: ``model_call`` (while waiting for the model), ``before_effect`` (the
+Points: ``model_call`` (while waiting for the model), ``turn_staged`` (the
+model answered with calls; its turn is folded but not yet durable: it is stored
+with the calls' starts), ``before_effect`` (the
 start is durable, the tool has not run), ``lease_checked`` (a tool with an
 effect: the lease was just found valid, the request has not left: the window
 only a receiver that checks the epoch can close), ``after_effect`` (the tool
@@ -20,7 +22,7 @@ import os
 import signal
 
 ENV_VAR = "AGENTJOURNAL_FAULT"
-POINTS = ("model_call", "model_started", "before_effect", "lease_checked", "after_effect")
+POINTS = ("model_call", "turn_staged", "model_started", "before_effect", "lease_checked", "after_effect")
 
 _armed: tuple[str, int, signal.Signals] | None = None
 _ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}

@@ -108,6 +108,7 @@ class RunJournal:
         self.snapshot_every = snapshot_every
         self.ttl = ttl
         self._snapshot_seq = state.last_seq
+        self._staged: list[Event] = []  # folded, not yet stored (see stage)
         self._stop = threading.Event()
         self._writing = threading.RLock()
         #: Leave the lease held on close: its taker releases it (a worker hands the run
@@ -137,25 +138,56 @@ class RunJournal:
     def record_all(self, facts: list[tuple[EventType, dict[str, Any]]]) -> list[Event]:
         """Append facts that must stand or fall together, in one atomic batch.
 
-        Each payload is redacted first (see redaction.py): the raw value never reaches
-        the store, and the state (so snapshots, observers, the model) is folded from
-        exactly what was stored.
+        Staged facts (see :meth:`stage`) go first in the same batch. Each payload is
+        redacted first (see redaction.py): the raw value never reaches the store, and
+        the state (so snapshots, observers, the model) is folded from exactly what was
+        stored.
         """
         facts = [(kind, self.redaction.payload(p)) for kind, p in facts]
         with self._writing:  # a tool's remember() may write from its own thread
             events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
-            self.store.append(self.run_id, events, expected_seq=self.state.last_seq,
+            batch = self._staged + events
+            if not batch:
+                return events
+            self.store.append(self.run_id, batch, expected_seq=batch[0].seq - 1,
                               epoch=self.lease.epoch)
+            staged, self._staged = self._staged, []  # kept on failure: tried again next
             self._progress_at = _clock()
+            for event in staged:
+                self._observe(event)
             for event in events:
                 apply(self.state, event)
-                if self.observer is not None:
-                    self.observer(event, self.state)
+                self._observe(event)
             if self.snapshot_every and (
                     self.state.last_seq - self._snapshot_seq >= self.snapshot_every):
                 write_snapshot(self.store, self.state)
                 self._snapshot_seq = self.state.last_seq
         return events
+
+    def _observe(self, event: Event) -> None:
+        if self.observer is not None:
+            self.observer(event, self.state)
+
+    def stage(self, facts: list[tuple[EventType, dict[str, Any]]]) -> list[Event]:
+        """Fold facts into the state now and store them with the next append.
+
+        For a fact that is only relied on through what follows it: a model turn is
+        stored with the starts of the calls it asks for, one sync instead of two. The
+        caller must append (or :meth:`flush`) before waiting on the world; a crash
+        before that loses only the staged facts, as if it came just before them.
+        """
+        facts = [(kind, self.redaction.payload(p)) for kind, p in facts]
+        with self._writing:
+            events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
+            for event in events:
+                apply(self.state, event)
+            self._staged.extend(events)
+        return events
+
+    def flush(self) -> None:
+        """Store the staged facts, if any."""
+        if self._staged:
+            self.record_all([])
 
     # --- the lease -------------------------------------------------------------------
 

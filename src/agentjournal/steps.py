@@ -89,6 +89,24 @@ class StepMachine(Settling):
     stuck_after: float | None
 
     def _drive(self, j: RunJournal, stop: threading.Event | None = None) -> Steps[None]:
+        """The loop, with every staged fact stored before the world is waited on."""
+        steps = self._loop(j, stop)
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = steps.throw(error) if error is not None else steps.send(value)
+            except StopIteration:
+                j.flush()
+                return
+            j.flush()
+            value, error = None, None
+            try:
+                value = yield op
+            except Exception as exc:
+                error = exc
+
+    def _loop(self, j: RunJournal, stop: threading.Event | None) -> Steps[None]:
         if not (yield from self._recover(j)):
             return
         while j.state.status == "running":
@@ -196,7 +214,11 @@ class StepMachine(Settling):
                 "its text was not taken as the run's outcome. Resume to ask again.")}))
         else:
             turn.append((E.RUN_FINISHED, {"outcome": response.text}))
-        j.record_all(turn)
+        if response.tool_calls:
+            j.stage(turn)  # stored with the first facts about its calls: one sync, not two
+            fault_point("turn_staged")
+        else:
+            j.record_all(turn)
         self._keep_live_args(j, response)
 
     @staticmethod
