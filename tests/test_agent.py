@@ -19,8 +19,6 @@ from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, call
 from agentjournal.policy import Budget, Compaction, RegexGuardrail, Rules
 from agentjournal.state import PendingCall
 from agentjournal.store import Store
-
-from .conftest import backend_params
 from agentjournal.tools import (
     Absent,
     Conflict,
@@ -30,6 +28,8 @@ from agentjournal.tools import (
     Unknown,
     tool,
 )
+
+from .conftest import backend_params
 
 E = EventType
 

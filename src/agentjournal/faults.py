@@ -22,7 +22,8 @@ import os
 import signal
 
 ENV_VAR = "AGENTJOURNAL_FAULT"
-POINTS = ("model_call", "turn_staged", "model_started", "before_effect", "lease_checked", "after_effect")
+POINTS = ("model_call", "turn_staged", "model_started", "before_effect", "lease_checked",
+          "after_effect")
 
 _armed: tuple[str, int, signal.Signals] | None = None
 _ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
