@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import msgspec
 import pytest
 
 from agentjournal import SCHEMA_VERSION, EventType, LeaseHeldError, make_events
+from agentjournal.errors import ConflictError, DurabilityError
 from agentjournal.store import sqlite as sqlite_module
 from agentjournal.store.base import host_clock
 from agentjournal.store.sqlite import SQLiteStore
@@ -204,3 +206,144 @@ def test_opening_another_handle_keeps_this_process_s_locks(tmp_path: Path,
                                capture_output=True, text=True, check=True)
         first._db.execute("COMMIT")
     assert "locked" in other.stdout, other.stdout
+
+
+# --- group commit --------------------------------------------------------------------
+
+
+def _one(run_id: str, after: int, epoch: int = 0) -> list[Any]:
+    kind = EventType.RUN_STARTED if after == 0 else EventType.USER_MESSAGE
+    payload = {"task": "t"} if after == 0 else {"content": f"m{after}"}
+    return make_events(run_id, after, epoch, [(kind, payload)])
+
+
+def test_concurrent_appends_share_commits_and_each_stands_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 threads, each its own run, 25 appends each, every tenth one stale: the stale
+    ones are refused, every other one is stored once, and fewer commits than appends ran."""
+    store = SQLiteStore(tmp_path / "j.db")
+    commits = 0
+    real_sync = store._sync
+
+    def counted() -> None:
+        nonlocal commits
+        commits += 1
+        real_sync()
+
+    monkeypatch.setattr(store, "_sync", counted)
+    refused: list[str] = []
+
+    def writer(n: int) -> None:
+        run_id, last = f"r{n}", 0
+        for i in range(25):
+            stale = i % 10 == 9
+            try:
+                last = store.append(run_id, _one(run_id, last - 1 if stale else last),
+                                    expected_seq=last - 1 if stale else last, epoch=0)
+            except ConflictError:
+                refused.append(run_id)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(refused) == 40 * 2
+    for n in range(40):
+        assert [e.seq for e in store.read(f"r{n}")] == list(range(1, 24))
+    assert commits < 40 * 23, commits  # one per stored append without group commit
+    store.close()
+
+
+def test_a_failed_commit_fails_every_append_it_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SQLiteStore(tmp_path / "j.db")
+    gate, entered = threading.Event(), threading.Event()
+    real_sync = store._sync
+    calls = 0
+
+    def slow_then_broken() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # hold the first commit while the others queue behind it
+            entered.set()
+            gate.wait(5)
+            return real_sync()
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(store, "_sync", slow_then_broken)
+    errors: dict[str, BaseException | None] = {}
+
+    def writer(run_id: str) -> None:
+        try:
+            store.append(run_id, _one(run_id, 0), expected_seq=0, epoch=0)
+            errors[run_id] = None
+        except Exception as exc:
+            errors[run_id] = exc
+
+    first = threading.Thread(target=writer, args=("first",))
+    first.start()
+    entered.wait(5)
+    rest = [threading.Thread(target=writer, args=(f"r{n}",)) for n in range(5)]
+    for t in rest:
+        t.start()
+    time.sleep(0.2)  # let them queue behind the held commit
+    gate.set()
+    for t in [first, *rest]:
+        t.join()
+    assert errors["first"] is None and calls == 2  # the five went in one commit
+    assert all(isinstance(errors[f"r{n}"], DurabilityError) for n in range(5))
+    store.close()
+    reopened = SQLiteStore(tmp_path / "j.db")
+    assert [r.run_id for r in reopened.list_runs()] == ["first"]
+    reopened.close()
+
+
+_ACKING_WRITERS = """
+import sys, threading
+from agentjournal import EventType, make_events
+from agentjournal.store.sqlite import SQLiteStore
+
+store = SQLiteStore(sys.argv[1])
+out = threading.Lock()
+
+def writer(n):
+    run_id, last = f"r{n}", 0
+    while True:
+        kind, payload = ((EventType.RUN_STARTED, {"task": "t"}) if last == 0
+                         else (EventType.USER_MESSAGE, {"content": f"m{last}"}))
+        last = store.append(run_id, make_events(run_id, last, 0, [(kind, payload)]),
+                            expected_seq=last, epoch=0)
+        with out:  # acknowledged: say so only now
+            sys.stdout.write(f"{run_id} {last}\\n")
+            sys.stdout.flush()
+
+for n in range(16):
+    threading.Thread(target=writer, args=(n,), daemon=True).start()
+threading.Event().wait()
+"""
+
+
+def test_every_acknowledged_append_survives_a_kill_mid_group(tmp_path: Path) -> None:
+    """SIGKILL a process whose 16 threads append as fast as they can, each printing an
+    append only once acknowledged: every printed append is in the file afterwards."""
+    path = tmp_path / "j.db"
+    SQLiteStore(path).close()
+    child = subprocess.Popen([sys.executable, "-c", _ACKING_WRITERS, str(path)],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    acked: dict[str, int] = {}
+    for line in child.stdout:
+        run_id, seq = line.split()
+        acked[run_id] = int(seq)
+        if sum(acked.values()) >= 1500:
+            break
+    child.kill()  # mid-group: some appends are in a commit that has not returned
+    child.wait()
+    store = SQLiteStore(path)
+    for run_id, seq in acked.items():
+        assert store.last_seq(run_id) >= seq, run_id
+        assert [e.seq for e in store.read(run_id)] == list(range(1, store.last_seq(run_id) + 1))
+    store.close()

@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,18 @@ def sqlite3_path(path: Path) -> str:
     return quote(str(path.absolute()), safe="/")
 
 
+@dataclass(slots=True)
+class _Append:
+    """One append waiting for a commit, and how it ended."""
+
+    run_id: str
+    events: Sequence[Event]
+    expected_seq: int
+    epoch: int
+    done: bool = False
+    error: BaseException | None = None
+
+
 class SQLiteStore:
     def __init__(
         self,
@@ -218,6 +231,9 @@ class SQLiteStore:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._broken: str | None = None
+        # Appends waiting for the next commit (see append): one sync serves them all.
+        self._waiting: list[_Append] = []
+        self._waiting_lock = threading.Lock()
         where = str(self.path.absolute())
         if self.path.is_dir():
             raise StoreUrlError(where, "the path is a directory, not a database file")
@@ -412,27 +428,69 @@ class SQLiteStore:
     def append(
         self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int
     ) -> int:
+        """Append ``events`` atomically. Group commit: appends that arrive while another
+        commits wait for it, then go together in the next transaction, one sync for all;
+        each is a savepoint of its own, so one refused batch never takes others down.
+        Nothing returns before the COMMIT that holds it."""
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
-        with self._tx() as db:
-            last, prev, current = db.execute(  # all three facts in one statement
-                "SELECT coalesce(max(seq), 0), body,"
-                " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = ?)"
-                " FROM events WHERE run_id = ? AND seq = (SELECT max(seq) FROM events"
-                " WHERE run_id = ?)",
-                (run_id, run_id, run_id),
-            ).fetchone()
-            if epoch != current:  # fencing first: a stale writer must stop, not retry
-                raise FencedError(run_id, epoch, current)
-            if last != expected_seq:
-                raise ConflictError(run_id, expected_seq, last)
-            bodies, _ = seal(events, stored_digest(prev) if prev is not None else "")
-            rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), body)
-                    for e, body in zip(events, bodies, strict=True)]
-            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
-            if (scope := scope_started(events)) is not None:
-                db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
+        mine = _Append(run_id, events, expected_seq, epoch)
+        with self._waiting_lock:
+            self._waiting.append(mine)
+        with self._lock:
+            if not mine.done:  # else a writer before us committed it, or failed it
+                self._commit_waiting()
+        if mine.error is not None:
+            raise mine.error
         return events[-1].seq
+
+    def _commit_waiting(self) -> None:
+        with self._waiting_lock:
+            group, self._waiting = self._waiting, []
+        try:
+            with self._tx() as db:
+                if len(group) == 1:
+                    self._insert(db, group[0])
+                else:
+                    for one in group:
+                        self._insert_apart(db, one)
+        except BaseException as exc:  # nothing of the group was committed
+            for one in group:
+                one.error = exc
+            raise
+        finally:
+            for one in group:
+                one.done = True
+
+    def _insert_apart(self, db: sqlite3.Connection, one: _Append) -> None:
+        db.execute("SAVEPOINT one_batch")
+        try:
+            self._insert(db, one)
+        except JournalError as exc:
+            db.execute("ROLLBACK TO one_batch")
+            one.error = exc
+        db.execute("RELEASE one_batch")
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, one: _Append) -> None:
+        run_id, events = one.run_id, one.events
+        last, prev, current = db.execute(  # all three facts in one statement
+            "SELECT coalesce(max(seq), 0), body,"
+            " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = ?)"
+            " FROM events WHERE run_id = ? AND seq = (SELECT max(seq) FROM events"
+            " WHERE run_id = ?)",
+            (run_id, run_id, run_id),
+        ).fetchone()
+        if one.epoch != current:  # fencing first: a stale writer must stop, not retry
+            raise FencedError(run_id, one.epoch, current)
+        if last != one.expected_seq:
+            raise ConflictError(run_id, one.expected_seq, last)
+        bodies, _ = seal(events, stored_digest(prev) if prev is not None else "")
+        rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), body)
+                for e, body in zip(events, bodies, strict=True)]
+        db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
+        if (scope := scope_started(events)) is not None:
+            db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
