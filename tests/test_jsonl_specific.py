@@ -485,3 +485,64 @@ def test_power_cut_tells_a_missing_fsync_from_a_real_one(
     cache.power_cut()
     monkeypatch.undo()
     assert len(list(JsonlStore(tmp_path / "runs").read("r1"))) < 5
+
+
+# --- resuming after a snapshot: from its mark, not from byte 0 ----------------------------
+
+
+def snapshotted(directory: Path) -> int:
+    """A run of 4 + 2 events with a snapshot at seq 4 (its mark taken as it is written);
+    returns the mark."""
+    with JsonlStore(directory) as store:
+        add(store, "r1", "one", "two")
+        add(store, "r1", "three", "four")
+        store.put_snapshot(snapshot_at("r1", 4))
+        add(store, "r1", "five", "six")
+    header = (directory / "r1.snapshots" / "000000000004-f1.snap").read_bytes().split(b"\n")[0]
+    offset: int = json.loads(header)["log_offset"]
+    return offset
+
+
+def test_a_read_after_a_snapshot_starts_at_its_mark(tmp_path: Path) -> None:
+    mark = snapshotted(tmp_path)
+    log = tmp_path / "r1.jsonl"
+    assert log.read_bytes()[mark - 1 : mark] == b"\n" and b"five" in log.read_bytes()[mark:]
+    data = bytearray(log.read_bytes())
+    data[data.index(b"two")] = ord("0")  # damage before the mark: its bytes are not read
+    log.write_bytes(bytes(data))
+    store = JsonlStore(tmp_path)
+    with pytest.raises(CorruptLogError):
+        list(store.read("r1"))
+    (snapshot,) = store.snapshots("r1")
+    tail = list(store.read("r1", after_seq=snapshot.seq))
+    assert [e.payload["content"] for e in tail] == ["five", "six"]
+    assert store.last_seq("r1") == 6  # known from the resumed read, no rescan from byte 0
+    assert add(store, "r1", "seven") == 7
+    store.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 3, 10**6], ids=["mid-record", "first-line", "past-end"])
+def test_a_mark_that_does_not_check_out_is_not_used(tmp_path: Path, bad: int) -> None:
+    mark = snapshotted(tmp_path)
+    snap = tmp_path / "r1.snapshots" / "000000000004-f1.snap"
+    header, body = snap.read_bytes().split(b"\n", 1)
+    wrong = mark + bad if bad == -1 else bad
+    snap.write_bytes(header.replace(b'"log_offset":%d' % mark, b'"log_offset":%d' % wrong)
+                     + b"\n" + body)
+    with JsonlStore(tmp_path) as store:
+        (snapshot,) = store.snapshots("r1")
+        tail = list(store.read("r1", after_seq=snapshot.seq))
+        assert [e.payload["content"] for e in tail] == ["five", "six"]
+        assert add(store, "r1", "seven") == 7
+        assert [e.seq for e in store.read("r1")] == list(range(1, 8))
+
+
+def test_an_appended_log_read_from_a_mark_chains_as_a_full_read_does(tmp_path: Path) -> None:
+    snapshotted(tmp_path)
+    with JsonlStore(tmp_path) as store:
+        store.snapshots("r1")
+        resumed = list(store.read("r1", after_seq=4))
+        add(store, "r1", "seven")
+    with JsonlStore(tmp_path) as fresh:
+        full = list(fresh.read("r1"))
+    assert full[4:6] == resumed and [e.seq for e in full] == list(range(1, 8))

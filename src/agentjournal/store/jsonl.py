@@ -89,7 +89,7 @@ from ..errors import (
     StoreIOError,
     StoreUrlError,
 )
-from ..events import Event, seal, stored_digest
+from ..events import Event, decode_stored, seal, stored_digest
 from .base import (
     Durability,
     Lease,
@@ -187,6 +187,9 @@ class _SnapHeader(msgspec.Struct, frozen=True):
     fold_version: int
     digest: str
     created_at: datetime
+    #: Where the log's record after ``seq`` starts, when known at write time: a read
+    #: that resumes from this snapshot starts there instead of scanning the whole file.
+    log_offset: int = 0
 
 
 _SNAP_SUFFIX = ".snapshots"
@@ -233,6 +236,44 @@ def _whole(line: bytes) -> bool:
     return bool(framed) and _HOLE not in line
 
 
+def _line_ending_at(fd: int, end: int) -> bytes:
+    """The line whose newline is the byte before ``end`` (b"" if there is none)."""
+    if end <= 0:
+        return b""
+    pieces: list[bytes] = []
+    start = end
+    while start > 0:
+        size = min(start, 1 << 16)
+        piece = os.pread(fd, size, start - size)
+        start -= size
+        cut = piece.rfind(b"\n", 0, len(piece) - 1 if not pieces else len(piece))
+        if cut != -1:
+            pieces.append(piece[cut + 1 :])
+            break
+        pieces.append(piece)
+    return b"".join(reversed(pieces))
+
+
+def _first_line_end(fd: int) -> int:
+    offset = 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        if (nl := chunk.find(b"\n")) != -1:
+            return offset + nl + 1
+        offset += len(chunk)
+    return 0
+
+
+def _record(line: bytes) -> tuple[int, bytes] | None:
+    """(mark, body) of a whole line whose checksum holds; None otherwise."""
+    if len(line) < 11 or not line.endswith(b"\n"):
+        return None
+    at = 9
+    if line[:at] != b"%08x " % zlib.crc32(line[at:-1]):
+        return None
+    mark = line[at]
+    return (mark, line[at:-1]) if mark == _OLD else (mark, line[at + 1 : -1])
+
+
 def _torn(data: bytes, end: int, pos: int, records: int, base: int) -> _Torn | None:
     """What follows the last complete batch (at ``end`` in ``data``, read from file offset
     ``base``): ``records`` whole records of a batch without its last, then, from ``pos``,
@@ -275,6 +316,9 @@ class JsonlStore:
         self._lock = threading.Lock()
         self._broken: str | None = None
         self._tails: dict[str, _Tail] = {}
+        # Byte offsets where the record after a snapshot's seq starts, by run and seq:
+        # learned from snapshot headers, checked before use (see _resume_point).
+        self._marks: dict[str, dict[int, int]] = {}
         # Open descriptors of recently used runs (least recent first), so an append
         # costs a flock and a write rather than a round of opens, stats and closes.
         self._dir = os.fspath(self.path)
@@ -549,12 +593,33 @@ class JsonlStore:
         with self._locked(run_id, write=False):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                tail, events, _ = self._scan(run_id, fd, _EMPTY, after_seq)
+                start = self._resume_point(run_id, fd, after_seq) if after_seq else None
+                tail, events, _ = self._scan(run_id, fd, start or _EMPTY, after_seq)
             finally:
                 os.close(fd)
-            if not after_seq:  # a partial scan learns neither the start time nor the digest
+            # A partial scan from an unchecked start learns neither the start time nor
+            # the digest; one from a resume point knows both.
+            if not after_seq or start is not None:
                 self._tails[run_id] = tail
         return events
+
+    def _resume_point(self, run_id: str, fd: int, seq: int) -> _Tail | None:
+        """The file up to the record at ``seq``, from a snapshot's mark, if the record
+        just before the mark checks out, ends a batch and is ``seq``; else None."""
+        offset = self._marks.get(run_id, {}).get(seq)
+        if offset is None or offset > os.fstat(fd).st_size:
+            return None
+        last = _record(_line_ending_at(fd, offset))
+        first = _record(_line_ending_at(fd, _first_line_end(fd)))
+        if last is None or first is None or last[0] not in (_END, _OLD):
+            return None
+        try:
+            event, created = decode_stored(last[1]), decode_stored(first[1]).ts
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            return None
+        if event.seq != seq or event.run_id != run_id:
+            return None
+        return _Tail(offset, seq, created, event.ts, stored_digest(last[1]))
 
     @_os_errors("read a run", write=False)
     def last_seq(self, run_id: str) -> int:
@@ -755,6 +820,9 @@ class JsonlStore:
             snapshot.digest,
             snapshot.created_at,
         )
+        known = self._tails.get(run_id)
+        if known is not None and known.last_seq == snapshot.seq:
+            header = msgspec.structs.replace(header, log_offset=known.size)
         data = msgspec.json.encode(header) + b"\n" + snapshot.body
         with self._locked(run_id, write=True):  # one writer at a time: prunes never interleave
             directory = self._snap_dir(run_id)
@@ -789,6 +857,7 @@ class JsonlStore:
             # Headers first, so only the bodies asked for are read.
             heads, _ = self._scan_snaps(run_id, body=False)
             loaded = [self._load_snap(path, run_id, body=True) for path, _, _ in heads[:limit]]
+        self._marks[run_id] = {h.seq: h.log_offset for _, h, _ in heads[:4] if h.log_offset}
         return [
             Snapshot(
                 run_id=run_id,
