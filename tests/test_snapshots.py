@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentjournal import Agent, RunState, ScriptedModel, calls, fold, reply, tool
+from agentjournal import SCHEMA_VERSION, Agent, RunState, ScriptedModel, calls, fold, reply, tool
 from agentjournal.metrics import METRICS
 from agentjournal.snapshots import load_state, take, verify, write_snapshot
 from agentjournal.state import FOLD_VERSION
@@ -168,3 +168,25 @@ def test_verify_catches_a_lying_snapshot_and_quarantines_its_version(
     loaded = load_state(store, "r1")  # the quarantined version is never loaded again
     assert loaded.snapshot_seq == 0 and as_bytes(loaded.state) == as_bytes(live)
     assert write_snapshot(store, live) is None  # nor written
+
+
+@backend_params()
+def test_recovery_metrics_are_kept_per_schema_version(make_store: MakeStore) -> None:
+    store = make_store()
+    a_run(store)
+    label = f'{{schema_version="{SCHEMA_VERSION}"}}'
+    before = METRICS.snapshot()
+    loaded = load_state(store, "r1")
+    after = METRICS.snapshot()
+    for name in ("events_replayed", f"events_replayed{label}"):
+        assert after[name] == before.get(name, 0) + loaded.replayed
+    for name in ("snapshot_load_ms", "replay_duration_ms"):
+        assert after[f"{name}{label}"]["count"] == before.get(
+            f"{name}{label}", {"count": 0})["count"] + 1
+    assert after[f"snapshot_seq_gap{label}"] == loaded.replayed
+    text = METRICS.prometheus().splitlines()
+    assert "# TYPE agentjournal_events_replayed_total counter" in text
+    assert f"agentjournal_events_replayed_total{label} {after[f'events_replayed{label}']:g}" in text
+    assert f"agentjournal_snapshot_load_ms_count{label} " in "\n".join(text)
+    assert not [line for line in text  # only per label: a scraper sums them
+                if line.startswith("agentjournal_events_replayed_total ")]

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from agentjournal import EventType, open_store
+from agentjournal import SCHEMA_VERSION, EventType, open_store
 from agentjournal.fleet import QueuedRun, queue_of, submit
 from agentjournal.snapshots import load_state
 
@@ -224,3 +226,19 @@ def test_a_jsonl_store_has_no_queue_for_workers_or_submit(tmp_path: Path) -> Non
     submitted = fleet.cli("submit", "--agent", "m:a", "--task", "t")
     assert submitted.returncode == 1 and "has no queue of runs" in submitted.stderr
     assert not (tmp_path / "runs").exists()  # refused before anything was created
+
+
+def test_a_worker_serves_its_metrics_to_a_scraper(fleet: Fleet) -> None:
+    _submit(fleet.url, "counter", "run 0", "m0")
+    proc = fleet.worker("--metrics-port", "0")
+    found = fleet.until("the metrics address", lambda: re.search(
+        rb"metrics at (http://\S+/metrics)", fleet.procs[-1][1].read_bytes()))
+    fleet.until("the run done", lambda: fleet.runs()["m0"].state == "done")
+    with urllib.request.urlopen(found.group(1).decode(), timeout=10) as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = reply.read().decode()
+    assert "# TYPE agentjournal_worker_claims_total counter" in text
+    assert "agentjournal_worker_claims_total 1" in text.splitlines()
+    assert "agentjournal_worker_runs_done_total 1" in text.splitlines()
+    assert f'agentjournal_events_replayed_total{{schema_version="{SCHEMA_VERSION}"}}' in text
+    assert fleet.stop(proc) == 0, fleet.logs()

@@ -74,7 +74,8 @@ def write_snapshot(store: Store, state: RunState, *, keep: int = 2) -> Snapshot 
         log.warning("snapshot of run %s at seq %d not written: %s",
                     state.run_id, state.last_seq, exc)
         return None
-    METRICS.time("snapshot_write_ms", (time.perf_counter() - started) * 1000)
+    METRICS.time("snapshot_write_ms", (time.perf_counter() - started) * 1000,
+                 schema_version=SCHEMA_VERSION)
     return snapshot
 
 
@@ -122,15 +123,16 @@ def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
         state = None if reason else _decode(snapshot)
         if state is None:
             reason = reason or "body does not decode to the state at its seq"
-        METRICS.time("snapshot_load_ms", (time.perf_counter() - started) * 1000)
+        METRICS.time("snapshot_load_ms", (time.perf_counter() - started) * 1000,
+                     schema_version=snapshot.schema_version)
         if state is not None:
             tail = _fold_tail(store, run_id, state)
             if tail is not None:
-                METRICS.gauge("snapshot_seq_gap", tail)
+                METRICS.gauge("snapshot_seq_gap", tail, schema_version=SCHEMA_VERSION)
                 return Loaded(state, snapshot.seq, tail, misses)
             reason = "the log does not continue right after it"
         misses.append(f"snapshot at seq {snapshot.seq}: {reason}")
-        METRICS.count("snapshot_misses")
+        METRICS.count("snapshot_misses", schema_version=snapshot.schema_version)
         log.info("run %s: snapshot at seq %d not used: %s", run_id, snapshot.seq, reason)
     state = RunState()
     replayed = _fold_tail(store, run_id, state)
@@ -156,8 +158,9 @@ def _fold_tail(store: Store, run_id: str, state: RunState) -> int | None:
         return None
     for event in events:  # (load_state holds the GC off)
         apply(state, event)
-    METRICS.count("events_replayed", len(events))
-    METRICS.time("replay_duration_ms", (time.perf_counter() - started) * 1000)
+    METRICS.count("events_replayed", len(events), schema_version=SCHEMA_VERSION)
+    METRICS.time("replay_duration_ms", (time.perf_counter() - started) * 1000,
+                 schema_version=SCHEMA_VERSION)
     return len(events)
 
 
@@ -231,7 +234,8 @@ def verify(store: Store, run_id: str) -> VerifyReport:
         fields += [f"final.{f}" for f in _differing(durable_fields(state), final)]
         if fields:
             mismatches.append(Mismatch("snapshot", snapshot.seq, fields, snapshot.seq))
-            METRICS.count("full_replay_equivalence_failures")
+            METRICS.count("full_replay_equivalence_failures",
+                          schema_version=snapshot.schema_version)
             store.quarantine(snapshot.fold_version,
                              f"run {run_id} snapshot at seq {snapshot.seq}: {', '.join(fields)}")
             quarantined.add(snapshot.fold_version)

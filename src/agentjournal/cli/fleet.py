@@ -18,6 +18,7 @@ from ..errors import NoQueueError
 from ..fleet import QUEUE_STATES, Queue, queue_of
 from ..fleet import requeue as requeue_run
 from ..fleet.worker import Worker
+from ..metrics import serve
 from ..redaction import Redaction
 from ..store import open_store
 from ._base import (
@@ -115,10 +116,17 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
 @click.option("--poll", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds between looks for work when idle (PostgreSQL also wakes "
               "on NOTIFY).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), metavar="PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (recovery, "
+              "snapshots, uncertain calls, this worker's claims); off unless given.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST",
+              help="Address for --metrics-port (0.0.0.0 to let a scraper on another "
+              "host in).")
 @store_option
 @click.pass_context
 def worker(ctx: click.Context, queues: tuple[str, ...], concurrency: int, ttl: float,
-           grace: float, max_crashes: int, poll: float, store_url: str) -> None:
+           grace: float, max_crashes: int, poll: float, metrics_port: int | None,
+           metrics_host: str, store_url: str) -> None:
     """Claim runnable runs and run them until SIGTERM or SIGINT, which drains:
     nothing more is claimed, each run stops at its next step boundary and is handed
     back queued, so other workers continue it at once; then it exits 0.
@@ -145,6 +153,14 @@ def worker(ctx: click.Context, queues: tuple[str, ...], concurrency: int, ttl: f
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if metrics_port is not None:
+        try:
+            server = serve(metrics_host, metrics_port)
+        except OSError as exc:
+            raise click.ClickException(f"cannot serve metrics on {metrics_host}:{metrics_port}: "
+                                   f"{exc.strerror or exc}") from None
+        port = server.server_address[1]
+        w.log(f"metrics at http://{metrics_host}:{port}/metrics")
     ctx.exit(w.run())
 
 

@@ -36,6 +36,7 @@ from ..errors import (
 )
 from ..events import Event, EventType
 from ..journal import default_owner, open_journal
+from ..metrics import METRICS
 from ..store import Lease, Store, open_store
 from . import queue_of
 from .queue import Claim, Queue, QueueState, WorkerInfo
@@ -236,6 +237,8 @@ class Worker:
                                   daemon=True)
         with self._lock:
             self._held[run_id] = thread
+            METRICS.gauge("worker_runs_held", len(self._held))
+        METRICS.count("worker_claims")
         self._beat_now.set()
         thread.start()
 
@@ -327,9 +330,11 @@ class Worker:
             state = _STATE_OF.get(result.status, "queued")
             lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
             if self._hand_back(lease, state, result.last_seq):
+                METRICS.count("worker_runs_done" if state == "done" else "worker_hand_backs")
                 self.log(f"{'finished' if state == 'done' else 'handed back'} {run_id} "
                          f"({result.status} at seq {result.last_seq}; now {state})")
         except LOST as exc:
+            METRICS.count("worker_leases_lost")
             self.log(f"lost the lease of {run_id}, letting it go: {type(exc).__name__}: {exc}")
             self._absolve(run_id)
         except TROUBLE as exc:
@@ -341,11 +346,13 @@ class Worker:
             else:
                 self._absolve(run_id)
         except Exception:
+            METRICS.count("worker_runs_crashed")
             self.log(f"run {run_id} crashed; not handing it back (its lease expires and the "
                      f"next claim counts the crash):\n{traceback.format_exc().rstrip()}")
         finally:
             with self._lock:
                 self._held.pop(run_id, None)
+                METRICS.gauge("worker_runs_held", len(self._held))
             self._slot_free.set()
             self._beat_now.set()
 
@@ -413,6 +420,7 @@ class Worker:
                                by="agentjournal worker", worker=self.worker_id)
             epoch, seq = journal.lease.epoch, journal.state.last_seq
         if self._hand_back(Lease(run_id, self.worker_id, epoch, 0.0), "parked", seq):
+            METRICS.count("worker_runs_parked")
             self.log(f"parked {run_id} after {claim.crashes} crashes; requeue it with: "
                      f"agentjournal requeue {run_id}")
 
