@@ -53,6 +53,11 @@ class Fleet:
                               cwd=ROOT, env=self.env, capture_output=True, text=True,
                               timeout=60)
 
+    def worker_pids(self) -> set[int]:
+        """The pids of the workers whose heartbeat is in the store (none before it exists)."""
+        listed = self.cli("workers", "--json")
+        return {w["pid"] for w in json.loads(listed.stdout)} if listed.returncode == 0 else set()
+
     def worker(self, *args: str) -> subprocess.Popen[bytes]:
         log = self.tmp / f"worker-{len(self.procs)}.log"
         with open(log, "wb") as err:
@@ -132,12 +137,16 @@ def test_two_workers_drain_five_runs_each_effect_once(fleet: Fleet) -> None:
 
 
 def test_a_drained_run_is_continued_by_another_worker_within_a_second(fleet: Fleet) -> None:
+    # Both workers are up before the run exists, so the drain never races B's start-up;
+    # a takeover after the TTL would take 30 s.
+    workers = {p.pid: p for p in (fleet.worker("--ttl", "30"), fleet.worker("--ttl", "30"))}
+    fleet.until("both heartbeats", lambda: fleet.worker_pids() == set(workers))
     _submit(fleet.url, "slow", "three slow effects", "slow")
-    a = fleet.worker("--ttl", "30")  # a takeover after the TTL would take 30 s
-    fleet.until("A to make the first effect", lambda: fleet.effects()[("slow", "s0")])
-    b = fleet.worker("--ttl", "30")
-    fleet.until("B's heartbeat", lambda: any(
-        w["pid"] == b.pid for w in json.loads(fleet.cli("workers", "--json").stdout)))
+    fleet.until("the first effect", lambda: fleet.effects()[("slow", "s0")])
+    holder = fleet.until("the claim's log line", lambda: next((
+        p.pid for p, log in fleet.procs if "claimed slow" in log.read_text()), None))
+    a = workers.pop(holder)
+    (b,) = workers.values()
     assert fleet.stop(a) == 0, fleet.logs()
     fleet.until("the run to finish", lambda: fleet.runs()["slow"].state == "done")
     assert fleet.effects() == {("slow", f"s{i}"): 1 for i in range(3)}
