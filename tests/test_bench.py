@@ -1,11 +1,10 @@
 """The benchmark command's shape, not its speed: benchmarks are a command, never timed tests.
 
-One ``--quick --json`` run (about 20 s) is shared by the tests that read its output.
+One ``--quick --json`` run (about two minutes) is shared by the tests that read its output.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentjournal.bench import bench
+from agentjournal.bench.peers import resume_peer_figures, step_peer_figures
 
 from .conftest import POSTGRES_URL, postgres_reason
 
@@ -22,19 +22,18 @@ from .conftest import POSTGRES_URL, postgres_reason
 # ratios between sizes or plain costs (no physical floor applies).
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
-              "claim"}
+              "claim", "step", "group_commit"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
                  "model_call"}
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
     tmp = tmp_path_factory.mktemp("bench")
     plot = tmp / "recovery.png"
-    args = ["--quick", "--json", "--store-dir", str(tmp / "scratch"), "--postgres", POSTGRES_URL]
-    if HAS_MATPLOTLIB:
-        args += ["--plot", str(plot)]
+    # matplotlib comes with the dev install (the plot extra), so the plot is always drawn here.
+    args = ["--quick", "--json", "--store-dir", str(tmp / "scratch"), "--postgres", POSTGRES_URL,
+            "--plot", str(plot)]
     result = CliRunner().invoke(bench, args, catch_exceptions=False)
     return result, plot
 
@@ -111,7 +110,6 @@ def test_postgres_is_measured_when_reachable(doc: dict[str, Any]) -> None:
         assert append["value"] is None and "skipped" in append["note"]
 
 
-@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
 def test_plot_is_a_png(quick_run: tuple[Result, Path]) -> None:
     _, plot = quick_run
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -123,8 +121,51 @@ def test_plot_without_matplotlib_fails_before_measuring(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail
     result = CliRunner().invoke(bench, ["--quick", "--plot", str(tmp_path / "p.png")])
     assert result.exit_code == 1
-    assert result.stderr.strip() == "error: --plot needs matplotlib: pip install matplotlib"
+    assert result.stderr.strip() == ("error: --plot needs matplotlib: "
+                                     "pip install 'agentjournal[plot]'")
     assert result.stdout == ""
+
+
+TARGETS = {"step_us.sqlite.200", "step_us.sqlite.2000", "cpu_per_event.jsonl",
+           "cpu_per_event.sqlite", "resume_growth.sqlite", "resume_growth.jsonl",
+           "resume_growth.postgres", "resume_vs_langgraph.10k", "bytes_per_step",
+           "bytes_per_step_growth", "postgres_append", "replay.1000", "replay.10000",
+           "group_commit.sqlite"}
+
+
+def test_every_target_has_value_floor_ratio_and_met(doc: dict[str, Any]) -> None:
+    by_name = {t["name"]: t for t in doc["targets"]}
+    assert set(by_name) == TARGETS
+    for t in doc["targets"]:
+        assert {"value", "floor", "ratio", "limit", "direction", "met", "note"} <= t.keys(), t
+        assert t["direction"] in ("max", "min") and t["limit"] > 0, t
+        if t["met"] is None:  # not measured: the note says why
+            assert t["value"] is None and t["note"], t
+        else:
+            bounded = t["ratio"] if t["on"] == "ratio" else t["value"]
+            assert t["met"] == (bounded <= t["limit"] if t["direction"] == "max"
+                                else bounded >= t["limit"]), t
+    # Without --peers the peer comparison says how to get it.
+    assert by_name["resume_vs_langgraph.10k"]["note"] == "measured only with --peers"
+
+
+def test_peers_run_the_same_workload_beside_the_floor(tmp_path: Path) -> None:
+    figures = [*step_peer_figures(tmp_path, (5,), lambda _: None),
+               *resume_peer_figures(tmp_path, lambda _: None, sizes=(20,))]
+    by_name = {f.name: f for f in figures}
+    assert set(by_name) == {"peers.step.agentjournal.5", "peers.step.langgraph.5",
+                            "peers.step.eventsourcing.5", "peers.resume.agentjournal.20",
+                            "peers.resume.langgraph.20"}
+    for f in figures:
+        assert f.value is not None and f.value > 0 and f.floor is not None and f.floor > 0, f
+
+
+def test_peers_without_the_extra_fail_before_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "eventsourcing.domain", None)  # makes the import fail
+    result = CliRunner().invoke(bench, ["--quick", "--peers"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: --peers needs the peers extra: " \
+        "pip install 'agentjournal[peers]'"
 
 
 def test_help_shows_an_example() -> None:

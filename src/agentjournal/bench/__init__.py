@@ -18,11 +18,20 @@ Figure families (a name up to its first dot):
     cpu_per_event                  envelope + encode + write with syncing off
     chain                          the digest chain per event: seal vs encode, check vs decode
     agent_step, agent_step_growth  a real Agent loop: µs per step at 200 and 2,000 steps
+    step                           the Agent as shipped (synced, snapshots on) per step vs
+                                   2 records per step, each INSERT+COMMIT (hand-written)
+    group_commit                   100 concurrent runs appending to one SQLite store, durable
+                                   events/s vs one connection's commits/s
     parallel_turn                  a turn of 8 concurrent 100 ms calls vs the same turn with 1
     model_step, model_call         the loop's part of a step with a real adapter (stub server)
                                    vs ScriptedModel; the adapter + SDK's own part of a call
     fleet, claim                   runs/s and events/s of 1-8 worker processes on Postgres vs
                                    its commit floor; claim + hand-back latency p50/p99
+    peers (--peers)                LangGraph and eventsourcing on the same workload, per step
+                                   and on resume, beside agentjournal and the hand-written floor
+
+Beside the figures, ``targets`` (bench/targets.py) holds each target's limit and whether
+this run met it.
 
 Scratch stores are throwaway: the command removes its directory afterwards,
 and Postgres runs in its own ``bench_<random>`` schema, dropped at the end.

@@ -116,6 +116,16 @@ def postgres_target(url: str) -> Iterator[Target]:
         yield Target("postgres", store, write, "psycopg INSERT+COMMIT, minimal table")
 
 
+@contextlib.contextmanager
+def throwaway_schema(url: str) -> Iterator[str]:
+    """A store URL in a fresh ``bench_<random>`` schema, dropped afterwards."""
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}schema={schema}"
+    finally:
+        _drop_schema(url, schema)
+
+
 def _drop_schema(url: str, schema: str) -> None:
     import psycopg
     from psycopg import sql

@@ -39,14 +39,22 @@ from .chain import (
 from .cpu import (
     agent_figures,
     cpu_figures,
+    step_figures,
 )
 from .fleet import (
     fleet_figures,
     fleet_plot_path,
     write_fleet_plot,
 )
+from .group_commit import (
+    group_commit_figures,
+)
 from .models import (
     model_figures,
+)
+from .peers import (
+    peer_figures,
+    peers_problem,
 )
 from .replay import (
     recovery_figures,
@@ -55,18 +63,22 @@ from .replay import (
 from .storage import (
     storage_figures,
 )
+from .targets import (
+    Target,
+    targets,
+)
 
 # --- the whole run -----------------------------------------------------------------------------
 
 
-def log_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
+def log_figures(workdir: Path, postgres_url: str | None, plan: Plan, say: Say) -> list[Figure]:
     """Replay and recovery over one generated log, freed before the next measurements,
     so its heap is not theirs to scan."""
     say(f"generating {max(plan.sizes):,} events")
     events = workload(RUN, max(plan.sizes))
     return [*replay_figures(events, plan.sizes, plan.reps, say),
             *chain_figures(events[:min(plan.sizes)], plan.reps, say),
-            *recovery_figures(workdir, events, plan.sizes, plan.reps, say)]
+            *recovery_figures(workdir, events, plan.sizes, plan.reps, say, postgres_url)]
 
 
 def _stderr(message: str) -> None:
@@ -74,24 +86,30 @@ def _stderr(message: str) -> None:
 
 
 def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
-              progress: Say = _stderr) -> list[Figure]:
+              progress: Say = _stderr, peers: bool = False) -> list[Figure]:
     """Measure every figure family; scratch stores go under ``workdir``.
 
     Postgres is skipped (with a note) when unreachable, except under ``CI=true``,
-    where that raises ``RuntimeError``.
+    where that raises ``RuntimeError``. ``peers`` adds the peer libraries' figures
+    (``RuntimeError`` if the peers extra is not installed).
     """
     if os.environ.get("CI") == "true" and (problem := postgres_problem(postgres_url)):
         raise RuntimeError(f"CI=true, so Postgres must be measured, but {problem}")
+    if peers and (problem := peers_problem()):
+        raise RuntimeError(problem)
     plan = QUICK if quick else FULL
     workdir.mkdir(parents=True, exist_ok=True)
     return [
         *durable_figures(workdir, postgres_url, plan, progress),
-        *log_figures(workdir, plan, progress),
+        *log_figures(workdir, postgres_url, plan, progress),
         *storage_figures(workdir, plan.steps, progress),
         *cpu_figures(workdir, plan, progress),
         *agent_figures(workdir, plan, progress),
+        *step_figures(workdir, plan, progress),
+        *group_commit_figures(workdir, plan, progress),
         *model_figures(workdir, plan, progress),
         *fleet_figures(workdir, postgres_url, quick, progress),
+        *(peer_figures(workdir, quick, progress) if peers else []),
     ]
 
 
@@ -130,21 +148,51 @@ def print_table(figures: Sequence[Figure]) -> None:
     Console().print(table)
 
 
-def _series(figures: Sequence[Figure]) -> dict[str, list[tuple[int, float]]]:
-    """Duration (ms) against event count: recovery per backend and mode, in-memory replay."""
-    out: dict[str, list[tuple[int, float]]] = {}
+def _limit(t: Target) -> str:
+    sign = "≤" if t.direction == "max" else "≥"
+    return f"{sign} {t.limit:g}x" if t.on == "ratio" else f"{sign} {_num(t.limit)} {t.unit}"
+
+
+def print_targets(results: Sequence[Target]) -> None:
+    table = Table(title="targets", caption="each from figures of this run; ratio = value / "
+                  "floor; met '-': not measured here (the note says why)")
+    table.add_column("name", overflow="fold")
+    for column in ("value", "unit", "floor", "ratio", "limit", "met"):
+        table.add_column(column, justify="right" if column != "unit" else "left", no_wrap=True)
+    table.add_column("note", min_width=24)
+    for t in results:
+        ratio = f"{t.ratio:.2f}x" if t.ratio is not None else "-"
+        met = "-" if t.met is None else "yes" if t.met else "NO"
+        table.add_row(t.name, _num(t.value), t.unit, _num(t.floor), ratio, _limit(t), met, t.note)
+    Console().print(table)
+
+
+Series = dict[str, list[tuple[int, float]]]  # a line's label -> (events, ms) points
+
+
+def _replay_series(figures: Sequence[Figure]) -> Series:
+    """Replay duration (ms) against event count: the fold in memory and its decode floor."""
+    out: Series = {}
+    for f in figures:
+        if not f.name.startswith("replay.gc_off.") or f.value is None:
+            continue
+        n = int(f.name.rsplit(".", 1)[1])
+        out.setdefault("fold(decode(...)), GC paused", []).append((n, n / f.value * 1e3))
+        if f.floor:
+            out.setdefault("decode only (floor)", []).append((n, n / f.floor * 1e3))
+    return out
+
+
+def _recovery_series(figures: Sequence[Figure]) -> Series:
+    """Recovery duration (ms) against run length, per backend and mode."""
+    out: Series = {}
     for f in figures:
         parts = f.name.split(".")
-        if f.value is None or len(parts) < 3 or not parts[-1].isdigit():
+        if parts[0] != "recovery" or len(parts) != 4 or f.value is None:
             continue
-        family, middle, n = parts[0], parts[1:-1], int(parts[-1])
-        if family == "recovery":
-            label, ms = " ".join(middle).replace("full", "full replay"), f.value
-        elif family == "replay" and middle == ["gc_off"]:
-            label, ms = "fold in memory (no I/O)", n / f.value * 1e3
-        else:
-            continue
-        out.setdefault(label, []).append((n, ms))
+        _, backend, mode, n = parts
+        label = f"{backend}, {'snapshot + tail' if mode == 'snapshots' else 'full replay'}"
+        out.setdefault(label, []).append((int(n), f.value))
     return out
 
 
@@ -154,16 +202,23 @@ def _pyplot() -> Any:
     return importlib.import_module("matplotlib.pyplot")
 
 
-def write_plot(figures: Sequence[Figure], path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, points in sorted(_series(figures).items()):
+def _panel(ax: Any, series: Series, title: str) -> None:
+    for label, points in sorted(series.items()):
         xs, ys = zip(*sorted(points), strict=True)
-        ax.plot(xs, ys, marker="o", linestyle="--" if "full" in label else "-", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="events in the run", ylabel="ms",
-           title="Recovery (open + state ready) against run length")
+        dashed = "full" in label or "floor" in label
+        ax.plot(xs, ys, marker="o", linestyle="--" if dashed else "-", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="events in the run", ylabel="ms", title=title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    if series:
+        ax.legend(fontsize="small")
+
+
+def write_plot(figures: Sequence[Figure], path: Path) -> None:
+    """Two panels in one PNG: replay against event count, recovery against run length."""
+    plt = _pyplot()
+    fig, (replay, recovery) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _panel(replay, _replay_series(figures), "Replay in memory against event count")
+    _panel(recovery, _recovery_series(figures), "Recovery (open + state ready) against run length")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -198,9 +253,15 @@ def _fail(message: str) -> NoReturn:
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object on stdout (progress stays on stderr).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
-              help="Also draw recovery time against event count to FILE, and fleet runs/s "
+              help="Also draw replay and recovery time against event count to FILE (two "
+                   "panels), and fleet runs/s "
                    "against worker processes beside it (FILE's name + '-fleet': recovery.png "
-                   "-> recovery-fleet.png) when Postgres was measured (PNG; needs matplotlib).")
+                   "-> recovery-fleet.png) when Postgres was measured (PNG; needs the plot extra).")
+@click.option("--peers", is_flag=True,
+              help="Also run the same N-step workload through LangGraph (SqliteSaver) and "
+                   "eventsourcing (SQLite) in this process, beside agentjournal and a "
+                   "hand-written floor, and resume after 1k and 10k steps (needs the peers "
+                   "extra).")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Put scratch stores in a fresh subdirectory of DIR, removed afterwards "
                    "(default: the system temp directory). Pick the disk you will deploy on.")
@@ -208,7 +269,7 @@ def _fail(message: str) -> NoReturn:
               show_default="$AGENTJOURNAL_TEST_POSTGRES or " + DEFAULT_POSTGRES,
               help="Server for the Postgres figures, used in a throwaway bench_<random> "
                    "schema; '' to skip.")
-def bench(quick: bool, as_json: bool, plot: Path | None, store_dir: Path | None,
+def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, store_dir: Path | None,
           postgres_url: str) -> None:
     """Measure durability, replay, recovery, storage and CPU cost on this machine.
 
@@ -222,28 +283,35 @@ def bench(quick: bool, as_json: bool, plot: Path | None, store_dir: Path | None,
     Examples:
         agentjournal bench --quick
         agentjournal bench --json --plot recovery.png > bench.json
+        agentjournal bench --quick --peers
         agentjournal bench --store-dir /mnt/nvme --postgres ''
     """
     if plot is not None:
         try:
             _pyplot()
         except ImportError:
-            _fail("--plot needs matplotlib: pip install matplotlib")
+            _fail("--plot needs matplotlib: pip install 'agentjournal[plot]'")
+    if peers and (problem := peers_problem()):
+        _fail(problem)
     with _scratch(store_dir) as workdir:
         try:
-            figures = run_bench(quick=quick, postgres_url=postgres_url or None, workdir=workdir)
+            figures = run_bench(quick=quick, postgres_url=postgres_url or None, workdir=workdir,
+                                peers=peers)
         except RuntimeError as exc:
             _fail(str(exc))
+    results = targets(figures, peers=peers)
     if plot is not None:
         write_plot(figures, plot)
         _stderr(f"plot written to {plot}")
         if write_fleet_plot(figures, fleet_plot_path(plot)):
             _stderr(f"fleet plot written to {fleet_plot_path(plot)}")
     if as_json:
-        doc = {"figures": figures, "machine": machine(), "quick": quick}
+        doc = {"figures": figures, "targets": results, "machine": machine(), "quick": quick,
+               "peers": peers}
         click.echo(msgspec.json.encode(doc).decode())
     else:
         print_table(figures)
+        print_targets(results)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ._common import (
     store_url,
     timed,
 )
+from .appends import postgres_problem, throwaway_schema
 
 # --- 2. replay throughput ------------------------------------------------------------------
 
@@ -171,12 +173,11 @@ def _raw_snapshot(path: Path, state: RunState) -> None:
         os.close(fd)
 
 
-def snapshot_write_figure(backend: str, workdir: Path, events: list[Event],
+def snapshot_write_figure(backend: str, url: str, raw: Path, events: list[Event],
                           reps: int) -> Figure:
     """write_snapshot of the state at len(events), into a scratch store of the same backend."""
     state = fold(events)
-    store = open_store(store_url(backend, workdir / f"snapwrite-{backend}"))
-    raw = workdir / f"snapwrite-{backend}.raw"
+    store = open_store(url)
     try:
         ours, floor = (t * 1e3 for t in medians(reps, [
             partial(clock, partial(_snapshot, store, state)),
@@ -189,27 +190,61 @@ def snapshot_write_figure(backend: str, workdir: Path, events: list[Event],
                   "msgpack encode + os.write + os.fsync", f"state of {n:,} events")
 
 
-def recovery_figures(workdir: Path, events: list[Event], sizes: Sequence[int], reps: int,
-                     say: Say) -> list[Figure]:
+StoreUrl = Callable[[str], AbstractContextManager[str]]  # a scratch store's name -> its URL
+
+
+def _backend_recovery(backend: str, url_of: StoreUrl, workdir: Path, events: list[Event],
+                      sizes: Sequence[int], reps: int, say: Say) -> list[Figure]:
     figures: list[Figure] = []
-    for backend in ("sqlite", "jsonl"):
-        ms: dict[int, float] = {}
-        for n in sizes:
-            say(f"recovery: {backend}, {n:,} events (building the log and its snapshots)")
-            url = store_url(backend, workdir / f"recovery-{backend}-{n}")
+    ms: dict[int, float] = {}
+    for n in sizes:
+        say(f"recovery: {backend}, {n:,} events (building the log and its snapshots)")
+        with url_of(f"recovery-{backend}-{n}") as url:
             store = open_store(url)
             snap = fill(store, events[:n], batch=RECOVERY_TAIL, snapshot_at=RECOVERY_TAIL)
             store.close()
             if snap is None:
                 raise RuntimeError(f"no snapshot was written for {n} events on {backend}")
             at_n = recovery_at(backend, url, events[:n], snap, reps)
-            ms[n] = at_n[0].value or 0.0
-            figures += at_n
-            figures.append(snapshot_write_figure(backend, workdir, events[:n], min(reps, 3)))
-        small, large = min(ms), max(ms)
-        figures.append(figure(
-            f"recovery_growth.{backend}", ms[large] / ms[small], "x",
-            note=f"with snapshots, {large:,} / {small:,} events; target ≤ 2x"))
+        ms[n] = at_n[0].value or 0.0
+        figures += at_n
+        with url_of(f"snapwrite-{backend}-{n}") as url:
+            figures.append(snapshot_write_figure(backend, url, workdir / f"snapwrite-{backend}.raw",
+                                                 events[:n], min(reps, 3)))
+    small, large = min(ms), max(ms)
+    figures.append(figure(
+        f"recovery_growth.{backend}", ms[large] / ms[small], "x",
+        note=f"with snapshots, {large:,} / {small:,} events; target ≤ 2x"))
     return figures
 
 
+def _skipped_recovery(backend: str, sizes: Sequence[int], reason: str) -> list[Figure]:
+    note = f"skipped: {reason}"
+    names = [name for n in sizes for name in (
+        f"recovery.{backend}.snapshots.{n}", f"recovery.{backend}.full.{n}",
+        f"snapshot_write.{backend}.{n}")]
+    return [*(figure(name, None, "ms", note=note) for name in names),
+            figure(f"recovery_growth.{backend}", None, "x", note=note)]
+
+
+def _local_url(workdir: Path, backend: str, name: str) -> AbstractContextManager[str]:
+    return nullcontext(store_url(backend, workdir / name))
+
+
+def _postgres_url(server: str, _name: str) -> AbstractContextManager[str]:
+    return throwaway_schema(server)
+
+
+def recovery_figures(workdir: Path, events: list[Event], sizes: Sequence[int], reps: int,
+                     say: Say, postgres_url: str | None = None) -> list[Figure]:
+    """Recovery on every backend: Postgres in throwaway schemas, skipped (with the reason)
+    when it cannot be reached."""
+    figures: list[Figure] = []
+    for backend in ("sqlite", "jsonl"):
+        figures += _backend_recovery(backend, partial(_local_url, workdir, backend), workdir,
+                                     events, sizes, reps, say)
+    problem = postgres_problem(postgres_url)
+    if problem or not postgres_url:
+        return [*figures, *_skipped_recovery("postgres", sizes, problem or "no Postgres URL")]
+    return [*figures, *_backend_recovery("postgres", partial(_postgres_url, postgres_url),
+                                         workdir, events, sizes, reps, say)]

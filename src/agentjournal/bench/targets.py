@@ -1,0 +1,125 @@
+"""The targets: each a limit on a ratio (or a value) computed from figures of the same run.
+
+``direction`` says which side of ``limit`` meets it: "max" (at most: times, sizes, growth)
+or "min" (at least: throughputs). ``on`` says what the limit bounds: the ratio value /
+floor, or the value itself (absolute targets). ``met`` is None when this run did not
+measure the figures a target needs; ``note`` then says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import msgspec
+
+from ._common import Figure
+
+Direction = Literal["max", "min"]
+On = Literal["ratio", "value"]
+NOT_MEASURED = "not measured in this run"
+
+
+class Target(msgspec.Struct, frozen=True):
+    name: str
+    value: float | None
+    floor: float | None
+    ratio: float | None  # value / floor
+    limit: float
+    direction: Direction
+    on: On
+    unit: str  # the value's (and the floor's)
+    met: bool | None
+    note: str = ""
+
+
+def _check(name: str, value: float, floor: float | None, unit: str, limit: float,
+           direction: Direction, on: On, note: str) -> Target:
+    ratio = value / floor if floor else None
+    bounded = ratio if on == "ratio" else value
+    met = None
+    if bounded is not None:
+        met = bounded <= limit if direction == "max" else bounded >= limit
+    return Target(name, value, floor, ratio, limit, direction, on, unit, met, note)
+
+
+def _unmeasured(name: str, limit: float, direction: Direction, on: On, why: str) -> Target:
+    return Target(name, None, None, None, limit, direction, on, "", None, why)
+
+
+def _why(figures: Sequence[Figure | None], unmeasured: str) -> str:
+    """Why these figures give no comparison: absent from the run, or skipped (their note)."""
+    for f in figures:
+        if f is None:
+            return unmeasured
+        if f.value is None:
+            return f.note or f"{f.name} not measured"
+    return ""
+
+
+def _against_floor(name: str, fig: Figure | None, limit: float, direction: Direction,
+                   note: str, *, on: On = "ratio") -> Target:
+    """A figure against its own floor (or, ``on="value"``, its value against the limit)."""
+    if fig is None or fig.value is None:
+        return _unmeasured(name, limit, direction, on, _why([fig], NOT_MEASURED))
+    return _check(name, fig.value, fig.floor, fig.unit, limit, direction, on, note)
+
+
+def _between(name: str, fig: Figure | None, base: Figure | None, limit: float, note: str, *,
+             unmeasured: str = NOT_MEASURED) -> Target:
+    """A figure against another figure's value (the base stands for the floor): at most."""
+    if fig is None or fig.value is None or base is None or base.value is None:
+        return _unmeasured(name, limit, "max", "ratio", _why([fig, base], unmeasured))
+    return _check(name, fig.value, base.value, fig.unit, limit, "max", "ratio", note)
+
+
+def _sizes(figures: dict[str, Figure], prefix: str) -> list[int]:
+    """The sizes measured under ``prefix`` (the last part of the names), ascending."""
+    return sorted(int(name.rsplit(".", 1)[1]) for name in figures
+                  if name.startswith(prefix) and name.rsplit(".", 1)[1].isdigit())
+
+
+def _growth(figures: dict[str, Figure], name: str, prefix: str, limit: float,
+            note: str) -> Target:
+    """The figure at the largest size against the one at the smallest."""
+    sizes = _sizes(figures, prefix)
+    if len(sizes) < 2:
+        return _unmeasured(name, limit, "max", "ratio", f"fewer than 2 sizes of {prefix}*")
+    small, large = sizes[0], sizes[-1]
+    return _between(name, figures[f"{prefix}{large}"], figures[f"{prefix}{small}"], limit,
+                    f"{note}: {large:,} / {small:,}")
+
+
+def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
+    by_name = {f.name: f for f in figures}
+    get = by_name.get
+    steps = _sizes(by_name, "storage.sqlite+snapshots.step.")
+    most = steps[-1] if steps else 0
+    return [
+        *(_against_floor(f"step_us.sqlite.{n}", get(f"step.sqlite.{n}"), 1.3, "max",
+                         "Agent on sqlite, synced, vs 2 committed records per step")
+          for n in (200, 2000)),
+        _against_floor("cpu_per_event.jsonl", get("cpu_per_event.jsonl"), 15, "max",
+                       "µs per event with syncing off, absolute", on="value"),
+        _against_floor("cpu_per_event.sqlite", get("cpu_per_event.sqlite"), 1.3, "max",
+                       "vs a raw INSERT+COMMIT, syncing off"),
+        *(_growth(by_name, f"resume_growth.{backend}", f"recovery.{backend}.snapshots.", 2,
+                  "recovery with snapshots, largest / smallest run (events)")
+          for backend in ("sqlite", "jsonl", "postgres")),
+        _between("resume_vs_langgraph.10k", get("peers.resume.agentjournal.10000"),
+                 get("peers.resume.langgraph.10000"), 1.0,
+                 "resume after 10,000 steps, agentjournal / LangGraph",
+                 unmeasured=NOT_MEASURED if peers else "measured only with --peers"),
+        _between("bytes_per_step", get(f"storage.sqlite+snapshots.step.{most}"),
+                 get(f"storage.sqlite.step.{most}"), 1.5,
+                 f"sqlite B/step at {most:,} steps: with snapshots / events alone"),
+        _growth(by_name, "bytes_per_step_growth", "storage.sqlite+snapshots.step.", 1.1,
+                "sqlite B/step with snapshots, largest / smallest run (steps)"),
+        _against_floor("postgres_append", get("append.postgres"), 1.3, "max",
+                       "vs one psycopg INSERT+COMMIT"),
+        *(_against_floor(f"replay.{n}", get(f"replay.gc_off.{n}"), 0.5, "min",
+                         "fraction of decode-only speed, GC paused")
+          for n in _sizes(by_name, "replay.gc_off.")),
+        _against_floor("group_commit.sqlite", get("group_commit.sqlite"), 20_000, "min",
+                       "durable events/s, 100 concurrent runs on one store", on="value"),
+    ]
