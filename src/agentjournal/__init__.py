@@ -75,6 +75,7 @@ from .policy import (
     Rules,
 )
 from .redaction import Redaction
+from .saga import SagaResult, compensate
 from .state import FOLD_RULES, RECORD_ONLY, Message, PendingCall, RunState, ToolCall, apply, fold
 from .store import DEFAULT_URL, Durability, Lease, RunInfo, Store, open_store
 from .tools import (
@@ -86,6 +87,7 @@ from .tools import (
     ToolContext,
     ToolFailed,
     ToolUncertain,
+    Undo,
     Unknown,
     tool,
 )
@@ -152,6 +154,7 @@ __all__ = [
     "RunNotFoundError",
     "RunResult",
     "RunState",
+    "SagaResult",
     "ScriptedModel",
     "Store",
     "StoreIOError",
@@ -162,12 +165,14 @@ __all__ = [
     "ToolContext",
     "ToolFailed",
     "ToolUncertain",
+    "Undo",
     "UnknownEventTypeError",
     "UnsupportedVersionError",
     "Unknown",
     "apply",
     "calls",
     "canonical_args",
+    "compensate",
     "decide_approval",
     "decode",
     "encode",

@@ -147,7 +147,11 @@ def record_resolution(
             "verdict": VERDICTS[outcome], "by": by, "reason": reason, **common})]
         # What follows a verdict is appended with it, atomically: "happened" settles
         # the call, so its completion must never be lost in between.
-        if outcome == "happened":
+        if outcome == "happened" and pending.effect == "compensation":  # an undo (saga.py)
+            facts.append((EventType.COMPENSATION_COMPLETED, {
+                "started_seq": pending.started_seq, "key": pending.key, "result": result,
+                "effect_seq": int(pending.call_id.removeprefix("undo-")), "source": "person"}))
+        elif outcome == "happened":
             facts.append((EventType.TOOL_CALL_COMPLETED, {
                 "call_id": pending.call_id, "tool": pending.tool,
                 "started_seq": pending.started_seq, "idempotency_key": pending.key,

@@ -28,7 +28,9 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: finish reason, opaque items, latency) and usage by one convention with cache
 #: writes and reasoning tokens; run_started records instructions; new types
 #: model_call_started, model_call_failed, instructions_changed.
-SCHEMA_VERSION = 5
+#: v6: sagas: new types saga_started, compensation_started, compensation_completed,
+#: saga_finished (no payload of an older type changed).
+SCHEMA_VERSION = 6
 
 #: The first schema version whose events are stored sealed (with a chained digest).
 SEALED_SINCE = 4
@@ -57,6 +59,10 @@ class EventType(StrEnum):
     RUN_ESCALATED = "run_escalated"
     RUN_FINISHED = "run_finished"
     BUDGET_EXCEEDED = "budget_exceeded"
+    SAGA_STARTED = "saga_started"
+    COMPENSATION_STARTED = "compensation_started"
+    COMPENSATION_COMPLETED = "compensation_completed"
+    SAGA_FINISHED = "saga_finished"
 
     @classmethod
     def parse(cls, name: str) -> EventType:

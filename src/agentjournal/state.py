@@ -23,11 +23,13 @@ from .events import Event, EventType, render
 #: kept says why (``CompletedCall.error``); payloads may carry ``redactions``.
 #: v5: instructions; an assistant message keeps its provider's items; usage counts
 #: cache writes and reasoning tokens; a model call in flight; failed model attempts;
-#: a run_resumed a person recorded (a requeue) is a decision.
-FOLD_VERSION = 5
+#: a run_resumed a person recorded (a requeue) is a decision. v6: sagas (``saga``,
+#: statuses compensating and compensated).
+FOLD_VERSION = 6
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
-Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished"]
+Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
+                 "compensating", "compensated"]
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -119,6 +121,31 @@ class GuardrailHit(msgspec.Struct, kw_only=True):
     message_index: int | None = None
 
 
+class PlannedUndo(msgspec.Struct, kw_only=True):
+    """One effect a saga undoes: the completion it undoes, and the undo's own key."""
+
+    effect_seq: int  # the completion of the effect
+    key: str  # the effect's idempotency key
+    undo_key: str  # the compensation's: derived from the effect's
+    tool: str
+
+
+class Saga(msgspec.Struct, kw_only=True):
+    """A run's compensation: its plan (newest effect first), and how far it got.
+
+    An effect is undone when its ``undo_key`` is in the run's ``completed``."""
+
+    seq: int
+    by: str
+    reason: str
+    through_seq: int
+    plan: list[PlannedUndo]
+    #: The newest effect in the span that cannot be compensated: the saga stops there.
+    blocked: dict[str, Any] | None = None
+    failures: dict[str, str] = msgspec.field(default_factory=dict)  # undo_key -> last error
+    finished_seq: int = 0
+
+
 class RunState(msgspec.Struct, kw_only=True):
     run_id: str = ""
     status: Status = "new"
@@ -151,6 +178,7 @@ class RunState(msgspec.Struct, kw_only=True):
     model_failures: int = 0  # failed model attempts, each recorded
     escalated_seq: int = 0  # the last run_escalated
     decided_seq: int = 0  # the last decision a person recorded (approval or verdict)
+    saga: Saga | None = None  # set once the run is being compensated
 
     @property
     def waits_for_a_person(self) -> bool:
@@ -207,6 +235,8 @@ def durable_fields(state: RunState) -> dict[str, Any]:
         "model_call": state.model_call,
         "model_failures": state.model_failures,
         "usage": msgspec.to_builtins(state.usage),
+        # Only a compensated run has one: the fields fixtures recorded before stay as they were.
+        **({"saga": msgspec.to_builtins(state.saga)} if state.saga is not None else {}),
     }
 
 
@@ -409,7 +439,8 @@ def _run_resumed(st: RunState, ev: Event) -> None:
     if ev.payload.get("by"):
         st.decided_seq = ev.seq
     if st.status in ("paused", "escalated", "new"):
-        st.status = "running"
+        # A run being compensated goes on with its saga, never with its loop.
+        st.status = "compensating" if st.saga is not None else "running"
         st.pause_reason = None
 
 
@@ -427,6 +458,45 @@ def _run_escalated(st: RunState, ev: Event) -> None:
 def _run_finished(st: RunState, ev: Event) -> None:
     st.status = "finished"
     st.outcome = ev.payload.get("outcome")
+
+
+def _saga_started(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    st.saga = Saga(seq=ev.seq, by=p.get("by", ""), reason=p.get("reason", ""),
+                   through_seq=p.get("through_seq", 0),
+                   plan=[PlannedUndo(**u) for u in p.get("plan", ())], blocked=p.get("blocked"))
+    st.status = "compensating"  # the loop never drives this run again
+    st.pause_reason = None
+
+
+def _compensation_started(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    st.pending[ev.seq] = PendingCall(
+        started_seq=ev.seq, key=p["key"], tool=p["tool"], args=p.get("args", {}),
+        call_id=f"undo-{p['effect_seq']}", effect="compensation",
+        attempt=p.get("attempt", 1), started_at=ev.ts,
+    )
+    st.attempts[p["key"]] = st.attempts.get(p["key"], 0) + 1
+    st.status = "compensating"  # going on after an escalation a person decided
+
+
+def _compensation_completed(st: RunState, ev: Event) -> None:
+    # Like a tool's completion, but no message: the model never reads a saga.
+    p = ev.payload
+    started = st.pending.pop(p["started_seq"], None)
+    if p.get("error") is not None:
+        if st.saga is not None:
+            st.saga.failures[p["key"]] = p["error"]
+        return
+    st.completed[p["key"]] = CompletedCall(
+        result=p.get("result"), seq=ev.seq, source=p.get("source", "tool"),
+        args=p.get("args", started.args if started else None))
+
+
+def _saga_finished(st: RunState, ev: Event) -> None:
+    if st.saga is not None:
+        st.saga.finished_seq = ev.seq
+    st.status = "compensated"
 
 
 Rule = Callable[[RunState, Event], None]
@@ -453,6 +523,10 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.RUN_PAUSED: _run_paused,
     EventType.RUN_ESCALATED: _run_escalated,
     EventType.RUN_FINISHED: _run_finished,
+    EventType.SAGA_STARTED: _saga_started,
+    EventType.COMPENSATION_STARTED: _compensation_started,
+    EventType.COMPENSATION_COMPLETED: _compensation_completed,
+    EventType.SAGA_FINISHED: _saga_finished,
 }
 
 #: Deliberate no-ops: facts kept for audit that change no state.

@@ -200,6 +200,26 @@ Reconciler = Callable[[PendingCall], Reconciliation]
 
 
 @dataclass(frozen=True)
+class Undo:
+    """What a compensation is asked to undo. ``key`` is the compensation's own
+    idempotency key (derived from the effect's): send it to the receiver, so an undo
+    retried after a crash is applied once."""
+
+    run_id: str
+    key: str
+    effect_key: str
+    tool: str
+    args: dict[str, Any]  # the effect's arguments
+    result: Any  # what the effect returned
+    attempt: int
+
+
+Compensator = Callable[[Undo], Any]
+#: Whether an undo whose outcome is unknown took effect: Found, Absent or Unknown.
+CompensationLookup = Callable[[Undo], Reconciliation]
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
     fn: Callable[..., Any]
@@ -207,7 +227,8 @@ class Tool:
     description: str = ""
     identity: tuple[str, ...] = ()
     reconcile: Reconciler | None = None
-    compensate: Callable[[PendingCall, Any], Any] | None = None
+    compensate: Compensator | None = None  # undoes a completed call (a saga; saga.py)
+    compensation_lookup: CompensationLookup | None = None
     key_retention: float | None = None  # seconds the receiver remembers keys
     untrusted: bool = False  # its results carry outside content (web pages, emails)
     timeout: float | None = None  # seconds; None: the agent's default; math.inf: none
@@ -262,7 +283,8 @@ def tool(
     effect: Effect | str = Effect.IRREVERSIBLE,
     identity: Sequence[str] = (),
     reconcile: Reconciler | None = None,
-    compensate: Callable[[PendingCall, Any], Any] | None = None,
+    compensate: Compensator | None = None,
+    compensation_lookup: CompensationLookup | None = None,
     key_retention: float | None = None,
     untrusted: bool = False,
     timeout: float | None = None,
@@ -278,13 +300,19 @@ def tool(
     effect: Effect | str = Effect.IRREVERSIBLE,
     identity: Sequence[str] = (),
     reconcile: Reconciler | None = None,
-    compensate: Callable[[PendingCall, Any], Any] | None = None,
+    compensate: Compensator | None = None,
+    compensation_lookup: CompensationLookup | None = None,
     key_retention: float | None = None,
     untrusted: bool = False,
     timeout: float | None = None,
     description: str | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool. The default effect is the cautious one: ``irreversible``.
+
+    ``compensate(undo)`` undoes one completed call when the run is compensated (a
+    saga, see :func:`agentjournal.compensate`); ``compensation_lookup(undo)`` says
+    whether an undo whose outcome is unknown took effect (Found / Absent / Unknown).
+    An effect without ``compensate`` cannot be undone: a saga stops before it.
 
     ``untrusted=True`` labels its results ``untrusted`` in the model's context
     (content from outside: a fetched page, an inbound email). ``timeout`` is how
@@ -307,6 +335,7 @@ def tool(
             name=tool_name, fn=f, effect=Effect(effect),
             description=description or inspect.getdoc(f) or "",
             identity=tuple(identity), reconcile=reconcile, compensate=compensate,
+            compensation_lookup=compensation_lookup,
             key_retention=key_retention, untrusted=untrusted, timeout=timeout,
             args_type=args_type, schema=schema, takes_context=takes_context,
         )
