@@ -14,7 +14,7 @@ text = st.text(max_size=12)
 OPS = (
     "user", "turn", "start", "complete", "fail", "uncertain", "reconcile", "deny", "served",
     "ask", "decide", "flag", "redact", "compact", "memory", "resumed", "paused", "escalated",
-    "finished", "budget",
+    "finished", "budget", "fresh", "saga", "undo", "undone", "saga_done",
 )
 
 
@@ -52,10 +52,32 @@ def run_logs(draw: st.DrawFn, max_events: int = 40, run_id: str = "run-1") -> li
             seq = draw(st.sampled_from(sorted(pending)))
             ok = op == "complete"
             call_id = f"c{draw(st.integers(0, 2))}"
+            fresh = {"fresh_for": 1.5} if draw(st.booleans()) else {}
             emit(EventType.TOOL_CALL_COMPLETED, started_seq=seq, call_id=call_id, tool="t",
                  idempotency_key=pending.pop(seq) if ok else None, is_error=not ok,
-                 content=draw(text), result={"v": draw(st.integers())})
+                 content=draw(text), result={"v": draw(st.integers())}, **fresh)
             messages += 1
+        elif op == "saga":
+            emit(EventType.SAGA_STARTED, by="ops", reason="r", through_seq=0, blocked=None,
+                 plan=[{"effect_seq": 1, "key": key, "undo_key": f"u-{key}", "tool": "t"}])
+        elif op == "undo":
+            emit(EventType.COMPENSATION_STARTED, saga_seq=1, effect_seq=1, effect_key=key,
+                 key=f"u-{key}", tool="t", args={}, attempt=1)
+            pending[len(events)] = f"u-{key}"
+        elif op == "undone" and pending:
+            seq = draw(st.sampled_from(sorted(pending)))
+            failed = {"error": "frozen"} if draw(st.booleans()) else {"result": {"v": 1}}
+            emit(EventType.COMPENSATION_COMPLETED, started_seq=seq, key=pending.pop(seq),
+                 effect_seq=1, **failed)
+        elif op == "saga_done":
+            emit(EventType.SAGA_FINISHED, undone=1)
+        elif op == "fresh":
+            items = [{"call_id": f"c{i}", "tool": "t", "args": {"x": i}, "observed_seq": 1,
+                      "age_s": 2.0, "verdict": draw(st.sampled_from(
+                          ["changed", "unchanged", "stale"])), "result": {"v": i}}
+                     for i in range(draw(st.integers(0, 2)))]
+            emit(EventType.OBSERVATIONS_CHECKED, items=items)
+            messages += 1 if items else 0
         elif op == "uncertain" and pending:
             seq = draw(st.sampled_from(sorted(pending)))
             emit(EventType.TOOL_CALL_UNCERTAIN, started_seq=seq, key=pending[seq], error="timeout")

@@ -175,6 +175,14 @@ def test_an_irreversible_effect_stops_the_saga_before_it(store: Store) -> None:
     assert result.escalation is not None and "send_email" in result.escalation["reason"]
     assert dict(+ledger.balance) == {"cash": 100, "fees": 7}  # the two before it stand
     assert ledger.applied["email"] == 1
+    # Nothing decided: asked again, the saga stays where it stopped.
+    assert compensate(store, "r1", agent.tools.values()).status == "escalated"
+    # A person goes on: the email stands, the saga finishes naming it, nothing more undone.
+    done = compensate(store, "r1", agent.tools.values(), by="ana", reason="email stands")
+    assert done.status == "compensated" and ledger.applied["reverse"] == 1
+    finished = list(store.read("r1"))[-1]
+    assert finished.type is E.SAGA_FINISHED
+    assert finished.payload["blocked_stands"]["tool"] == "send_email"
 
 
 def test_an_uncertain_undo_the_lookup_cannot_tell_waits_for_a_person(store: Store) -> None:

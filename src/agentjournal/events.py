@@ -29,7 +29,8 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: writes and reasoning tokens; run_started records instructions; new types
 #: model_call_started, model_call_failed, instructions_changed.
 #: v6: sagas: new types saga_started, compensation_started, compensation_completed,
-#: saga_finished (no payload of an older type changed).
+#: saga_finished; observations_checked (freshness); tool_call_completed may carry
+#: fresh_for (no payload of an older type changed meaning).
 SCHEMA_VERSION = 6
 
 #: The first schema version whose events are stored sealed (with a chained digest).
@@ -63,6 +64,7 @@ class EventType(StrEnum):
     COMPENSATION_STARTED = "compensation_started"
     COMPENSATION_COMPLETED = "compensation_completed"
     SAGA_FINISHED = "saga_finished"
+    OBSERVATIONS_CHECKED = "observations_checked"
 
     @classmethod
     def parse(cls, name: str) -> EventType:

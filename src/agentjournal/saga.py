@@ -18,7 +18,8 @@ The saga is resumable: run ``compensate`` again after a crash and it goes on
 from the log, never undoing an effect twice. A person asking to compensate a
 run that waits for one (``by`` other than "agentjournal") is a decision to go
 on, recorded as ``run_resumed``; so is resolving an uncertain undo
-(``agentjournal resolve``).
+(``agentjournal resolve``). Going on after the saga stopped at an effect it cannot
+undo says that effect stands: the saga finishes, naming it.
 """
 
 from __future__ import annotations
@@ -161,13 +162,22 @@ def _drive(j: RunJournal, tools: dict[str, Tool], retries: int) -> None:
             return
         if not _undo(j, tool, planned, retries):
             return
-    if saga.blocked is not None:
+    if saga.blocked is not None and not _blocked_stands(j.state):
         b = saga.blocked
         _escalate(j, None, f"effect {b['tool']} at seq {b['effect_seq']} ({b['key'][:16]}) "
                   f"cannot be compensated ({b['why']}): the saga stopped before it; undo it "
                   "by hand, or decide it stands", blocked=b)
         return
-    j.record(E.SAGA_FINISHED, undone=len(undone_in_order(j.state)))
+    stands = ({"blocked_stands": {**saga.blocked, "decided_seq": j.state.decided_seq}}
+              if saga.blocked is not None else {})
+    j.record(E.SAGA_FINISHED, undone=len(undone_in_order(j.state)), **stands)
+
+
+def _blocked_stands(state: RunState) -> bool:
+    """A person went on after the saga stopped at the effect it cannot undo: that
+    effect stands (they undid it by hand, or decided it may stay)."""
+    last = state.escalation or {}
+    return bool(last.get("blocked")) and state.decided_seq > state.escalated_seq
 
 
 def _undo(j: RunJournal, tool: Tool, planned: PlannedUndo, retries: int) -> bool:

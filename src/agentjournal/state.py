@@ -24,7 +24,8 @@ from .events import Event, EventType, render
 #: v5: instructions; an assistant message keeps its provider's items; usage counts
 #: cache writes and reasoning tokens; a model call in flight; failed model attempts;
 #: a run_resumed a person recorded (a requeue) is a decision. v6: sagas (``saga``,
-#: statuses compensating and compensated).
+#: statuses compensating and compensated); observations with a freshness, re-read or
+#: marked stale (``observations``).
 FOLD_VERSION = 6
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
@@ -121,6 +122,18 @@ class GuardrailHit(msgspec.Struct, kw_only=True):
     message_index: int | None = None
 
 
+class Observation(msgspec.Struct, kw_only=True):
+    """A tool result in the model's context that holds for ``fresh_for`` seconds."""
+
+    call_id: str
+    tool: str
+    args: dict[str, Any]
+    key: str | None
+    seq: int  # the event that last observed it
+    at: datetime
+    fresh_for: float
+
+
 class PlannedUndo(msgspec.Struct, kw_only=True):
     """One effect a saga undoes: the completion it undoes, and the undo's own key."""
 
@@ -179,6 +192,9 @@ class RunState(msgspec.Struct, kw_only=True):
     escalated_seq: int = 0  # the last run_escalated
     decided_seq: int = 0  # the last decision a person recorded (approval or verdict)
     saga: Saga | None = None  # set once the run is being compensated
+    #: Results of tools that declared ``fresh_for``, by call id, while they may still be
+    #: re-read or marked stale (tools.py; steps.py ``_refresh``).
+    observations: dict[str, Observation] = msgspec.field(default_factory=dict)
 
     @property
     def waits_for_a_person(self) -> bool:
@@ -237,6 +253,8 @@ def durable_fields(state: RunState) -> dict[str, Any]:
         "usage": msgspec.to_builtins(state.usage),
         # Only a compensated run has one: the fields fixtures recorded before stay as they were.
         **({"saga": msgspec.to_builtins(state.saga)} if state.saga is not None else {}),
+        **({"observations": msgspec.to_builtins(state.observations)}
+           if state.observations else {}),
     }
 
 
@@ -337,12 +355,16 @@ def _tool_call_completed(st: RunState, ev: Event) -> None:
     is_error = bool(p.get("is_error", False))
     content = p.get("content")
     _tool_message(st, ev, render(p.get("result")) if content is None else content, is_error)
+    args = p.get("args", started.args if started else None)
     if key := p.get("idempotency_key"):
-        args = p.get("args", started.args if started else None)
         st.completed[key] = CompletedCall(
             result=p.get("result"), seq=ev.seq, source=p.get("source", "tool"), args=args,
             error=p.get("encoding_error"),
         )
+    if p.get("fresh_for") is not None and not is_error:
+        st.observations[p["call_id"]] = Observation(
+            call_id=p["call_id"], tool=p["tool"], args=args or {}, key=key, seq=ev.seq,
+            at=ev.ts, fresh_for=p["fresh_for"])
 
 
 def _tool_call_uncertain(st: RunState, ev: Event) -> None:
@@ -499,6 +521,46 @@ def _saga_finished(st: RunState, ev: Event) -> None:
     st.status = "compensated"
 
 
+def _observations_checked(st: RunState, ev: Event) -> None:
+    # Each item supersedes its result in the context (re-read) or says it may no longer
+    # hold (stale); one message tells the model what changed, before its next turn.
+    lines = []
+    for item in ev.payload.get("items", ()):
+        seen = _tool_result(st, item["call_id"])
+        label = (f"{item['tool']}({render(item.get('args', {}))}), observed "
+                 f"{_age(item['age_s'])} ago")
+        obs = st.observations.get(item["call_id"])
+        if item["verdict"] in ("changed", "unchanged") and seen is not None:
+            new = render(item.get("result"))
+            lines.append(f"{label}, was re-read: changed from {seen.content} to {new}"
+                         if item["verdict"] == "changed" else f"{label}, was re-read: unchanged")
+            seen.content = new
+            if obs is not None:
+                obs.seq, obs.at = ev.seq, ev.ts
+                if obs.key in st.completed:  # a later identical call is served the new one
+                    st.completed[obs.key].result = item.get("result")
+        else:
+            lines.append(f"{label}, may no longer hold: {item.get('why', 'not re-read')}")
+            st.observations.pop(item["call_id"], None)
+    if lines and not st.awaiting:  # never between a turn's calls and their results
+        st.messages.append(Message(
+            role="user", trust=ev.payload.get("trust", "tool"), seq=ev.seq,
+            content="The world since this run last looked:\n" + "\n".join(
+                f"- {line}" for line in lines)))
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+def _tool_result(st: RunState, call_id: str) -> Message | None:
+    return next((m for m in reversed(st.messages)
+                 if m.role == "tool" and m.tool_call_id == call_id), None)
+
+
 Rule = Callable[[RunState, Event], None]
 
 FOLD_RULES: dict[EventType, Rule] = {
@@ -527,6 +589,7 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.COMPENSATION_STARTED: _compensation_started,
     EventType.COMPENSATION_COMPLETED: _compensation_completed,
     EventType.SAGA_FINISHED: _saga_finished,
+    EventType.OBSERVATIONS_CHECKED: _observations_checked,
 }
 
 #: Deliberate no-ops: facts kept for audit that change no state.

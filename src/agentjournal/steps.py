@@ -20,7 +20,8 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -36,7 +37,7 @@ from .policy import Budget, Compaction, Deny, Guardrail, Policy, RequireApproval
 from .redaction import was_redacted
 from .results import to_json
 from .settle import Fact, Ready, Settling, changed_intent, same_intent
-from .state import CompletedCall, Message, ToolCall
+from .state import CompletedCall, Message, Observation, ToolCall
 from .tools import CallGuard, Effect, Tool, ToolContext, ToolFailed
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class StepMachine(Settling):
                 continue
             if self._over_budget(j):
                 return
+            yield from self._refresh(j)
             asked = yield from self._ask_model(j)
             if asked is None:
                 return
@@ -304,6 +306,8 @@ class StepMachine(Settling):
             return self._deny(j, call, key, decision.reason)
         if isinstance(decision, RequireApproval) and not self._approved(j, call, key, decision):
             return j.state.status == "running"
+        if tool.requires_fresh and not (yield from self._fresh_enough(j, call, tool)):
+            return True  # denied: the model decides again on what it reads now
         return call, tool, key
 
     def _serve(self, j: RunJournal, call: ToolCall, tool: Tool, key: str,
@@ -426,7 +430,10 @@ class StepMachine(Settling):
                     origin: dict[str, Any] | None = None) -> Fact:
         """A completion. ``args`` when its start is not (or no longer) open in this run,
         so the fold can keep them; ``origin`` names the run and seq it came from."""
-        extra: dict[str, Any] = {"trust": "untrusted"} if self.tools[call.name].untrusted else {}
+        tool = self.tools[call.name]
+        extra: dict[str, Any] = {"trust": "untrusted"} if tool.untrusted else {}
+        if tool.fresh_for is not None:
+            extra["fresh_for"] = tool.fresh_for
         if args is not None:
             extra["args"] = args
         if origin is not None:
@@ -447,6 +454,79 @@ class StepMachine(Settling):
         # A proven failure carries no idempotency key: the action may be tried again.
         j.record(E.TOOL_CALL_COMPLETED, started_seq=started_seq, call_id=call.id,
                  tool=call.name, idempotency_key=None, is_error=True, content=f"error: {error}")
+
+    # --- freshness --------------------------------------------------------------------
+
+    def _refresh(self, j: RunJournal) -> Steps[None]:
+        """Results in the model's context older than their tool's ``fresh_for``: re-read
+        (read-only tools, called again) or marked stale, in one fact the model reads
+        before its next turn. A crash before it is recorded only re-reads again."""
+        due = _due(j, j.state.observations.values())
+        if due:
+            yield from self._recheck(j, due)
+
+    def _fresh_enough(self, j: RunJournal, call: ToolCall, tool: Tool) -> Steps[bool]:
+        """Before ``tool`` runs, the observations it ``requires_fresh`` are re-read if
+        they aged past their freshness; if one changed (or could not be re-read), the
+        call is denied with what changed, and the model decides again."""
+        due = _due(j, [o for o in j.state.observations.values()
+                       if o.tool in tool.requires_fresh])
+        if not due:
+            return True
+        items = yield from self._recheck(j, due)
+        moved = [i for i in items if i["verdict"] != "unchanged"]
+        if not moved:
+            return True
+        self._deny(j, call, None, "what it was decided on may no longer hold: " + "; ".join(
+            f"{i['tool']}({render(i['args'])}) changed to {render(i['result'])}"
+            if i["verdict"] == "changed" else f"{i['tool']}({render(i['args'])}): {i['why']}"
+            for i in moved) + "; decide again on what you read now")
+        return False
+
+    def _recheck(self, j: RunJournal, due: list[Observation]) -> Steps[list[dict[str, Any]]]:
+        now = datetime.now(UTC)
+        rereads = [(o, t) for o in due if (t := self.tools.get(o.tool)) is not None
+                   and t.effect is Effect.READ_ONLY]
+        outcomes: dict[int, Outcome] = {}
+        if rereads:
+            yield Invoke([self._reread(j, o, t) for o, t in rereads], outcomes.__setitem__,
+                         self.parallel_calls)
+        reread = {o.call_id: outcomes[i] for i, (o, _) in enumerate(rereads)}
+        items = [self._checked(j, o, reread.get(o.call_id), (now - o.at).total_seconds())
+                 for o in due]
+        untrusted = any(self.tools[o.tool].untrusted for o in due if o.tool in self.tools)
+        j.record(E.OBSERVATIONS_CHECKED, items=items,
+                 **({"trust": "untrusted"} if untrusted else {}))
+        return items
+
+    def _reread(self, j: RunJournal, o: Observation, tool: Tool) -> Call:
+        key = tool.key(j.state.scope, o.args)
+        ctx = ToolContext(run_id=j.run_id, key=key, attempt=1, epoch=j.lease.epoch,
+                          call_id=o.call_id, scope=j.state.scope, memory=dict(j.state.memory),
+                          remember=lambda k, v: None)  # a re-read is an observation only
+        return Call(run=functools.partial(tool.invoke, o.args, ctx),
+                    timeout=self._timeout_of(tool), guard=CallGuard(), name=tool.name,
+                    is_async=tool.is_async)
+
+    @staticmethod
+    def _checked(j: RunJournal, o: Observation, outcome: Outcome | None,
+                 age: float) -> dict[str, Any]:
+        item: dict[str, Any] = {"call_id": o.call_id, "tool": o.tool, "args": o.args,
+                                "observed_seq": o.seq, "age_s": round(age, 3)}
+        if outcome is None:
+            return {**item, "verdict": "stale", "why": "not re-read: the tool is not read-only"}
+        if outcome.error is not None:
+            return {**item, "verdict": "stale",
+                    "why": f"re-reading it failed: {type(outcome.error).__name__}: "
+                           f"{outcome.error}"}
+        try:
+            result = to_json(outcome.value)
+        except EncodingError as exc:
+            return {**item, "verdict": "stale", "why": f"the re-read result was not kept: {exc}"}
+        before = j.state.completed.get(o.key) if o.key else None
+        seen = next(m.content for m in reversed(j.state.messages) if m.tool_call_id == o.call_id)
+        same = (before.result == result) if before is not None else seen == render(result)
+        return {**item, "verdict": "unchanged" if same else "changed", "result": result}
 
     # --- guardrails, compaction, budget ----------------------------------------------
 
@@ -489,6 +569,18 @@ class StepMachine(Settling):
         j.record_all([(E.BUDGET_EXCEEDED, {"budget": name, "limit": cap, "used": used}),
                       (E.RUN_PAUSED, {"reason": f"budget exceeded: {name} {used:g} of {cap:g}"})])
         return True
+
+
+def _due(j: RunJournal, observations: Iterable[Observation]) -> list[Observation]:
+    """The observations the model still reads that are older than their freshness."""
+    now = datetime.now(UTC)
+    return [o for o in observations
+            if (now - o.at).total_seconds() > o.fresh_for and _in_context(j, o.call_id)]
+
+
+def _in_context(j: RunJournal, call_id: str) -> bool:
+    """Whether the model still reads this call's result (compaction may have dropped it)."""
+    return any(m.tool_call_id == call_id and m.role == "tool" for m in j.state.messages)
 
 
 def limit(seconds: float | None) -> float | None:

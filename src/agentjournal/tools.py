@@ -24,6 +24,7 @@ whatever it still does is on its own thread. It can no longer write to the run.
 from __future__ import annotations
 
 import inspect
+import math
 import queue
 import threading
 import typing
@@ -230,6 +231,8 @@ class Tool:
     compensate: Compensator | None = None  # undoes a completed call (a saga; saga.py)
     compensation_lookup: CompensationLookup | None = None
     key_retention: float | None = None  # seconds the receiver remembers keys
+    fresh_for: float | None = None  # seconds its results stay true (steps.py _refresh)
+    requires_fresh: tuple[str, ...] = ()  # tools whose results must be fresh before it runs
     untrusted: bool = False  # its results carry outside content (web pages, emails)
     timeout: float | None = None  # seconds; None: the agent's default; math.inf: none
     args_type: type[msgspec.Struct] = field(default=msgspec.Struct, repr=False)
@@ -286,6 +289,8 @@ def tool(
     compensate: Compensator | None = None,
     compensation_lookup: CompensationLookup | None = None,
     key_retention: float | None = None,
+    fresh_for: float | None = None,
+    requires_fresh: Sequence[str] = (),
     untrusted: bool = False,
     timeout: float | None = None,
     description: str | None = None,
@@ -303,6 +308,8 @@ def tool(
     compensate: Compensator | None = None,
     compensation_lookup: CompensationLookup | None = None,
     key_retention: float | None = None,
+    fresh_for: float | None = None,
+    requires_fresh: Sequence[str] = (),
     untrusted: bool = False,
     timeout: float | None = None,
     description: str | None = None,
@@ -314,6 +321,14 @@ def tool(
     whether an undo whose outcome is unknown took effect (Found / Absent / Unknown).
     An effect without ``compensate`` cannot be undone: a saga stops before it.
 
+    ``fresh_for`` is how many seconds the tool's results stay true. Before each model
+    turn, a result older than that and still in the model's context is re-read (a
+    read-only tool is called again) or, for any other tool, marked stale with its age;
+    the model is told what changed. ``requires_fresh`` names tools whose results this
+    one relies on (re-read the balance before posting a correction): before it runs,
+    their aged results are re-read, and if one changed the call is denied with what
+    changed, so the model decides again.
+
     ``untrusted=True`` labels its results ``untrusted`` in the model's context
     (content from outside: a fetched page, an inbound email). ``timeout`` is how
     many seconds a call may take before it is abandoned as uncertain (default: the
@@ -321,6 +336,8 @@ def tool(
     """
     if timeout is not None and not timeout > 0:  # NaN too
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    if fresh_for is not None and not 0 <= fresh_for < math.inf:  # NaN too
+        raise ValueError(f"fresh_for must be a finite number of seconds >= 0, not {fresh_for!r}")
 
     def wrap(f: Callable[..., Any]) -> Tool:
         tool_name = name or f.__name__
@@ -336,7 +353,8 @@ def tool(
             description=description or inspect.getdoc(f) or "",
             identity=tuple(identity), reconcile=reconcile, compensate=compensate,
             compensation_lookup=compensation_lookup,
-            key_retention=key_retention, untrusted=untrusted, timeout=timeout,
+            key_retention=key_retention, fresh_for=fresh_for,
+            requires_fresh=tuple(requires_fresh), untrusted=untrusted, timeout=timeout,
             args_type=args_type, schema=schema, takes_context=takes_context,
         )
 

@@ -5,16 +5,18 @@
     verify RUN | --all                                     snapshots against a full replay
     approvals | approve | deny | uncertain | resolve       a person's decisions
     run MODULE:OBJECT TASK | resume RUN | fork RUN         drive runs
+    compensate RUN [--through SEQ]                         undo a run's effects (a saga)
     demo                                                   the crash-and-resume story, end to end
 
 Exit codes: 0 ok; 1 usage or user error, a bad store URL, or a write the store
 refused (a full disk, a read-only store); 2 run or store not found, or refused (a
 lease, a fence, nothing pending by that id); 3 the store's data cannot be read
-(corrupt or damaged, not a store, or written by a newer release). Errors are one line on
+(corrupt or damaged, not a store, or written by a newer release); 4 ``compensate``
+stopped where a person must decide. Errors are one line on
 stderr; ``--json`` output is the only thing on stdout.
 """
 
-from . import decide, fleet, reading, running, setup, snapshots  # noqa: F401  (each registers its commands)
+from . import decide, fleet, reading, running, sagas, setup, snapshots  # noqa: F401  (each registers its commands)
 from ._base import cli, main
 
 __all__ = ["cli", "main"]

@@ -128,6 +128,11 @@ def store_option(f: F) -> F:
     )(f)
 
 
+def by_option(f: F) -> F:
+    return click.option("--by", default=_os_user, show_default="your OS user",
+                        help="Who decides (recorded in the event).")(f)
+
+
 def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True,
                         help="Print JSON to stdout (and nothing else).")(f)

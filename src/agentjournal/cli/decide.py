@@ -10,10 +10,9 @@ import msgspec
 
 from ..decisions import Decision, Outcome, record_approval, record_resolution
 from ._base import (
-    F,
-    _os_user,
     _report_unreadable,
     age,
+    by_option,
     cli,
     fold_all,
     human_age,
@@ -30,11 +29,6 @@ from ._safe import cells, echo, emit_json
 from .reading import summary
 
 # --- decisions -------------------------------------------------------------------------
-
-
-def by_option(f: F) -> F:
-    return click.option("--by", default=_os_user, show_default="your OS user",
-                        help="Who decides (recorded in the event).")(f)
 
 
 def print_decision(decision: Decision, run_id: str, store_url: str, as_json: bool) -> None:
@@ -138,6 +132,7 @@ def deny(run_id: str, approval_id: str, reason: str, by: str, as_json: bool,
 @click.pass_context
 def uncertain(ctx: click.Context, as_json: bool, store_url: str) -> None:
     """List open uncertain calls across runs: started, never completed, effect unknown.
+    Undos of a saga whose outcome is unknown are listed beside them (kind "compensation").
 
     \b
     Example:
@@ -147,6 +142,7 @@ def uncertain(ctx: click.Context, as_json: bool, store_url: str) -> None:
         states, errors = fold_all(store)
     rows: list[dict[str, Any]] = sorted(({
         "run_id": s.run_id, "run_status": s.status, "tool": p.tool, "key": p.key,
+        "kind": "compensation" if p.effect == "compensation" else "call",
         "args": p.args, "risk": p.effect, "attempt": p.attempt, "started_seq": p.started_seq,
         "started_at": p.started_at, "age_s": age(p.started_at), "last_error": p.last_error,
     } for _, s in states for p in s.pending.values()), key=lambda r: -r["age_s"])
@@ -156,10 +152,10 @@ def uncertain(ctx: click.Context, as_json: bool, store_url: str) -> None:
         note("no uncertain calls")
     else:
         out().print(table(
-            ("run", "tool", "key", "age", "risk", "last error"),
-            cells((r["run_id"], r["tool"], r["key"][:16], human_age(r["age_s"]), r["risk"],
-                   short(r["last_error"] or "-", 60)) for r in rows),
-            keep=("run", "key", "risk")))
+            ("run", "kind", "tool", "key", "age", "risk", "last error"),
+            cells((r["run_id"], r["kind"], r["tool"], r["key"][:16], human_age(r["age_s"]),
+                   r["risk"], short(r["last_error"] or "-", 60)) for r in rows),
+            keep=("run", "kind", "key", "risk")))
         oldest: dict[str, float] = {}
         for r in rows:  # rows are oldest first
             oldest.setdefault(r["risk"], r["age_s"])

@@ -24,6 +24,7 @@ from ..store import open_store
 from ._base import (
     CliError,
     _check_target,
+    by_option,
     cli,
     human_age,
     json_option,
@@ -34,7 +35,6 @@ from ._base import (
     table,
 )
 from ._safe import cells, echo, emit_json
-from .decide import by_option
 
 
 @contextmanager

@@ -45,6 +45,7 @@ from ._base import (
     table,
 )
 from ._safe import cells, echo, emit_json, json_text, visible
+from .sagas import saga_lines, saga_of
 
 # --- inspection ------------------------------------------------------------------------
 
@@ -140,6 +141,31 @@ def summary(event: Event) -> str:
             return f"{p.get('budget')}: {p.get('used')} of {p.get('limit')}"
         case E.RUN_FINISHED:
             return short(p.get("outcome", ""))
+        case E.SAGA_STARTED:
+            stop = f", stops before {p['blocked']['tool']}" if p.get("blocked") else ""
+            why = f": {short(p['reason'], 60)}" if p.get("reason") else ""
+            return (f"undo {len(p.get('plan', []))} effect(s) after seq {p.get('through_seq', 0)}"
+                    f"{stop} (by {p.get('by')}){why}")
+        case E.COMPENSATION_STARTED:
+            return (f"undo {p['tool']} seq {p['effect_seq']} {p['key'][:12]} "
+                    f"(attempt {p.get('attempt', 1)})")
+        case E.COMPENSATION_COMPLETED:
+            if p.get("error") is not None:
+                return f"undo of seq {p['effect_seq']} failed: {short(p['error'], 80)}"
+            how = p.get("source", "tool")
+            return f"seq {p['effect_seq']} undone [{how}] {short(p.get('result'), 60)}"
+        case E.OBSERVATIONS_CHECKED:
+            items = p.get("items", [])
+            reread = [i for i in items if i["verdict"] in ("changed", "unchanged")]
+            changed = sum(i["verdict"] == "changed" for i in reread)
+            stale = ", ".join(f"{i['tool']} stale ({i['age_s']:.0f} s)" for i in items
+                              if i["verdict"] == "stale")
+            return (f"the world since: {len(reread)} re-read ({changed} changed)"
+                    + (f"; {stale}" if stale else ""))
+        case E.SAGA_FINISHED:
+            stands = p.get("blocked_stands")
+            kept = f"; {stands['tool']} at seq {stands['effect_seq']} stands" if stands else ""
+            return f"{p.get('undone', 0)} effect(s) undone{kept}"
     return short(p.get("reason") or p.get("name") or p.get("key") or "")
 
 
@@ -158,8 +184,9 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
     """
     with opened(store_url) as store:
         events, state = load(store, run_id, at)
+    saga = saga_of(state)
     if as_json:
-        emit_json({"run_id": run_id, "at": at, "state": state,
+        emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga,
                    "events": [{**msgspec.to_builtins(e), "summary": summary(e)} for e in events]})
     elif at is None:
         print_timeline(run_id, events, state)
@@ -179,6 +206,16 @@ def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
         line = (f"{e.seq:>5}  {local_time(e.ts, '%H:%M:%S.%f')[:-3]}  "
                 f"{e.type.value:<{width}}  {summary(e)}")
         console.print(Text(visible(line)), no_wrap=True, overflow="ellipsis")
+    _print_saga(console, state)
+
+
+def _print_saga(console: Console, state: RunState) -> None:
+    saga = saga_of(state)
+    if saga is not None:
+        console.print(Text(visible(f"saga: {saga.status}, undone {len(saga.undone)}, "
+                                   f"left {len(saga.remaining)}"), style="bold"))
+        for line in saga_lines(saga):
+            console.print(Text(visible(f"  {line}")), no_wrap=True, overflow="ellipsis")
 
 
 def print_state(state: RunState) -> None:
@@ -194,6 +231,7 @@ def print_state(state: RunState) -> None:
                   " → ".join(filter(None, [short(m.content),
                                            _calls(msgspec.to_builtins(m.tool_calls))])))
                  for m in state.messages])
+    _print_saga(console, state)
     _print_rows(console, "completed calls", ("key", "seq", "source"),
                 [(k[:16], str(c.seq), c.source) for k, c in state.completed.items()])
     _print_rows(console, "uncertain calls", ("key", "tool", "args", "effect", "last error"),
