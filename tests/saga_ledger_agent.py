@@ -5,7 +5,8 @@ reversing correction sent with the undo's own key.
 ``agent`` is a zero-argument factory (``tests.saga_ledger_agent:agent``) configured by
 the environment: SAGA_LEDGER (the service's URL); SAGA_LOSE_UNDO=N (the first N
 reversals are applied, then reported lost: an uncertain undo); SAGA_LOOKUP=unknown (the
-lookup cannot tell). Run from the repository root.
+lookup cannot tell); SAGA_APPROVE_LAST=1 (the last correction waits for a person's
+approval). Run from the repository root.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agentjournal import (
     Absent,
     Agent,
     Found,
+    Rules,
     ScriptedModel,
     ToolContext,
     ToolFailed,
@@ -68,4 +70,7 @@ def agent() -> Agent:
     turns = [calls(("post_correction", {"correction_id": cid, "ledger": ledger,
                                         "amount": amount}))
              for cid, ledger, amount in CORRECTIONS]
-    return Agent(ScriptedModel([*turns, reply("posted")]), [post_correction])
+    last = CORRECTIONS[-1][0]
+    policy = Rules(approve_if={"post_correction": lambda c: c.args["correction_id"] == last}
+                   if os.environ.get("SAGA_APPROVE_LAST") else None)
+    return Agent(ScriptedModel([*turns, reply("posted")]), [post_correction], policy=policy)

@@ -14,7 +14,7 @@ text = st.text(max_size=12)
 OPS = (
     "user", "turn", "start", "complete", "fail", "uncertain", "reconcile", "deny", "served",
     "ask", "decide", "flag", "redact", "compact", "memory", "resumed", "paused", "escalated",
-    "finished", "budget", "fresh", "saga", "undo", "undone", "saga_done",
+    "finished", "budget", "fresh", "saga", "undo", "undone", "saga_done", "cancel",
 )
 
 
@@ -69,6 +69,8 @@ def run_logs(draw: st.DrawFn, max_events: int = 40, run_id: str = "run-1") -> li
             failed = {"error": "frozen"} if draw(st.booleans()) else {"result": {"v": 1}}
             emit(EventType.COMPENSATION_COMPLETED, started_seq=seq, key=pending.pop(seq),
                  effect_seq=1, **failed)
+        elif op == "cancel":
+            emit(EventType.RUN_CANCELLED, by="ops", reason=draw(text))
         elif op == "saga_done":
             emit(EventType.SAGA_FINISHED, undone=1)
         elif op == "fresh":

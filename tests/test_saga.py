@@ -17,12 +17,16 @@ from agentjournal import (
     Agent,
     EventType,
     Found,
+    NotCancellableError,
+    Rules,
     ScriptedModel,
     ToolContext,
     ToolFailed,
     Undo,
     Unknown,
+    UnsettledError,
     calls,
+    cancel,
     compensate,
     fold,
     open_store,
@@ -254,3 +258,40 @@ def test_an_undo_the_lookup_finds_absent_is_made_again_once(store: Store) -> Non
     starts = [e.payload["attempt"] for e in store.read("r1")
               if e.type is E.COMPENSATION_STARTED]
     assert starts == [1, 2, 1, 1]
+
+
+def test_a_cancelled_run_is_never_driven_again(store: Store) -> None:
+    ledger = Ledger()
+    agent = agent_for(ledger, POSTS)
+    agent.run(store, "done", "post them")
+    with pytest.raises(NotCancellableError, match="finished: there is nothing to cancel"):
+        cancel(store, "done", by="ana")
+    waiting = Agent(agent.model, list(agent.tools.values()),
+                    policy=Rules(approve_if={"post": lambda c: c.args["ref"] == "r1"}))
+    assert waiting.run(store, "r1", "post them").status == "waiting_approval"
+    assert cancel(store, "r1", by="ana", reason="withdrawn") is None
+    log = list(store.read("r1"))
+    assert log[-1].type is E.RUN_CANCELLED and log[-1].payload == {"by": "ana",
+                                                                   "reason": "withdrawn"}
+    assert cancel(store, "r1", by="ana") is None  # again: nothing new
+    assert waiting.run(store, "r1").status == "cancelled"
+    assert len(list(store.read("r1"))) == len(log) and ledger.applied["post"] == 4
+    # Its effects can still be undone.
+    result = compensate(store, "r1", agent.tools.values(), by="ana")
+    assert result.status == "compensated" and len(result.undone) == 1
+
+
+def test_a_saga_waits_until_uncertain_calls_are_settled(store: Store) -> None:
+    ledger = Ledger()
+
+    @tool(effect="irreversible", identity=["ref"])
+    def wire(ref: str) -> str:
+        raise TimeoutError("no answer")
+
+    agent = Agent(ScriptedModel([calls(("wire", {"ref": "w1"})), reply("sent")]), [wire])
+    agent.run(store, "r1", "wire it")
+    before = len(list(store.read("r1")))
+    with pytest.raises(UnsettledError, match="settle each first"):
+        compensate(store, "r1", agent.tools.values(), by="ana")
+    assert len(list(store.read("r1"))) == before  # nothing recorded
+    assert ledger.applied == Counter()

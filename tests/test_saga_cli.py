@@ -113,3 +113,27 @@ def test_compensate_names_what_it_needs(ledger: LedgerService, tmp_path: Path) -
     url = f"sqlite:///{tmp_path / 'j.db'}"
     missing = cli(ledger, url, "compensate", "nope")
     assert missing.returncode == 2 and missing.stderr.startswith("error: ")
+
+
+def test_cancel_with_compensate_undoes_what_a_waiting_run_did(ledger: LedgerService,
+                                                             tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    start = discrepancies(ledger)
+    ran = cli(ledger, url, "run", AGENT, "post three corrections", "--run-id", "q3",
+              "--json", SAGA_APPROVE_LAST="1")
+    assert json.loads(ran.stdout)["status"] == "waiting_approval"
+    assert applied(ledger) == {"c1": 1, "c2": 1}
+    cancelled = cli(ledger, url, "cancel", "q3", "--compensate", "--reason", "withdrawn",
+                    "--json", SAGA_APPROVE_LAST="1")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["status"] == "compensated"
+    assert discrepancies(ledger) == start
+    assert applied(ledger) == {"c1": 1, "c2": 1, "rev-c1": 1, "rev-c2": 1}
+    # Nothing drives it again: no resume, no approval makes c3.
+    resumed = cli(ledger, url, "resume", "q3", "--json", SAGA_APPROVE_LAST="1")
+    assert json.loads(resumed.stdout)["status"] == "compensated"
+    assert "c3" not in applied(ledger)
+    timeline = cli(ledger, url, "show", "q3").stdout
+    assert "run_cancelled" in timeline and "withdrawn" in timeline
+    again = cli(ledger, url, "cancel", "q3")
+    assert again.returncode == 2 and "nothing to cancel" in again.stderr

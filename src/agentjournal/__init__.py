@@ -34,6 +34,7 @@ from .errors import (
     MissingExtraError,
     NoQueueError,
     NotAStoreError,
+    NotCancellableError,
     NotPendingError,
     ReadOnlyStoreError,
     RunMismatchError,
@@ -42,6 +43,7 @@ from .errors import (
     StoreUnavailableError,
     StoreUrlError,
     UnknownEventTypeError,
+    UnsettledError,
     UnsupportedVersionError,
 )
 from .events import SCHEMA_VERSION, Event, EventType, decode, encode, make_events
@@ -75,7 +77,7 @@ from .policy import (
     Rules,
 )
 from .redaction import Redaction
-from .saga import SagaResult, compensate
+from .saga import SagaResult, cancel, compensate
 from .state import FOLD_RULES, RECORD_ONLY, Message, PendingCall, RunState, ToolCall, apply, fold
 from .store import DEFAULT_URL, Durability, Lease, RunInfo, Store, open_store
 from .tools import (
@@ -141,6 +143,7 @@ __all__ = [
     "cost_of",
     "ModelRequest",
     "ModelResponse",
+    "NotCancellableError",
     "NotPendingError",
     "ReadOnlyStoreError",
     "PendingCall",
@@ -167,11 +170,13 @@ __all__ = [
     "ToolUncertain",
     "Undo",
     "UnknownEventTypeError",
+    "UnsettledError",
     "UnsupportedVersionError",
     "Unknown",
     "apply",
     "calls",
     "canonical_args",
+    "cancel",
     "compensate",
     "decide_approval",
     "decode",

@@ -274,8 +274,8 @@ class Agent(StepMachine):
         if changed and not change_instructions:
             raise RunMismatchError(j.run_id, "instructions", j.state.instructions,
                                    self.instructions)
-        if j.state.saga is not None:
-            return False  # being compensated: its loop never runs again (saga.py)
+        if j.state.saga is not None or j.state.status == "cancelled":
+            return False  # cancelled, or being compensated: its loop never runs again
         if self._waits_for_a_person(j):
             # Nothing new to act on: another lookup would only escalate again.
             return False

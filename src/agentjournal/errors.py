@@ -125,6 +125,30 @@ class AmbiguousKeyError(JournalError, ValueError):
         self.keys = keys
 
 
+class UnsettledError(JournalError):
+    """A saga was asked for while some of the run's effects are uncertain: what to undo
+    is not known until a person (or a lookup) settles them."""
+
+    def __init__(self, run_id: str, keys: list[str]) -> None:
+        shown = ", ".join(k[:16] for k in keys)
+        super().__init__(
+            f"run {run_id!r} has uncertain calls ({shown}): settle each first "
+            f"(agentjournal resolve {run_id} KEY --happened | --did-not-happen), then "
+            "compensate",
+            run_id=run_id,
+        )
+        self.keys = keys
+
+
+class NotCancellableError(JournalError, ValueError):
+    """The run has ended (finished, or being compensated): there is nothing to cancel."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        hint = "; undo its effects with compensate" if status == "finished" else ""
+        super().__init__(f"run {run_id!r} is {status}: there is nothing to cancel{hint}",
+                         run_id=run_id)
+
+
 class ConflictError(JournalError):
     """Another writer appended first. Re-read the log, re-fold, and decide again."""
 

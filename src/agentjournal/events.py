@@ -29,7 +29,7 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: writes and reasoning tokens; run_started records instructions; new types
 #: model_call_started, model_call_failed, instructions_changed.
 #: v6: sagas: new types saga_started, compensation_started, compensation_completed,
-#: saga_finished; observations_checked (freshness); tool_call_completed may carry
+#: saga_finished; run_cancelled; observations_checked (freshness); tool_call_completed may carry
 #: fresh_for (no payload of an older type changed meaning).
 SCHEMA_VERSION = 6
 
@@ -65,6 +65,7 @@ class EventType(StrEnum):
     COMPENSATION_COMPLETED = "compensation_completed"
     SAGA_FINISHED = "saga_finished"
     OBSERVATIONS_CHECKED = "observations_checked"
+    RUN_CANCELLED = "run_cancelled"
 
     @classmethod
     def parse(cls, name: str) -> EventType:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .errors import EncodingError
+from .errors import EncodingError, NotCancellableError, UnsettledError
 from .events import EventType
 from .faults import fault_point
 from .journal import Observer, RunJournal, open_journal
@@ -74,6 +74,26 @@ class SagaResult(msgspec.Struct, frozen=True, kw_only=True):
             escalation=state.escalation if state.status == "escalated" else None)
 
 
+def cancel(store: Store, run_id: str, *, by: str, reason: str = "",
+           compensate_with: Iterable[Tool] | Mapping[str, Tool] | None = None,
+           owner: str | None = None, observer: Observer | None = None) -> SagaResult | None:
+    """A person stops the run for good (``run_cancelled``): its loop never runs again.
+
+    With ``compensate_with`` (the run's tools), its effects are then undone, as by
+    :func:`compensate`; the saga's result is returned (None without). Cancelling a
+    cancelled run again records nothing new."""
+    with open_journal(store, run_id, owner=owner or f"decision:{by}", observer=observer,
+                      must_exist=True) as j:
+        if j.state.status in ("finished", "compensating", "compensated"):
+            raise NotCancellableError(run_id, j.state.status)
+        if j.state.status != "cancelled":
+            j.record(E.RUN_CANCELLED, by=by, reason=reason)
+    if compensate_with is None:
+        return None
+    return compensate(store, run_id, compensate_with, reason=reason or "cancelled", by=by,
+                      owner=owner, observer=observer)
+
+
 def undone_in_order(state: RunState) -> list[PlannedUndo]:
     """The planned undos that completed, in the order they completed."""
     if state.saga is None:
@@ -102,6 +122,8 @@ def compensate(store: Store, run_id: str, tools: Iterable[Tool] | Mapping[str, T
     with open_journal(store, run_id, owner=owner, ttl=ttl, observer=observer,
                       must_exist=True) as j:
         if j.state.saga is None:
+            if unsettled := [p.key for p in j.state.pending.values()]:
+                raise UnsettledError(run_id, unsettled)
             _start(j, by_name, through_seq, reason, by)
         elif j.state.waits_for_a_person:
             if by == PERSON_DEFAULT:

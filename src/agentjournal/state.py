@@ -25,12 +25,12 @@ from .events import Event, EventType, render
 #: cache writes and reasoning tokens; a model call in flight; failed model attempts;
 #: a run_resumed a person recorded (a requeue) is a decision. v6: sagas (``saga``,
 #: statuses compensating and compensated); observations with a freshness, re-read or
-#: marked stale (``observations``).
+#: marked stale (``observations``); status cancelled.
 FOLD_VERSION = 6
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
-                 "compensating", "compensated"]
+                 "cancelled", "compensating", "compensated"]
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -482,6 +482,13 @@ def _run_finished(st: RunState, ev: Event) -> None:
     st.outcome = ev.payload.get("outcome")
 
 
+def _run_cancelled(st: RunState, ev: Event) -> None:
+    st.status = "cancelled"  # its loop never runs again; a saga may still undo it
+    st.approvals.clear()  # nothing will make the calls they would clear
+    st.decided_seq = ev.seq
+    st.outcome = f"cancelled by {ev.payload.get('by', '')}: {ev.payload.get('reason', '')}"
+
+
 def _saga_started(st: RunState, ev: Event) -> None:
     p = ev.payload
     st.saga = Saga(seq=ev.seq, by=p.get("by", ""), reason=p.get("reason", ""),
@@ -590,6 +597,7 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.COMPENSATION_COMPLETED: _compensation_completed,
     EventType.SAGA_FINISHED: _saga_finished,
     EventType.OBSERVATIONS_CHECKED: _observations_checked,
+    EventType.RUN_CANCELLED: _run_cancelled,
 }
 
 #: Deliberate no-ops: facts kept for audit that change no state.

@@ -5,7 +5,7 @@
     verify RUN | --all                                     snapshots against a full replay
     approvals | approve | deny | uncertain | resolve       a person's decisions
     run MODULE:OBJECT TASK | resume RUN | fork RUN         drive runs
-    compensate RUN [--through SEQ]                         undo a run's effects (a saga)
+    compensate RUN [--through SEQ] | cancel RUN [--compensate]   undo a run's effects (a saga)
     demo                                                   the crash-and-resume story, end to end
 
 Exit codes: 0 ok; 1 usage or user error, a bad store URL, or a write the store

@@ -28,11 +28,13 @@ from .. import (
     JournalError,
     LeaseHeldError,
     NotAStoreError,
+    NotCancellableError,
     NotPendingError,
     RunNotFoundError,
     RunState,
     Store,
     UnknownEventTypeError,
+    UnsettledError,
     UnsupportedVersionError,
     fold,
     open_store,
@@ -52,7 +54,7 @@ EXIT_CODES: tuple[tuple[type[JournalError], int], ...] = (
     (CorruptLogError, 3), (NotAStoreError, 3), (UnknownEventTypeError, 3),
     (UnsupportedVersionError, 3),
     (RunNotFoundError, 2), (NotPendingError, 2), (LeaseHeldError, 2), (FencedError, 2),
-    (ConflictError, 2), (InvalidRunIdError, 2),
+    (ConflictError, 2), (InvalidRunIdError, 2), (NotCancellableError, 2), (UnsettledError, 2),
 )
 
 

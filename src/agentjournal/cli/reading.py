@@ -141,6 +141,9 @@ def summary(event: Event) -> str:
             return f"{p.get('budget')}: {p.get('used')} of {p.get('limit')}"
         case E.RUN_FINISHED:
             return short(p.get("outcome", ""))
+        case E.RUN_CANCELLED:
+            why = f": {short(p['reason'], 80)}" if p.get("reason") else ""
+            return f"by {p.get('by')}{why}"
         case E.SAGA_STARTED:
             stop = f", stops before {p['blocked']['tool']}" if p.get("blocked") else ""
             why = f": {short(p['reason'], 60)}" if p.get("reason") else ""

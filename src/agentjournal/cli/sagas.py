@@ -1,12 +1,14 @@
-"""Undoing a run: compensate."""
+"""Stopping and undoing a run: cancel, compensate."""
 
 from __future__ import annotations
 
 import click
 import msgspec
 
-from ..saga import SagaResult, compensate
+from ..saga import SagaResult, cancel, compensate
 from ..state import RunState
+from ..store import Store
+from ..tools import Tool
 from ._base import (
     CliError,
     by_option,
@@ -52,13 +54,54 @@ def compensate_cmd(ctx: click.Context, run_id: str, through: int, reason: str, b
       agentjournal compensate q3 --reason "posted to the wrong quarter"
     """
     with opened(store_url) as store:
-        _, folded = load(store, run_id)
-        ref = agent_ref or folded.agent
-        if ref is None:
-            raise CliError(f"run {run_id!r} recorded no agent: name the one whose tools undo "
-                           "its effects with --agent MODULE:OBJECT")
-        result = compensate(store, run_id, load_agent(ref).tools.values(), through_seq=through,
-                            reason=reason, by=by)
+        result = compensate(store, run_id, _tools(store, run_id, agent_ref).values(),
+                            through_seq=through, reason=reason, by=by)
+    _report(ctx, result, store_url, as_json)
+
+
+@cli.command(name="cancel")
+@click.argument("run_id", metavar="RUN")
+@click.option("--compensate", "and_compensate", is_flag=True,
+              help="Then undo its completed effects, as `agentjournal compensate` does.")
+@click.option("--reason", default="", help="Why (recorded in its log).")
+@by_option
+@click.option("--agent", "agent_ref", metavar="MODULE:OBJECT",
+              help="With --compensate: the agent whose tools undo the effects (default: "
+                   "the one the run recorded).")
+@json_option
+@store_option
+@click.pass_context
+def cancel_cmd(ctx: click.Context, run_id: str, and_compensate: bool, reason: str, by: str,
+               agent_ref: str | None, as_json: bool, store_url: str) -> None:
+    """Stop a run for good: no worker or resume drives it again. With --compensate,
+    then undo its effects (exit 4 if the saga stopped for a person).
+
+    
+    Example:
+      agentjournal cancel q3 --compensate --reason "the customer withdrew the order"
+    """
+    with opened(store_url) as store:
+        tools = _tools(store, run_id, agent_ref) if and_compensate else None
+        result = cancel(store, run_id, by=by, reason=reason,
+                        compensate_with=None if tools is None else tools.values())
+    if result is not None:
+        _report(ctx, result, store_url, as_json)
+    elif as_json:
+        emit_json({"run_id": run_id, "status": "cancelled"})
+    else:
+        echo(f"run {run_id}: cancelled")
+
+
+def _tools(store: Store, run_id: str, agent_ref: str | None) -> dict[str, Tool]:
+    _, folded = load(store, run_id)
+    ref = agent_ref or folded.agent
+    if ref is None:
+        raise CliError(f"run {run_id!r} recorded no agent: name the one whose tools undo "
+                       "its effects with --agent MODULE:OBJECT")
+    return load_agent(ref).tools
+
+
+def _report(ctx: click.Context, result: SagaResult, store_url: str, as_json: bool) -> None:
     if as_json:
         emit_json(msgspec.to_builtins(result))
     else:

@@ -58,6 +58,7 @@ POOL = 4
 _STATE_OF: dict[str, QueueState] = {
     "finished": "done", "paused": "waiting", "waiting_approval": "waiting",
     "escalated": "waiting", "compensated": "done", "compensating": "waiting",
+    "cancelled": "done",
 }
 
 
