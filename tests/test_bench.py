@@ -22,7 +22,7 @@ from .conftest import POSTGRES_URL, postgres_reason
 # ratios between sizes or plain costs (no physical floor applies).
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
-              "claim", "step", "group_commit"}
+              "claim", "step", "group_commit", "saga"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
                  "model_call"}
 
@@ -130,7 +130,7 @@ TARGETS = {"step_us.sqlite.200", "step_us.sqlite.2000", "cpu_per_event.jsonl",
            "cpu_per_event.sqlite", "resume_growth.sqlite", "resume_growth.jsonl",
            "resume_growth.postgres", "resume_vs_langgraph.10k", "bytes_per_step",
            "bytes_per_step_growth", "postgres_append", "replay.1000", "replay.10000",
-           "group_commit.sqlite"}
+           "group_commit.sqlite", "saga.sqlite", "saga.jsonl", "saga.postgres"}
 
 
 def test_every_target_has_value_floor_ratio_and_met(doc: dict[str, Any]) -> None:

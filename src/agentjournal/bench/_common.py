@@ -60,11 +60,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     agent_reps: int = 5  # the loop's µs/step swings ±30 % run to run here
     step_reps: int = 3  # synced steps: fsync-bound, 2,200 steps a round
     group_events: int = 30  # events each of the group commit's runs appends
+    saga_effects: int = 100  # effects made, then undone, per round
 
 
 QUICK = Plan(appends=240, reps=5, sizes=(1_000, 10_000), steps=(100, 1_000), cpu_events=1_500)
 FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1_000, 10_000),
-            cpu_events=4_000, agent_reps=9, step_reps=5, group_events=200)
+            cpu_events=4_000, agent_reps=9, step_reps=5, group_events=200,
+            saga_effects=500)
 
 
 # --- the workload: what Agent records for a run calling one tool per turn ----------------

@@ -60,6 +60,9 @@ from .replay import (
     recovery_figures,
     replay_figures,
 )
+from .saga import (
+    saga_figures,
+)
 from .storage import (
     storage_figures,
 )
@@ -107,6 +110,7 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
         *agent_figures(workdir, plan, progress),
         *step_figures(workdir, plan, progress),
         *group_commit_figures(workdir, plan, progress),
+        *saga_figures(workdir, postgres_url, plan, progress),
         *model_figures(workdir, plan, progress),
         *fleet_figures(workdir, postgres_url, quick, progress),
         *(peer_figures(workdir, quick, progress) if peers else []),

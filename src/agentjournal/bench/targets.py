@@ -120,6 +120,9 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
         *(_against_floor(f"replay.{n}", get(f"replay.gc_off.{n}"), 0.5, "min",
                          "fraction of decode-only speed, GC paused")
           for n in _sizes(by_name, "replay.gc_off.")),
+        *(_against_floor(f"saga.{backend}", get(f"saga.{backend}"), 1.3, "max",
+                         "saga bookkeeping per effect undone vs one durable effect")
+          for backend in ("sqlite", "jsonl", "postgres")),
         _against_floor("group_commit.sqlite", get("group_commit.sqlite"), 20_000, "min",
                        "durable events/s, 100 concurrent runs on one store", on="value"),
     ]
