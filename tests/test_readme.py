@@ -35,6 +35,7 @@ def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert stub.counts["chat"] >= 1 and not stub.rejections
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == ["finished Invoice sent.", "finished 1"]  # as its comments say
+    assert "compensated 1 {}" in printed  # the saga block
 
 
 def test_readme_commands_run(tmp_path: Path) -> None:
