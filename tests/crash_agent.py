@@ -13,7 +13,8 @@ status, outcome, last seq and ``durable_fields`` of the live final state. Its on
 block forever after the receiver answered (a test kills the process there).
 
 ``receiver`` serves on a free loopback port, prints ``listening on URL`` and counts every
-POST it is sent, by key and label, deduping nothing. ``GET /effects/{key}`` is the lookup
+POST it is sent, by key and label, deduping nothing; ``PUT``/``GET /facts/{name}`` hold a
+value a read-only tool reads, counting every read. ``GET /effects/{key}`` is the lookup
 (404: never applied), ``GET /effects`` the counts. Run from the repository root.
 """
 
@@ -117,6 +118,8 @@ class _Receiver(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.lock = threading.Lock()
         self.applied: list[dict[str, Any]] = []  # every POST, in arrival order
+        self.facts: dict[str, Any] = {}  # PUT /facts/{name}: what a read-only tool reads
+        self.reads: Counter[str] = Counter()  # GET /facts/{name}, by name
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -144,13 +147,29 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.applied.append(effect)
         self._send(201, effect)
 
+    def do_PUT(self) -> None:
+        parts = self.path.strip("/").split("/")
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if len(parts) != 2 or parts[0] != "facts":
+            self._send(404, {"error": f"no route {self.path}"})
+            return
+        with self.server.lock:
+            self.server.facts[parts[1]] = body
+        self._send(200, body)
+
     def do_GET(self) -> None:
         parts = self.path.strip("/").split("/")
         with self.server.lock:
             applied = list(self.server.applied)
-        if parts == ["effects"]:
+            if len(parts) == 2 and parts[0] == "facts":
+                self.server.reads[parts[1]] += 1
+                fact = self.server.facts.get(parts[1])
+            reads = dict(self.server.reads)
+        if len(parts) == 2 and parts[0] == "facts":
+            self._send(200, fact) if fact is not None else self._send(404, {"error": "none"})
+        elif parts == ["effects"]:
             self._send(200, {"by_label": Counter(e["label"] for e in applied),
-                             "by_key": Counter(e["key"] for e in applied)})
+                             "by_key": Counter(e["key"] for e in applied), "reads": reads})
         elif len(parts) == 2 and parts[0] == "effects":
             found = [e for e in applied if e["key"] == parts[1]]
             self._send(200, found[0]) if found else self._send(404, {"error": "not applied"})

@@ -28,10 +28,12 @@ from agentjournal import (
     tool,
 )
 from agentjournal.cli import cli
+from agentjournal.demo.ledger import http_json
 from agentjournal.events import Event
 from agentjournal.state import RunState
 
 from .conftest import backend_params
+from .test_crash_models import Receiver
 
 E = EventType
 FRESH_FOR = 0.3  # seconds
@@ -237,3 +239,50 @@ def test_the_async_loop_re_reads_too(tmp_path: Path) -> None:
         asyncio.run(agent.arun(store, "r1"))
         assert world.reads["cash"] == 2
         assert world.requests[2].messages[-1].content.endswith('"balance":80}')
+
+
+@backend_params()
+def test_the_receiver_sees_one_re_read_after_a_long_pause(store_url: str) -> None:
+    """The receiver process's own count of reads: once before the pause, once after it
+    (before the next turn), never again while the result is fresh."""
+    receiver = Receiver()
+    try:
+        http_json("PUT", f"{receiver.url}/facts/cash", {"balance": 100})
+
+        @tool(effect="read_only", fresh_for=FRESH_FOR)
+        def balance(account: str) -> dict[str, Any]:
+            status, body = http_json("GET", f"{receiver.url}/facts/{account}")
+            assert status == 200, body
+            return dict(body)
+
+        @tool(effect="irreversible", identity=["ref"])
+        def post(ref: str) -> str:
+            return ref
+
+        requests: list[ModelRequest] = []
+
+        def turn(response: ModelResponse) -> Any:
+            return lambda request: requests.append(request) or response
+
+        agent = Agent(ScriptedModel([turn(calls(("balance", {"account": "cash"}))),
+                                     turn(calls(("post", {"ref": "r1"}))),
+                                     turn(calls(("post", {"ref": "r2"}))), turn(reply("done"))]),
+                      [balance, post], policy=Rules(require_approval={"post"}))
+
+        def reads() -> int:
+            return int(http_json("GET", f"{receiver.url}/effects")[1]["reads"].get("cash", 0))
+
+        with open_store(store_url) as store:
+            agent.run(store, "r1", "post")
+            assert reads() == 1
+            approve_all(store, "r1")
+            http_json("PUT", f"{receiver.url}/facts/cash", {"balance": 55})
+            time.sleep(FRESH_FOR + 0.1)  # the run is down longer than the balance holds
+            agent.run(store, "r1")
+            assert reads() == 2  # re-read once, before turn 3
+            assert requests[2].messages[-1].content.endswith('to {"balance":55}')
+            approve_all(store, "r1")
+            agent.run(store, "r1")  # resumed at once: the balance is still fresh
+            assert reads() == 2
+    finally:
+        receiver.close()
