@@ -12,7 +12,7 @@ import time
 
 from agentjournal import Agent, ScriptedModel, calls, reply, tool
 from agentjournal.policy import Rules
-from agentjournal.tools import Tool, ToolContext
+from agentjournal.tools import Tool, ToolContext, Undo
 
 ENV = "FLEET_EFFECTS"
 
@@ -66,3 +66,26 @@ def explode(ctx: ToolContext) -> str:
 
 def poison() -> Agent:
     return Agent(ScriptedModel([calls(("explode", {})), reply("done")]), [explode])
+
+
+def _undo(undo: Undo) -> str:
+    """Undo one ``hold``: a line ``run_id undo:label key`` in the effects file."""
+    line = f"{undo.run_id} undo:{undo.args['label']} {undo.key}\n".encode()
+    fd = os.open(os.environ[ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return f"released {undo.args['label']}"
+
+
+@tool(effect="reversible", identity=["label"], compensate=_undo)
+def hold(ctx: ToolContext, label: str) -> str:
+    """Hold something that can be released."""
+    return _append(ctx, label)
+
+
+def poison_after_holds() -> Agent:
+    """Two holds, then a tool that kills its worker: a run that fails for good."""
+    return Agent(ScriptedModel([calls(("hold", {"label": "h1"})), calls(("hold", {"label": "h2"})),
+                                calls(("explode", {})), reply("done")]), [hold, explode])

@@ -199,6 +199,26 @@ def test_a_poison_run_is_parked_escalated_and_requeued(fleet: Fleet) -> None:
     assert fleet.effects() == {("bad", "explode"): 3}
 
 
+def test_a_failed_run_is_compensated_when_the_worker_is_asked_to(fleet: Fleet) -> None:
+    _submit(fleet.url, "poison_after_holds", "hold then explode", "bad")
+    deadline = time.monotonic() + 30
+    while fleet.runs()["bad"].state not in ("parked", "done"):
+        assert time.monotonic() < deadline, fleet.logs()
+        proc = fleet.worker("--ttl", "1", "--max-crashes", "2", "--compensate-parked")
+        while proc.poll() is None and fleet.runs()["bad"].state not in ("parked", "done"):
+            time.sleep(0.05)
+    assert fleet.runs()["bad"].state == "done", fleet.logs()
+    # Each hold made once and released once, newest first, by the effects file's count.
+    assert fleet.effects() == {("bad", "h1"): 1, ("bad", "h2"): 1, ("bad", "explode"): 2,
+                               ("bad", "undo:h1"): 1, ("bad", "undo:h2"): 1}
+    lines = [ln.split()[1] for ln in fleet.effects_file.read_text().splitlines()]
+    assert lines[-2:] == ["undo:h2", "undo:h1"]
+    assert "compensated bad after 2 crashes" in fleet.logs()
+    with open_store(fleet.url) as store:
+        assert load_state(store, "bad").state.status == "compensated"
+    assert fleet.stop(proc) == 0
+
+
 def test_a_waiting_run_is_finished_after_a_person_approves(fleet: Fleet) -> None:
     _submit(fleet.url, "needs_approval", "ask first", "ask")
     proc = fleet.worker()

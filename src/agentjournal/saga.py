@@ -118,20 +118,30 @@ def compensate(store: Store, run_id: str, tools: Iterable[Tool] | Mapping[str, T
     person's decision) go on with that plan, whatever ``through_seq`` they pass.
     ``observer(event, state)`` sees each event appended, with the live state.
     """
-    by_name = dict(tools) if isinstance(tools, Mapping) else {t.name: t for t in tools}
     with open_journal(store, run_id, owner=owner, ttl=ttl, observer=observer,
                       must_exist=True) as j:
-        if j.state.saga is None:
-            if unsettled := [p.key for p in j.state.pending.values()]:
-                raise UnsettledError(run_id, unsettled)
-            _start(j, by_name, through_seq, reason, by)
-        elif j.state.waits_for_a_person:
-            if by == PERSON_DEFAULT:
-                return SagaResult.of(j.state)  # nothing decided: looking again would escalate
-            j.record(E.RUN_RESUMED, by=by, reason=reason or "compensate again")
-        if j.state.saga is not None and not j.state.saga.finished_seq:
-            _drive(j, by_name, retries)
-        return SagaResult.of(j.state)
+        return run_saga(j, tools, through_seq=through_seq, reason=reason, by=by,
+                        retries=retries)
+
+
+def run_saga(j: RunJournal, tools: Iterable[Tool] | Mapping[str, Tool], *,
+             through_seq: int = 0, reason: str = "", by: str = PERSON_DEFAULT,
+             retries: int = 2) -> SagaResult:
+    """:func:`compensate` in a journal already open (a worker's, which holds the lease)."""
+    by_name = dict(tools) if isinstance(tools, Mapping) else {t.name: t for t in tools}
+    if j.state.saga is None:
+        # A read-only call left uncertain changed nothing: there is nothing to undo.
+        if unsettled := [p.key for p in j.state.pending.values()
+                         if p.effect != Effect.READ_ONLY.value]:
+            raise UnsettledError(j.run_id, unsettled)
+        _start(j, by_name, through_seq, reason, by)
+    elif j.state.waits_for_a_person:
+        if by == PERSON_DEFAULT:
+            return SagaResult.of(j.state)  # nothing decided: looking again would escalate
+        j.record(E.RUN_RESUMED, by=by, reason=reason or "compensate again")
+    if j.state.saga is not None and not j.state.saga.finished_seq:
+        _drive(j, by_name, retries)
+    return SagaResult.of(j.state)
 
 
 # --- the plan -----------------------------------------------------------------------

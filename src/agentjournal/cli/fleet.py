@@ -113,6 +113,9 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
               help="On SIGTERM, seconds to let runs reach their next step boundary.")
 @click.option("--max-crashes", type=click.IntRange(min=1), default=3, show_default=True,
               help="Park (and escalate) a run claimed after this many crashes.")
+@click.option("--compensate-parked", is_flag=True,
+              help="A run parked as poison has failed: undo its completed effects first "
+              "(a saga with its agent's tools); compensated, it is done.")
 @click.option("--poll", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds between looks for work when idle (PostgreSQL also wakes "
               "on NOTIFY).")
@@ -125,7 +128,8 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
 @store_option
 @click.pass_context
 def worker(ctx: click.Context, queues: tuple[str, ...], concurrency: int, ttl: float,
-           grace: float, max_crashes: int, poll: float, metrics_port: int | None,
+           grace: float, max_crashes: int, compensate_parked: bool, poll: float,
+           metrics_port: int | None,
            metrics_host: str, store_url: str) -> None:
     """Claim runnable runs and run them until SIGTERM or SIGINT, which drains:
     nothing more is claimed, each run stops at its next step boundary and is handed
@@ -144,7 +148,8 @@ def worker(ctx: click.Context, queues: tuple[str, ...], concurrency: int, ttl: f
         raise NoQueueError(store_url)
     _check_target(store_url, create=True)
     w = Worker(store_url, queues=queues or ("default",), concurrency=concurrency, ttl=ttl,
-               poll=poll, grace=grace, max_crashes=max_crashes)
+               poll=poll, grace=grace, max_crashes=max_crashes,
+               compensate_parked=compensate_parked)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if not w.draining:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import (
+    AgentRefError,
     DurabilityError,
     FencedError,
     LeaseExpiredError,
@@ -33,10 +34,12 @@ from ..errors import (
     StoreIOError,
     StoreUnavailableError,
     StoreUrlError,
+    UnsettledError,
 )
 from ..events import Event, EventType
-from ..journal import default_owner, open_journal
+from ..journal import RunJournal, default_owner, open_journal
 from ..metrics import METRICS
+from ..saga import run_saga
 from ..store import Lease, Store, open_store
 from . import queue_of
 from .queue import Claim, Queue, QueueState, WorkerInfo
@@ -79,6 +82,9 @@ class Worker:
     ``max_crashes``: a run claimed after that many claims that never handed it back
     (each one killed its worker, or raised) is not run again: it is escalated in its
     log, naming the count, and parked until a person runs ``agentjournal requeue RUN``.
+    ``compensate_parked``: a run parked as poison has failed for good: undo its
+    completed effects first (a saga, with its agent's tools); a run so compensated is
+    done, one whose saga stopped for a person stays parked and escalated.
     ``worker_id``: the lease owner, ``host:pid:nonce`` by default.
 
     Store trouble (StoreUnavailableError, DurabilityError: a PostgreSQL restart;
@@ -93,7 +99,8 @@ class Worker:
     def __init__(self, store_url: str, *, queues: Sequence[str] = ("default",),
                  concurrency: int = 1, ttl: float = 30.0, poll: float = 1.0,
                  grace: float = 30.0, max_crashes: int = 3, worker_id: str | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None,
+                 compensate_parked: bool = False) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency!r}")
         if ttl <= 0 or poll <= 0 or grace < 0:
@@ -109,6 +116,7 @@ class Worker:
         self.poll = poll
         self.grace = grace
         self.max_crashes = max_crashes
+        self.compensate_parked = compensate_parked
         self.worker_id = worker_id or default_owner()
         self._log_line = log
         self._draining = threading.Event()
@@ -419,9 +427,29 @@ class Worker:
             if journal.state.last_seq:  # an empty log has no run to escalate yet
                 journal.record(EventType.RUN_ESCALATED, reason=reason, crashes=claim.crashes,
                                by="agentjournal worker", worker=self.worker_id)
+                if self.compensate_parked:
+                    self._undo(journal, claim)
             epoch, seq = journal.lease.epoch, journal.state.last_seq
-        if self._hand_back(Lease(run_id, self.worker_id, epoch, 0.0), "parked", seq):
+            undone = journal.state.status == "compensated"
+        lease = Lease(run_id, self.worker_id, epoch, 0.0)
+        if undone:
+            if self._hand_back(lease, "done", seq):
+                METRICS.count("worker_runs_compensated")
+                self.log(f"compensated {run_id} after {claim.crashes} crashes (now done)")
+        elif self._hand_back(lease, "parked", seq):
             METRICS.count("worker_runs_parked")
             self.log(f"parked {run_id} after {claim.crashes} crashes; requeue it with: "
                      f"agentjournal requeue {run_id}")
+
+    def _undo(self, journal: RunJournal, claim: Claim) -> None:
+        """The saga of a failed run; where it cannot go on, the run stays parked."""
+        try:
+            result = run_saga(journal, self._agent(claim.agent).tools,
+                              reason=f"failed: parked after {claim.crashes} crashes",
+                              by="agentjournal worker")
+        except (UnsettledError, AgentRefError) as exc:
+            self.log(f"cannot compensate {claim.lease.run_id}: {exc}")
+            return
+        if result.status != "compensated":
+            self.log(f"the saga of {claim.lease.run_id} stopped for a person: {result.status}")
 
