@@ -76,8 +76,12 @@ def test_compensate_puts_the_ledger_back_each_reversal_once(ledger: LedgerServic
     shown = cli(ledger, store_url, "show", "q3")
     assert "saga: compensated, undone 3, left 0" in shown.stdout
     assert "saga_started" in shown.stdout and "saga_finished" in shown.stdout
-    state = json.loads(cli(ledger, store_url, "show", "q3", "--json").stdout)
-    assert state["saga"]["undone"] == result["undone"]
+    shown_json = json.loads(cli(ledger, store_url, "show", "q3", "--json").stdout)
+    assert shown_json["saga"]["undone"] == result["undone"]
+    state = json.loads(cli(ledger, store_url, "state", "q3").stdout)
+    assert state["status"] == "compensated"
+    assert state["saga_status"]["undone"] == result["undone"]
+    assert state["saga_status"]["remaining"] == [] and state["saga_status"]["failures"] == {}
 
 
 def test_an_uncertain_undo_is_listed_resolved_by_a_person_and_the_saga_goes_on(

@@ -285,7 +285,8 @@ def events(run_id: str, after: int, store_url: str) -> None:
               help="Print JSON (the default; state is always JSON).")
 @store_option
 def state(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
-    """Print a run's folded state as JSON.
+    """Print a run's folded state as JSON (with ``saga_status`` once it is compensated:
+    the effects undone, left and uncertain, and the undos that failed).
 
     \b
     Example:
@@ -293,7 +294,8 @@ def state(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
     """
     with opened(store_url) as store:
         _, folded = load(store, run_id, at)
-    emit_json(folded)
+    saga = saga_of(folded)  # what was undone, what is left, what failed: said, not derived
+    emit_json(folded if saga is None else {**msgspec.to_builtins(folded), "saga_status": saga})
 
 
 @cli.command()
