@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import importlib
 import json
 import os
 import sqlite3
@@ -10,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast, get_args
+from typing import Any, ClassVar, TypeVar, cast, get_args
 
 import click
 from rich.console import Console
@@ -81,7 +82,23 @@ def _usage_message(exc: click.UsageError) -> str:
 
 
 class JournalGroup(click.Group):
-    """Translates every failure into one ``error:`` line and a meaningful exit code."""
+    """Translates every failure into one ``error:`` line and a meaningful exit code.
+
+    Commands in ``LAZY`` are imported only when named (or listed by ``--help``): every
+    other command starts without loading them."""
+
+    LAZY: ClassVar[dict[str, str]] = {"bench": "agentjournal.bench:bench"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is None and cmd_name in self.LAZY:
+            module, name = self.LAZY[cmd_name].split(":")
+            found = cast(click.Command, getattr(importlib.import_module(module), name))
+            self.add_command(found, cmd_name)
+        return found
 
     def main(  # type: ignore[override]
         self,

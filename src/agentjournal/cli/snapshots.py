@@ -1,4 +1,4 @@
-"""Snapshot planning and benchmarks: plan-snapshots, bench."""
+"""Snapshot planning: plan-snapshots (``bench`` is loaded lazily: _base.JournalGroup)."""
 
 from __future__ import annotations
 
@@ -70,11 +70,3 @@ def plan_snapshots(events: int | None, replay_ms: float | None, snapshot_ms: flo
     click.echo(f"interval: snapshot every {result.interval} events ({verdict} the "
                f"{objective_ms:g} ms objective)")
 
-
-def _register_bench() -> None:
-    from ..bench import bench
-
-    cli.add_command(bench)
-
-
-_register_bench()
