@@ -169,14 +169,14 @@ def _start(j: RunJournal, tools: dict[str, Tool], through_seq: int, reason: str,
 def _effects(j: RunJournal, through_seq: int) -> list[tuple[int, str, str]]:
     """(completion seq, key, tool) of the run's own completed calls after ``through_seq``,
     newest first. Another run's effects (source scope) are that run's to undo."""
-    found = []
-    for event in j.store.read(j.run_id, after_seq=through_seq):
-        p = event.payload
-        if event.type is E.TOOL_CALL_COMPLETED and p.get("idempotency_key"):
-            done = j.state.completed.get(p["idempotency_key"])
-            if done is not None and done.seq == event.seq and done.source != "scope":
-                found.append((event.seq, p["idempotency_key"], p["tool"]))
-    return found[::-1]
+    own = {done.seq: key for key, done in j.state.completed.items()
+           if done.seq > through_seq and done.source != "scope"}
+    # The tool of each is its result's message, unless compaction dropped it: then the log.
+    tools = {m.seq: m.name for m in j.state.messages if m.role == "tool" and m.seq in own}
+    if len(tools) < len(own):
+        tools = {e.seq: e.payload["tool"] for e in j.store.read(j.run_id, after_seq=through_seq)
+                 if e.seq in own}
+    return [(seq, own[seq], str(tools[seq])) for seq in sorted(own, reverse=True)]
 
 
 # --- running it ---------------------------------------------------------------------

@@ -3,13 +3,15 @@
 A run of N reversible effects is made by a real Agent (not timed), then ``compensate``
 undoes them all, its undo a no-op so only the saga's own work is timed: the plan, and per
 effect ``compensation_started`` (durable before the undo) and ``compensation_completed``.
-The floor is one durable effect through the same store, measured in the same rounds:
-``tool_call_started`` + ``tool_call_completed``, two appends.
+The floor is one durable effect as the loop records it, through the same store and the
+run's journal, measured in the same rounds: ``tool_call_started`` then
+``tool_call_completed``, two durable appends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 import uuid
 from collections.abc import Callable
@@ -19,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import Agent
-from ..events import Event
+from ..journal import open_journal
 from ..models import ScriptedModel, calls, reply
 from ..policy import Budget
 from ..saga import compensate
 from ..store import open_store
 from ..tools import Tool, Undo, tool
-from ._common import Figure, Plan, Say, figure, medians, store_url, workload
+from ._common import Figure, Plan, Say, figure, medians, run_facts, store_url
 from .appends import postgres_problem, throwaway_schema
 
 TARGET = 1.3  # x one durable effect
@@ -59,23 +61,21 @@ def _saga_us(url: str, effects: int, hold: Tool) -> float:
 
 
 def _effect_us(url: str, effects: int) -> float:
-    """µs per durable effect: a start and a completion, each appended on its own."""
+    """µs per durable effect as the loop records one: its start, then its completion,
+    each recorded through the run's journal (envelope, redaction, append, fold)."""
     run_id = f"effect-{uuid.uuid4().hex[:8]}"
-    events = workload(run_id, 2 + 3 * effects)  # opening, then (turn, started, completed)
-    def append(event: Event) -> None:
-        store.append(run_id, [event], expected_seq=event.seq - 1, epoch=0)
-
-    with contextlib.closing(open_store(url)) as store:
-        for event in events[:3]:  # the run's opening and the first model turn: not timed
-            append(event)
+    facts = list(itertools.islice(run_facts(run_id), 2 + 3 * effects))
+    with contextlib.closing(open_store(url)) as store, \
+            open_journal(store, run_id) as journal:
+        journal.record_all(facts[:3])  # the run's opening and the first model turn
         spent = 0.0
-        for i in range(3, len(events), 3):
+        for i in range(3, len(facts), 3):
             start = time.perf_counter()
-            append(events[i])  # started
-            append(events[i + 1])  # completed
+            journal.record_all([facts[i]])  # started
+            journal.record_all([facts[i + 1]])  # completed
             spent += time.perf_counter() - start
-            if i + 2 < len(events):
-                append(events[i + 2])  # the next model turn: not part of the effect
+            if i + 2 < len(facts):
+                journal.record_all([facts[i + 2]])  # the next model turn: not timed
     return spent / effects * 1e6
 
 
@@ -86,7 +86,7 @@ def _measure(backend: str, url_of: Callable[[], AbstractContextManager[str]], ef
         ours, floor = medians(reps, [partial(_saga_us, url, effects, hold),
                                      partial(_effect_us, url, effects)])
     return figure(f"saga.{backend}", ours, "µs/effect undone", floor,
-                  "one durable effect: tool_call_started + tool_call_completed appends",
+                  "one durable effect: tool_call_started + tool_call_completed, each recorded",
                   f"{effects} effects undone newest first, no-op undo; target ≤ {TARGET}x")
 
 
