@@ -63,7 +63,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     saga_effects: int = 100  # effects made, then undone, per round
 
 
-QUICK = Plan(appends=240, reps=5, sizes=(1_000, 10_000), steps=(100, 1_000), cpu_events=1_500,
+QUICK = Plan(appends=240, reps=3, sizes=(1_000, 10_000), steps=(100, 1_000), cpu_events=1_500,
              agent_reps=3, step_reps=2)
 FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1_000, 10_000),
             cpu_events=4_000, agent_reps=9, step_reps=5, group_events=200,
