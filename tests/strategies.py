@@ -14,7 +14,7 @@ text = st.text(max_size=12)
 OPS = (
     "user", "turn", "start", "complete", "fail", "uncertain", "reconcile", "deny", "served",
     "ask", "decide", "flag", "redact", "compact", "memory", "resumed", "paused", "escalated",
-    "finished", "budget", "fresh", "saga", "undo", "undone", "saga_done", "cancel",
+    "finished", "budget", "fresh", "saga", "undo", "undone", "saga_done", "cancel", "workspace",
 )
 
 
@@ -69,6 +69,12 @@ def run_logs(draw: st.DrawFn, max_events: int = 40, run_id: str = "run-1") -> li
             failed = {"error": "frozen"} if draw(st.booleans()) else {"result": {"v": 1}}
             emit(EventType.COMPENSATION_COMPLETED, started_seq=seq, key=pending.pop(seq),
                  effect_seq=1, **failed)
+        elif op == "workspace":
+            cause = draw(st.sampled_from(["start", "turn", "drift", "restore"]))
+            emit(EventType.WORKSPACE_CHECKPOINT, cause=cause, directory="/w", shadow="/s",
+                 commit=draw(st.sampled_from(["c1", "c2", None])), changed=["a"], count=1,
+                 restored_seq=1)
+            messages += 1 if cause in ("drift", "restore") else 0
         elif op == "cancel":
             emit(EventType.RUN_CANCELLED, by="ops", reason=draw(text))
         elif op == "saga_done":

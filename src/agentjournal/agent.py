@@ -44,6 +44,7 @@ from .state import Approval, PendingCall, RunState, Status
 from .steps import StepMachine, limit, not_kept
 from .store import Store, validate_run_id
 from .tools import Tool
+from .workspace import Workspace
 
 E = EventType
 
@@ -118,6 +119,7 @@ class Agent(StepMachine):
         stuck_after: float | None = None,
         redaction: Redaction | None = None,
         invisible: InvisibleText | None = DEFAULT_INVISIBLE,
+        workspace: Workspace | str | os.PathLike[str] | None = None,
     ) -> None:
         """``tool_timeout``: seconds a tool call may take unless the tool says otherwise
         (None: no limit); past it the call is abandoned and uncertain. ``stuck_after``:
@@ -139,7 +141,13 @@ class Agent(StepMachine):
         ``model_backoff * 2**n`` seconds or the provider's retry-after, whichever is
         longer; a wait over ``max_retry_wait`` pauses the run instead. Every failed
         attempt is recorded. ``parallel_calls``: how many of one turn's tool calls run
-        at once (1: one after another)."""
+        at once (1: one after another).
+
+        ``workspace``: a directory the tools edit (or a :class:`Workspace`, to choose
+        its shadow store and guards). It is committed to a shadow git store when a run
+        starts and after each turn whose calls changed it, the commit recorded with the
+        turn's results in one batch; a change made while the run was stopped is
+        recorded, and told to the model, before it is asked anything."""
         self.model = model
         self.tools = {t.name: t for t in tools}
         self.policy = policy or AllowAll()
@@ -163,6 +171,8 @@ class Agent(StepMachine):
         if stuck_after is None and self.tool_timeout is not None:
             stuck_after = self.tool_timeout + lease_ttl
         self.stuck_after = limit(stuck_after)
+        self.workspace = (workspace if isinstance(workspace, Workspace) or workspace is None
+                          else Workspace(workspace))
 
     @staticmethod
     def _redaction(given: Redaction | None, guardrails: Sequence[Guardrail]) -> Redaction:

@@ -29,8 +29,8 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: writes and reasoning tokens; run_started records instructions; new types
 #: model_call_started, model_call_failed, instructions_changed.
 #: v6: sagas: new types saga_started, compensation_started, compensation_completed,
-#: saga_finished; run_cancelled; observations_checked (freshness); tool_call_completed may carry
-#: fresh_for (no payload of an older type changed meaning).
+#: saga_finished; run_cancelled; workspace_checkpoint; observations_checked
+#: (freshness); tool_call_completed may carry fresh_for (no older payload changed).
 SCHEMA_VERSION = 6
 
 #: The first schema version whose events are stored sealed (with a chained digest).
@@ -66,6 +66,7 @@ class EventType(StrEnum):
     SAGA_FINISHED = "saga_finished"
     OBSERVATIONS_CHECKED = "observations_checked"
     RUN_CANCELLED = "run_cancelled"
+    WORKSPACE_CHECKPOINT = "workspace_checkpoint"
 
     @classmethod
     def parse(cls, name: str) -> EventType:

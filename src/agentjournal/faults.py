@@ -14,7 +14,9 @@ start is durable, the tool has not run), ``lease_checked`` (a tool with an
 effect: the lease was just found valid, the request has not left: the window
 only a receiver that checks the epoch can close), ``after_effect`` (the tool
 returned, its completion is not yet durable); ``before_undo`` and ``after_undo``,
-the same two windows for a saga's compensation.
+the same two windows for a saga's compensation; ``before_checkpoint`` (a workspace
+run: the turn's calls returned and changed the files, their results and the workspace
+version are not yet durable).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import signal
 
 ENV_VAR = "AGENTJOURNAL_FAULT"
 POINTS = ("model_call", "turn_staged", "model_started", "before_effect", "lease_checked",
-          "after_effect", "before_undo", "after_undo")
+          "after_effect", "before_undo", "after_undo", "before_checkpoint")
 
 _armed: tuple[str, int, signal.Signals] | None = None
 _ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}

@@ -31,6 +31,7 @@ from .snapshots import load_state, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 from .store.base import boot_seconds
+from .workspace import WorkspaceError, version_at, versions
 
 Observer = Callable[[Event, RunState], None]
 
@@ -320,7 +321,8 @@ def open_journal(
     return journal
 
 
-def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None) -> str:
+def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, *,
+         force: bool = False) -> str:
     """Start a new run from the first ``at_seq`` events of ``run_id``; returns its id.
 
     The fork records its origin and keeps the origin's idempotency scope, so
@@ -330,6 +332,10 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None) 
 
     ``new_run_id`` omitted asks for a new id; an empty one is refused
     (InvalidRunIdError), never replaced by a made-up one.
+
+    A run with a workspace: the fork starts from the files of ``at_seq`` (restored in
+    the workspace directory), refused (WorkspaceError) when the directory holds
+    changes no checkpoint of the origin holds, unless ``force``.
     """
     prefix = list(store.read(run_id))[:at_seq]
     if not prefix:
@@ -345,5 +351,14 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None) 
     # Copies keep their times, so an uncertain call's age stays true.
     copies = [msgspec.structs.replace(prefix[0], payload=first), *prefix[1:]]
     events = [msgspec.structs.replace(e, run_id=new_id, epoch=0) for e in copies]
+    ws, found = versions(prefix)
+    start = version_at(found, at_seq)
+    if ws is not None and start is not None and start.commit is not None:
+        if not force and not ws.held(run_id, [v.commit for v in versions(
+                store.read(run_id))[1] if v.commit]):
+            raise WorkspaceError(
+                f"the workspace {ws.directory} has changes that no checkpoint of run "
+                f"{run_id!r} holds; the fork would lose them. Save them, or force")
+        ws.restore(new_id, start.commit)
     store.append(new_id, events, expected_seq=0, epoch=0)
     return new_id

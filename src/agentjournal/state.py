@@ -25,7 +25,9 @@ from .events import Event, EventType, render
 #: cache writes and reasoning tokens; a model call in flight; failed model attempts;
 #: a run_resumed a person recorded (a requeue) is a decision. v6: sagas (``saga``,
 #: statuses compensating and compensated); observations with a freshness, re-read or
-#: marked stale (``observations``); status cancelled.
+#: marked stale (``observations``); status cancelled; workspace checkpoints
+#: (``workspace``; a change made while the run was down, or a restore, is told to the
+#: model, after the results of the calls it awaits: ``notes``).
 FOLD_VERSION = 6
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
@@ -134,6 +136,15 @@ class Observation(msgspec.Struct, kw_only=True):
     fresh_for: float
 
 
+class WorkspaceVersion(msgspec.Struct, kw_only=True):
+    """Where the run's files live, and the checkpoint they were last recorded at."""
+
+    directory: str
+    shadow: str
+    commit: str | None  # None: the last checkpoint was skipped (a guard)
+    seq: int
+
+
 class PlannedUndo(msgspec.Struct, kw_only=True):
     """One effect a saga undoes: the completion it undoes, and the undo's own key."""
 
@@ -195,6 +206,9 @@ class RunState(msgspec.Struct, kw_only=True):
     #: Results of tools that declared ``fresh_for``, by call id, while they may still be
     #: re-read or marked stale (tools.py; steps.py ``_refresh``).
     observations: dict[str, Observation] = msgspec.field(default_factory=dict)
+    workspace: WorkspaceVersion | None = None
+    #: Messages for the model that wait until it has every result it awaits.
+    notes: list[Message] = msgspec.field(default_factory=list)
 
     @property
     def waits_for_a_person(self) -> bool:
@@ -255,6 +269,8 @@ def durable_fields(state: RunState) -> dict[str, Any]:
         **({"saga": msgspec.to_builtins(state.saga)} if state.saga is not None else {}),
         **({"observations": msgspec.to_builtins(state.observations)}
            if state.observations else {}),
+        **({"workspace": msgspec.to_builtins(state.workspace)} if state.workspace else {}),
+        **({"notes": msgspec.to_builtins(state.notes)} if state.notes else {}),
     }
 
 
@@ -342,6 +358,15 @@ def _tool_message(st: RunState, ev: Event, content: str, is_error: bool) -> None
             tool_call_id=p.get("call_id"), name=p.get("tool"), is_error=is_error,
         )
     )
+    if st.notes and not st.awaiting:  # every result is in: what waited may follow
+        st.messages.extend(st.notes)
+        st.notes.clear()
+
+
+def _tell(st: RunState, message: Message) -> None:
+    """A note for the model: now, or after the results of the calls it awaits (a
+    message between a turn's calls and their results would break every provider)."""
+    (st.notes if st.awaiting else st.messages).append(message)
 
 
 def _tool_call_completed(st: RunState, ev: Event) -> None:
@@ -556,6 +581,28 @@ def _observations_checked(st: RunState, ev: Event) -> None:
                 f"- {line}" for line in lines)))
 
 
+def _workspace_checkpoint(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    before = st.workspace
+    st.workspace = WorkspaceVersion(
+        directory=p.get("directory", before.directory if before else ""),
+        shadow=p.get("shadow", before.shadow if before else ""),
+        commit=p.get("commit"), seq=ev.seq)
+    cause, count = p.get("cause"), p.get("count", 0)
+    shown = ", ".join(p.get("changed", ())) + (" ..." if count > len(p.get("changed", ()))
+                                              else "")
+    if cause == "drift":
+        _tell(st, Message(role="user", trust="tool", seq=ev.seq, content=(
+            f"While this run was stopped, {count} file(s) in the workspace changed since "
+            "its last recorded version (by someone else, or by calls of this run whose "
+            f"results were lost when it stopped): {shown}. Read them again before relying "
+            "on what you knew.")))
+    elif cause == "restore":
+        _tell(st, Message(role="user", trust="tool", seq=ev.seq, content=(
+            f"The workspace was restored by {p.get('by', 'a person')} to its version at "
+            f"seq {p.get('restored_seq')}; {count} file(s) changed: {shown}.")))
+
+
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
@@ -598,6 +645,7 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.SAGA_FINISHED: _saga_finished,
     EventType.OBSERVATIONS_CHECKED: _observations_checked,
     EventType.RUN_CANCELLED: _run_cancelled,
+    EventType.WORKSPACE_CHECKPOINT: _workspace_checkpoint,
 }
 
 #: Deliberate no-ops: facts kept for audit that change no state.

@@ -39,6 +39,7 @@ from .results import to_json
 from .settle import Fact, Ready, Settling, changed_intent, same_intent
 from .state import CompletedCall, Message, Observation, ToolCall
 from .tools import CallGuard, Effect, Tool, ToolContext, ToolFailed
+from .workspace import Workspace
 
 if TYPE_CHECKING:
     from .journal import RunJournal
@@ -88,6 +89,7 @@ class StepMachine(Settling):
     lease_ttl: float
     tool_timeout: float | None
     stuck_after: float | None
+    workspace: Workspace | None
 
     def _drive(self, j: RunJournal, stop: threading.Event | None = None) -> Steps[None]:
         """The loop, with every staged fact stored before the world is waited on."""
@@ -108,6 +110,8 @@ class StepMachine(Settling):
                 error = exc
 
     def _loop(self, j: RunJournal, stop: threading.Event | None) -> Steps[None]:
+        if self.workspace is not None:
+            self._look_at_workspace(j)  # before anything else reads or changes it
         if not (yield from self._recover(j)):
             return
         while j.state.status == "running":
@@ -371,6 +375,8 @@ class StepMachine(Settling):
                          self.parallel_calls)
         finally:
             j.expect_progress(self.stuck_after)  # returns, or abandonments: progress
+        if self.workspace is not None:  # the results, staged, go with the version they made
+            self._checkpoint(j, "turn")
         settled = True
         for start in starts:  # each call that ended uncertain, settled by the usual rules
             p = j.state.pending.get(start.seq)
@@ -404,17 +410,19 @@ class StepMachine(Settling):
         call, tool, key = ready[i]
         seq = starts[i].seq
         error = outcome.error
+        # With a workspace, a turn's results wait for the checkpoint of what they did.
+        keep = j.record_all if self.workspace is None else j.stage
         if error is None:
             fault_point("after_effect")
-            j.record_all(self._guarded(j, [self._completion(seq, call, key, outcome.value,
-                                                             source="tool")]))
+            keep(self._guarded(j, [self._completion(seq, call, key, outcome.value,
+                                                    source="tool")]))
         elif isinstance(error, ToolFailed):
-            self._fail(j, seq, call, str(error))
+            keep([self._failure_fact(seq, call, str(error))])
         elif tool.effect is Effect.READ_ONLY:
-            self._fail(j, seq, call, f"{type(error).__name__}: {error}")
+            keep([self._failure_fact(seq, call, f"{type(error).__name__}: {error}")])
         else:
-            j.record(E.TOOL_CALL_UNCERTAIN, started_seq=seq, key=key,
-                     error=f"{type(error).__name__}: {error}")
+            keep([(E.TOOL_CALL_UNCERTAIN, {"started_seq": seq, "key": key,
+                                           "error": f"{type(error).__name__}: {error}"})])
             METRICS.count("uncertain_opened")
 
     def _timeout_of(self, tool: Tool) -> float | None:
@@ -450,10 +458,40 @@ class StepMachine(Settling):
             "idempotency_key": key, "source": source, **extra})
 
     @staticmethod
-    def _fail(j: RunJournal, started_seq: int, call: ToolCall, error: str) -> None:
+    def _failure_fact(started_seq: int, call: ToolCall, error: str) -> Fact:
         # A proven failure carries no idempotency key: the action may be tried again.
-        j.record(E.TOOL_CALL_COMPLETED, started_seq=started_seq, call_id=call.id,
-                 tool=call.name, idempotency_key=None, is_error=True, content=f"error: {error}")
+        return (E.TOOL_CALL_COMPLETED, {
+            "started_seq": started_seq, "call_id": call.id, "tool": call.name,
+            "idempotency_key": None, "is_error": True, "content": f"error: {error}"})
+
+    # --- the workspace -----------------------------------------------------------------
+
+    def _checkpoint(self, j: RunJournal, cause: str) -> None:
+        """Commit the workspace and record the version with what is staged; nothing new
+        to record when the files did not change."""
+        assert self.workspace is not None
+        ws = self.workspace
+        fault_point("before_checkpoint")
+        made = ws.checkpoint(j.run_id, f"{j.run_id} seq {j.state.last_seq}: {cause}")
+        last = j.state.workspace
+        if last is not None and made.commit == last.commit and made.skipped is None:
+            j.flush()
+            return
+        where = ({"directory": str(ws.directory), "shadow": str(ws.shadow)}
+                 if last is None or last.directory != str(ws.directory) else {})
+        j.record_all([(E.WORKSPACE_CHECKPOINT, {
+            "cause": cause, **where, **msgspec.to_builtins(made)})])
+
+    def _look_at_workspace(self, j: RunJournal) -> None:
+        """A new run records where its files start; a resumed one, whether they changed
+        while it was stopped (recorded, and told to the model, before it is asked)."""
+        assert self.workspace is not None
+        last = j.state.workspace
+        if last is None or last.commit is None or last.directory != str(
+                self.workspace.directory):
+            self._checkpoint(j, "start")
+        elif self.workspace.drift(j.run_id, last.commit):
+            self._checkpoint(j, "drift")
 
     # --- freshness --------------------------------------------------------------------
 

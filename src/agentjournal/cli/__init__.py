@@ -6,6 +6,7 @@
     approvals | approve | deny | uncertain | resolve       a person's decisions
     run MODULE:OBJECT TASK | resume RUN | fork RUN         drive runs
     compensate RUN [--through SEQ] | cancel RUN [--compensate]   undo a run's effects (a saga)
+    workspace RUN [--at SEQ | --restore SEQ]               a run's files, version by version
     demo                                                   the crash-and-resume story, end to end
 
 Exit codes: 0 ok; 1 usage or user error, a bad store URL, or a write the store
@@ -16,7 +17,16 @@ stopped where a person must decide. Errors are one line on
 stderr; ``--json`` output is the only thing on stdout.
 """
 
-from . import decide, fleet, reading, running, sagas, setup, snapshots  # noqa: F401  (each registers its commands)
+from . import (  # noqa: F401  (each registers its commands)
+    decide,
+    fleet,
+    reading,
+    running,
+    sagas,
+    setup,
+    snapshots,
+    workspaces,
+)
 from ._base import cli, main
 
 __all__ = ["cli", "main"]

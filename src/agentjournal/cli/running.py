@@ -23,6 +23,7 @@ from ..agent import load_agent as load_agent_ref
 from ..agent import require_run_id
 from ..errors import AgentRefError
 from ..store import validate_run_id
+from ..workspace import WorkspaceError
 from ._base import (
     CliError,
     cli,
@@ -160,12 +161,15 @@ def resume(run_id: str, as_json: bool, store_url: str) -> None:
 @click.option("--at", type=click.IntRange(min=1), required=True, metavar="SEQ",
               help="Copy events 1..SEQ into the new run.")
 @click.option("--new-id", help="The new run's id (default: RUN.fork- and 8 random hex digits).")
+@click.option("--force", is_flag=True, help="Restore the workspace of SEQ even if the "
+              "directory holds changes no checkpoint of RUN holds.")
 @store_option
-def fork_cmd(run_id: str, at: int, new_id: str | None, store_url: str) -> None:
+def fork_cmd(run_id: str, at: int, new_id: str | None, force: bool, store_url: str) -> None:
     """Start a new run from the first SEQ events of RUN; prints the new run's id.
 
     The fork keeps the origin's idempotency scope: it never repeats an effect
-    its prefix recorded.
+    its prefix recorded. A run with a workspace: its files are restored to their
+    version at SEQ for the fork.
 
     \b
     Example:
@@ -175,7 +179,9 @@ def fork_cmd(run_id: str, at: int, new_id: str | None, store_url: str) -> None:
         if new_id is not None and store.last_seq(validate_run_id(new_id)):
             raise CliError(f"run {new_id!r} already exists; choose another --new-id")
         try:
-            new = fork(store, run_id, at, new_id)
+            new = fork(store, run_id, at, new_id, force=force)
+        except WorkspaceError as exc:
+            raise CliError(str(exc)) from None
         except JournalError:
             raise  # InvalidRunIdError is a ValueError too: keep its exit code
         except ValueError as exc:  # --at beyond the log
