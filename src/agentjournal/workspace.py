@@ -103,8 +103,13 @@ class Workspace:
 
     def head(self, run_id: str) -> str | None:
         self._ready()
-        out = self._git("for-each-ref", "--format=%(objectname)", self.ref(run_id))
-        return out.strip() or None
+        return self._head_and_tree(run_id)[0]
+
+    def _head_and_tree(self, run_id: str) -> tuple[str | None, str | None]:
+        """The run's newest checkpoint and its tree, in one git call."""
+        out = self._git("for-each-ref", "--format=%(objectname) %(tree)", self.ref(run_id))
+        commit, _, tree = out.strip().partition(" ")
+        return (commit or None), (tree or None)
 
     # --- taking a version ----------------------------------------------------------
 
@@ -117,10 +122,12 @@ class Workspace:
         if len(files) > self.max_files:
             return index, f"{len(files):,} files, over the limit of {self.max_files:,}"
         for name in files:
-            path = self.directory / name
-            if path.is_file() and not path.is_symlink() and \
-                    path.stat().st_size > self.max_file_bytes:
-                return index, (f"{name} is {path.stat().st_size:,} bytes, over the limit of "
+            try:
+                size = os.lstat(self.directory / name).st_size  # a link's own size
+            except FileNotFoundError:
+                continue  # deleted: git records that
+            if size > self.max_file_bytes:
+                return index, (f"{name} is {size:,} bytes, over the limit of "
                                f"{self.max_file_bytes:,}")
         self._git("add", "-A", ".", index=index)
         return index, None
@@ -133,8 +140,8 @@ class Workspace:
         if skipped is not None:
             return Checkpoint(skipped=skipped)
         tree = self._git("write-tree", index=index).strip()
-        parent = self.head(run_id)
-        if parent is not None and self._tree(parent) == tree:
+        parent, parent_tree = self._head_and_tree(run_id)
+        if parent is not None and parent_tree == tree:
             return Checkpoint(commit=parent)
         changed = self._changed(parent, tree)
         args = ["commit-tree", tree, "-m", message, *(["-p", parent] if parent else [])]

@@ -24,6 +24,8 @@ Figure families (a name up to its first dot):
                                    events/s vs one connection's commits/s
     saga                           µs per effect undone by compensate (no-op undo) vs one
                                    durable effect (started + completed appends), per backend
+    workspace                      a checkpoint of 3 changed files in a 1,000-file workspace
+                                   vs git add + commit of the same change
     parallel_turn                  a turn of 8 concurrent 100 ms calls vs the same turn with 1
     model_step, model_call         the loop's part of a step with a real adapter (stub server)
                                    vs ScriptedModel; the adapter + SDK's own part of a call

@@ -70,6 +70,9 @@ from .targets import (
     Target,
     targets,
 )
+from .workspace import (
+    workspace_figures,
+)
 
 # --- the whole run -----------------------------------------------------------------------------
 
@@ -111,6 +114,7 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
         *step_figures(workdir, plan, progress),
         *group_commit_figures(workdir, plan, progress),
         *saga_figures(workdir, postgres_url, plan, progress),
+        *workspace_figures(workdir, plan, progress),
         *model_figures(workdir, plan, progress),
         *fleet_figures(workdir, postgres_url, quick, progress),
         *(peer_figures(workdir, quick, progress) if peers else []),
