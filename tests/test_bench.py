@@ -1,6 +1,7 @@
 """The benchmark command's shape, not its speed: benchmarks are a command, never timed tests.
 
-One ``--quick --json`` run (about two minutes) is shared by the tests that read its output.
+One ``--quick --rounds 1 --json`` run (about a minute) is shared by the tests that read
+its output.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
     tmp = tmp_path_factory.mktemp("bench")
     plot = tmp / "recovery.png"
     # matplotlib comes with the dev install (the plot extra), so the plot is always drawn here.
-    args = ["--quick", "--json", "--store-dir", str(tmp / "scratch"), "--postgres", POSTGRES_URL,
-            "--plot", str(plot)]
+    # One round behind each figure: the shape is checked here, never the speed.
+    args = ["--quick", "--rounds", "1", "--json", "--store-dir", str(tmp / "scratch"),
+            "--postgres", POSTGRES_URL, "--plot", str(plot)]
     result = CliRunner().invoke(bench, args, catch_exceptions=False)
     return result, plot
 

@@ -92,7 +92,8 @@ def _stderr(message: str) -> None:
 
 
 def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
-              progress: Say = _stderr, peers: bool = False) -> list[Figure]:
+              progress: Say = _stderr, peers: bool = False,
+              rounds: int | None = None) -> list[Figure]:
     """Measure every figure family; scratch stores go under ``workdir``.
 
     Postgres is skipped (with a note) when unreachable, except under ``CI=true``,
@@ -104,6 +105,8 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
     if peers and (problem := peers_problem()):
         raise RuntimeError(problem)
     plan = QUICK if quick else FULL
+    if rounds is not None:  # fewer (or more) rounds behind every median
+        plan = msgspec.structs.replace(plan, reps=rounds, agent_reps=rounds, step_reps=rounds)
     workdir.mkdir(parents=True, exist_ok=True)
     return [
         *durable_figures(workdir, postgres_url, plan, progress),
@@ -270,6 +273,9 @@ def _fail(message: str) -> NoReturn:
                    "eventsourcing (SQLite) in this process, beside agentjournal and a "
                    "hand-written floor, and resume after 1k and 10k steps (needs the peers "
                    "extra).")
+@click.option("--rounds", type=click.IntRange(min=1), metavar="N",
+              help="Rounds behind each median (default: 3 with --quick, 5 or more "
+                   "without); 1 checks that everything runs, not how fast.")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Put scratch stores in a fresh subdirectory of DIR, removed afterwards "
                    "(default: the system temp directory). Pick the disk you will deploy on.")
@@ -277,8 +283,8 @@ def _fail(message: str) -> NoReturn:
               show_default="$AGENTJOURNAL_TEST_POSTGRES or " + DEFAULT_POSTGRES,
               help="Server for the Postgres figures, used in a throwaway bench_<random> "
                    "schema; '' to skip.")
-def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, store_dir: Path | None,
-          postgres_url: str) -> None:
+def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, rounds: int | None,
+          store_dir: Path | None, postgres_url: str) -> None:
     """Measure durability, replay, recovery, storage and CPU cost on this machine.
 
     Every figure with a physical floor (a raw write + fsync, a raw INSERT +
@@ -304,7 +310,7 @@ def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, store_dir:
     with _scratch(store_dir) as workdir:
         try:
             figures = run_bench(quick=quick, postgres_url=postgres_url or None, workdir=workdir,
-                                peers=peers)
+                                peers=peers, rounds=rounds)
         except RuntimeError as exc:
             _fail(str(exc))
     results = targets(figures, peers=peers)

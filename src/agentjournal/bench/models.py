@@ -35,7 +35,7 @@ from ..state import ToolCall
 from ..store import open_store
 from ..testing.llm_stub import Reply, StubServer
 from ..tools import tool
-from ._common import QUICK, Figure, Plan, Say, figure, medians, order_result, store_url
+from ._common import Figure, Plan, Say, figure, medians, order_result, store_url
 
 CALL_SECONDS = 0.1
 PARALLEL = 8
@@ -73,7 +73,7 @@ def _turn_ms(workdir: Path, n: int, is_async: bool) -> float:
 
 
 def _reps(plan: Plan) -> int:
-    return 3 if plan is QUICK else plan.reps  # each round is a few seconds of real time
+    return min(plan.reps, 3)  # each round is a few seconds of real time
 
 
 def parallel_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
