@@ -591,7 +591,7 @@ def _workspace_checkpoint(st: RunState, ev: Event) -> None:
     cause, count = p.get("cause"), p.get("count", 0)
     shown = ", ".join(p.get("changed", ())) + (" ..." if count > len(p.get("changed", ()))
                                               else "")
-    if cause == "drift":
+    if cause == "drift" and not p.get("skipped"):
         _tell(st, Message(role="user", trust="tool", seq=ev.seq, content=(
             f"While this run was stopped, {count} file(s) in the workspace changed since "
             "its last recorded version (by someone else, or by calls of this run whose "

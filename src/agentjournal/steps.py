@@ -490,7 +490,7 @@ class StepMachine(Settling):
         if last is None or last.commit is None or last.directory != str(
                 self.workspace.directory):
             self._checkpoint(j, "start")
-        elif self.workspace.drift(j.run_id, last.commit):
+        elif self.workspace.drift(j.run_id, last.commit) != []:  # changed, or a guard
             self._checkpoint(j, "drift")
 
     # --- freshness --------------------------------------------------------------------

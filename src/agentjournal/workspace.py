@@ -159,12 +159,13 @@ class Workspace:
         out = self._git("diff-tree", "-r", "-z", "--name-only", "--no-renames", before, after)
         return sorted(p for p in out.split("\0") if p)
 
-    def drift(self, run_id: str, commit: str) -> list[str]:
-        """Paths whose content differs from ``commit`` in the directory now."""
+    def drift(self, run_id: str, commit: str) -> list[str] | None:
+        """Paths whose content differs from ``commit`` in the directory now; None when a
+        guard stops the comparison (the next checkpoint records why)."""
         self._ready()
         index, skipped = self._stage_all(run_id)
         if skipped is not None:
-            raise WorkspaceError(f"the workspace cannot be compared: {skipped}")
+            return None
         return self._changed(commit, self._git("write-tree", index=index).strip())
 
     # --- reading and restoring -----------------------------------------------------
@@ -176,10 +177,6 @@ class Workspace:
             return self._git("show", "--format=", "--patch", "--no-renames", after)
         return self._git("diff", "--no-renames", before, after)
 
-    def files(self, commit: str) -> list[str]:
-        return sorted(p for p in self._git("ls-tree", "-r", "-z", "--name-only",
-                                           commit).split("\0") if p)
-
     def held(self, run_id: str, commits: Sequence[str]) -> bool:
         """Whether the directory as it is now is one of ``commits`` (nothing unsaved)."""
         self._ready()
@@ -187,7 +184,8 @@ class Workspace:
         if skipped is not None:
             return False
         tree = self._git("write-tree", index=index).strip()
-        return any(self._tree(c) == tree for c in commits)
+        trees = self._git("rev-parse", *(f"{c}^{{tree}}" for c in commits)) if commits else ""
+        return tree in trees.split()
 
     def restore(self, run_id: str, commit: str) -> None:
         """Make the directory's files those of ``commit``: changed ones rewritten, ones
