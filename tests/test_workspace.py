@@ -227,6 +227,9 @@ def test_the_cli_shows_a_version_and_its_diff(project: Path, tmp_path: Path) -> 
     assert not (project / "f2.txt").exists()
     none = cli("workspace", "nope")
     assert none.returncode == 2
+    timeline = cli("show", "r1").stdout
+    assert "workspace_checkpoint  turn: " in timeline and "f1.txt, notes.md" in timeline
+    assert "restore by ana to seq" in timeline
 
 
 @pytest.fixture(autouse=True)

@@ -141,6 +141,14 @@ def summary(event: Event) -> str:
             return f"{p.get('budget')}: {p.get('used')} of {p.get('limit')}"
         case E.RUN_FINISHED:
             return short(p.get("outcome", ""))
+        case E.WORKSPACE_CHECKPOINT:
+            if p.get("skipped"):
+                return f"{p.get('cause')}: not versioned: {short(p['skipped'], 80)}"
+            files = ", ".join(p.get("changed", [])[:5]) + (" ..." if p.get("count", 0) > 5
+                                                           else "")
+            by = f" by {p['by']} to seq {p.get('restored_seq')}" if p.get("by") else ""
+            return (f"{p.get('cause')}{by}: {str(p.get('commit'))[:12]}, "
+                    f"{p.get('count', 0)} file(s) changed: {files}")
         case E.RUN_CANCELLED:
             why = f": {short(p['reason'], 80)}" if p.get("reason") else ""
             return f"by {p.get('by')}{why}"
