@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,6 +83,18 @@ def make_store(store_url: str) -> Iterator[Callable[[], Store]]:
     yield make
     for store in opened:
         store.close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Any]:
+    """A receiver process counting the effects it is sent (tests/crash_agent.py)."""
+    from .test_crash_models import Receiver
+
+    r = Receiver()
+    try:
+        yield r
+    finally:
+        r.close()
 
 
 def backend_params() -> pytest.MarkDecorator:

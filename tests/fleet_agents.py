@@ -17,13 +17,17 @@ from agentjournal.tools import Tool, ToolContext, Undo
 ENV = "FLEET_EFFECTS"
 
 
-def _append(ctx: ToolContext, label: str) -> str:
-    line = f"{ctx.run_id} {label} {ctx.key}\n".encode()
+def _write_line(run_id: str, label: str, key: str) -> None:
+    line = f"{run_id} {label} {key}\n".encode()
     fd = os.open(os.environ[ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:
         os.close(fd)
+
+
+def _append(ctx: ToolContext, label: str) -> str:
+    _write_line(ctx.run_id, label, ctx.key)
     return f"recorded {label}"
 
 
@@ -70,12 +74,7 @@ def poison() -> Agent:
 
 def _undo(undo: Undo) -> str:
     """Undo one ``hold``: a line ``run_id undo:label key`` in the effects file."""
-    line = f"{undo.run_id} undo:{undo.args['label']} {undo.key}\n".encode()
-    fd = os.open(os.environ[ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    _write_line(undo.run_id, f"undo:{undo.args['label']}", undo.key)
     return f"released {undo.args['label']}"
 
 

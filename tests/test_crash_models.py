@@ -65,15 +65,6 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    try:
-        yield r
-    finally:
-        r.close()
-
-
-@pytest.fixture
 def stub() -> Iterator[StubServer]:
     with StubServer() as s:
         yield s

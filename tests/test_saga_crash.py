@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -27,15 +26,6 @@ from .test_crash_models import ROOT, Receiver
 E = EventType
 EFFECTS = 4
 KILLS_PER_BACKEND = 12  # x 3 backends: the issue asks at least 30 in CI
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def child(command: str, store_url: str, run_id: str, receiver_url: str,

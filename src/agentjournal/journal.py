@@ -337,7 +337,8 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, 
     the workspace directory), refused (WorkspaceError) when the directory holds
     changes no checkpoint of the origin holds, unless ``force``.
     """
-    prefix = list(store.read(run_id))[:at_seq]
+    log = list(store.read(run_id))
+    prefix = log[:at_seq]
     if not prefix:
         raise RunNotFoundError(run_id)
     if at_seq < 1 or at_seq > len(prefix) or prefix[0].type is not EventType.RUN_STARTED:
@@ -354,8 +355,8 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, 
     ws, found = versions(prefix)
     start = version_at(found, at_seq)
     if ws is not None and start is not None and start.commit is not None:
-        if not force and not ws.held(run_id, [v.commit for v in versions(
-                store.read(run_id))[1] if v.commit]):
+        if not force and not ws.held(run_id, [v.commit for v in versions(log)[1]
+                                              if v.commit]):
             raise WorkspaceError(
                 f"the workspace {ws.directory} has changes that no checkpoint of run "
                 f"{run_id!r} holds; the fork would lose them. Save them, or force")

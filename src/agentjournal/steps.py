@@ -612,13 +612,12 @@ class StepMachine(Settling):
 def _due(j: RunJournal, observations: Iterable[Observation]) -> list[Observation]:
     """The observations the model still reads that are older than their freshness."""
     now = datetime.now(UTC)
-    return [o for o in observations
-            if (now - o.at).total_seconds() > o.fresh_for and _in_context(j, o.call_id)]
-
-
-def _in_context(j: RunJournal, call_id: str) -> bool:
-    """Whether the model still reads this call's result (compaction may have dropped it)."""
-    return any(m.tool_call_id == call_id and m.role == "tool" for m in j.state.messages)
+    aged = [o for o in observations if (now - o.at).total_seconds() > o.fresh_for]
+    if not aged:
+        return []
+    # Compaction may have dropped a result: only the ones still in the context count.
+    read = {m.tool_call_id for m in j.state.messages if m.role == "tool"}
+    return [o for o in aged if o.call_id in read]
 
 
 def limit(seconds: float | None) -> float | None:

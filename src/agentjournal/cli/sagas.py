@@ -11,6 +11,7 @@ from ..store import Store
 from ..tools import Tool
 from ._base import (
     CliError,
+    F,
     by_option,
     cli,
     json_option,
@@ -28,15 +29,20 @@ from .running import load_agent
 EXIT_SAGA_STOPPED = 4
 
 
+def saga_options(f: F) -> F:
+    """--reason, --by and --agent: who undoes a run, why, with which agent's tools."""
+    f = click.option("--agent", "agent_ref", metavar="MODULE:OBJECT",
+                     help="The agent whose tools undo the effects (default: the one the "
+                          "run recorded).")(f)
+    return click.option("--reason", default="", help="Why (recorded in the run's log).")(
+        by_option(f))
+
+
 @cli.command(name="compensate")
 @click.argument("run_id", metavar="RUN")
 @click.option("--through", type=click.IntRange(min=0), default=0, metavar="SEQ",
               help="Undo only the effects completed after this seq (default 0: all).")
-@click.option("--reason", default="", help="Why the run is undone (recorded in the saga).")
-@by_option
-@click.option("--agent", "agent_ref", metavar="MODULE:OBJECT",
-              help="The agent whose tools undo the effects (default: the one the run "
-                   "recorded).")
+@saga_options
 @json_option
 @store_option
 @click.pass_context
@@ -63,11 +69,7 @@ def compensate_cmd(ctx: click.Context, run_id: str, through: int, reason: str, b
 @click.argument("run_id", metavar="RUN")
 @click.option("--compensate", "and_compensate", is_flag=True,
               help="Then undo its completed effects, as `agentjournal compensate` does.")
-@click.option("--reason", default="", help="Why (recorded in its log).")
-@by_option
-@click.option("--agent", "agent_ref", metavar="MODULE:OBJECT",
-              help="With --compensate: the agent whose tools undo the effects (default: "
-                   "the one the run recorded).")
+@saga_options
 @json_option
 @store_option
 @click.pass_context
