@@ -264,3 +264,18 @@ def test_a_kill_before_the_checkpoint_loses_neither_files_nor_versions(
     assert marks == ["start", "turn", "turn", "drift", "turn", "turn"]
     assert sorted(files(project)) == [".gitignore", "README.md", "f1.txt", "f2.txt",
                                       "f3.txt", "f4.txt", "notes.md"]
+
+
+def test_a_guard_met_on_resume_records_a_skipped_version_and_the_run_goes_on(
+        project: Path, tmp_path: Path) -> None:
+    ws = Workspace(project, shadow=tmp_path / "shadow.git", max_files=12)
+    agent = editor(ws, approve=True)
+    with open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        assert agent.run(store, "r1", "edit").status == "waiting_approval"
+        for i in range(10):  # while the run waits, the directory outgrows the guard
+            (project / f"extra{i}.txt").write_text("x\n")
+        waiting = fold(list(store.read("r1")))
+        decide_approval(store, "r1", next(iter(waiting.approvals)), approved=True, by="ana")
+        assert agent.run(store, "r1").status == "finished"
+        drift = [m.payload for m in checkpoints(store, "r1") if m.payload["cause"] == "drift"]
+        assert len(drift) == 1 and "over the limit of 12" in drift[0]["skipped"]
