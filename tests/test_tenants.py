@@ -39,6 +39,7 @@ from agentjournal import (
     reply,
     tool,
 )
+from agentjournal.events import seal
 from agentjournal.fleet import WorkerInfo, queue_of, submit
 from agentjournal.store import Lease, Store
 from agentjournal.store import postgres as pg_module
@@ -182,7 +183,9 @@ def test_tenant_b_sees_nothing_of_a_and_changes_nothing(shared: Shared) -> None:
     with open_store(shared.urls[0]) as a_store, open_store(shared.urls[1]) as b_store:
         a = _tenant_a_work(a_store)
         before = _rows(shared.schema)
-        assert {r[-1] for t in TENANT_TABLES for r in before[t]} == {shared.roles[0]}
+        owners = {r[0] for t in TENANT_TABLES
+                  for r in _sql(f'SELECT tenant FROM "{shared.schema}"."{t}"')}
+        assert owners == {shared.roles[0]}
         leaks = ("secret", "worker-a", "host-a", shared.roles[0], "state of A")
         b_queue = queue_of(b_store)
 
@@ -290,12 +293,18 @@ def test_rows_before_the_migration_belong_to_its_runner(
 ) -> None:
     schema = f"{shared.schema}_old"
     try:
-        with monkeypatch.context() as m:  # a store written by the release before tenants
-            m.setattr(pg_module, "MIGRATIONS", pg_module.MIGRATIONS[:-1])
-            with PostgresStore(POSTGRES_URL, schema=schema) as old:
-                lease = old.acquire("old", "w", 60)
-                old.append("old", make_events("old", 0, lease.epoch, _facts("before")),
-                           expected_seq=0, epoch=lease.epoch)
+        before = next(i for i, m in enumerate(pg_module.MIGRATIONS) if "tenant" in m)
+        with monkeypatch.context() as m:  # a schema as the release before tenants left it
+            m.setattr(pg_module, "MIGRATIONS", pg_module.MIGRATIONS[:before])
+            PostgresStore(POSTGRES_URL, schema=schema).close()
+        # ...and a run it wrote (this release's code no longer runs on that schema).
+        event = make_events("old", 0, 1, _facts("before"))[0]
+        (body,), digest = seal([event], "")
+        _sql(f'INSERT INTO "{schema}".runs (run_id, last_seq, lease_owner, lease_epoch,'
+             " created_at, updated_at, scope, last_digest) VALUES ('old', 1, 'w', 1, now(),"
+             f" now(), 'run:old', '{digest}')")
+        _sql(f'INSERT INTO "{schema}".events VALUES (%s, 1, %s, %s, %s)',
+             ("old", event.type.value, event.ts, body))
         with PostgresStore(POSTGRES_URL, schema=schema) as new:
             assert [e.seq for e in new.read("old")] == [1]
         ((me,),) = _sql("SELECT current_user")

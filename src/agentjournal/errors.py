@@ -3,6 +3,8 @@
     JournalError                    root: catch this to catch them all
     ├── InvalidRunIdError           a run id that could name a file elsewhere, or is too long
     ├── RunNotFoundError            no events recorded for that run id
+    │   └── ArchivedRunError        the run was archived and deleted; a tombstone says where
+    ├── NotArchivedError            a restore of a run this store holds no tombstone of
     ├── RunMismatchError            a resume names a task, scope or agent other than the run's
     ├── NotPendingError             no such open approval or uncertain call in the run
     │   └── AlreadyDecidedError     a decision contradicting one that already stands
@@ -60,6 +62,31 @@ class RunNotFoundError(JournalError, LookupError):
             "(`agentjournal runs` lists them) and the store URL.",
             run_id=run_id,
         )
+
+
+class ArchivedRunError(RunNotFoundError):
+    """The run was archived and deleted from this store (``agentjournal gc``): its
+    tombstone keeps the id from being used again and says where the log went."""
+
+    def __init__(self, run_id: str, archive: str, last_seq: int) -> None:
+        JournalError.__init__(
+            self,
+            f"run {run_id!r} ({last_seq} events) was archived to {archive} and deleted "
+            f"from this store; its id cannot be used again. Bring it back with "
+            f"`agentjournal restore {run_id} --archive {archive}`.",
+            run_id=run_id,
+        )
+        self.archive = archive
+        self.last_seq = last_seq
+
+
+class NotArchivedError(JournalError, LookupError):
+    """A restore of a run that this store did not archive (no tombstone stands)."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(f"run {run_id!r} cannot be restored into this store: {reason}",
+                         run_id=run_id)
+        self.reason = reason
 
 
 class RunMismatchError(JournalError, ValueError):

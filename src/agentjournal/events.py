@@ -30,7 +30,8 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: model_call_started, model_call_failed, instructions_changed.
 #: v6: sagas: new types saga_started, compensation_started, compensation_completed,
 #: saga_finished; run_cancelled; workspace_checkpoint; observations_checked
-#: (freshness); tool_call_completed may carry fresh_for (no older payload changed).
+#: (freshness); tool_call_completed may carry fresh_for, tool_call_started
+#: key_retention (no older payload changed).
 SCHEMA_VERSION = 6
 
 #: The first schema version whose events are stored sealed (with a chained digest).

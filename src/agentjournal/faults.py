@@ -16,7 +16,8 @@ only a receiver that checks the epoch can close), ``after_effect`` (the tool
 returned, its completion is not yet durable); ``before_undo`` and ``after_undo``,
 the same two windows for a saga's compensation; ``before_checkpoint`` (a workspace
 run: the turn's calls returned and changed the files, their results and the workspace
-version are not yet durable).
+version are not yet durable); ``gc_archived`` (gc wrote and verified a run's archive
+file, the run is not yet deleted) and ``gc_deleted`` (deleted, its lease not released).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import signal
 
 ENV_VAR = "AGENTJOURNAL_FAULT"
 POINTS = ("model_call", "turn_staged", "model_started", "before_effect", "lease_checked",
-          "after_effect", "before_undo", "after_undo", "before_checkpoint")
+          "after_effect", "before_undo", "after_undo", "before_checkpoint", "gc_archived",
+          "gc_deleted")
 
 _armed: tuple[str, int, signal.Signals] | None = None
 _ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}

@@ -358,8 +358,8 @@ class StepMachine(Settling):
         False if a call ends uncertain and cannot be settled."""
         starts = j.record_all([(E.TOOL_CALL_STARTED, {
             "key": key, "tool": tool.name, "args": call.args, "call_id": call.id,
-            "effect": tool.effect.value, "attempt": j.state.attempts.get(key, 0) + 1})
-            for call, tool, key in ready])
+            "effect": tool.effect.value, "attempt": j.state.attempts.get(key, 0) + 1,
+            **_retention(tool)}) for call, tool, key in ready])
         calls = [self._prepared(j, start.seq, start.payload["attempt"], *r)
                  for start, r in zip(starts, ready, strict=True)]
         for _, tool, _ in ready:  # each call's window, as if it ran alone
@@ -618,6 +618,12 @@ def _due(j: RunJournal, observations: Iterable[Observation]) -> list[Observation
     # Compaction may have dropped a result: only the ones still in the context count.
     read = {m.tool_call_id for m in j.state.messages if m.role == "tool"}
     return [o for o in aged if o.call_id in read]
+
+
+def _retention(tool: Tool) -> dict[str, float]:
+    """The start's record of how long the receiver keeps keys: gc keeps the run's log at
+    least that long (retention.py)."""
+    return {} if tool.key_retention is None else {"key_retention": tool.key_retention}
 
 
 def limit(seconds: float | None) -> float | None:

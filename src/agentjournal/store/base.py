@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -22,7 +23,13 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from ..errors import CorruptLogError, EncodingError, InvalidRunIdError
+from ..errors import (
+    ArchivedRunError,
+    CorruptLogError,
+    EncodingError,
+    InvalidRunIdError,
+    RunNotFoundError,
+)
 from ..events import (
     GENESIS,
     SCHEMA_VERSION,
@@ -144,6 +151,45 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
 
 
+class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
+    """What stays of a run deleted from the hot store once its log was archived
+    (retention.py): the id cannot be used again, and it says where the log went."""
+
+    run_id: str
+    last_seq: int
+    digest: str  # records_digest of the archived log: a restore must bring back exactly it
+    archive: str  # the URL of the archive holding it
+    deleted_at: datetime
+
+
+def records_digest(records: Sequence[bytes]) -> str:
+    """sha256 (hex) of a log's stored records as JSON Lines: what a tombstone and an
+    archive name, so a restore can bring back only the very bytes that were deleted."""
+    h = hashlib.sha256()
+    for record in records:
+        h.update(record)
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def check_records(run_id: str, records: Sequence[bytes]) -> list[Event]:
+    """The events of a whole log given as stored records, each checked as ``read`` checks
+    it (decodes, seq in place, digest chain): what a restore writes back."""
+    events, prev = [], GENESIS
+    for seq, body in enumerate(records, start=1):
+        event, prev = decode_record(run_id, seq, body, prev)
+        events.append(event)
+    return events
+
+
+def missing_run(store: Store, run_id: str) -> RunNotFoundError:
+    """The error for a run with no events: ``ArchivedRunError`` when gc archived it."""
+    stone = store.tombstone(run_id)
+    if stone is None:
+        return RunNotFoundError(run_id)
+    return ArchivedRunError(run_id, stone.archive, stone.last_seq)
+
+
 def decode_record(
     run_id: str, seq: int, body: bytes | memoryview, prev: str = GENESIS
 ) -> tuple[Event, str]:
@@ -243,8 +289,38 @@ class Store(Protocol):
 
     def delete_snapshots(self, run_id: str) -> int: ...
 
+    def prune_snapshots(self, run_id: str, *, keep: int) -> int:
+        """Delete all but the run's newest ``keep`` snapshots; how many were deleted."""
+        ...
+
     def quarantine(self, fold_version: int, reason: str) -> None:
         """Never load snapshots written with ``fold_version`` again (verify found them wrong)."""
         ...
 
     def quarantined(self) -> dict[int, str]: ...
+
+    # --- retention: archived runs leave a tombstone (retention.py) -------------------
+
+    def records(self, run_id: str) -> list[bytes]:
+        """The run's stored records, byte for byte, in seq order; each checked as ``read``
+        checks it. What an archive holds."""
+        ...
+
+    def delete_run(self, tombstone: Tombstone, *, epoch: int) -> None:
+        """Replace the run's log by ``tombstone``, atomically: its events, snapshots and
+        scope entry go, the tombstone stays, the lease row stays (epochs never go back).
+        ``ConflictError`` unless the log ends at ``tombstone.last_seq``; ``FencedError``
+        unless ``epoch`` is the run's lease epoch. An append to the run is then refused
+        with ``ArchivedRunError``."""
+        ...
+
+    def tombstone(self, run_id: str) -> Tombstone | None: ...
+
+    def tombstones(self) -> list[Tombstone]: ...
+
+    def restore_run(self, run_id: str, records: Sequence[bytes]) -> None:
+        """Write an archived log back byte for byte and lift its tombstone, atomically.
+        ``records`` must be the log the tombstone names (``records_digest``) and check out
+        (``check_records``); else ``CorruptLogError``, and nothing changes. A run without
+        a tombstone is ``RunNotFoundError``."""
+        ...

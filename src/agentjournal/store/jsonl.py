@@ -43,6 +43,12 @@ metadata) then the raw body. Each is written to a ``.tmp`` file, fsynced and
 renamed into place, so a reader sees a whole snapshot or none; ``.tmp`` files
 are never read. The store-wide quarantine record is ``_quarantine.json``.
 
+A run gc archived and deleted (retention.py) leaves ``<run_id>.tomb``, its
+``Tombstone`` as JSON. The tombstone is the truth: it is published (fsync, rename)
+before the log and snapshots are removed, so a crash between the two leaves a log
+that is already deleted, which the next handle to take the run's lock removes. A
+restore writes the log back beside the tombstone, then removes the tombstone.
+
 Opened ``readonly`` (inspection), the store creates nothing: not the directory,
 not a ``.lock`` file. It takes a run's flock only when the lock file exists, and
 then through a read-only descriptor (flock needs no write access, so this works on
@@ -77,6 +83,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import msgspec
 
 from ..errors import (
+    ArchivedRunError,
     ConflictError,
     CorruptLogError,
     CorruptStoreError,
@@ -84,6 +91,7 @@ from ..errors import (
     FencedError,
     InvalidRunIdError,
     LeaseHeldError,
+    NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
     StoreIOError,
@@ -95,11 +103,14 @@ from .base import (
     Lease,
     RunInfo,
     Snapshot,
+    Tombstone,
     check_batch,
+    check_records,
     decode_record,
     host_clock,
     lease_expiry,
     lease_left,
+    records_digest,
     scope_started,
     validate_run_id,
 )
@@ -193,6 +204,7 @@ class _SnapHeader(msgspec.Struct, frozen=True):
 
 
 _SNAP_SUFFIX = ".snapshots"
+_TOMB = ".tomb"
 _SCOPES = "_scopes"
 _QUARANTINE = "_quarantine.json"  # "_" never starts a run id, so no run can collide
 _MAX_HEADER = 1 << 16
@@ -522,6 +534,8 @@ class JsonlStore:
         if not path.exists():
             return _EMPTY
         with self._locked(run_id, write=False):
+            if self._buried(run_id):
+                return _EMPTY
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 return self._refresh(run_id, fd)[0]
@@ -535,6 +549,8 @@ class JsonlStore:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
         with self._locked(run_id, write=True):
+            if (expected_seq == 0 or run_id not in self._tails) and self._buried(run_id):
+                raise ArchivedRunError(run_id, *self._stone_at(run_id))
             fd = self._log_fd(run_id)
             tail, torn = (_EMPTY, None) if fd is None else self._refresh(run_id, fd)
             current = self._epoch(run_id)
@@ -591,6 +607,8 @@ class JsonlStore:
         if not path.exists():
             return []
         with self._locked(run_id, write=False):
+            if self._buried(run_id):
+                return []
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 start = self._resume_point(run_id, fd, after_seq) if after_seq else None
@@ -682,7 +700,8 @@ class JsonlStore:
         except FileNotFoundError:
             return []
         runs = dict.fromkeys(line.decode("utf-8", "replace") for line in lines)
-        return [r for r in runs if self._file(r, ".jsonl").exists()]
+        return [r for r in runs
+                if self._file(r, ".jsonl").exists() and not self._file(r, _TOMB).exists()]
 
     # --- leases ----------------------------------------------------------------
 
@@ -834,13 +853,26 @@ class JsonlStore:
                     stale.unlink()
             self._publish(directory / _snap_name(snapshot.seq, snapshot.fold_version), data, run_id)
             # Only once the new one is durable: prune, keeping the newest ``keep``.
-            good, bad = self._scan_snaps(run_id, body=False)
-            doomed = [path for path, _, _ in good[max(keep, 1) :]] + bad
-            for path in doomed:
-                with suppress(FileNotFoundError):
-                    path.unlink()
-            if doomed:
-                self._sync_dir(run_id, directory)
+            self._prune(run_id, max(keep, 1))
+
+    def _prune(self, run_id: str, keep: int) -> int:
+        """Delete all but the newest ``keep`` readable snapshots (and unreadable ones)."""
+        good, bad = self._scan_snaps(run_id, body=False)
+        doomed = [path for path, _, _ in good[keep:]] + bad
+        for path in doomed:
+            with suppress(FileNotFoundError):
+                path.unlink()
+        if doomed:
+            self._sync_dir(run_id, self._snap_dir(run_id))
+        return len(doomed)
+
+    @_os_errors("prune snapshots", write=True)
+    def prune_snapshots(self, run_id: str, *, keep: int) -> int:
+        validate_run_id(run_id)
+        if not self._snap_dir(run_id).is_dir():
+            return 0
+        with self._locked(run_id, write=True):
+            return self._prune(run_id, max(keep, 0))
 
     @_os_errors("read snapshots", write=False)
     def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
@@ -881,17 +913,123 @@ class JsonlStore:
             return 0
         with self._locked(run_id, write=True):
             good, _ = self._scan_snaps(run_id, body=False)
-            try:
-                entries = list(directory.iterdir())
-            except FileNotFoundError:
-                return 0  # deleted by another handle meanwhile
-            for path in entries:
-                with suppress(FileNotFoundError):
-                    path.unlink()
-            self._sync_dir(run_id, directory)
-            directory.rmdir()
-            self._sync_dir(run_id)
+            self._remove_snapshots(run_id)
         return len(good)
+
+    def _remove_snapshots(self, run_id: str) -> None:
+        directory = self._snap_dir(run_id)
+        try:
+            entries = list(directory.iterdir())
+        except FileNotFoundError:
+            return  # none, or deleted by another handle meanwhile
+        for path in entries:
+            with suppress(FileNotFoundError):
+                path.unlink()
+        self._sync_dir(run_id, directory)
+        directory.rmdir()
+        self._sync_dir(run_id)
+
+    # --- retention: tombstones (see the module docstring) -------------------------
+
+    def _buried(self, run_id: str) -> bool:
+        """Whether gc deleted the run (its tombstone stands). Under the run's lock; a
+        writable handle removes a log a crash left beside the tombstone."""
+        if not os.path.exists(f"{self._dir}/{run_id}{_TOMB}"):
+            return False
+        if not self.readonly and os.path.exists(f"{self._dir}/{run_id}.jsonl"):
+            self._drop_log(run_id)
+        return True
+
+    def _drop_log(self, run_id: str) -> None:
+        """Remove the run's log and snapshots, and forget what this handle knew of them."""
+        fd = self._log_fds.pop(run_id, None)
+        if fd is not None:
+            os.close(fd)
+        for known in (self._tails, self._marks, self._unsynced):
+            known.pop(run_id, None)
+        with suppress(FileNotFoundError):
+            os.unlink(f"{self._dir}/{run_id}.jsonl")
+        self._remove_snapshots(run_id)
+        self._sync_dir(run_id)
+
+    def _stone_at(self, run_id: str) -> tuple[str, int]:
+        stone = self._read_stone(run_id)
+        return (stone.archive, stone.last_seq) if stone else ("an archive", 0)
+
+    def _read_stone(self, run_id: str) -> Tombstone | None:
+        try:
+            raw = self._file(run_id, _TOMB).read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return msgspec.json.decode(raw, type=Tombstone)
+        except msgspec.DecodeError as exc:
+            raise CorruptLogError(run_id, 0, f"unreadable tombstone: {exc}") from None
+
+    @_os_errors("read a run", write=False)
+    def records(self, run_id: str) -> list[bytes]:
+        validate_run_id(run_id)
+        path = self._file(run_id, ".jsonl")
+        if not path.exists():
+            return []
+        with self._locked(run_id, write=False):
+            if self._buried(run_id):
+                return []
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                tail, _, _ = self._scan(run_id, fd, _EMPTY)  # damage raises, as in read
+                data = os.pread(fd, tail.size, 0)
+            finally:
+                os.close(fd)
+        # Every line up to the tail is a whole, checked record of a complete batch.
+        records = [line[10:] if line[9] != _OLD else line[9:]
+                   for line in data.split(b"\n")[:-1]]
+        check_records(run_id, records)
+        return records
+
+    @_os_errors("delete a run", write=True)
+    def delete_run(self, tombstone: Tombstone, *, epoch: int) -> None:
+        run_id = validate_run_id(tombstone.run_id)
+        with self._locked(run_id, write=True):
+            current = self._epoch(run_id)
+            if epoch != current:
+                raise FencedError(run_id, epoch, current)
+            fd = None if self._buried(run_id) else self._log_fd(run_id)
+            last = 0 if fd is None else self._refresh(run_id, fd)[0].last_seq
+            if last != tombstone.last_seq:
+                raise ConflictError(run_id, tombstone.last_seq, last)
+            self._publish(self._file(run_id, _TOMB), msgspec.json.encode(tombstone), run_id)
+            self._drop_log(run_id)
+
+    @_os_errors("read a tombstone", write=False)
+    def tombstone(self, run_id: str) -> Tombstone | None:
+        return self._read_stone(validate_run_id(run_id))
+
+    @_os_errors("list tombstones", write=False)
+    def tombstones(self) -> list[Tombstone]:
+        stones = [self._read_stone(p.name[: -len(_TOMB)]) for p in self.path.glob("*" + _TOMB)]
+        return sorted(filter(None, stones), key=lambda t: (t.deleted_at, t.run_id))
+
+    @_os_errors("restore a run", write=True)
+    def restore_run(self, run_id: str, records: Sequence[bytes]) -> None:
+        validate_run_id(run_id)
+        if not records:
+            raise ValueError("restore_run needs the records of a whole log")
+        events = check_records(run_id, records)
+        with self._locked(run_id, write=True):
+            stone = self._read_stone(run_id)
+            if stone is None:
+                raise NotArchivedError(run_id, "it has no tombstone here")
+            if records_digest(records) != stone.digest:
+                raise CorruptLogError(run_id, len(records), "these records are not the log "
+                                      "its tombstone names (their digest differs)")
+            if (scope := scope_started(events)) is not None:
+                self._register_scope(scope, run_id)
+            self._drop_log(run_id)
+            # The log goes back beside the tombstone; lifting the tombstone is the commit.
+            self._publish(self._file(run_id, ".jsonl"), _frame_batch(list(records)), run_id)
+            os.unlink(self._file(run_id, _TOMB))
+            self._sync_dir(run_id)
 
     def _read_quarantine(self) -> dict[int, str]:
         path = self.path / _QUARANTINE

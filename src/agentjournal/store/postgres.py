@@ -63,11 +63,14 @@ from psycopg.errors import UniqueViolation
 from psycopg_pool import ConnectionPool
 
 from ..errors import (
+    ArchivedRunError,
     ConflictError,
+    CorruptLogError,
     DurabilityError,
     FencedError,
     JournalError,
     LeaseHeldError,
+    NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
     StoreIOError,
@@ -81,8 +84,11 @@ from .base import (
     Lease,
     RunInfo,
     Snapshot,
+    Tombstone,
     check_batch,
+    check_records,
     decode_record,
+    records_digest,
     scope_started,
     validate_run_id,
 )
@@ -209,6 +215,14 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         WITH CHECK (tenant = current_user
                     AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.run_id = queue.run_id));
     """,
+    # Runs archived and deleted by gc (retention.py): the runs row stays as the tombstone
+    # (base.Tombstone), with last_seq 0 and where the log went; no append claims it.
+    """
+    ALTER TABLE {s}.runs ADD COLUMN archived_to text;
+    ALTER TABLE {s}.runs ADD COLUMN archived_seq bigint;
+    ALTER TABLE {s}.runs ADD COLUMN archived_digest text;
+    ALTER TABLE {s}.runs ADD COLUMN archived_at timestamptz;
+    """,
 )
 
 # An append's one statement: move the run's end (its WHERE is the whole check) and,
@@ -220,7 +234,8 @@ _CLAIM = (
     " created_at = least(created_at, %(first_ts)s),"
     " updated_at = greatest(updated_at, %(last_ts)s)"
     " WHERE run_id = %(run)s AND last_seq = %(expected)s"
-    " AND lease_epoch = %(epoch)s AND last_digest = %(prev)s RETURNING run_id),"
+    " AND lease_epoch = %(epoch)s AND last_digest = %(prev)s AND archived_to IS NULL"
+    " RETURNING run_id),"
     " added AS (INSERT INTO {s}.events {rows} WHERE EXISTS (SELECT 1 FROM claimed))"
     " SELECT count(*) FROM claimed"
 )
@@ -230,6 +245,11 @@ _ROWS = ("SELECT * FROM unnest(%(runs)s::text[], %(seqs)s::bigint[], %(types)s::
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 Cursor = psycopg.Cursor[tuple[Any, ...]]
+
+
+def _tombstone(row: tuple[Any, ...]) -> Tombstone:
+    return Tombstone(run_id=row[0], last_seq=row[1], digest=row[2], archive=row[3],
+                     deleted_at=row[4])
 
 
 def _public_url(params: dict[str, Any], schema: str) -> str:
@@ -443,8 +463,8 @@ class PostgresStore:
         """Lock the run's row, creating it if missing, and read it with the server's clock.
 
         One round trip: an upsert takes the row lock as FOR UPDATE would. Returns
-        (last_seq, lease_epoch, lease_owner, lease expiry, now, last_digest), times in
-        epoch seconds.
+        (last_seq, lease_epoch, lease_owner, lease expiry, now, last_digest, archived_to,
+        archived_seq), times in epoch seconds.
         """
         cur.execute(
             self._q(
@@ -452,7 +472,8 @@ class PostgresStore:
                 " ON CONFLICT (run_id) DO UPDATE SET run_id = r.run_id"
                 " RETURNING r.last_seq, r.lease_epoch, r.lease_owner,"
                 " coalesce(extract(epoch FROM r.lease_expires_at), 0)::float8,"
-                " extract(epoch FROM clock_timestamp())::float8, r.last_digest"
+                " extract(epoch FROM clock_timestamp())::float8, r.last_digest,"
+                " r.archived_to, r.archived_seq"
             ),
             (run_id,),
         )
@@ -530,7 +551,9 @@ class PostgresStore:
     def _checked_prev(self, cur: Cursor, run_id: str, expected_seq: int, epoch: int) -> str:
         """Lock the run's row (creating it if missing) and raise why a claim would be
         refused; else the digest the log ends with, which a claim cannot now miss."""
-        last, current, *_, digest = self._lock_run(cur, run_id)
+        last, current, _, _, _, digest, archived_to, archived_seq = self._lock_run(cur, run_id)
+        if archived_to is not None:
+            raise ArchivedRunError(run_id, archived_to, archived_seq)
         if epoch != current:  # fencing first: a stale writer must stop, not retry
             raise FencedError(run_id, epoch, current)
         if last != expected_seq:
@@ -604,7 +627,7 @@ class PostgresStore:
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
         with self._write(run_id) as cur:
-            _, current, holder, expires, now, _ = self._lock_run(cur, run_id)
+            _, current, holder, expires, now, *_ = self._lock_run(cur, run_id)
             if holder is None or current == 0:
                 epoch = 1
             elif holder == owner and expires > now:
@@ -663,12 +686,7 @@ class PostgresStore:
     def put_snapshot(self, snapshot: Snapshot, *, keep: int = 2) -> None:
         run_id = validate_run_id(snapshot.run_id)
         with self._write(run_id) as cur:  # body and pointer are one row: one transaction
-            # Serialize writers of this run's snapshots (not its appends or lease), so
-            # two prunes never each keep a different newest ``keep``.
-            cur.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"agentjournal.snapshots:{self.schema}:{run_id}",),
-            )
+            self._lock_snapshots(cur, run_id)
             cur.execute(
                 self._q(
                     "INSERT INTO {s}.snapshots (run_id, seq, fold_version, schema_version,"
@@ -687,14 +705,30 @@ class PostgresStore:
                     snapshot.created_at,
                 ),
             )
-            cur.execute(
-                self._q(
-                    "DELETE FROM {s}.snapshots WHERE run_id = %s AND (seq, fold_version) NOT IN"
-                    " (SELECT seq, fold_version FROM {s}.snapshots WHERE run_id = %s"
-                    " ORDER BY seq DESC, created_at DESC LIMIT %s)"
-                ),
-                (run_id, run_id, max(keep, 1)),
-            )
+            self._prune(cur, run_id, max(keep, 1))
+
+    def _prune(self, cur: Cursor, run_id: str, keep: int) -> int:
+        cur.execute(
+            self._q(
+                "DELETE FROM {s}.snapshots WHERE run_id = %s AND (seq, fold_version) NOT IN"
+                " (SELECT seq, fold_version FROM {s}.snapshots WHERE run_id = %s"
+                " ORDER BY seq DESC, created_at DESC LIMIT %s)"
+            ),
+            (run_id, run_id, keep),
+        )
+        return cur.rowcount
+
+    def _lock_snapshots(self, cur: Cursor, run_id: str) -> None:
+        # Serialize writers of this run's snapshots (not its appends or lease), so
+        # two prunes never each keep a different newest ``keep``.
+        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"agentjournal.snapshots:{self.schema}:{run_id}",))
+
+    def prune_snapshots(self, run_id: str, *, keep: int) -> int:
+        validate_run_id(run_id)
+        with self._write(run_id) as cur:
+            self._lock_snapshots(cur, run_id)
+            return self._prune(cur, run_id, max(keep, 0))
 
     def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
         validate_run_id(run_id)
@@ -742,6 +776,77 @@ class PostgresStore:
         with self._conn() as conn:
             rows = conn.execute(self._q("SELECT fold_version, reason FROM {s}.quarantine"))
             return {int(v): str(r) for v, r in rows.fetchall()}
+
+    # --- retention ---------------------------------------------------------------
+
+    def records(self, run_id: str) -> list[bytes]:
+        validate_run_id(run_id)
+        with self._conn() as conn:
+            rows = conn.execute(self._q("SELECT body FROM {s}.events WHERE run_id = %s"
+                                        " ORDER BY seq"), (run_id,)).fetchall()
+        records = [bytes(r[0]) for r in rows]
+        check_records(run_id, records)
+        return records
+
+    def delete_run(self, tombstone: Tombstone, *, epoch: int) -> None:
+        run_id = validate_run_id(tombstone.run_id)
+        with self._write(run_id) as cur:
+            last, current, *_, archived_to, _ = self._lock_run(cur, run_id)
+            if epoch != current:
+                raise FencedError(run_id, epoch, current)
+            if last != tombstone.last_seq or archived_to is not None:
+                raise ConflictError(run_id, tombstone.last_seq, last)
+            for table in ("events", "snapshots", "queue"):
+                cur.execute(sql.SQL("DELETE FROM {s}.{t} WHERE run_id = %s").format(
+                    s=self._s, t=sql.Identifier(table)), (run_id,))
+            cur.execute(self._q(
+                "UPDATE {s}.runs SET last_seq = 0, last_digest = '', archived_to = %s,"
+                " archived_seq = %s, archived_digest = %s, archived_at = %s WHERE run_id = %s"),
+                (tombstone.archive, tombstone.last_seq, tombstone.digest, tombstone.deleted_at,
+                 run_id))
+        with self._ends_lock:
+            self._ends.pop(run_id, None)
+
+    _TOMBSTONES: LiteralString = (
+        "SELECT run_id, archived_seq, archived_digest, archived_to, archived_at FROM {s}.runs"
+        " WHERE archived_to IS NOT NULL")
+
+    def tombstone(self, run_id: str) -> Tombstone | None:
+        validate_run_id(run_id)
+        with self._conn() as conn:
+            rows = conn.execute(self._q(self._TOMBSTONES + " AND run_id = %s"),
+                                (run_id,)).fetchall()
+        return _tombstone(rows[0]) if rows else None
+
+    def tombstones(self) -> list[Tombstone]:
+        with self._conn() as conn:
+            rows = conn.execute(self._q(self._TOMBSTONES + " ORDER BY archived_at, run_id"))
+            return [_tombstone(r) for r in rows.fetchall()]
+
+    def restore_run(self, run_id: str, records: Sequence[bytes]) -> None:
+        validate_run_id(run_id)
+        if not records:
+            raise ValueError("restore_run needs the records of a whole log")
+        events = check_records(run_id, records)
+        with self._write(run_id) as cur:
+            cur.execute(self._q("SELECT archived_digest FROM {s}.runs WHERE run_id = %s"
+                                " FOR UPDATE"), (run_id,))
+            row = cur.fetchone()
+            if row is None or row[0] is None:
+                raise NotArchivedError(run_id, "it has no tombstone here")
+            if records_digest(records) != row[0]:
+                raise CorruptLogError(run_id, len(records), "these records are not the log "
+                                      "its tombstone names (their digest differs)")
+            cur.executemany(self._q("INSERT INTO {s}.events (run_id, seq, type, ts, body)"
+                                    " VALUES (%s, %s, %s, %s, %s)"),
+                            [(run_id, e.seq, e.type.value, e.ts, body)
+                             for e, body in zip(events, records, strict=True)])
+            cur.execute(self._q(
+                "UPDATE {s}.runs SET last_seq = %s, last_digest = %s, scope = %s,"
+                " created_at = %s, updated_at = %s, archived_to = NULL, archived_seq = NULL,"
+                " archived_digest = NULL, archived_at = NULL WHERE run_id = %s"),
+                (events[-1].seq, stored_digest(records[-1]), scope_started(events),
+                 events[0].ts, max(e.ts for e in events), run_id))
 
     def close(self) -> None:
         if self._unreleased:

@@ -38,12 +38,15 @@ from typing import Any
 from urllib.parse import quote
 
 from ..errors import (
+    ArchivedRunError,
     ConflictError,
+    CorruptLogError,
     CorruptStoreError,
     DurabilityError,
     FencedError,
     JournalError,
     LeaseHeldError,
+    NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
     StoreIOError,
@@ -57,11 +60,14 @@ from .base import (
     Lease,
     RunInfo,
     Snapshot,
+    Tombstone,
     check_batch,
+    check_records,
     decode_record,
     host_clock,
     lease_expiry,
     lease_left,
+    records_digest,
     scope_started,
     validate_run_id,
 )
@@ -135,6 +141,16 @@ MIGRATIONS: tuple[str, ...] = (
         worker_id TEXT PRIMARY KEY,
         info BLOB NOT NULL,
         heartbeat_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    """,
+    # Runs archived and deleted by gc (retention.py): see base.Tombstone.
+    """
+    CREATE TABLE tombstones (
+        run_id TEXT PRIMARY KEY,
+        last_seq INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        archive TEXT NOT NULL,
+        deleted_at TEXT NOT NULL
     ) WITHOUT ROWID;
     """,
 )
@@ -481,6 +497,10 @@ class SQLiteStore:
             " WHERE run_id = ?)",
             (run_id, run_id, run_id),
         ).fetchone()
+        if prev is None and (stone := db.execute(  # a new run, or one gc deleted
+                "SELECT archive, last_seq FROM tombstones WHERE run_id = ?", (run_id,)
+        ).fetchone()):
+            raise ArchivedRunError(run_id, *stone)
         if one.epoch != current:  # fencing first: a stale writer must stop, not retry
             raise FencedError(run_id, one.epoch, current)
         if last != one.expected_seq:
@@ -602,12 +622,16 @@ class SQLiteStore:
                 (run_id, snapshot.seq, snapshot.fold_version, snapshot.schema_version,
                  snapshot.digest, snapshot.body, snapshot.created_at.isoformat()),
             )
-            db.execute(
-                "DELETE FROM snapshots WHERE run_id = ? AND (seq, fold_version) NOT IN "
-                "(SELECT seq, fold_version FROM snapshots WHERE run_id = ? "
-                " ORDER BY seq DESC, created_at DESC LIMIT ?)",
-                (run_id, run_id, max(keep, 1)),
-            )
+            db.execute(self._PRUNE, (run_id, run_id, max(keep, 1)))
+
+    _PRUNE = ("DELETE FROM snapshots WHERE run_id = ? AND (seq, fold_version) NOT IN "
+              "(SELECT seq, fold_version FROM snapshots WHERE run_id = ? "
+              " ORDER BY seq DESC, created_at DESC LIMIT ?)")
+
+    def prune_snapshots(self, run_id: str, *, keep: int) -> int:
+        validate_run_id(run_id)
+        with self._tx() as db:
+            return db.execute(self._PRUNE, (run_id, run_id, max(keep, 0))).rowcount
 
     def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
         validate_run_id(run_id)
@@ -636,6 +660,70 @@ class SQLiteStore:
     def quarantined(self) -> dict[int, str]:
         with self._reading():
             return dict(self._db.execute("SELECT fold_version, reason FROM quarantine"))
+
+    # --- retention ---------------------------------------------------------------
+
+    def records(self, run_id: str) -> list[bytes]:
+        validate_run_id(run_id)
+        with self._reading():
+            rows = self._db.execute(
+                "SELECT body FROM events WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
+        records = [bytes(r[0]) for r in rows]
+        check_records(run_id, records)
+        return records
+
+    def delete_run(self, tombstone: Tombstone, *, epoch: int) -> None:
+        run_id = validate_run_id(tombstone.run_id)
+        with self._tx() as db:
+            current = self._epoch(db, run_id)
+            if epoch != current:
+                raise FencedError(run_id, epoch, current)
+            last = self._last_seq(db, run_id)
+            if last != tombstone.last_seq:
+                raise ConflictError(run_id, tombstone.last_seq, last)
+            for table in ("events", "snapshots", "scopes", "queue"):
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            db.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?)",
+                       (run_id, tombstone.last_seq, tombstone.digest, tombstone.archive,
+                        tombstone.deleted_at.isoformat()))
+
+    _TOMBSTONE = "SELECT run_id, last_seq, digest, archive, deleted_at FROM tombstones"
+
+    @staticmethod
+    def _stone(row: tuple[Any, ...]) -> Tombstone:
+        return Tombstone(run_id=row[0], last_seq=row[1], digest=row[2], archive=row[3],
+                         deleted_at=datetime.fromisoformat(row[4]))
+
+    def tombstone(self, run_id: str) -> Tombstone | None:
+        validate_run_id(run_id)
+        with self._reading():
+            row = self._db.execute(self._TOMBSTONE + " WHERE run_id = ?", (run_id,)).fetchone()
+        return self._stone(row) if row else None
+
+    def tombstones(self) -> list[Tombstone]:
+        with self._reading():
+            rows = self._db.execute(self._TOMBSTONE + " ORDER BY deleted_at, run_id").fetchall()
+        return [self._stone(r) for r in rows]
+
+    def restore_run(self, run_id: str, records: Sequence[bytes]) -> None:
+        validate_run_id(run_id)
+        if not records:
+            raise ValueError("restore_run needs the records of a whole log")
+        events = check_records(run_id, records)
+        with self._tx() as db:
+            row = db.execute("SELECT digest FROM tombstones WHERE run_id = ?",
+                             (run_id,)).fetchone()
+            if row is None:
+                raise NotArchivedError(run_id, "it has no tombstone here")
+            if records_digest(records) != row[0]:
+                raise CorruptLogError(run_id, len(records), "these records are not the log "
+                                      "its tombstone names (their digest differs)")
+            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", [
+                (run_id, e.seq, e.type.value, e.ts.isoformat(), body)
+                for e, body in zip(events, records, strict=True)])
+            if (scope := scope_started(events)) is not None:
+                db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
+            db.execute("DELETE FROM tombstones WHERE run_id = ?", (run_id,))
 
     def close(self) -> None:
         with self._lock:
