@@ -11,6 +11,7 @@ execution (agent, tools, models, policy) -> surfaces (cli, demo).
 from __future__ import annotations
 
 from .agent import Agent, RunResult, new_run_id
+from .archive import ArchiveError
 from .decisions import (
     Decision,
     decide_approval,
@@ -21,6 +22,7 @@ from .decisions import (
 from .errors import (
     AlreadyDecidedError,
     AmbiguousKeyError,
+    ArchivedRunError,
     ConflictError,
     CorruptLogError,
     CorruptStoreError,
@@ -33,6 +35,7 @@ from .errors import (
     LeaseHeldError,
     MissingExtraError,
     NoQueueError,
+    NotArchivedError,
     NotAStoreError,
     NotCancellableError,
     NotPendingError,
@@ -77,6 +80,7 @@ from .policy import (
     Rules,
 )
 from .redaction import Redaction
+from .retention import GcReport, RetentionPolicy, gc, restore
 from .saga import SagaResult, cancel, compensate
 from .state import FOLD_RULES, RECORD_ONLY, Message, PendingCall, RunState, ToolCall, apply, fold
 from .store import DEFAULT_URL, Durability, Lease, RunInfo, Store, open_store
@@ -117,6 +121,8 @@ __all__ = [
     "Durability",
     "DurabilityError",
     "Effect",
+    "ArchiveError",
+    "ArchivedRunError",
     "EncodingError",
     "Event",
     "EventType",
@@ -143,6 +149,8 @@ __all__ = [
     "cost_of",
     "ModelRequest",
     "ModelResponse",
+    "GcReport",
+    "NotArchivedError",
     "NotCancellableError",
     "NotPendingError",
     "ReadOnlyStoreError",
@@ -150,6 +158,7 @@ __all__ = [
     "Policy",
     "Redaction",
     "RegexGuardrail",
+    "RetentionPolicy",
     "RequireApproval",
     "Rules",
     "RunInfo",
@@ -183,6 +192,7 @@ __all__ = [
     "encode",
     "fold",
     "fork",
+    "gc",
     "idempotency_key",
     "make_events",
     "new_run_id",
@@ -192,6 +202,7 @@ __all__ = [
     "record_resolution",
     "reply",
     "resolve_uncertain",
+    "restore",
     "run_scope",
     "tool",
 ]

@@ -24,13 +24,13 @@ from typing import Any
 
 import msgspec
 
-from .errors import JournalError, LeaseExpiredError, LeaseHeldError, RunNotFoundError
+from .errors import JournalError, LeaseExpiredError, LeaseHeldError
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
 from .snapshots import load_state, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
-from .store.base import boot_seconds
+from .store.base import boot_seconds, missing_run
 from .workspace import WorkspaceError, version_at, versions
 
 Observer = Callable[[Event, RunState], None]
@@ -310,7 +310,7 @@ def open_journal(
     try:
         state = load_state(store, run_id).state
         if must_exist and state.last_seq == 0:
-            raise RunNotFoundError(run_id)
+            raise missing_run(store, run_id)
     except BaseException:
         store.release(lease)
         raise
@@ -340,7 +340,7 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, 
     log = list(store.read(run_id))
     prefix = log[:at_seq]
     if not prefix:
-        raise RunNotFoundError(run_id)
+        raise missing_run(store, run_id)
     if at_seq < 1 or at_seq > len(prefix) or prefix[0].type is not EventType.RUN_STARTED:
         raise ValueError(f"run {run_id!r} has events 1..{len(prefix)}; fork at one of them")
     if new_run_id is None:

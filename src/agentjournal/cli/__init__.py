@@ -7,6 +7,7 @@
     run MODULE:OBJECT TASK | resume RUN | fork RUN         drive runs
     compensate RUN [--through SEQ] | cancel RUN [--compensate]   undo a run's effects (a saga)
     workspace RUN [--at SEQ | --restore SEQ]               a run's files, version by version
+    gc --finished-older-than D --archive URL | restore RUN   archive old runs, bring one back
     demo                                                   the crash-and-resume story, end to end
 
 Exit codes: 0 ok; 1 usage or user error, a bad store URL, or a write the store
@@ -21,6 +22,7 @@ from . import (  # noqa: F401  (each registers its commands)
     decide,
     fleet,
     reading,
+    retention,
     running,
     sagas,
     setup,

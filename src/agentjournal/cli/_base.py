@@ -28,6 +28,7 @@ from .. import (
     InvalidRunIdError,
     JournalError,
     LeaseHeldError,
+    NotArchivedError,
     NotAStoreError,
     NotCancellableError,
     NotPendingError,
@@ -43,6 +44,7 @@ from .. import (
 from ..snapshots import load_state
 from ..state import Status
 from ..store import ENV_VAR, RunInfo, local_path, mask_secrets
+from ..store.base import missing_run
 from ._safe import visible
 
 E = EventType
@@ -56,6 +58,7 @@ EXIT_CODES: tuple[tuple[type[JournalError], int], ...] = (
     (UnsupportedVersionError, 3),
     (RunNotFoundError, 2), (NotPendingError, 2), (LeaseHeldError, 2), (FencedError, 2),
     (ConflictError, 2), (InvalidRunIdError, 2), (NotCancellableError, 2), (UnsettledError, 2),
+    (NotArchivedError, 2),
 )
 
 
@@ -176,7 +179,8 @@ def _check_target(url: str, *, create: bool) -> None:
 
 
 _WRITES = frozenset({"append", "acquire", "renew", "release", "put_snapshot",
-                     "delete_snapshots", "quarantine"})
+                     "delete_snapshots", "quarantine", "delete_run", "restore_run",
+                     "prune_snapshots"})
 
 
 class _ReadFirst:
@@ -223,7 +227,7 @@ def load(store: Store, run_id: str, at: int | None = None) -> tuple[list[Event],
     """The run's events (up to ``at``) and the state they fold to."""
     events = list(store.read(run_id))
     if not events:
-        raise RunNotFoundError(run_id)
+        raise missing_run(store, run_id)
     if at is not None:
         if at > len(events):
             raise CliError(f"run {run_id!r} has events 1..{len(events)}; --at must be one "

@@ -24,6 +24,7 @@ from .. import (
 from ..snapshots import VerifyReport
 from ..snapshots import verify as verify_run
 from ..store import RunInfo
+from ..store.base import missing_run
 from ._base import (
     STATUSES,
     E,
@@ -282,7 +283,7 @@ def events(run_id: str, after: int, store_url: str) -> None:
             click.echo(json_text(encode(event)))
             printed += 1
         if not printed and store.last_seq(run_id) == 0:
-            raise RunNotFoundError(run_id)
+            raise missing_run(store, run_id)
 
 
 @cli.command()
