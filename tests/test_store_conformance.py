@@ -21,6 +21,7 @@ import msgspec
 import pytest
 
 from agentjournal import (
+    ArchivedRunError,
     ConflictError,
     CorruptLogError,
     DurabilityError,
@@ -30,14 +31,16 @@ from agentjournal import (
     FencedError,
     InvalidRunIdError,
     LeaseHeldError,
+    NotArchivedError,
     encode,
     make_events,
     open_store,
 )
 from agentjournal.events import chain_digest
 from agentjournal.store import Store
+from agentjournal.store.base import Tombstone, records_digest
 
-from .builders import snapshot_at, unsealed
+from .builders import T0, snapshot_at, unsealed
 from .conftest import backend_params
 
 MakeStore = Callable[[], Store]
@@ -443,3 +446,65 @@ class TestSnapshotConformance:
             with pytest.raises(InvalidRunIdError):
                 store.snapshots(run_id)
         assert files_near(tmp_path) == before
+
+
+def _stone(store: Store, run_id: str, records: list[bytes]) -> Tombstone:
+    return Tombstone(run_id=run_id, last_seq=len(records), digest=records_digest(records),
+                     archive="file:///cold", deleted_at=T0)
+
+
+@backend_params()
+class TestTombstoneConformance:
+    """Retention's part of the contract: records, delete_run, tombstones, restore_run."""
+
+    def test_conformance_delete_and_restore_round_trip(self, make_store: MakeStore) -> None:
+        store = make_store()
+        lease = store.acquire("r1", "gc", 60)
+        for text in ("a", "b", "c"):
+            append(store, "r1", {"text": text}, epoch=lease.epoch)
+        append(store, "r2", {"text": "other"})
+        store.put_snapshot(snapshot_at("r1", 3))
+        records = store.records("r1")
+        assert len(records) == 3 and make_store().records("r1") == records
+        stone = _stone(store, "r1", records)
+
+        with pytest.raises(FencedError):
+            store.delete_run(stone, epoch=lease.epoch - 1)
+        with pytest.raises(ConflictError):
+            store.delete_run(msgspec.structs.replace(stone, last_seq=2), epoch=lease.epoch)
+        assert store.records("r1") == records and store.tombstone("r1") is None
+
+        store.delete_run(stone, epoch=lease.epoch)
+        for handle in (store, make_store()):
+            assert handle.tombstone("r1") == stone and handle.tombstones() == [stone]
+            assert list(handle.read("r1")) == [] and handle.last_seq("r1") == 0
+            assert handle.records("r1") == [] and handle.snapshots("r1") == []
+            assert [r.run_id for r in handle.list_runs()] == ["r2"]
+            with pytest.raises(ArchivedRunError, match="file:///cold"):
+                append(handle, "r1", {"text": "the id again"})
+        store.release(lease)
+        assert [e.payload["text"] for e in store.read("r2")] == ["other"]
+
+        with pytest.raises(CorruptLogError, match="tombstone"):
+            store.restore_run("r1", records[:2])
+        with pytest.raises(NotArchivedError):
+            store.restore_run("r2", store.records("r2"))
+        assert store.tombstone("r1") == stone
+
+        make_store().restore_run("r1", records)
+        assert store.records("r1") == records and store.tombstone("r1") is None
+        assert store.tombstones() == []
+        assert [e.payload["text"] for e in store.read("r1")] == ["a", "b", "c"]
+        later = store.acquire("r1", "next", 60)
+        assert later.epoch > lease.epoch  # epochs never go back: old writers stay fenced
+        append(store, "r1", {"text": "d"}, epoch=later.epoch)
+        assert store.last_seq("r1") == 4
+
+    def test_conformance_prune_snapshots(self, make_store: MakeStore) -> None:
+        store = make_store()
+        for seq in (10, 20):
+            store.put_snapshot(snapshot_at("r1", seq), keep=3)
+        assert store.prune_snapshots("r1", keep=1) == 1
+        assert [s.seq for s in store.snapshots("r1")] == [20]
+        assert store.prune_snapshots("r1", keep=0) == 1 and store.snapshots("r1") == []
+        assert store.prune_snapshots("none", keep=0) == 0
