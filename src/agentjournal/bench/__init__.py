@@ -26,6 +26,8 @@ Figure families (a name up to its first dot):
                                    durable effect (started + completed appends), per backend
     workspace                      a checkpoint of 3 changed files in a 1,000-file workspace
                                    vs git add + commit of the same change
+    gc                             runs archived/s by gc vs writing each run's records to a
+                                   synced file; the archive's bytes per event vs the store's
     parallel_turn                  a turn of 8 concurrent 100 ms calls vs the same turn with 1
     model_step, model_call         the loop's part of a step with a real adapter (stub server)
                                    vs ScriptedModel; the adapter + SDK's own part of a call

@@ -60,6 +60,9 @@ from .replay import (
     recovery_figures,
     replay_figures,
 )
+from .retention import (
+    retention_figures,
+)
 from .saga import (
     saga_figures,
 )
@@ -118,6 +121,7 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
         *group_commit_figures(workdir, plan, progress),
         *saga_figures(workdir, postgres_url, plan, progress),
         *workspace_figures(workdir, plan, progress),
+        *retention_figures(workdir, plan, progress),
         *model_figures(workdir, plan, progress),
         *fleet_figures(workdir, postgres_url, quick, progress),
         *(peer_figures(workdir, quick, progress) if peers else []),
