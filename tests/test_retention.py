@@ -200,6 +200,9 @@ def test_keep_snapshots_prunes_runs_left_in_the_store(tmp_path: Path) -> None:
         report = gc(store, RetentionPolicy(keep_snapshots=1), at=NOW)
         assert report.snapshots_pruned == 1 and report.bytes_freed > 0
         assert [s.seq for s in store.snapshots("live")] == [store.last_seq("live")]
+        store.quarantine(store.snapshots("live")[0].fold_version, "verify found it wrong")
+        report = gc(store, RetentionPolicy(keep_snapshots=1), at=NOW)
+        assert report.snapshots_pruned == 1 and store.snapshots("live") == []
 
 
 def append_note(store: Store, run_id: str) -> None:

@@ -33,6 +33,7 @@ from .errors import ConflictError, CorruptLogError, LeaseHeldError, NotArchivedE
 from .events import Event, EventType, now
 from .faults import fault_point
 from .journal import default_owner, take_lease
+from .snapshots import refusal
 from .state import RunState, fold
 from .store import Lease, Store
 from .store.base import Tombstone, check_records, records_digest
@@ -272,15 +273,21 @@ def _archive_one(store: Store, archive: Archive, j: _Judged, records: list[bytes
 
 def _prune_snapshots(store: Store, keep: int, dry_run: bool, report: GcReport,
                      say: Progress) -> None:
+    """Each run's snapshots beyond the newest ``keep``; all of them when none can be loaded
+    (another fold version, or a quarantined one): those are dead weight."""
+    quarantined = store.quarantined()
     for info in store.list_runs():
-        doomed = store.snapshots(info.run_id)[keep:]
+        snapshots = store.snapshots(info.run_id)
+        dead = all(refusal(s, quarantined) for s in snapshots)
+        doomed = snapshots if dead else snapshots[keep:]
         if not doomed:
             continue
         if not dry_run:
-            store.prune_snapshots(info.run_id, keep=keep)
+            store.prune_snapshots(info.run_id, keep=0 if dead else keep)
         report.snapshots_pruned += len(doomed)
         report.bytes_freed += sum(len(s.body) for s in doomed)
-        say(f"prune {info.run_id}: {len(doomed)} snapshot(s) beyond the newest {keep}")
+        why = "none can be loaded" if dead else f"beyond the newest {keep}"
+        say(f"prune {info.run_id}: {len(doomed)} snapshot(s), {why}")
 
 
 def restore(store: Store, run_id: str, archive_url: str) -> Restored:

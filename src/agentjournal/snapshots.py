@@ -79,7 +79,8 @@ def write_snapshot(store: Store, state: RunState, *, keep: int = 2) -> Snapshot 
     return snapshot
 
 
-def _refusal(snapshot: Snapshot, quarantined: dict[int, str]) -> str | None:
+def refusal(snapshot: Snapshot, quarantined: dict[int, str]) -> str | None:
+    """Why ``snapshot`` is never loaded (so is dead weight), or None."""
     if snapshot.fold_version in quarantined:
         return f"fold version {snapshot.fold_version} is quarantined"
     if (snapshot.schema_version, snapshot.fold_version) != (SCHEMA_VERSION, FOLD_VERSION):
@@ -119,7 +120,7 @@ def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
         if quarantined is None:
             quarantined = store.quarantined()
         started = time.perf_counter()
-        reason = _refusal(snapshot, quarantined)
+        reason = refusal(snapshot, quarantined)
         state = None if reason else _decode(snapshot)
         if state is None:
             reason = reason or "body does not decode to the state at its seq"
