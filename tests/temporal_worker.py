@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +32,7 @@ from .crash_agent import effect_tool
 
 HEARTBEAT = 2.0  # seconds: Temporal's heartbeat timeout and each agent's lease TTL
 LONG_STEPS = 1000
+SLOW_POSTS = 30  # the "slow" agent posts p0..p29, one a turn, each turn 0.1 s
 READY = "worker ready"
 
 
@@ -59,6 +61,10 @@ def agents(url: str) -> dict[str, Agent]:
         "post_blind": Agent(post, [blind_tool(url)], lease_ttl=HEARTBEAT),
         "approval": Agent(post, [effect_tool(url, set(), set())], lease_ttl=HEARTBEAT,
                           policy=Rules(require_approval=["post_effect"])),
+        "slow": Agent(ScriptedModel([calls(("post_effect", {"label": f"p{i}"}))
+                                     for i in range(SLOW_POSTS)] + [reply("posted all")],
+                                    delay=0.1),
+                      [effect_tool(url, set(), set())], lease_ttl=HEARTBEAT),
         "long": Agent(ScriptedModel([calls(("count", {"i": i})) for i in range(LONG_STEPS)]
                                     + [reply("counted")]), [count], lease_ttl=HEARTBEAT,
                       snapshot_every=200, budget=Budget.unlimited()),
@@ -102,9 +108,11 @@ async def serve(address: str, task_queue: str, store: str, url: str) -> None:
                     # No sticky queue: the workflow's next task need not wait for a killed
                     # worker's sticky timeout (10 s) before another worker takes it.
                     max_cached_workflows=0)
+    stopping = asyncio.Event()  # SIGTERM: a graceful shutdown, as a deploy does
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     async with worker:
         print(READY, flush=True)
-        await asyncio.Event().wait()
+        await stopping.wait()
 
 
 def main() -> None:

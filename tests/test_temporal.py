@@ -33,10 +33,10 @@ if shutil.which("temporal") is None:
 
 from temporalio.client import Client, WorkflowHandle  # noqa: E402
 
-from agentjournal import EventType, open_store  # noqa: E402
+from agentjournal import EventType, fold, open_store  # noqa: E402
 from agentjournal.temporal import Approve, JournalRun, Resolve, RunSummary, Start  # noqa: E402
 
-from .temporal_worker import HEARTBEAT, LONG_STEPS, READY  # noqa: E402
+from .temporal_worker import HEARTBEAT, LONG_STEPS, READY, SLOW_POSTS  # noqa: E402
 from .test_crash_models import Receiver  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -364,3 +364,116 @@ def test_checked_in_histories_replay() -> None:
     for path in files:
         history = WorkflowHistory.from_json(path.stem, json.loads(path.read_text()))
         run(replayer.replay_workflow(history))
+
+
+# --- stopping: cancel, shutdown, reset mid-run, and what cannot be retried ---------------
+
+
+def posted(receiver: Receiver) -> int:
+    return sum(receiver.by_label().values())
+
+
+async def settled(receiver: Receiver, quiet: float = 1.0) -> None:
+    """Until the receiver has seen no effect for ``quiet`` seconds."""
+    last, since = posted(receiver), time.monotonic()
+    while time.monotonic() - since < quiet:
+        await asyncio.sleep(0.1)
+        if (now := posted(receiver)) != last:
+            last, since = now, time.monotonic()
+
+
+def each_once(receiver: Receiver) -> None:
+    assert receiver.by_label() == {f"p{i}": 1 for i in range(SLOW_POSTS)}
+
+
+@ON_POSTGRES
+def test_a_cancelled_workflow_stops_its_run_at_a_step_boundary(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    workers.start()
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "slow", "t8")
+        await until(lambda: asyncio.sleep(0, posted(receiver) >= 3))
+        await handle.cancel()
+        with pytest.raises(temporalio.client.WorkflowFailureError):
+            await handle.result()
+        await settled(receiver)
+        state = fold(journal(store_url, "t8"))
+        assert state.status == "running" and state.uncertain == {}  # no call left half-made
+        assert 3 <= posted(receiver) < SLOW_POSTS
+        again = await start(workers, "slow", "t8")  # a new workflow for the same run
+        return await again.result()
+
+    assert run(go()).status == "finished"
+    each_once(receiver)
+    assert len(epochs(store_url, "t8")) == 2
+
+
+def epochs(store_url: str, run_id: str) -> list[int]:
+    """The writers' epochs in the run's log, in order: one per attempt that wrote."""
+    return sorted({e.epoch for e in journal(store_url, run_id)})
+
+
+@ON_POSTGRES
+def test_a_worker_shut_down_mid_run_hands_it_on(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    first = workers.start()
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "slow", "t9")
+        await until(lambda: asyncio.sleep(0, posted(receiver) >= 3))
+        first.send_signal(signal.SIGTERM)
+        workers.start()
+        return await handle.result()
+
+    assert run(go()).status == "finished"
+    assert first.wait(timeout=30) == 0
+    each_once(receiver)
+    assert len(epochs(store_url, "t9")) == 2
+
+
+@ON_POSTGRES
+def test_an_activity_reset_mid_run_is_served_from_the_journal(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    workers.start()
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "slow", "t10")
+        await until(lambda: asyncio.sleep(0, posted(receiver) >= 3))
+        subprocess.run(["temporal", "activity", "reset", "--address", workers.address,
+                        "--workflow-id", "t10", "--activity-id", "1"],
+                       check=True, capture_output=True)
+        return await handle.result()
+
+    assert run(go()).status == "finished"
+    each_once(receiver)
+    assert len(epochs(store_url, "t10")) == 2  # the reset's attempt 1 went on from the log
+
+
+@ON_POSTGRES
+def test_what_no_retry_can_mend_fails_the_workflow_clearly(workers: Workers) -> None:
+    workers.start()
+
+    async def failure(start_: Start, workflow_id: str) -> str:
+        client = await Client.connect(workers.address)
+        handle = await client.start_workflow(JournalRun.run, start_, id=workflow_id,
+                                             task_queue=workers.queue)
+        with pytest.raises(temporalio.client.WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), 30)
+        cause = failed.value.cause.cause  # the activity's ApplicationError
+        return f"{cause.type}: {cause.message}"
+
+    async def go() -> list[str]:
+        return [
+            await failure(Start(agent="nope", run_id="m1", task="t",
+                                heartbeat_timeout=HEARTBEAT), "m1"),
+            await failure(Start(agent="post", run_id="m2", task="t", heartbeat_timeout=9),
+                          "m2"),
+            await failure(Start(agent="post", run_id="m3", task="t",
+                                heartbeat_timeout=HEARTBEAT), "not-m3"),
+        ]
+
+    unknown, mismatch, other_id = run(go())
+    assert unknown.startswith("Misconfigured: no agent named 'nope'")
+    assert "lease_ttl 2s" in mismatch and "heartbeat_timeout is 9s" in mismatch
+    assert "id=run_id" in other_id
