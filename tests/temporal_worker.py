@@ -98,7 +98,7 @@ class PlainPost:
 async def serve(address: str, task_queue: str, store: str, url: str) -> None:
     import concurrent.futures
 
-    plugin = AgentJournalPlugin(agents(url), store)
+    plugin = AgentJournalPlugin(agents(url), store, single_host=True)
     client = await Client.connect(address, plugins=[plugin])
     plain = Plain(url)
     worker = Worker(client, task_queue=task_queue, workflows=[PlainPost],

@@ -23,7 +23,7 @@ from .conftest import POSTGRES_URL, postgres_reason
 # ratios between sizes or plain costs (no physical floor applies).
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
-              "claim", "step", "group_commit", "saga", "workspace", "gc"}
+              "claim", "step", "group_commit", "saga", "workspace", "gc", "temporal"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
                  "model_call"}
 

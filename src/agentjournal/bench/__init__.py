@@ -28,6 +28,8 @@ Figure families (a name up to its first dot):
                                    vs git add + commit of the same change
     gc                             runs archived/s by gc vs writing each run's records to a
                                    synced file; the archive's bytes per event vs the store's
+    temporal                       ms/step of a run as a JournalRun workflow vs by Agent.run;
+                                   history events of a run of N steps vs N/10
     parallel_turn                  a turn of 8 concurrent 100 ms calls vs the same turn with 1
     model_step, model_call         the loop's part of a step with a real adapter (stub server)
                                    vs ScriptedModel; the adapter + SDK's own part of a call

@@ -73,6 +73,9 @@ from .targets import (
     Target,
     targets,
 )
+from .temporal import (
+    temporal_figures,
+)
 from .workspace import (
     workspace_figures,
 )
@@ -122,6 +125,7 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
         *saga_figures(workdir, postgres_url, plan, progress),
         *workspace_figures(workdir, plan, progress),
         *retention_figures(workdir, plan, progress),
+        *temporal_figures(workdir, plan, quick, progress),
         *model_figures(workdir, plan, progress),
         *fleet_figures(workdir, postgres_url, quick, progress),
         *(peer_figures(workdir, quick, progress) if peers else []),

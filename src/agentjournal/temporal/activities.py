@@ -200,14 +200,15 @@ class AgentJournalPlugin(SimplePlugin):
     it) for unchanged ``Agent`` objects, whose ``lease_ttl`` must equal the runs'
     ``heartbeat_timeout``. ``store``: a store every worker shares. PostgreSQL in
     production; SQLite or JSONL only when every worker runs on one host (leases of
-    those stores are judged by the host's clock), which is said in a warning.
+    those stores are judged by the host's clock): a warning says so unless
+    ``single_host=True`` states that they do.
     """
 
     def __init__(self, agents: Mapping[str, Agent], store: str, *,
-                 max_concurrent_runs: int = 8) -> None:
+                 max_concurrent_runs: int = 8, single_host: bool = False) -> None:
         if not agents:
             raise ValueError("give at least one agent, by a stable name")
-        if not store.startswith(("postgres://", "postgresql://")):
+        if not single_host and not store.startswith(("postgres://", "postgresql://")):
             log.warning("agentjournal on Temporal with store %s: every worker must run on "
                         "this host. Workers on other hosts would not see this store, and "
                         "leases would not fence them; use PostgreSQL for a fleet.",
