@@ -477,3 +477,17 @@ def test_what_no_retry_can_mend_fails_the_workflow_clearly(workers: Workers) -> 
     assert unknown.startswith("Misconfigured: no agent named 'nope'")
     assert "lease_ttl 2s" in mismatch and "heartbeat_timeout is 9s" in mismatch
     assert "id=run_id" in other_id
+
+
+def test_the_example_runs_as_a_user_runs_it(tmp_path: Path) -> None:
+    example = ROOT / "examples" / "temporal_approval.py"
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    outputs = []
+    for _ in range(2):  # the second time the run is finished: nothing is issued again
+        done = subprocess.run([sys.executable, str(example), "--store", store],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(done.stdout))
+    assert [o["status"] for o in outputs] == ["finished", "finished"]
+    assert [o["refunds_issued"] for o in outputs] == [1, 0]
+    assert all(o["temporal_history_events"] < 40 for o in outputs)
