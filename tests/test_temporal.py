@@ -283,6 +283,30 @@ def test_an_approval_through_an_update_binds_the_exact_call(
 
 
 @ON_POSTGRES
+def test_a_decision_made_with_the_cli_is_picked_up_by_wake(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    workers.start()
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "approval", "t11")
+
+        async def waiting() -> bool:
+            s = await handle.query(JournalRun.status)
+            return s is not None and s.status == "waiting_approval"
+        await until(waiting)
+        asked = await handle.query(JournalRun.status)
+        assert asked is not None
+        subprocess.run([sys.executable, "-m", "agentjournal", "approve", "t11",
+                        asked.approvals[0], "--by", "bob", "--store", store_url],
+                       check=True, capture_output=True, cwd=ROOT)
+        await handle.signal(JournalRun.wake)
+        return await handle.result()
+
+    assert run(go()).status == "finished"
+    assert receiver.by_label() == {"a": 1}
+
+
+@ON_POSTGRES
 def test_a_reset_workflow_is_served_from_the_journal(
         workers: Workers, receiver: Receiver, store_url: str) -> None:
     """Temporal's reset sets the attempt back to 1 and re-runs the activity: the journal
