@@ -475,6 +475,26 @@ def test_an_activity_reset_mid_run_is_served_from_the_journal(
 
 
 @ON_POSTGRES
+def test_a_workflow_reset_mid_run_is_served_from_the_journal(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    """A reset while the activity runs starts the workflow over beside it: the new
+    attempt waits for the old one's lease, then goes on from the log."""
+    workers.start()
+
+    async def go() -> RunSummary:
+        await start(workers, "slow", "t12")
+        await until(lambda: asyncio.sleep(0, posted(receiver) >= 3))
+        subprocess.run(["temporal", "workflow", "reset", "--address", workers.address,
+                        "--workflow-id", "t12", "--type", "FirstWorkflowTask",
+                        "--reason", "test", "--yes"], check=True, capture_output=True)
+        client = await Client.connect(workers.address)
+        return await client.get_workflow_handle_for(JournalRun.run, "t12").result()
+
+    assert run(go()).status == "finished"
+    each_once(receiver)
+
+
+@ON_POSTGRES
 def test_what_no_retry_can_mend_fails_the_workflow_clearly(workers: Workers) -> None:
     workers.start()
 

@@ -65,10 +65,27 @@ def _dev_server(workdir: Path) -> Iterator[str]:
          str(port), "--db-filename", str(workdir / "temporal.db"), "--log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        yield f"127.0.0.1:{port}"
+        address = f"127.0.0.1:{port}"
+        asyncio.run(_reachable(address, proc))
+        yield address
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+async def _reachable(address: str, proc: subprocess.Popen[bytes]) -> None:
+    """Until the server answers (it takes a moment to start)."""
+    from temporalio.client import Client
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await Client.connect(address)
+            return
+        except RuntimeError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 class _Rounds:
