@@ -283,6 +283,30 @@ def test_an_approval_through_an_update_binds_the_exact_call(
 
 
 @ON_POSTGRES
+def test_a_denial_through_an_update_makes_no_effect(
+        workers: Workers, receiver: Receiver, store_url: str) -> None:
+    workers.start()
+
+    async def go() -> RunSummary:
+        handle = await start(workers, "approval", "t13")
+
+        async def waiting() -> bool:
+            s = await handle.query(JournalRun.status)
+            return s is not None and s.status == "waiting_approval"
+        await until(waiting)
+        asked = await handle.query(JournalRun.status)
+        assert asked is not None
+        await handle.execute_update(JournalRun.approve, Approve(
+            approval_id=asked.approvals[0], approved=False, by="alice", reason="not today"))
+        return await handle.result()
+
+    assert run(go()).status == "finished"
+    assert receiver.by_label() == {}
+    denied = [e for e in journal(store_url, "t13") if e.type is EventType.TOOL_CALL_DENIED]
+    assert len(denied) == 1 and "not today" in denied[0].payload["reason"]
+
+
+@ON_POSTGRES
 def test_a_decision_made_with_the_cli_is_picked_up_by_wake(
         workers: Workers, receiver: Receiver, store_url: str) -> None:
     workers.start()
