@@ -523,3 +523,26 @@ def test_a_read_only_server_opens_and_refuses_writes_as_read_only(schema: str) -
         assert store.list_runs() == []
         with pytest.raises(ReadOnlyStoreError, match="accepts no writes"):
             store.acquire("r1", "me", 5.0)
+
+
+def test_a_warm_append_whose_answer_is_lost_breaks_the_handle(
+    store: PostgresStore, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm append is one autocommit statement: if the connection drops before its
+    answer, it may have committed. That is a DurabilityError, never 'unavailable, nothing
+    was committed', and the handle refuses writes until reopened."""
+    store.append("r", make_events("r", 0, 0, _facts(1)), expected_seq=0, epoch=0)
+    real = PostgresStore._claim_and_insert
+
+    def claim_then_drop(self: PostgresStore, *args: Any) -> bool:
+        real(self, *args)  # the statement commits...
+        raise psycopg.OperationalError("simulated: server closed the connection")  # ...unheard
+
+    monkeypatch.setattr(PostgresStore, "_claim_and_insert", claim_then_drop)
+    with pytest.raises(DurabilityError, match="commit failed"):
+        store.append("r", make_events("r", 1, 0, _facts(1)), expected_seq=1, epoch=0)
+    monkeypatch.undo()
+    with pytest.raises(DurabilityError):
+        store.append("r", make_events("r", 1, 0, _facts(1)), expected_seq=1, epoch=0)
+    with PostgresStore(PG_URL, schema=schema) as fresh:
+        assert fresh.last_seq("r") == 2  # it had committed: the reader learns the truth

@@ -52,7 +52,7 @@ import logging
 import re
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, LiteralString
 from urllib.parse import quote, urlencode
 
@@ -434,15 +434,24 @@ class PostgresStore:
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(self.url, _oneline(exc)) from exc
 
-    @contextmanager
-    def _write(self, run_id: str | None, *, batched: bool = False) -> Iterator[Cursor]:
-        """A transaction committed by :meth:`_sync`; a failed commit breaks the handle."""
+    def _writable(self, run_id: str | None) -> None:
         if self.readonly:
             raise ReadOnlyStoreError(self.url, "write", run_id=run_id)
         if self._unreleased:
             self._retry_releases()
         if self._broken:
             raise DurabilityError(self._broken, run_id=run_id)
+
+    def _commit_failed(self, exc: psycopg.Error, run_id: str | None) -> DurabilityError:
+        # The server may or may not have committed, so this is never retried into
+        # success: the handle refuses writes until reopened.
+        self._broken = f"commit failed: {_oneline(exc)}"
+        return DurabilityError(self._broken, run_id=run_id)
+
+    @contextmanager
+    def _write(self, run_id: str | None, *, batched: bool = False) -> Iterator[Cursor]:
+        """A transaction committed by :meth:`_sync`; a failed commit breaks the handle."""
+        self._writable(run_id)
         with self._conn(run_id) as conn, conn.cursor() as cur:
             if batched:
                 cur.execute("SET LOCAL synchronous_commit = off")
@@ -450,10 +459,34 @@ class PostgresStore:
             try:
                 self._sync(conn)
             except psycopg.Error as exc:
-                # The server may or may not have committed, so this is never
-                # retried into success: the handle refuses writes until reopened.
-                self._broken = f"commit failed: {_oneline(exc)}"
-                raise DurabilityError(self._broken, run_id=run_id) from exc
+                raise self._commit_failed(exc, run_id) from exc
+
+    def _claim_alone(self, run_id: str, params: dict[str, Any], events: Sequence[Event],
+                     bodies: list[bytes]) -> bool:
+        """A warm append in one round trip: the claim statement as its own transaction
+        (autocommit), durable once it returns (synchronous_commit is on). False if it
+        claimed nothing, which changed nothing: the caller then takes the locked way.
+
+        An error the server answered (a unique violation, a full disk) rolled the
+        statement back; one it did not (a lost connection) leaves the outcome unknown,
+        as a failed commit does, and breaks the handle."""
+        self._writable(run_id)
+        with self._conn(run_id) as conn:
+            conn.autocommit = True
+            try:
+                # The statement is its own commit: the seam (a no-op here) comes first, so
+                # a failure injected there is a commit that did not happen.
+                self._sync(conn)
+                with conn.cursor() as cur:
+                    claimed = self._claim_and_insert(cur, params, events, bodies)
+            except psycopg.Error as exc:
+                if exc.sqlstate is None:
+                    raise self._commit_failed(exc, run_id) from exc
+                raise
+            finally:
+                with suppress(psycopg.Error):
+                    conn.autocommit = False
+        return claimed
 
     def _sync(self, conn: Conn) -> None:
         """The durability point (a fault-injection seam for tests)."""
@@ -494,6 +527,14 @@ class PostgresStore:
         }
         prev = self._guess_prev(run_id, expected_seq)
         try:
+            # (A new run has no row to claim yet: it takes the locked way at once.)
+            if expected_seq and prev is not None and self.durability is Durability.FSYNC:
+                bodies, digest = seal(events, prev)
+                params.update(prev=prev, digest=digest)
+                if self._claim_alone(run_id, params, events, bodies):
+                    self._remember(run_id, events[-1].seq, digest)
+                    return events[-1].seq
+                prev = None  # a stale guess, a fence or a conflict: lock, and see which
             with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
                 if prev is None:  # nothing to guess from: read the row (and lock it) first
                     prev = self._checked_prev(cur, run_id, expected_seq, epoch)
