@@ -140,6 +140,30 @@ def test_every_turn_is_a_version_and_restore_gives_its_files(
     assert (project / ".git" / "index").read_bytes() == user_index
 
 
+def test_a_turn_of_read_only_calls_looks_for_no_version(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    @tool(effect="read_only")
+    def read_file(path: str) -> str:
+        """Read a file of the project."""
+        return (project / path).read_text()
+
+    ws = Workspace(project, shadow=tmp_path / "shadow")
+    looked: list[str] = []
+    real = Workspace.checkpoint
+    monkeypatch.setattr(Workspace, "checkpoint", lambda self, run_id, message: (
+        looked.append(message), real(self, run_id, message))[1])
+    agent = Agent(ScriptedModel([calls(("read_file", {"path": "README.md"})),
+                                 calls(("read_file", {"path": ".gitignore"})), reply("read")]),
+                  [read_file], workspace=ws)
+    with open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        assert agent.run(store, "reader", "read").status == "finished"
+        events = list(store.read("reader"))
+    assert len(looked) == 1 and looked[0].endswith("start")  # no git run after the reads
+    assert [e.payload["cause"] for e in events if e.type is E.WORKSPACE_CHECKPOINT] == ["start"]
+    completed = [e for e in events if e.type is E.TOOL_CALL_COMPLETED]
+    assert [e.payload["result"] for e in completed] == ["the project\n", "*.log\n"]
+
+
 def test_restore_refuses_to_lose_unsaved_changes(project: Path, tmp_path: Path) -> None:
     ws = Workspace(project, shadow=tmp_path / "shadow.git")
     with open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:

@@ -376,7 +376,10 @@ class StepMachine(Settling):
         finally:
             j.expect_progress(self.stuck_after)  # returns, or abandonments: progress
         if self.workspace is not None:  # the results, staged, go with the version they made
-            self._checkpoint(j, "turn")
+            if any(tool.effect is not Effect.READ_ONLY for _, tool, _ in ready):
+                self._checkpoint(j, "turn")
+            else:  # read-only calls change no file: no version to look for (a resume
+                j.flush()  # would still see one that did, as drift)
         settled = True
         for start in starts:  # each call that ended uncertain, settled by the usual rules
             p = j.state.pending.get(start.seq)
