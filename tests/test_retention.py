@@ -91,9 +91,12 @@ def populate(store: Store, count: int, rng: random.Random) -> set[str]:
         write_run(store, run_id, facts, OLD if old else YOUNG)
         if old and archivable:
             eligible.add(run_id)
-    # A finished old run whose fork is still running: neither leaves (one scope).
+    # A finished old run whose fork is still running: neither leaves (one scope). And one
+    # whose fork finished only days ago ("a-" sorts first: gc meets the young run first).
     write_run(store, "origin", KINDS["finished"][0], OLD, scope="run:origin")
     write_run(store, "fork", KINDS["running"][0], OLD, scope="run:origin")
+    write_run(store, "z-origin", KINDS["finished"][0], OLD, scope="run:z-origin")
+    write_run(store, "a-fork", KINDS["finished"][0], YOUNG, scope="run:z-origin")
     store.put_snapshot(snapshot_of(store, sorted(eligible)[0]))
     return eligible
 
@@ -141,6 +144,8 @@ def test_gc_archives_only_what_may_leave_and_restore_gives_the_same_bytes(
         assert report.bytes_freed >= sum(len(b) for r in eligible for b in before[r])
         kept = {v.run_id: v.reason for v in report.verdicts if v.action == "keep"}
         assert "fork" in kept["origin"] and "not finished" in kept["fork"]
+        assert "a-fork" in kept["z-origin"] and "3.0d ago" in kept["a-fork"]
+        assert len(report.verdicts) == len(before)  # each run once
         why = {"uncertain": "uncertain call", "approval": "approval(s) pending",
                "escalated": "status escalated", "saga": "status compensating",
                "retained": "keeps its keys", "running": "status running"}

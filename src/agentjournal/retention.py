@@ -185,10 +185,11 @@ def _archive_finished(store: Store, archive: Archive, older_than: timedelta, at:
             judged[info.run_id] = _judge(store, info.run_id, older_than, at)
     for group in _scopes(store, judged):
         blocker = next((j for j in group if j.hold), None)
+        told = {v.run_id for v in report.verdicts}  # (a young run may meet its scope late)
         for j in group:
             hold = j.hold or (blocker and f"shares its scope with run {blocker.run_id!r}, "
                               f"which stays ({blocker.hold})")
-            if hold or dry_run:
+            if (hold or dry_run) and j.run_id not in told:
                 _record(report, j, "keep" if hold else "archive", hold or "would archive", say)
         if blocker is None and not dry_run:
             _archive_group(store, archive, group, older_than, at, report, say)
@@ -242,7 +243,7 @@ def _archive_group(store: Store, archive: Archive, group: list[_Judged], older_t
                 raise _Changed(f"run {j.run_id!r} changed during gc ({hold or 'new events'})")
             logs.append((j, records, lease))
         for j, records, lease in logs:
-            _archive_one(store, archive, j, records, lease, at, report, say)
+            _archive_one(store, archive, j, records, lease, report, say)
     except (LeaseHeldError, ConflictError, _Changed) as exc:
         done = {v.run_id for v in report.verdicts}
         for j in group:
@@ -254,7 +255,7 @@ def _archive_group(store: Store, archive: Archive, group: list[_Judged], older_t
 
 
 def _archive_one(store: Store, archive: Archive, j: _Judged, records: list[bytes],
-                 lease: Lease, at: datetime, report: GcReport, say: Progress) -> None:
+                 lease: Lease, report: GcReport, say: Progress) -> None:
     data = pack(j.run_id, records)
     archive.put(j.run_id, data)
     back, digest = unpack(j.run_id, archive.get(j.run_id), archive.url)
