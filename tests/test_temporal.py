@@ -376,7 +376,7 @@ def test_a_frozen_worker_is_fenced_by_the_next_attempt(
     assert epochs == sorted(epochs) and epochs[-1] > epochs[0]
     frozen.kill()
     _, err = frozen.communicate(timeout=30)
-    assert "fenced" in err
+    assert "fenced" in err and "TypeError" not in err
 
 
 def _stopped(proc: subprocess.Popen[str]) -> bool:
@@ -559,3 +559,23 @@ def test_the_example_runs_as_a_user_runs_it(tmp_path: Path) -> None:
     assert [o["status"] for o in outputs] == ["finished", "finished"]
     assert [o["refunds_issued"] for o in outputs] == [1, 0]
     assert all(o["temporal_history_events"] < 40 for o in outputs)
+
+
+def test_journal_errors_map_to_what_temporal_should_do() -> None:
+    from agentjournal.errors import (
+        ArchivedRunError,
+        ConflictError,
+        CorruptLogError,
+        FencedError,
+        LeaseHeldError,
+    )
+    from agentjournal.temporal.activities import _as_temporal
+
+    fenced = _as_temporal(FencedError("r", 1, 2))
+    assert (fenced.type, fenced.non_retryable) == ("FencedError", False)
+    held = _as_temporal(LeaseHeldError("r", "w", 3, 1.5))
+    assert not held.non_retryable and held.next_retry_delay is not None
+    assert held.next_retry_delay.total_seconds() == pytest.approx(2.0)
+    for fatal in (CorruptLogError("r", 3, "bad"), ArchivedRunError("r", "file:///a", 4)):
+        assert _as_temporal(fatal).non_retryable, fatal
+    assert not _as_temporal(ConflictError("r", 1, 2)).non_retryable

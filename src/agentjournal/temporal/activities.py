@@ -30,7 +30,6 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from ..agent import Agent
 from ..decisions import record_approval, record_resolution
 from ..errors import (
-    ArchivedRunError,
     CorruptLogError,
     FencedError,
     InvalidRunIdError,
@@ -54,7 +53,8 @@ log = logging.getLogger("agentjournal.temporal")
 #: Journal errors no retry mends: the workflow fails with them, clearly.
 FATAL: tuple[type[JournalError], ...] = (
     CorruptLogError, UnsupportedVersionError, InvalidRunIdError, StoreUrlError,
-    MissingExtraError, RunMismatchError, UnknownEventTypeError, RunNotFoundError)
+    MissingExtraError, RunMismatchError, UnknownEventTypeError,
+    RunNotFoundError)  # (ArchivedRunError among them)
 
 
 def summary_of(state: RunState) -> RunSummary:
@@ -72,7 +72,7 @@ def _as_temporal(exc: JournalError) -> ApplicationError:
     """The error Temporal sees: fatal ones non-retryable, a held lease retried once it
     lapses, anything else (a fence, a lost store) retried by the policy."""
     kind = type(exc).__name__
-    if isinstance(exc, ArchivedRunError | FATAL):
+    if isinstance(exc, FATAL):
         return ApplicationError(str(exc), type=kind, non_retryable=True)
     if isinstance(exc, LeaseHeldError):
         return ApplicationError(str(exc), type=kind,
