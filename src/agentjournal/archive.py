@@ -77,9 +77,9 @@ class DirectoryArchive:
 
     def put(self, run_id: str, data: bytes) -> None:
         path = self._file(run_id)
+        tmp = path.with_name(path.name + ".tmp")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -91,7 +91,7 @@ class DirectoryArchive:
             finally:
                 os.close(fd)
         except OSError as exc:
-            with suppress(OSError, UnboundLocalError):
+            with suppress(OSError):
                 os.unlink(tmp)
             raise ArchiveError(self.url, f"cannot write {path.name} ({exc})",
                                run_id=run_id) from exc
