@@ -310,14 +310,14 @@ def _model_turn(st: RunState, ev: Event) -> None:
     st.awaiting = {c.id: c for c in calls}
     st.turns += 1
     st.model_call = None  # answered
-    usage = p.get("usage") or {}
-    for field in _USAGE_COUNTS:
-        setattr(st.usage, field, getattr(st.usage, field) + usage.get(field, 0))
-    st.usage.cost_usd += usage.get("cost_usd", 0.0)
-
-
-_USAGE_COUNTS = ("input_tokens", "output_tokens", "cached_input_tokens", "cache_write_tokens",
-                 "reasoning_tokens")
+    if usage := p.get("usage"):
+        u, get = st.usage, usage.get
+        u.input_tokens += get("input_tokens", 0)
+        u.output_tokens += get("output_tokens", 0)
+        u.cached_input_tokens += get("cached_input_tokens", 0)
+        u.cache_write_tokens += get("cache_write_tokens", 0)
+        u.reasoning_tokens += get("reasoning_tokens", 0)
+        u.cost_usd += get("cost_usd", 0.0)
 
 
 def _model_call_started(st: RunState, ev: Event) -> None:
