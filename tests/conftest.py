@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,39 @@ BACKENDS = ("jsonl", "sqlite", "postgres")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="run long soak tests at full size")
+
+
+# The suite runs in two processes, and one test restarts the PostgreSQL server
+# (test_fleet_chaos, marked ``restarts_postgres``): it holds the server alone. Every other
+# test holds it shared, and none starts while the restart waits for its turn.
+_SERVER = Path(tempfile.gettempdir()) / f"agentjournal-tests-{os.getuid()}.server.lock"
+_WANTED = _SERVER.with_suffix(".wanted")
+
+
+@contextmanager
+def _holding_the_server(alone: bool) -> Iterator[None]:
+    fd = os.open(_SERVER, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if alone:
+            _WANTED.touch()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                _WANTED.unlink(missing_ok=True)
+        else:
+            while _WANTED.exists():
+                time.sleep(0.05)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+    finally:
+        os.close(fd)  # (closing releases the flock)
+
+
+@pytest.fixture(autouse=True)
+def _server_turns(request: pytest.FixtureRequest) -> Iterator[None]:
+    with _holding_the_server(request.node.get_closest_marker("restarts_postgres") is not None):
+        yield
 
 
 def postgres_reason() -> str | None:

@@ -242,6 +242,7 @@ def pg_url(tmp_path: Path) -> Iterator[str]:
     yield from fresh_url("postgres", tmp_path)
 
 
+@pytest.mark.restarts_postgres
 def test_fleet_survives_kills_stops_and_a_postgres_restart(
     pg_url: str, tmp_path: Path, size: Size
 ) -> None:
