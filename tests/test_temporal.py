@@ -133,6 +133,24 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 60) -> No
         await asyncio.sleep(0.1)
 
 
+async def stopped_for_a_person(handle: WorkflowHandle[Any, RunSummary]) -> RunSummary:
+    """The run's summary once it has stopped where a person must decide."""
+    async def stopped() -> bool:
+        s = await handle.query(JournalRun.status)
+        return s is not None and s.status not in ("starting", "running")
+    await until(stopped)
+    summary = await handle.query(JournalRun.status)
+    assert summary is not None
+    return summary
+
+
+async def after_posts(receiver: Receiver, count: int) -> None:
+    """Until the receiver has seen ``count`` effects: the run is well under way."""
+    async def enough() -> bool:
+        return posted(receiver) >= count
+    await until(enough)
+
+
 def killed(proc: subprocess.Popen[str]) -> None:
     assert proc.wait(timeout=60) == -signal.SIGKILL
 
@@ -229,12 +247,7 @@ def test_without_a_lookup_a_person_resolves_it_through_an_update(
         killed(first)
         workers.start()
 
-        async def waiting() -> bool:
-            s = await handle.query(JournalRun.status)
-            return s is not None and s.status not in ("starting", "running")
-        await until(waiting)
-        stopped = await handle.query(JournalRun.status)
-        assert stopped is not None
+        stopped = await stopped_for_a_person(handle)
         decided = await handle.execute_update(JournalRun.resolve, Resolve(
             key=stopped.uncertain[0][:12], outcome="happened", by="alice",
             result={"label": "a", "applied": True}))
@@ -259,12 +272,8 @@ def test_an_approval_through_an_update_binds_the_exact_call(
     async def go() -> tuple[RunSummary, RunSummary]:
         handle = await start(workers, "approval", "t6")
 
-        async def waiting() -> bool:
-            s = await handle.query(JournalRun.status)
-            return s is not None and s.status == "waiting_approval"
-        await until(waiting)
-        asked = await handle.query(JournalRun.status)
-        assert asked is not None and receiver.by_label() == {}
+        asked = await stopped_for_a_person(handle)
+        assert asked.status == "waiting_approval" and receiver.by_label() == {}
         with pytest.raises(temporalio.client.WorkflowUpdateFailedError):
             await handle.execute_update(JournalRun.approve, Approve(
                 approval_id="no-such-approval", approved=True, by="alice"))
@@ -290,12 +299,8 @@ def test_a_denial_through_an_update_makes_no_effect(
     async def go() -> RunSummary:
         handle = await start(workers, "approval", "t13")
 
-        async def waiting() -> bool:
-            s = await handle.query(JournalRun.status)
-            return s is not None and s.status == "waiting_approval"
-        await until(waiting)
-        asked = await handle.query(JournalRun.status)
-        assert asked is not None
+        asked = await stopped_for_a_person(handle)
+        assert asked.status == "waiting_approval"
         await handle.execute_update(JournalRun.approve, Approve(
             approval_id=asked.approvals[0], approved=False, by="alice", reason="not today"))
         return await handle.result()
@@ -314,12 +319,8 @@ def test_a_decision_made_with_the_cli_is_picked_up_by_wake(
     async def go() -> RunSummary:
         handle = await start(workers, "approval", "t11")
 
-        async def waiting() -> bool:
-            s = await handle.query(JournalRun.status)
-            return s is not None and s.status == "waiting_approval"
-        await until(waiting)
-        asked = await handle.query(JournalRun.status)
-        assert asked is not None
+        asked = await stopped_for_a_person(handle)
+        assert asked.status == "waiting_approval"
         subprocess.run([sys.executable, "-m", "agentjournal", "approve", "t11",
                         asked.approvals[0], "--by", "bob", "--store", store_url],
                        check=True, capture_output=True, cwd=ROOT)
@@ -441,7 +442,7 @@ def test_a_cancelled_workflow_stops_its_run_at_a_step_boundary(
 
     async def go() -> RunSummary:
         handle = await start(workers, "slow", "t8")
-        await until(lambda: asyncio.sleep(0, posted(receiver) >= 3))
+        await after_posts(receiver, 3)
         await handle.cancel()
         with pytest.raises(temporalio.client.WorkflowFailureError):
             await handle.result()
@@ -469,7 +470,7 @@ def test_a_worker_shut_down_mid_run_hands_it_on(
 
     async def go() -> RunSummary:
         handle = await start(workers, "slow", "t9")
-        await until(lambda: asyncio.sleep(0, posted(receiver) >= 3))
+        await after_posts(receiver, 3)
         first.send_signal(signal.SIGTERM)
         workers.start()
         return await handle.result()
@@ -487,7 +488,7 @@ def test_an_activity_reset_mid_run_is_served_from_the_journal(
 
     async def go() -> RunSummary:
         handle = await start(workers, "slow", "t10")
-        await until(lambda: asyncio.sleep(0, posted(receiver) >= 3))
+        await after_posts(receiver, 3)
         subprocess.run(["temporal", "activity", "reset", "--address", workers.address,
                         "--workflow-id", "t10", "--activity-id", "1"],
                        check=True, capture_output=True)
@@ -507,7 +508,7 @@ def test_a_workflow_reset_mid_run_is_served_from_the_journal(
 
     async def go() -> RunSummary:
         await start(workers, "slow", "t12")
-        await until(lambda: asyncio.sleep(0, posted(receiver) >= 3))
+        await after_posts(receiver, 3)
         subprocess.run(["temporal", "workflow", "reset", "--address", workers.address,
                         "--workflow-id", "t12", "--type", "FirstWorkflowTask",
                         "--reason", "test", "--yes"], check=True, capture_output=True)

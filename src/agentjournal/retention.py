@@ -183,9 +183,9 @@ def _archive_finished(store: Store, archive: Archive, older_than: timedelta, at:
                                           f"last event {idle} ago, under {_age(older_than)}")
         else:
             judged[info.run_id] = _judge(store, info.run_id, older_than, at)
+    told: set[str] = set()  # runs with a verdict (a young run may meet its scope late)
     for group in _scopes(store, judged):
         blocker = next((j for j in group if j.hold), None)
-        told = {v.run_id for v in report.verdicts}  # (a young run may meet its scope late)
         for j in group:
             hold = j.hold or (blocker and f"shares its scope with run {blocker.run_id!r}, "
                               f"which stays ({blocker.hold})")
@@ -193,6 +193,7 @@ def _archive_finished(store: Store, archive: Archive, older_than: timedelta, at:
                 _record(report, j, "keep" if hold else "archive", hold or "would archive", say)
         if blocker is None and not dry_run:
             _archive_group(store, archive, group, older_than, at, report, say)
+        told.update(j.run_id for j in group)
 
 
 def _scopes(store: Store, judged: dict[str, _Judged]) -> Iterable[list[_Judged]]:

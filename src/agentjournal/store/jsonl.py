@@ -529,18 +529,27 @@ class JsonlStore:
         self._tails[run_id] = tail
         return tail, torn
 
-    def _tail(self, run_id: str) -> _Tail:
-        path = self._file(run_id, ".jsonl")
-        if not path.exists():
-            return _EMPTY
+    @contextmanager
+    def _reading(self, run_id: str) -> Iterator[int | None]:
+        """The run's log open for reading, under the run's lock; None when it has none
+        (never written, or deleted by gc)."""
+        path = f"{self._dir}/{run_id}.jsonl"
+        if not os.path.exists(path):
+            yield None
+            return
         with self._locked(run_id, write=False):
             if self._buried(run_id):
-                return _EMPTY
+                yield None
+                return
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                return self._refresh(run_id, fd)[0]
+                yield fd
             finally:
                 os.close(fd)
+
+    def _tail(self, run_id: str) -> _Tail:
+        with self._reading(run_id) as fd:
+            return _EMPTY if fd is None else self._refresh(run_id, fd)[0]
 
     # --- the log ---------------------------------------------------------------
 
@@ -603,18 +612,11 @@ class JsonlStore:
 
     @_os_errors("read a run", write=False)
     def _read(self, run_id: str, after_seq: int) -> list[Event]:
-        path = self._file(run_id, ".jsonl")
-        if not path.exists():
-            return []
-        with self._locked(run_id, write=False):
-            if self._buried(run_id):
+        with self._reading(run_id) as fd:
+            if fd is None:
                 return []
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                start = self._resume_point(run_id, fd, after_seq) if after_seq else None
-                tail, events, _ = self._scan(run_id, fd, start or _EMPTY, after_seq)
-            finally:
-                os.close(fd)
+            start = self._resume_point(run_id, fd, after_seq) if after_seq else None
+            tail, events, _ = self._scan(run_id, fd, start or _EMPTY, after_seq)
             # A partial scan from an unchecked start learns neither the start time nor
             # the digest; one from a resume point knows both.
             if not after_seq or start is not None:
@@ -969,23 +971,13 @@ class JsonlStore:
     @_os_errors("read a run", write=False)
     def records(self, run_id: str) -> list[bytes]:
         validate_run_id(run_id)
-        path = self._file(run_id, ".jsonl")
-        if not path.exists():
-            return []
-        with self._locked(run_id, write=False):
-            if self._buried(run_id):
+        with self._reading(run_id) as fd:
+            if fd is None:
                 return []
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                tail, _, _ = self._scan(run_id, fd, _EMPTY)  # damage raises, as in read
-                data = os.pread(fd, tail.size, 0)
-            finally:
-                os.close(fd)
+            tail, _, _ = self._scan(run_id, fd, _EMPTY)  # checks each record, as read does
+            data = os.pread(fd, tail.size, 0)
         # Every line up to the tail is a whole, checked record of a complete batch.
-        records = [line[10:] if line[9] != _OLD else line[9:]
-                   for line in data.split(b"\n")[:-1]]
-        check_records(run_id, records)
-        return records
+        return [line[10:] if line[9] != _OLD else line[9:] for line in data.split(b"\n")[:-1]]
 
     @_os_errors("delete a run", write=True)
     def delete_run(self, tombstone: Tombstone, *, epoch: int) -> None:
