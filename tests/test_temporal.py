@@ -84,23 +84,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 class Workers:
     """Worker processes for one test, all on its own task queue; killed at the end."""
 
-    def __init__(self, address: str, store_url: str, receiver: Receiver) -> None:
+    def __init__(self, address: str, store_url: str, receiver: Receiver, logs: Path) -> None:
         self.address, self.store_url, self.receiver = address, store_url, receiver
         self.queue = f"q-{uuid.uuid4().hex[:8]}"
         self.procs: list[subprocess.Popen[str]] = []
+        self.logs = logs
 
     def start(self, fault: str = "") -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.temporal_worker", "--address", self.address,
-             "--task-queue", self.queue, "--store", self.store_url,
-             "--receiver", self.receiver.url],
-            cwd=ROOT, env={**os.environ, "AGENTJOURNAL_FAULT": fault},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # stderr to a file, not a pipe no one reads (a full pipe would block the worker);
+        # faulthandler so a crash leaves its threads' stacks there.
+        with open(self.logs / f"worker-{len(self.procs)}.log", "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-X", "faulthandler", "-m", "tests.temporal_worker",
+                 "--address", self.address, "--task-queue", self.queue,
+                 "--store", self.store_url, "--receiver", self.receiver.url],
+                cwd=ROOT, env={**os.environ, "AGENTJOURNAL_FAULT": fault},
+                stdout=subprocess.PIPE, stderr=log, text=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith(READY), f"worker did not start: {line!r} {proc.stderr.read()}"
+        assert line.startswith(READY), f"worker did not start: {line!r} {self.log(proc)}"
         self.procs.append(proc)
         return proc
+
+    def log(self, proc: subprocess.Popen[str]) -> str:
+        """What a worker wrote to stderr."""
+        return (self.logs / f"worker-{self.procs.index(proc)}.log").read_text()
 
     def close(self) -> None:
         for proc in self.procs:
@@ -111,8 +119,9 @@ class Workers:
 
 
 @pytest.fixture
-def workers(server: str, store_url: str, receiver: Receiver) -> Iterator[Workers]:
-    w = Workers(server, store_url, receiver)
+def workers(server: str, store_url: str, receiver: Receiver,
+            tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(server, store_url, receiver, tmp_path)
     try:
         yield w
     finally:
@@ -376,7 +385,8 @@ def test_a_frozen_worker_is_fenced_by_the_next_attempt(
     epochs = [e.epoch for e in journal(store_url, "t5")]
     assert epochs == sorted(epochs) and epochs[-1] > epochs[0]
     frozen.kill()
-    _, err = frozen.communicate(timeout=30)
+    frozen.wait(timeout=30)
+    err = workers.log(frozen)
     assert "fenced" in err and "TypeError" not in err
 
 
@@ -476,7 +486,7 @@ def test_a_worker_shut_down_mid_run_hands_it_on(
         return await handle.result()
 
     assert run(go()).status == "finished"
-    assert first.wait(timeout=30) == 0
+    assert first.wait(timeout=30) == 0, workers.log(first)
     each_once(receiver)
     assert len(epochs(store_url, "t9")) == 2
 
