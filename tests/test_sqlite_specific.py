@@ -221,7 +221,10 @@ def test_concurrent_appends_share_commits_and_each_stands_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """40 threads, each its own run, 25 appends each, every tenth one stale: the stale
-    ones are refused, every other one is stored once, and fewer commits than appends ran."""
+    ones are refused, every other one is stored once, and groups are large: each commit
+    serves about as many appends as threads wait (~65 commits for 920 appends here). An
+    append that had to queue for the commit lock just to learn that it was done made
+    groups of ~2 (~500 commits)."""
     store = SQLiteStore(tmp_path / "j.db")
     commits = 0
     real_sync = store._sync
@@ -252,7 +255,7 @@ def test_concurrent_appends_share_commits_and_each_stands_alone(
     assert len(refused) == 40 * 2
     for n in range(40):
         assert [e.seq for e in store.read(f"r{n}")] == list(range(1, 24))
-    assert commits < 40 * 23, commits  # one per stored append without group commit
+    assert commits < 40 * 23 / 4, commits
     store.close()
 
 

@@ -111,9 +111,16 @@ def make_events(
     ts = now()
     return [
         Event(run_id=run_id, seq=after_seq + i, type=t, ts=ts, epoch=epoch,
-              payload=_raw_decoder.decode(encode_value(p)))
+              payload=_Canonical(_raw_decoder.decode(encode_value(p))))
         for i, (t, p) in enumerate(facts, start=1)
     ]
+
+
+class _Canonical(dict[str, Any]):
+    """A payload make_events decoded from its own canonical bytes: checked once there
+    (finite, JSON types only), so encoding it again need not walk it again."""
+
+    __slots__ = ()
 
 
 # --- the codec ---------------------------------------------------------------
@@ -170,7 +177,8 @@ def _not_utf8(exc: UnicodeEncodeError) -> str:
 
 def encode(event: Event) -> bytes:
     """The canonical bytes of ``event``. Refuses NaN, infinities and non-JSON values."""
-    check_finite(event.payload)
+    if type(event.payload) is not _Canonical:
+        check_finite(event.payload)
     try:
         return _encoder.encode(event)
     except (TypeError, msgspec.EncodeError) as exc:

@@ -220,6 +220,27 @@ def sqlite3_path(path: Path) -> str:
     return quote(str(path.absolute()), safe="/")
 
 
+class _AllRefused(Exception):
+    """Every append of a group was refused: its transaction rolls back."""
+
+
+def _end(db: sqlite3.Connection, run_id: str) -> tuple[int, str, int]:
+    """The run's last seq, that event's digest, and its lease's epoch, in one statement;
+    ArchivedRunError for a run gc deleted."""
+    last, body, epoch = db.execute(
+        "SELECT coalesce(max(seq), 0), body,"
+        " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = ?)"
+        " FROM events WHERE run_id = ? AND seq = (SELECT max(seq) FROM events"
+        " WHERE run_id = ?)",
+        (run_id, run_id, run_id),
+    ).fetchone()
+    if body is None and (stone := db.execute(
+            "SELECT archive, last_seq FROM tombstones WHERE run_id = ?", (run_id,)
+    ).fetchone()):
+        raise ArchivedRunError(run_id, *stone)
+    return last, stored_digest(body) if body is not None else "", epoch
+
+
 @dataclass(slots=True)
 class _Append:
     """One append waiting for a commit, and how it ended."""
@@ -249,7 +270,8 @@ class SQLiteStore:
         self._broken: str | None = None
         # Appends waiting for the next commit (see append): one sync serves them all.
         self._waiting: list[_Append] = []
-        self._waiting_lock = threading.Lock()
+        self._group = threading.Condition(threading.Lock())
+        self._committing = False  # a leader is committing a group (under _group)
         where = str(self.path.absolute())
         if self.path.is_dir():
             raise StoreUrlError(where, "the path is a directory, not a database file")
@@ -445,72 +467,73 @@ class SQLiteStore:
         self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int
     ) -> int:
         """Append ``events`` atomically. Group commit: appends that arrive while another
-        commits wait for it, then go together in the next transaction, one sync for all;
-        each is a savepoint of its own, so one refused batch never takes others down.
+        group commits wait, then go together in the next transaction, one sync for all;
+        each is checked on its own, so one refused batch never takes others down.
         Nothing returns before the COMMIT that holds it."""
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
         mine = _Append(run_id, events, expected_seq, epoch)
-        with self._waiting_lock:
+        with self._group:
             self._waiting.append(mine)
-        with self._lock:
-            if not mine.done:  # else a writer before us committed it, or failed it
-                self._commit_waiting()
+            while not mine.done:
+                if self._committing:  # woken all at once when that group is done
+                    self._group.wait()
+                else:  # lead the next group: every append waiting now
+                    self._committing = True
+                    group, self._waiting = self._waiting, []
+                    self._group.release()
+                    try:
+                        self._commit_group(group)
+                    finally:
+                        self._group.acquire()
+                        self._committing = False
+                        self._group.notify_all()
         if mine.error is not None:
             raise mine.error
         return events[-1].seq
 
-    def _commit_waiting(self) -> None:
-        with self._waiting_lock:
-            group, self._waiting = self._waiting, []
+    def _commit_group(self, group: list[_Append]) -> None:
+        """Commit ``group`` in one transaction; each append ends done, or with its error
+        (all of them with the commit's error: then nothing of the group was committed)."""
         try:
             with self._tx() as db:
-                if len(group) == 1:
-                    self._insert(db, group[0])
-                else:
-                    for one in group:
-                        self._insert_apart(db, one)
-        except BaseException as exc:  # nothing of the group was committed
+                if not self._insert(db, group):
+                    raise _AllRefused  # nothing to commit: roll back, no sync
+        except _AllRefused:
+            pass
+        except BaseException as exc:
             for one in group:
                 one.error = exc
-            raise
         finally:
             for one in group:
                 one.done = True
 
-    def _insert_apart(self, db: sqlite3.Connection, one: _Append) -> None:
-        db.execute("SAVEPOINT one_batch")
-        try:
-            self._insert(db, one)
-        except JournalError as exc:
-            db.execute("ROLLBACK TO one_batch")
-            one.error = exc
-        db.execute("RELEASE one_batch")
-
     @staticmethod
-    def _insert(db: sqlite3.Connection, one: _Append) -> None:
-        run_id, events = one.run_id, one.events
-        last, prev, current = db.execute(  # all three facts in one statement
-            "SELECT coalesce(max(seq), 0), body,"
-            " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = ?)"
-            " FROM events WHERE run_id = ? AND seq = (SELECT max(seq) FROM events"
-            " WHERE run_id = ?)",
-            (run_id, run_id, run_id),
-        ).fetchone()
-        if prev is None and (stone := db.execute(  # a new run, or one gc deleted
-                "SELECT archive, last_seq FROM tombstones WHERE run_id = ?", (run_id,)
-        ).fetchone()):
-            raise ArchivedRunError(run_id, *stone)
-        if one.epoch != current:  # fencing first: a stale writer must stop, not retry
-            raise FencedError(run_id, one.epoch, current)
-        if last != one.expected_seq:
-            raise ConflictError(run_id, one.expected_seq, last)
-        bodies, _ = seal(events, stored_digest(prev) if prev is not None else "")
-        rows = [(run_id, e.seq, e.type.value, e.ts.isoformat(), body)
-                for e, body in zip(events, bodies, strict=True)]
+    def _insert(db: sqlite3.Connection, group: list[_Append]) -> bool:
+        """Check each append against its run's end (under the write lock, so nothing
+        moves it but this group), then insert every accepted row in one statement. A
+        refused append gets its error and takes no other down. False: all refused."""
+        ends: dict[str, tuple[int, str, int]] = {}  # run -> last seq, its digest, epoch
+        rows = []
+        for one in group:
+            run_id, events = one.run_id, one.events
+            try:
+                last, prev, current = ends.get(run_id) or _end(db, run_id)
+                if one.epoch != current:  # fencing first: a stale writer must stop
+                    raise FencedError(run_id, one.epoch, current)
+                if last != one.expected_seq:
+                    raise ConflictError(run_id, one.expected_seq, last)
+                bodies, digest = seal(events, prev)
+            except JournalError as exc:
+                one.error = exc
+                continue
+            ends[run_id] = (events[-1].seq, digest, current)
+            rows += [(run_id, e.seq, e.type.value, e.ts.isoformat(), body)
+                     for e, body in zip(events, bodies, strict=True)]
+            if (scope := scope_started(events)) is not None:
+                db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
         db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
-        if (scope := scope_started(events)) is not None:
-            db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
+        return bool(rows)
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
