@@ -24,6 +24,7 @@ damage (``CorruptStoreError``), not "not a store".
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 import threading
@@ -31,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -224,21 +225,35 @@ class _AllRefused(Exception):
     """Every append of a group was refused: its transaction rolls back."""
 
 
-def _end(db: sqlite3.Connection, run_id: str) -> tuple[int, str, int]:
-    """The run's last seq, that event's digest, and its lease's epoch, in one statement;
-    ArchivedRunError for a run gc deleted."""
-    last, body, epoch = db.execute(
-        "SELECT coalesce(max(seq), 0), body,"
-        " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = ?)"
-        " FROM events WHERE run_id = ? AND seq = (SELECT max(seq) FROM events"
-        " WHERE run_id = ?)",
-        (run_id, run_id, run_id),
-    ).fetchone()
-    if body is None and (stone := db.execute(
-            "SELECT archive, last_seq FROM tombstones WHERE run_id = ?", (run_id,)
-    ).fetchone()):
+_ENDS = ("SELECT r.value, coalesce(e.seq, 0), e.body,"
+         " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = r.value)"
+         " FROM {runs} AS r LEFT JOIN events e ON e.run_id = r.value"
+         " AND e.seq = (SELECT max(seq) FROM events WHERE run_id = r.value)")
+_END_OF_ONE = _ENDS.format(runs="(SELECT ? AS value)")
+_END_OF_MANY = _ENDS.format(runs="json_each(?)")  # a JSON array of run ids
+
+
+def _ends(db: sqlite3.Connection, run_ids: list[str]) -> dict[str, tuple[int, str, int]]:
+    """Each run's last seq, that event's digest and its lease's epoch, in one statement
+    however many runs a group holds."""
+    rows = (db.execute(_END_OF_ONE, run_ids) if len(run_ids) == 1
+            else db.execute(_END_OF_MANY, (json.dumps(run_ids),)))
+    return {run_id: (last, stored_digest(body) if body is not None else "", epoch)
+            for run_id, last, body, epoch in rows}
+
+
+def _refuse_archived(db: sqlite3.Connection, run_id: str) -> None:
+    """ArchivedRunError if gc deleted the run (asked only of a run with no events)."""
+    stone = db.execute("SELECT archive, last_seq FROM tombstones WHERE run_id = ?",
+                       (run_id,)).fetchone()
+    if stone is not None:
         raise ArchivedRunError(run_id, *stone)
-    return last, stored_digest(body) if body is not None else "", epoch
+
+
+def _held() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
 
 
 @dataclass(slots=True)
@@ -251,6 +266,10 @@ class _Append:
     epoch: int
     done: bool = False
     error: BaseException | None = None
+    #: Held until its thread is woken, once: its group committed, or it leads the next.
+    #: (A lock per append, not one condition for all: a hundred waiters woken together
+    #: would queue for the condition's lock, under the GIL.)
+    wake: threading.Lock = field(default_factory=_held)
 
 
 class SQLiteStore:
@@ -270,8 +289,8 @@ class SQLiteStore:
         self._broken: str | None = None
         # Appends waiting for the next commit (see append): one sync serves them all.
         self._waiting: list[_Append] = []
-        self._group = threading.Condition(threading.Lock())
-        self._committing = False  # a leader is committing a group (under _group)
+        self._group = threading.Lock()  # guards _waiting and _leading
+        self._leading = False  # a thread is committing a group; the next one waits
         where = str(self.path.absolute())
         if self.path.is_dir():
             raise StoreUrlError(where, "the path is a directory, not a database file")
@@ -475,22 +494,31 @@ class SQLiteStore:
         mine = _Append(run_id, events, expected_seq, epoch)
         with self._group:
             self._waiting.append(mine)
-            while not mine.done:
-                if self._committing:  # woken all at once when that group is done
-                    self._group.wait()
-                else:  # lead the next group: every append waiting now
-                    self._committing = True
-                    group, self._waiting = self._waiting, []
-                    self._group.release()
-                    try:
-                        self._commit_group(group)
-                    finally:
-                        self._group.acquire()
-                        self._committing = False
-                        self._group.notify_all()
+            leads, self._leading = not self._leading, True
+        if not leads:
+            mine.wake.acquire()  # its group committed, or it leads the next group
+        if not mine.done:
+            self._lead(mine)
         if mine.error is not None:
             raise mine.error
         return events[-1].seq
+
+    def _lead(self, mine: _Append) -> None:
+        """Commit every append waiting now (``mine`` among them) as one group, hand the
+        lead to the first that arrived meanwhile, then wake the group."""
+        with self._group:
+            group, self._waiting = self._waiting, []
+        try:
+            self._commit_group(group)
+        finally:
+            with self._group:
+                if self._waiting:
+                    self._waiting[0].wake.release()
+                else:
+                    self._leading = False
+            for one in group:
+                if one is not mine:
+                    one.wake.release()
 
     def _commit_group(self, group: list[_Append]) -> None:
         """Commit ``group`` in one transaction; each append ends done, or with its error
@@ -513,12 +541,14 @@ class SQLiteStore:
         """Check each append against its run's end (under the write lock, so nothing
         moves it but this group), then insert every accepted row in one statement. A
         refused append gets its error and takes no other down. False: all refused."""
-        ends: dict[str, tuple[int, str, int]] = {}  # run -> last seq, its digest, epoch
+        ends = _ends(db, list({one.run_id: None for one in group}))
         rows = []
         for one in group:
             run_id, events = one.run_id, one.events
             try:
-                last, prev, current = ends.get(run_id) or _end(db, run_id)
+                last, prev, current = ends[run_id]
+                if not last:
+                    _refuse_archived(db, run_id)
                 if one.epoch != current:  # fencing first: a stale writer must stop
                     raise FencedError(run_id, one.epoch, current)
                 if last != one.expected_seq:
