@@ -8,15 +8,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from click.testing import CliRunner
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from agentjournal import Agent, EventType, ScriptedModel, calls, fold, open_store, reply
 from agentjournal.cli import cli
 from agentjournal.decisions import resolve_uncertain
 from agentjournal.models import ModelRequest, ModelResponse
 from agentjournal.policy import RegexGuardrail
-from agentjournal.redaction import Redaction
+from agentjournal.redaction import DEFAULT_RULES, Redaction
 from agentjournal.store import Store
 from agentjournal.tools import Absent, ToolContext, tool
 
@@ -276,3 +279,32 @@ def test_resuming_with_the_same_secret_bearing_task_is_a_plain_resume(tmp_path: 
     with pytest.raises(RunMismatchError) as info:  # the error shows no secret either
         agent.run(store, "r1", f"deploy now with {CANARY}")
     assert CANARY not in str(info.value) and "[redacted:api_key]" in str(info.value)
+
+
+_PIECES = ["sk-", "sk_live_", "AKIA", "ghp_", "xoxb-", "Bearer", "Bearer ", "Bearer\n",
+           "eyJ", "-----BEGIN", "://", "user:pw@", '"', "\\", "\n", "\t", "é", "a" * 20,
+           "0123456789ABCDEFGHIJ", ".", " ", "abcdEFGH1234", "hunter2!"]
+_texts = st.lists(st.sampled_from(_PIECES), max_size=8).map("".join)
+_values = st.recursive(
+    st.none() | st.integers() | st.floats(allow_nan=False) | _texts,
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(_texts, inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_texts, _values, max_size=5))
+@example({"auth": "Bearer\n" + "a" * 24})  # the hint sees "\\n" in the text, not a space
+def test_the_one_search_shortcut_redacts_what_the_walk_redacts(payload: dict[str, Any]) -> None:
+    """A payload's JSON text searched once stands in for the walk of its strings only
+    where it decides the same: the default rules, a literal value, escapes and keys; an
+    anchored custom rule is never taken the short way."""
+    for redaction in (Redaction(), Redaction(values={"pw": "hunter2!"}),
+                      Redaction(rules={"whole": r"^hunter2!$", **DEFAULT_RULES})):
+        walked = Redaction()
+        walked.rules, walked._hints = redaction.rules, redaction._hints
+        walked._text_safe = False  # no shortcut: every string searched on its own
+        assert canonical(redaction.payload(payload)) == canonical(walked.payload(payload))
+
+
+def canonical(value: Any) -> Any:
+    return msgspec.json.decode(msgspec.json.encode(value))

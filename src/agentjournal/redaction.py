@@ -24,6 +24,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 #: Patterns for common credentials: API keys (OpenAI, Stripe, Anthropic), AWS
 #: access keys, GitHub and Slack tokens, bearer tokens, JWTs, private keys, and
 #: the password in a URL's user info.
@@ -46,6 +48,8 @@ _HINTS: dict[str, str] = {
     "github_token": r"gh[pousr]_|github_pat_", "slack_token": r"xox", "bearer_token": r"earer\s",
     "jwt": r"eyJ", "private_key": r"-----BEGIN", "url_password": r"://",
 }
+
+_json = msgspec.json.Encoder()
 
 #: What marks a redacted value; a recorded string holding it is not the original.
 MARK = "[redacted"
@@ -75,13 +79,16 @@ class Redaction:
         self.rules: list[tuple[str, re.Pattern[str], str]] = []
         self._hints: list[str] = []
         self._any: re.Pattern[str] | None = None
+        # Every hint finds in a payload's JSON text what it finds in the payload's strings
+        # (see _clean): true of literals and of the default hints, not of any regex (^, $).
+        self._text_safe = True
         for name, secret in (values or {}).items():
             if len(secret) < 4:  # redacting "a" everywhere would destroy the log
                 raise ValueError(f"secret value {name!r} is too short to redact safely")
-            self.add(name, re.escape(secret))
+            self._add(name, re.escape(secret), None, None, True)
         for name, pattern in (DEFAULT_RULES if rules is None else rules).items():
-            hint = _HINTS[name] if DEFAULT_RULES.get(name) == pattern else None
-            self.add(name, pattern, hint=hint)
+            default = DEFAULT_RULES.get(name) == pattern
+            self._add(name, pattern, None, _HINTS[name] if default else None, default)
 
     @classmethod
     def none(cls) -> Redaction:
@@ -91,15 +98,21 @@ class Redaction:
             hint: str | None = None) -> None:
         """Another rule; ``replacement`` defaults to ``[redacted:<name>]``. ``hint``: a
         cheaper pattern found in every match (default: the pattern itself)."""
+        self._add(name, pattern, replacement, hint, False)
+
+    def _add(self, name: str, pattern: str, replacement: str | None, hint: str | None,
+             text_safe: bool) -> None:
         self.rules.append((name, re.compile(pattern), replacement or f"[redacted:{name}]"))
         self._hints.append(hint or pattern)
         self._any = None
+        self._text_safe = self._text_safe and text_safe
 
     def extend(self, other: Redaction) -> None:
         """Add ``other``'s rules to these."""
         self.rules += other.rules
         self._hints += other._hints
         self._any = None
+        self._text_safe = self._text_safe and other._text_safe
 
     def _prefilter(self) -> re.Pattern[str] | None:
         """One pattern matching where any rule does: most strings hold no secret, and
@@ -110,6 +123,20 @@ class Redaction:
             except re.error:  # a rule with global flags cannot be joined: search each
                 return None
         return self._any
+
+    def _clean(self, payload: Mapping[str, Any]) -> bool:
+        """True when no rule can match in ``payload``, known from one search of its JSON
+        text instead of a walk of every string. Only where that text holds each string
+        as it is (no escapes) and every hint finds there what it finds in the strings;
+        otherwise False, and the walk decides."""
+        any_rule = self._prefilter() if self._text_safe else None
+        if any_rule is None:
+            return False
+        try:
+            text = _json.encode(payload)
+        except (TypeError, ValueError, msgspec.EncodeError):  # (not JSON yet: walk it)
+            return False
+        return b"\\" not in text and any_rule.search(text.decode()) is None
 
     def scrub(self, value: Any, counts: Counter[str] | None = None) -> Any:
         """``value`` with every match replaced; matches counted per rule in ``counts``."""
@@ -130,7 +157,7 @@ class Redaction:
     def payload(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """A payload as it may be recorded: scrubbed, with a ``redactions`` list (rule
         and count, sorted by rule) when anything matched."""
-        if not self.rules:
+        if not self.rules or self._clean(payload):
             return dict(payload)
         counts: Counter[str] = Counter()
         clean: dict[str, Any] = self.scrub(dict(payload), counts)
