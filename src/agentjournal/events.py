@@ -111,9 +111,19 @@ def make_events(
     ts = now()
     return [
         Event(run_id=run_id, seq=after_seq + i, type=t, ts=ts, epoch=epoch,
-              payload=_Canonical(_raw_decoder.decode(encode_value(p))))
+              payload=_canonical(p))
         for i, (t, p) in enumerate(facts, start=1)
     ]
+
+
+def _canonical(payload: Mapping[str, Any]) -> _Canonical:
+    """``payload`` decoded from its canonical bytes. Where that equals the payload it
+    held only JSON types, finite floats and string keys (a NaN is written as null, a
+    key 1 as "1"), so the walk that names the culprit runs only where it does not."""
+    plain = _raw_decoder.decode(_encode(payload))
+    if plain != payload:  # (also tuples, which are fine: the walk lets them pass)
+        check_finite(payload, "value")
+    return _Canonical(plain)
 
 
 class _Canonical(dict[str, Any]):
@@ -190,6 +200,11 @@ def encode(event: Event) -> bytes:
 def encode_value(value: Any) -> bytes:
     """Canonical JSON for any payload value (sorted keys, refusing NaN)."""
     check_finite(value, "value")
+    return _encode(value)
+
+
+def _encode(value: Any) -> bytes:
+    """Canonical JSON for ``value``, unchecked: a NaN would be written as null."""
     try:
         return _encoder.encode(value)
     except (TypeError, msgspec.EncodeError) as exc:

@@ -222,12 +222,51 @@ _BODY = re.compile(rb"[+.]?\{")  # ...and from it (ending in "}")
 _HOLE = b"\0" * 8  # one flipped bit makes at most one NUL; a block never written, many
 
 
+class _RunLock:
+    """A store's thread lock plus one run's flock, as a context manager (a class, not a
+    generator: it is taken on every append)."""
+
+    __slots__ = ("fd", "run_id", "store", "write")
+
+    def __init__(self, store: JsonlStore, run_id: str, write: bool) -> None:
+        self.store, self.run_id, self.write = store, run_id, write
+        self.fd: int | None = None
+
+    def __enter__(self) -> None:
+        store, run_id = self.store, self.run_id
+        store._lock.acquire()
+        try:
+            if self.write and store._broken:
+                raise DurabilityError(store._broken, run_id=run_id)
+            if store.readonly:  # see the module docstring: no lock file, no writer to wait for
+                if not os.path.exists(f"{store._dir}/{run_id}.lock"):
+                    return
+                fd = store._cached_fd(store._lock_fds, run_id, ".lock", os.O_RDONLY)
+            else:
+                fd = store._cached_fd(store._lock_fds, run_id, ".lock",
+                                      os.O_RDWR | os.O_CREAT)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.fd = fd
+        except BaseException:
+            store._lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.fd is not None:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            self.store._lock.release()
+
+
 def _write_all(fd: int, data: bytes) -> None:
     """Write all of ``data``: a short write (a full disk, a file size limit) is followed by
     one that fails with the OS's reason, so nothing half-written is taken as done."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    written = os.write(fd, data)
+    if written < len(data):  # (rare: no view is made for the whole write)
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def _frame_batch(bodies: list[bytes]) -> bytes:
@@ -357,24 +396,9 @@ class JsonlStore:
     def _file(self, run_id: str, suffix: str) -> Path:
         return self.path / f"{run_id}{suffix}"
 
-    @contextmanager
-    def _locked(self, run_id: str, *, write: bool) -> Iterator[None]:
+    def _locked(self, run_id: str, *, write: bool) -> _RunLock:
         """This instance's thread lock plus the run's cross-process flock."""
-        with self._lock:
-            if write and self._broken:
-                raise DurabilityError(self._broken, run_id=run_id)
-            if self.readonly:  # see the module docstring: no lock file, no writer to wait for
-                if not os.path.exists(f"{self._dir}/{run_id}.lock"):
-                    yield
-                    return
-                fd = self._cached_fd(self._lock_fds, run_id, ".lock", os.O_RDONLY)
-            else:
-                fd = self._cached_fd(self._lock_fds, run_id, ".lock", os.O_RDWR | os.O_CREAT)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        return _RunLock(self, run_id, write)
 
     def _cached_fd(self, cache: OrderedDict[str, int], run_id: str, suffix: str,
                    flags: int) -> int:
