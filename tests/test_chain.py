@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentjournal import EventType, fold, make_events
+from agentjournal.errors import EncodingError
 from agentjournal.cli import cli
 from agentjournal.snapshots import verify, write_snapshot
 from agentjournal.store import Store
@@ -92,3 +93,20 @@ def test_cli_verify_all_reports_the_damaged_run_and_checks_the_others(
     assert reports["before"]["ok"] and reports["after"]["ok"]
     assert reports["after"]["events"] == 4
     assert "r1: the log is corrupt at seq 3" in result.stderr
+
+
+@pytest.mark.parametrize(("payload", "refusal"), [
+    ({"n": {1: "a"}}, "non-string key 1"), ({"n": [float("nan")]}, r"value.n\[0\] is nan"),
+    ({"n": {"m": float("-inf")}}, "value.n.m is -inf"),
+])
+def test_make_events_refuses_what_json_would_change(payload: dict[str, Any],
+                                                    refusal: str) -> None:
+    """Refused by name, though msgspec would write the key as "1" and a NaN as null."""
+    with pytest.raises(EncodingError, match=refusal):
+        make_events("r", 0, 0, [(EventType.USER_MESSAGE, payload)])
+
+
+def test_make_events_keeps_the_canonical_form_of_what_json_holds() -> None:
+    (event,) = make_events("r", 0, 0, [(EventType.USER_MESSAGE,
+                                        {"b": (1, 2.5), "a": [None, {"z": True}]})])
+    assert event.payload == {"a": [None, {"z": True}], "b": [1, 2.5]}

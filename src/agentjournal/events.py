@@ -118,9 +118,14 @@ def make_events(
 
 def _canonical(payload: Mapping[str, Any]) -> _Canonical:
     """``payload`` decoded from its canonical bytes. Where that equals the payload it
-    held only JSON types, finite floats and string keys (a NaN is written as null, a
-    key 1 as "1"), so the walk that names the culprit runs only where it does not."""
-    plain = _raw_decoder.decode(_encode(payload))
+    held only JSON types and finite floats (a NaN is written as null), so the walk
+    that names the culprit runs only where it does not."""
+    try:
+        data = _encode(payload)
+    except EncodingError:
+        check_finite(payload, "value")  # a non-string key, named where it is
+        raise
+    plain = _raw_decoder.decode(data)
     if plain != payload:  # (also tuples, which are fine: the walk lets them pass)
         check_finite(payload, "value")
     return _Canonical(plain)
