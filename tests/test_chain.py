@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentjournal import EventType, fold, make_events
-from agentjournal.errors import EncodingError
 from agentjournal.cli import cli
+from agentjournal.errors import EncodingError
 from agentjournal.snapshots import verify, write_snapshot
 from agentjournal.store import Store
 

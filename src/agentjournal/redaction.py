@@ -49,6 +49,16 @@ _HINTS: dict[str, str] = {
     "jwt": r"eyJ", "private_key": r"-----BEGIN", "url_password": r"://",
 }
 
+#: For each default rule, strings one of which every match holds (or, for
+#: url_password, the text before it does): a payload's JSON text holding none of them
+#: holds no match (see Redaction._clean).
+_NEEDLES: dict[str, tuple[str, ...]] = {
+    "api_key": ("sk-", "sk_", "rk-", "rk_"), "aws_access_key": ("AKIA", "ASIA"),
+    "github_token": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    "slack_token": ("xox",), "bearer_token": ("earer",), "jwt": ("eyJ",),
+    "private_key": ("-----BEGIN",), "url_password": ("://",),
+}
+
 _json = msgspec.json.Encoder()
 
 #: What marks a redacted value; a recorded string holding it is not the original.
@@ -79,16 +89,17 @@ class Redaction:
         self.rules: list[tuple[str, re.Pattern[str], str]] = []
         self._hints: list[str] = []
         self._any: re.Pattern[str] | None = None
-        # Every hint finds in a payload's JSON text what it finds in the payload's strings
-        # (see _clean): true of literals and of the default hints, not of any regex (^, $).
-        self._text_safe = True
+        # Literal strings every match of some rule holds, as UTF-8 (see _clean): known for
+        # literal values and the default rules; None once a rule has none (any regex).
+        self._needles: list[bytes] | None = []
         for name, secret in (values or {}).items():
             if len(secret) < 4:  # redacting "a" everywhere would destroy the log
                 raise ValueError(f"secret value {name!r} is too short to redact safely")
-            self._add(name, re.escape(secret), None, None, True)
+            self._add(name, re.escape(secret), None, None, (secret,))
         for name, pattern in (DEFAULT_RULES if rules is None else rules).items():
             default = DEFAULT_RULES.get(name) == pattern
-            self._add(name, pattern, None, _HINTS[name] if default else None, default)
+            self._add(name, pattern, None, _HINTS[name] if default else None,
+                      _NEEDLES[name] if default else None)
 
     @classmethod
     def none(cls) -> Redaction:
@@ -98,21 +109,24 @@ class Redaction:
             hint: str | None = None) -> None:
         """Another rule; ``replacement`` defaults to ``[redacted:<name>]``. ``hint``: a
         cheaper pattern found in every match (default: the pattern itself)."""
-        self._add(name, pattern, replacement, hint, False)
+        self._add(name, pattern, replacement, hint, None)
 
     def _add(self, name: str, pattern: str, replacement: str | None, hint: str | None,
-             text_safe: bool) -> None:
+             needles: tuple[str, ...] | None) -> None:
         self.rules.append((name, re.compile(pattern), replacement or f"[redacted:{name}]"))
         self._hints.append(hint or pattern)
         self._any = None
-        self._text_safe = self._text_safe and text_safe
+        if self._needles is not None:
+            self._needles = None if needles is None else [
+                *self._needles, *(n.encode() for n in needles)]
 
     def extend(self, other: Redaction) -> None:
         """Add ``other``'s rules to these."""
         self.rules += other.rules
         self._hints += other._hints
         self._any = None
-        self._text_safe = self._text_safe and other._text_safe
+        self._needles = (None if self._needles is None or other._needles is None
+                         else self._needles + other._needles)
 
     def _prefilter(self) -> re.Pattern[str] | None:
         """One pattern matching where any rule does: most strings hold no secret, and
@@ -125,18 +139,18 @@ class Redaction:
         return self._any
 
     def _clean(self, payload: Mapping[str, Any]) -> bool:
-        """True when no rule can match in ``payload``, known from one search of its JSON
-        text instead of a walk of every string. Only where that text holds each string
-        as it is (no escapes) and every hint finds there what it finds in the strings;
+        """True when no rule can match in ``payload``, known from its JSON text holding
+        none of the rules' needles, instead of a walk of every string. Only where that
+        text holds each string as it is (no escapes) and every rule has needles;
         otherwise False, and the walk decides."""
-        any_rule = self._prefilter() if self._text_safe else None
-        if any_rule is None:
+        needles = self._needles
+        if needles is None:
             return False
         try:
             text = _json.encode(payload)
         except (TypeError, ValueError, msgspec.EncodeError):  # (not JSON yet: walk it)
             return False
-        return b"\\" not in text and any_rule.search(text.decode()) is None
+        return b"\\" not in text and not any(n in text for n in needles)
 
     def scrub(self, value: Any, counts: Counter[str] | None = None) -> Any:
         """``value`` with every match replaced; matches counted per rule in ``counts``."""
