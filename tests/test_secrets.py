@@ -293,12 +293,14 @@ _values = st.recursive(
 
 @settings(max_examples=400, deadline=None)
 @given(st.dictionaries(_texts, _values, max_size=5))
-@example({"auth": "Bearer\n" + "a" * 24})  # the hint sees "\\n" in the text, not a space
+@example({"auth": "Bearer\n" + "a" * 24})  # the text holds "\\n", not a newline
+@example({"note": 'say "hunter2!" twice'})
 def test_the_one_search_shortcut_redacts_what_the_walk_redacts(payload: dict[str, Any]) -> None:
     """A payload's JSON text searched once stands in for the walk of its strings only
     where it decides the same: the default rules, a literal value, escapes and keys; an
     anchored custom rule is never taken the short way."""
     for redaction in (Redaction(), Redaction(values={"pw": "hunter2!"}),
+                      Redaction(values={"quoted": '"hunter2!"'}),
                       Redaction(rules={"whole": r"^hunter2!$", **DEFAULT_RULES})):
         walked = Redaction()
         walked.rules, walked._hints = redaction.rules, redaction._hints

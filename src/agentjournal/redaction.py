@@ -60,6 +60,7 @@ _NEEDLES: dict[str, tuple[str, ...]] = {
 }
 
 _json = msgspec.json.Encoder()
+_ESCAPED = re.compile(r'[\x00-\x1f"\\]')  # what msgspec writes as an escape, and only these
 
 #: What marks a redacted value; a recorded string holding it is not the original.
 MARK = "[redacted"
@@ -116,6 +117,8 @@ class Redaction:
         self.rules.append((name, re.compile(pattern), replacement or f"[redacted:{name}]"))
         self._hints.append(hint or pattern)
         self._any = None
+        if needles is not None and any(_ESCAPED.search(n) for n in needles):
+            needles = None  # the JSON text would hold it escaped, not as it is
         if self._needles is not None:
             self._needles = None if needles is None else [
                 *self._needles, *(n.encode() for n in needles)]
@@ -139,10 +142,10 @@ class Redaction:
         return self._any
 
     def _clean(self, payload: Mapping[str, Any]) -> bool:
-        """True when no rule can match in ``payload``, known from its JSON text holding
-        none of the rules' needles, instead of a walk of every string. Only where that
-        text holds each string as it is (no escapes) and every rule has needles;
-        otherwise False, and the walk decides."""
+        """True when no rule can match in ``payload``: its JSON text holds none of the
+        rules' needles (one substring test each, instead of a walk of every string).
+        A needle holds no character JSON escapes, so it is in the text wherever it is
+        in a string or key. False when some rule has no needles: the walk decides."""
         needles = self._needles
         if needles is None:
             return False
@@ -150,7 +153,7 @@ class Redaction:
             text = _json.encode(payload)
         except (TypeError, ValueError, msgspec.EncodeError):  # (not JSON yet: walk it)
             return False
-        return b"\\" not in text and not any(n in text for n in needles)
+        return not any(n in text for n in needles)
 
     def scrub(self, value: Any, counts: Counter[str] | None = None) -> Any:
         """``value`` with every match replaced; matches counted per rule in ``counts``."""
