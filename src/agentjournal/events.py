@@ -78,8 +78,9 @@ class EventType(StrEnum):
             raise UnknownEventTypeError(name) from None
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True):
-    """One recorded fact. ``payload`` is plain JSON data."""
+class Event(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One recorded fact. ``payload`` is plain JSON data (so an event is never in a
+    reference cycle, and the cyclic GC need not track it: see state.py)."""
 
     run_id: str
     seq: int
