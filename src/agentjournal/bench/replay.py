@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 
 from ..events import Event, decode, encode
-from ..snapshots import gc_paused, load_state, write_snapshot
+from ..snapshots import gc_paused, load_state, state_of, write_snapshot
 from ..state import RunState, apply, fold
 from ..store import Store, open_store
 from ..store.base import Snapshot
@@ -125,11 +125,8 @@ def _replayed(url: str, n: int) -> int:
     return loaded.replayed
 
 
-_state_decoder = msgspec.msgpack.Decoder(RunState)
-
-
 def _decode_snapshot_and_tail(body: bytes, tail: list[bytes]) -> int:
-    _state_decoder.decode(body)
+    state_of(body)
     return _decode_only(tail)
 
 
@@ -147,7 +144,7 @@ def recovery_at(backend: str, url: str, events: list[Event], snap: Snapshot,
     ]))
     return [
         figure(f"recovery.{backend}.snapshots.{n}", with_snap, "ms", snap_floor,
-               "decode the snapshot body + the tail's events, in memory",
+               "inflate and decode the snapshot body + the tail's events, in memory",
                f"snapshot at seq {snap.seq:,} ({len(snap.body) / 1e6:.1f} MB) + {replayed} "
                "events"),
         figure(f"recovery.{backend}.full.{n}", without, "ms", full_floor,
