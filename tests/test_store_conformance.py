@@ -436,6 +436,26 @@ class TestSnapshotConformance:
         store.quarantine(7, "again")
         assert make_store().quarantined() == {7: "again"}
 
+    def test_conformance_segments(self, make_store: MakeStore) -> None:
+        """Parts snapshots refer to by digest: stored once (a digest already stored keeps
+        its body), read by digest (a missing one is absent), pruned to those kept, and
+        gone with the run's snapshots."""
+        store = make_store()
+        body = bytes(range(256)) * 40
+        assert store.segments("r1", [SEG_A]) == {}
+        store.put_segments("r1", {SEG_A: body, SEG_B: b"b"})
+        store.put_segments("r1", {SEG_A: b"another body", SEG_C: b"c"})
+        store.put_segments("other", {SEG_A: b"other's"})
+        assert make_store().segments("r1", [SEG_A, SEG_B, SEG_C, SEG_D]) == {
+            SEG_A: body, SEG_B: b"b", SEG_C: b"c"}
+        assert store.prune_segments("r1", [SEG_A, SEG_D]) == 2
+        assert store.segments("r1", [SEG_A, SEG_B, SEG_C]) == {SEG_A: body}
+        store.put_snapshot(snapshot_at("r1", 10))
+        assert store.delete_snapshots("r1") == 1
+        assert store.segments("r1", [SEG_A]) == {}
+        assert store.segments("other", [SEG_A]) == {SEG_A: b"other's"}
+        assert store.prune_segments("r1", []) == 0
+
     def test_conformance_snapshot_bad_run_ids(self, make_store: MakeStore,
                                               tmp_path: Path) -> None:
         store = make_store()
@@ -446,6 +466,9 @@ class TestSnapshotConformance:
             with pytest.raises(InvalidRunIdError):
                 store.snapshots(run_id)
         assert files_near(tmp_path) == before
+
+
+SEG_A, SEG_B, SEG_C, SEG_D = (hashlib.sha256(c.encode()).hexdigest() for c in "abcd")
 
 
 def _stone(store: Store, run_id: str, records: list[bytes]) -> Tombstone:
@@ -464,6 +487,7 @@ class TestTombstoneConformance:
             append(store, "r1", {"text": text}, epoch=lease.epoch)
         append(store, "r2", {"text": "other"})
         store.put_snapshot(snapshot_at("r1", 3))
+        store.put_segments("r1", {SEG_A: b"a part"})
         records = store.records("r1")
         assert len(records) == 3 and make_store().records("r1") == records
         stone = _stone(store, "r1", records)
@@ -479,6 +503,7 @@ class TestTombstoneConformance:
             assert handle.tombstone("r1") == stone and handle.tombstones() == [stone]
             assert list(handle.read("r1")) == [] and handle.last_seq("r1") == 0
             assert handle.records("r1") == [] and handle.snapshots("r1") == []
+            assert handle.segments("r1", [SEG_A]) == {}
             assert [r.run_id for r in handle.list_runs()] == ["r2"]
             with pytest.raises(ArchivedRunError, match="file:///cold"):
                 append(handle, "r1", {"text": "the id again"})

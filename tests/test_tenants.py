@@ -56,6 +56,8 @@ from agentjournal.store.tenants import (
 
 from .builders import snapshot_at
 
+SEG = "ab" * 32  # a segment's digest
+
 
 def _sql(query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
@@ -130,6 +132,7 @@ def _tenant_a_work(store: Store) -> TenantA:
         *_facts("secret message of A")])
     store.append("a-run", events, expected_seq=0, epoch=lease.epoch)
     store.put_snapshot(snapshot_at("a-run", 2, b"state of A"))
+    store.put_segments("a-run", {SEG: b"part of A's state"})
     queue = queue_of(store)
     submit(store, "tests.agents:a", "queued task of A", "a-queued", priority=5)
     claim = queue.claim("worker-a", 300, ["default"])
@@ -192,7 +195,7 @@ def test_tenant_b_sees_nothing_of_a_and_changes_nothing(shared: Shared) -> None:
         # Every read: nothing.
         for run in (a.run, a.queued, a.waiting):
             assert list(b_store.read(run)) == [] and b_store.last_seq(run) == 0
-            assert b_store.snapshots(run) == []
+            assert b_store.snapshots(run) == [] and b_store.segments(run, [SEG]) == {}
         assert b_store.list_runs() == [] and b_store.scope_runs(a.scope) == []
         assert b_queue.runs() == [] and b_queue.workers() == []
 
@@ -215,7 +218,9 @@ def test_tenant_b_sees_nothing_of_a_and_changes_nothing(shared: Shared) -> None:
             b_store.put_snapshot(snapshot_at(a.run, 2, b"B's state"))
         with _refused(*leaks):
             b_store.put_snapshot(snapshot_at(a.run, 1, b"B's state"))
-        assert b_store.delete_snapshots(a.run) == 0
+        with _refused(*leaks):
+            b_store.put_segments(a.run, {SEG: b"B's part"})
+        assert b_store.delete_snapshots(a.run) == 0 and b_store.prune_segments(a.run, []) == 0
         with _refused(*leaks):
             b_store.quarantine(1, "B says so")
         assert b_queue.claim("worker-b", 60, ["default"]) is None  # a.waiting is runnable

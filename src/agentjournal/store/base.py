@@ -16,7 +16,7 @@ import functools
 import hashlib
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -287,7 +287,23 @@ class Store(Protocol):
         """The run's published snapshots, newest (highest seq) first; at most ``limit``."""
         ...
 
-    def delete_snapshots(self, run_id: str) -> int: ...
+    def delete_snapshots(self, run_id: str) -> int:
+        """Delete the run's snapshots and their segments; how many snapshots went."""
+        ...
+
+    def put_segments(self, run_id: str, segments: Mapping[str, bytes]) -> None:
+        """Store parts a snapshot refers to by digest (``digest -> body``), durably,
+        before the snapshot that names them is published. A digest already stored keeps
+        the body it has."""
+        ...
+
+    def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:
+        """The run's stored segments among ``digests``; a missing one is absent."""
+        ...
+
+    def prune_segments(self, run_id: str, keep: Collection[str]) -> int:
+        """Delete the run's segments whose digest is not in ``keep``; how many went."""
+        ...
 
     def prune_snapshots(self, run_id: str, *, keep: int) -> int:
         """Delete all but the run's newest ``keep`` snapshots; how many were deleted."""

@@ -74,7 +74,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -204,10 +204,17 @@ class _SnapHeader(msgspec.Struct, frozen=True):
 
 
 _SNAP_SUFFIX = ".snapshots"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 _TOMB = ".tomb"
 _SCOPES = "_scopes"
 _QUARANTINE = "_quarantine.json"  # "_" never starts a run id, so no run can collide
 _MAX_HEADER = 1 << 16
+
+
+def _segment_name(digest: str) -> str:
+    if not _DIGEST.fullmatch(digest):  # it names a file: nothing but hex
+        raise ValueError(f"not a segment digest: {digest!r}")
+    return f"{digest}.seg"
 
 
 def _snap_name(seq: int, fold_version: int) -> str:
@@ -941,6 +948,50 @@ class JsonlStore:
             good, _ = self._scan_snaps(run_id, body=False)
             self._remove_snapshots(run_id)
         return len(good)
+
+    # Segments: ``<digest>.seg`` in the run's snapshot directory, each published as a
+    # snapshot is (write, fsync, rename), before the snapshot that names them.
+
+    @_os_errors("write snapshot segments", write=True)
+    def put_segments(self, run_id: str, segments: Mapping[str, bytes]) -> None:
+        validate_run_id(run_id)
+        with self._locked(run_id, write=True):
+            directory = self._snap_dir(run_id)
+            if not directory.is_dir():
+                directory.mkdir()
+                self._sync_dir(run_id)
+            for digest, body in segments.items():
+                path = directory / _segment_name(digest)
+                if not path.exists():  # a digest already stored keeps its body
+                    self._publish(path, body, run_id)
+
+    @_os_errors("read snapshot segments", write=False)
+    def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:
+        validate_run_id(run_id)
+        directory, found = self._snap_dir(run_id), dict[str, bytes]()
+        if not directory.is_dir():
+            return found
+        with self._locked(run_id, write=False):
+            for digest in digests:
+                with suppress(FileNotFoundError):
+                    found[digest] = (directory / _segment_name(digest)).read_bytes()
+        return found
+
+    @_os_errors("prune snapshot segments", write=True)
+    def prune_segments(self, run_id: str, keep: Collection[str]) -> int:
+        validate_run_id(run_id)
+        directory = self._snap_dir(run_id)
+        if not directory.is_dir():
+            return 0
+        wanted = {_segment_name(digest) for digest in keep}
+        with self._locked(run_id, write=True):
+            doomed = [p for p in directory.glob("*.seg") if p.name not in wanted]
+            for path in doomed:
+                with suppress(FileNotFoundError):
+                    path.unlink()
+            if doomed:
+                self._sync_dir(run_id, directory)
+        return len(doomed)
 
     def _remove_snapshots(self, run_id: str) -> None:
         directory = self._snap_dir(run_id)

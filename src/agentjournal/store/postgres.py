@@ -51,7 +51,7 @@ import errno
 import logging
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, LiteralString
 from urllib.parse import quote, urlencode
@@ -222,6 +222,21 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     ALTER TABLE {s}.runs ADD COLUMN archived_seq bigint;
     ALTER TABLE {s}.runs ADD COLUMN archived_digest text;
     ALTER TABLE {s}.runs ADD COLUMN archived_at timestamptz;
+    """,
+    # The parts snapshots refer to by digest (snapshots.py), so each is written once;
+    # a tenant's own, as its snapshots are.
+    """
+    CREATE TABLE {s}.segments (
+        run_id text NOT NULL,
+        digest text NOT NULL,
+        body bytea NOT NULL,
+        tenant text NOT NULL DEFAULT current_user,
+        PRIMARY KEY (run_id, digest)
+    );
+    ALTER TABLE {s}.segments ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY tenant ON {s}.segments USING (tenant = current_user)
+        WITH CHECK (tenant = current_user
+                    AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.run_id = segments.run_id));
     """,
 )
 
@@ -798,9 +813,35 @@ class PostgresStore:
     def delete_snapshots(self, run_id: str) -> int:
         validate_run_id(run_id)
         with self._write(run_id) as cur:
+            cur.execute(self._q("DELETE FROM {s}.segments WHERE run_id = %s"), (run_id,))
             cur.execute(self._q("DELETE FROM {s}.snapshots WHERE run_id = %s"), (run_id,))
             deleted = cur.rowcount
         return deleted
+
+    def put_segments(self, run_id: str, segments: Mapping[str, bytes]) -> None:
+        validate_run_id(run_id)
+        with self._write(run_id) as cur:
+            cur.executemany(
+                self._q("INSERT INTO {s}.segments (run_id, digest, body) VALUES (%s, %s, %s)"
+                        " ON CONFLICT (run_id, digest) DO NOTHING"),
+                [(run_id, digest, body) for digest, body in segments.items()])
+
+    def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:
+        validate_run_id(run_id)
+        with self._conn() as conn:
+            rows = conn.execute(
+                self._q("SELECT digest, body FROM {s}.segments"
+                        " WHERE run_id = %s AND digest = ANY(%s)"),
+                (run_id, list(digests))).fetchall()
+        return {digest: bytes(body) for digest, body in rows}
+
+    def prune_segments(self, run_id: str, keep: Collection[str]) -> int:
+        validate_run_id(run_id)
+        with self._write(run_id) as cur:
+            cur.execute(self._q("DELETE FROM {s}.segments"
+                                " WHERE run_id = %s AND NOT digest = ANY(%s)"),
+                        (run_id, list(keep)))
+            return cur.rowcount
 
     def quarantine(self, fold_version: int, reason: str) -> None:
         with self._write(None) as cur:
@@ -837,7 +878,7 @@ class PostgresStore:
                 raise FencedError(run_id, epoch, current)
             if last != tombstone.last_seq or archived_to is not None:
                 raise ConflictError(run_id, tombstone.last_seq, last)
-            for table in ("events", "snapshots", "queue"):
+            for table in ("events", "snapshots", "segments", "queue"):
                 cur.execute(sql.SQL("DELETE FROM {s}.{t} WHERE run_id = %s").format(
                     s=self._s, t=sql.Identifier(table)), (run_id,))
             cur.execute(self._q(

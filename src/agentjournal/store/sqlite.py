@@ -30,7 +30,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -152,6 +152,15 @@ MIGRATIONS: tuple[str, ...] = (
         digest TEXT NOT NULL,
         archive TEXT NOT NULL,
         deleted_at TEXT NOT NULL
+    ) WITHOUT ROWID;
+    """,
+    # The parts snapshots refer to by digest (snapshots.py), so each is written once.
+    """
+    CREATE TABLE segments (
+        run_id TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (run_id, digest)
     ) WITHOUT ROWID;
     """,
 )
@@ -703,7 +712,29 @@ class SQLiteStore:
     def delete_snapshots(self, run_id: str) -> int:
         validate_run_id(run_id)
         with self._tx() as db:
+            db.execute("DELETE FROM segments WHERE run_id = ?", (run_id,))
             return db.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,)).rowcount
+
+    def put_segments(self, run_id: str, segments: Mapping[str, bytes]) -> None:
+        validate_run_id(run_id)
+        with self._tx() as db:
+            db.executemany("INSERT OR IGNORE INTO segments VALUES (?, ?, ?)",
+                           [(run_id, digest, body) for digest, body in segments.items()])
+
+    def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:
+        validate_run_id(run_id)
+        with self._reading():
+            rows = self._db.execute(
+                "SELECT digest, body FROM segments WHERE run_id = ? AND digest IN"
+                " (SELECT value FROM json_each(?))", (run_id, json.dumps(list(digests))))
+            return {digest: bytes(body) for digest, body in rows}
+
+    def prune_segments(self, run_id: str, keep: Collection[str]) -> int:
+        validate_run_id(run_id)
+        with self._tx() as db:
+            return db.execute(
+                "DELETE FROM segments WHERE run_id = ? AND digest NOT IN"
+                " (SELECT value FROM json_each(?))", (run_id, json.dumps(list(keep)))).rowcount
 
     def quarantine(self, fold_version: int, reason: str) -> None:
         with self._tx() as db:
@@ -734,7 +765,7 @@ class SQLiteStore:
             last = self._last_seq(db, run_id)
             if last != tombstone.last_seq:
                 raise ConflictError(run_id, tombstone.last_seq, last)
-            for table in ("events", "snapshots", "scopes", "queue"):
+            for table in ("events", "snapshots", "segments", "scopes", "queue"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             db.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?)",
                        (run_id, tombstone.last_seq, tombstone.digest, tombstone.archive,

@@ -31,7 +31,7 @@ from ..errors import JournalError
 from .postgres import DEFAULT_SCHEMA, PostgresStore
 
 #: Tables whose rows belong to a tenant: read and written under row-level security.
-TENANT_TABLES = ("runs", "events", "snapshots", "queue", "workers")
+TENANT_TABLES = ("runs", "events", "snapshots", "segments", "queue", "workers")
 #: Tables every tenant reads and none writes.
 SHARED_TABLES = ("quarantine", "schema_version")
 
