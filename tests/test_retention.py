@@ -8,6 +8,7 @@ may leave the hot store is worked out here from how each was built, not asked of
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -23,9 +24,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from agentjournal import EventType, RetentionPolicy, gc, make_events, open_store, restore
+from agentjournal import EventType, RetentionPolicy, gc, make_events, open_store, restore, snapshots
 from agentjournal.archive import ArchiveError
 from agentjournal.errors import ArchivedRunError, NotArchivedError
+from agentjournal.snapshots import load_state, named_segments, write_snapshot
 from agentjournal.state import durable_fields, fold
 from agentjournal.store import Store
 
@@ -354,3 +356,29 @@ def test_cli_gc_and_restore(tmp_path: Path) -> None:
         assert store.records("old") == records
     again = check(invoke("restore", "old", "--store", url, "--archive", f"file://{archive}"), 0)
     assert "nothing to do" in again.stdout
+
+
+def test_keep_snapshots_collects_segments_no_snapshot_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between a snapshot's segments and its publishing leaves segments no
+    snapshot names: gc collects them, not those a kept snapshot names, and not while
+    a writer holds the run's lease."""
+    monkeypatch.setattr(snapshots, "SEGMENT", 2)
+    with open_store(f"sqlite:///{tmp_path / 'runs.db'}") as store:
+        write_run(store, "live", KINDS["running"][0], YOUNG)
+        for _ in range(6):
+            append_note(store, "live")
+        assert write_snapshot(store, fold(store.read("live")))
+        named = set(named_segments(store.snapshots("live")[0].body))
+        assert len(named) >= 3
+        orphan = hashlib.sha256(b"never named").hexdigest()
+        store.put_segments("live", {orphan: b"left by a crash"})
+        lease = store.acquire("live", "a-live-writer", 60)
+        report = gc(store, RetentionPolicy(keep_snapshots=1), at=NOW)
+        assert report.segments_pruned == 0 and orphan in store.segments("live", [orphan])
+        store.release(lease)
+        report = gc(store, RetentionPolicy(keep_snapshots=1), at=NOW)
+        assert report.segments_pruned == 1 and report.snapshots_pruned == 0
+        assert set(store.segments("live", [*named, orphan])) == named
+        assert load_state(store, "live").snapshot_seq == store.last_seq("live")

@@ -4,6 +4,7 @@ equals the live state, and the equivalence gate catches a snapshot that lies."""
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -12,11 +13,30 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentjournal import SCHEMA_VERSION, Agent, RunState, ScriptedModel, calls, fold, reply, tool
+from agentjournal import (
+    SCHEMA_VERSION,
+    Agent,
+    RunState,
+    ScriptedModel,
+    calls,
+    fold,
+    reply,
+    snapshots,
+    tool,
+)
 from agentjournal.metrics import METRICS
-from agentjournal.snapshots import load_state, state_of, take, verify, write_snapshot
-from agentjournal.state import FOLD_VERSION
+from agentjournal.snapshots import (
+    collect_segments,
+    load_state,
+    named_segments,
+    state_of,
+    take,
+    verify,
+    write_snapshot,
+)
+from agentjournal.state import FOLD_VERSION, durable_fields
 from agentjournal.store import Store
+from agentjournal.store.base import Snapshot
 
 from .conftest import backend_params
 from .strategies import run_logs
@@ -206,3 +226,116 @@ def test_recovery_metrics_are_kept_per_schema_version(make_store: MakeStore) -> 
     assert f"agentjournal_snapshot_load_ms_count{label} " in "\n".join(text)
     assert not [line for line in text  # only per label: a scraper sums them
                 if line.startswith("agentjournal_events_replayed_total ")]
+
+
+# --- segments: a snapshot writes what the store lacks; damage to one is a miss ----------
+
+
+@pytest.fixture
+def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshots, "SEGMENT", 4)  # many segments from a short run
+
+
+def names(snapshot: Snapshot) -> set[str]:
+    return set(named_segments(snapshot.body))
+
+
+@backend_params()
+def test_a_snapshot_writes_only_the_segments_the_store_lacks(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, small_segments: None
+) -> None:
+    store = make_store()
+    written: list[str] = []
+    put = store.put_segments
+    monkeypatch.setattr(store, "put_segments",
+                        lambda run_id, parts: (written.extend(parts), put(run_id, parts)))
+    live = a_run(store, steps=30, snapshot_every=12)
+    newest, older = store.snapshots("r1")
+    assert len(written) == len(set(written))  # none written twice
+    assert len(names(newest)) >= 10 and names(older) < names(newest)
+    # Every stored segment is named by a kept snapshot: those of pruned ones are gone.
+    assert set(store.segments("r1", written)) == names(newest) | names(older)
+    assert len(newest.body) < 2000  # the body holds digests and a few items, not the run
+    loaded = load_state(make_store(), "r1")
+    assert loaded.snapshot_seq == newest.seq and loaded.segments == names(newest)
+    assert as_bytes(loaded.state) == as_bytes(live)
+
+
+@backend_params()
+@pytest.mark.parametrize("damage", ["missing", "another-body"])
+def test_a_damaged_segment_is_a_miss_and_the_run_resumes_as_a_full_replay_does(
+    make_store: MakeStore, damage: str, small_segments: None
+) -> None:
+    store = make_store()
+    live = a_run(store, steps=30, snapshot_every=12)
+    newest, older = store.snapshots("r1")
+    for victim, falls_to in ((min(names(newest) - names(older)), older.seq),
+                             (min(names(older)), 0)):  # one only the newest names, then one both do
+        store.prune_segments("r1", names(newest) - {victim})
+        if damage == "another-body":
+            store.put_segments("r1", {victim: zlib.compress(msgspec.msgpack.encode([]))})
+        loaded = load_state(make_store(), "r1")
+        assert loaded.snapshot_seq == falls_to
+        assert victim[:12] in loaded.misses[-1]  # the last snapshot tried, because of it
+        assert as_bytes(loaded.state) == as_bytes(live)
+    resumed = a_run(store, steps=30, snapshot_every=12)  # the run goes on from the log
+    assert as_bytes(resumed) == as_bytes(fold(list(store.read("r1"))))
+
+
+@backend_params()
+def test_a_crash_between_the_segments_and_the_snapshot_leaves_the_previous_one(
+    make_store: MakeStore, small_segments: None
+) -> None:
+    store = make_store()
+    live = a_run(store, steps=30, snapshot_every=None)
+    log = list(store.read("r1"))
+    first = write_snapshot(store, fold(log[:40]))
+    assert first is not None
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise OSError(5, "the machine died here")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "put_snapshot", crash)  # segments written, never named
+        assert write_snapshot(store, live) is None
+    loaded = load_state(make_store(), "r1")
+    assert loaded.snapshot_seq == 40 and as_bytes(loaded.state) == as_bytes(live)
+    orphans = set(store.segments("r1", names(take_segmented(live)))) - names(first)
+    assert orphans and collect_segments(store, "r1") == len(orphans)
+    assert load_state(make_store(), "r1").snapshot_seq == 40
+
+
+def take_segmented(state: RunState) -> Snapshot:
+    return snapshots._take(state, snapshots.SEGMENT)[0]
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(log=run_logs(max_events=60), data=st.data())
+def test_a_chain_of_segmented_snapshots_plus_tail_equals_full_replay(
+    tmp_path_factory: pytest.TempPathFactory, log: list[Any], data: st.DataObject
+) -> None:
+    """Random logs, snapshots at random points written as a journal writes them (each
+    only the segments the store lacks), segments of 2: the newest plus its tail, and
+    each older one plus its tail, equal the full replay on every durable field."""
+    from agentjournal import open_store
+
+    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('h') / 'j.db'}")
+    store.append("run-1", log, expected_seq=0, epoch=0)
+    stored = list(store.read("run-1"))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(stored)), min_size=1,
+                                         max_size=4))))
+    known: set[str] = set()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(snapshots, "SEGMENT", 2)
+        for cut in cuts:
+            assert write_snapshot(store, fold(stored[:cut]), keep=len(cuts), stored=known)
+    full = durable_fields(fold(stored))
+    newest_first = store.snapshots("run-1")
+    assert [s.seq for s in newest_first] == cuts[::-1]
+    for older, snapshot in enumerate(newest_first):
+        loaded = load_state(store, "run-1")
+        assert loaded.snapshot_seq == snapshot.seq and len(loaded.misses) == older
+        assert durable_fields(loaded.state) == full
+        assert as_bytes(loaded.state) == as_bytes(fold(stored))
+        store.put_snapshot(tampered(snapshot, digest="0" * 64), keep=len(cuts))  # a miss now
+    store.close()

@@ -97,6 +97,7 @@ class RunJournal:
         ttl: float = 30.0,
         leased_at: float | None = None,
         redaction: Redaction | None = None,
+        segments: frozenset[str] = frozenset(),
     ) -> None:
         self.store, self.lease, self.state = store, lease, state
         # Every fact passes record_all: redacting there keeps secrets off every copy.
@@ -109,6 +110,8 @@ class RunJournal:
         self.snapshot_every = snapshot_every
         self.ttl = ttl
         self._snapshot_seq = state.last_seq
+        # Segments of this run's snapshots known to be stored: each is written once.
+        self._segments = set(segments)
         self._staged: list[Event] = []  # folded, not yet stored (see stage)
         self._stop = threading.Event()
         self._writing = threading.RLock()
@@ -161,7 +164,7 @@ class RunJournal:
                 self._observe(event)
             if self.snapshot_every and (
                     self.state.last_seq - self._snapshot_seq >= self.snapshot_every):
-                write_snapshot(self.store, self.state)
+                write_snapshot(self.store, self.state, stored=self._segments)
                 self._snapshot_seq = self.state.last_seq
         return events
 
@@ -308,14 +311,14 @@ def open_journal(
     leased_at = _clock()
     lease = take_lease(store, run_id, owner or default_owner(), ttl)
     try:
-        state = load_state(store, run_id).state
-        if must_exist and state.last_seq == 0:
+        loaded = load_state(store, run_id)
+        if must_exist and loaded.state.last_seq == 0:
             raise missing_run(store, run_id)
     except BaseException:
         store.release(lease)
         raise
-    journal = RunJournal(store, lease, state, observer, snapshot_every, ttl=ttl,
-                         leased_at=leased_at, redaction=redaction)
+    journal = RunJournal(store, lease, loaded.state, observer, snapshot_every, ttl=ttl,
+                         leased_at=leased_at, redaction=redaction, segments=loaded.segments)
     journal.keep_lease = keep_lease
     journal.keep_alive()
     return journal

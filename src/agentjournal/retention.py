@@ -33,7 +33,7 @@ from .errors import ConflictError, CorruptLogError, LeaseHeldError, NotArchivedE
 from .events import Event, EventType, now
 from .faults import fault_point
 from .journal import default_owner, take_lease
-from .snapshots import refusal
+from .snapshots import collect_segments, refusal
 from .state import RunState, fold
 from .store import Lease, Store
 from .store.base import Tombstone, check_records, records_digest
@@ -86,6 +86,7 @@ class GcReport(msgspec.Struct):
     bytes_freed: int = 0  # records and snapshots deleted from the hot store
     archive_bytes: int = 0  # the compressed files written
     snapshots_pruned: int = 0
+    segments_pruned: int = 0  # snapshot segments no kept snapshot names (not in a dry run)
     seconds: float = 0.0
     verdicts: list[Verdict] = msgspec.field(default_factory=list)
 
@@ -276,20 +277,37 @@ def _archive_one(store: Store, archive: Archive, j: _Judged, records: list[bytes
 def _prune_snapshots(store: Store, keep: int, dry_run: bool, report: GcReport,
                      say: Progress) -> None:
     """Each run's snapshots beyond the newest ``keep``; all of them when none can be loaded
-    (another fold version, or a quarantined one): those are dead weight."""
+    (another fold version, or a quarantined one): those are dead weight. Then the
+    segments no kept snapshot names (a crash between a snapshot's segments and its
+    publishing leaves some)."""
     quarantined = store.quarantined()
     for info in store.list_runs():
         snapshots = store.snapshots(info.run_id)
         dead = all(refusal(s, quarantined) for s in snapshots)
         doomed = snapshots if dead else snapshots[keep:]
+        if not dry_run:
+            if doomed:
+                store.prune_snapshots(info.run_id, keep=0 if dead else keep)
+            report.segments_pruned += _collect(store, info.run_id)
         if not doomed:
             continue
-        if not dry_run:
-            store.prune_snapshots(info.run_id, keep=0 if dead else keep)
         report.snapshots_pruned += len(doomed)
         report.bytes_freed += sum(len(s.body) for s in doomed)
         why = "none can be loaded" if dead else f"beyond the newest {keep}"
         say(f"prune {info.run_id}: {len(doomed)} snapshot(s), {why}")
+
+
+def _collect(store: Store, run_id: str) -> int:
+    """The run's segments no snapshot names, collected under its lease: a live run's
+    writer may have stored segments for a snapshot it has not published yet."""
+    try:
+        lease = take_lease(store, run_id, default_owner(), LEASE_TTL)
+    except LeaseHeldError:
+        return 0
+    try:
+        return collect_segments(store, run_id)
+    finally:
+        store.release(lease)
 
 
 def restore(store: Store, run_id: str, archive_url: str) -> Restored:

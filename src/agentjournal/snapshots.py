@@ -2,9 +2,17 @@
 
 Loading a run is ``fold(snapshot_state, events_after_it)``. A snapshot is used
 only if its versions match this release, its digest matches its body, the
-body decodes to the state at its seq, and the log continues right after it;
-anything else is a miss (counted) and the next older snapshot is tried, then
-a full replay from event 1. Deleting every snapshot never prevents recovery.
+body (and every segment it names) decodes to the state at its seq, and the log
+continues right after it; anything else is a miss (counted) and the next older
+snapshot is tried, then a full replay from event 1. Deleting every snapshot
+never prevents recovery.
+
+A snapshot's long parts, the messages, the completed calls and the attempts per key,
+are stored in segments of ``SEGMENT`` items, each named by the sha256 of its msgpack and written
+once: a snapshot writes the segments the store does not hold yet, then its body
+(the rest of the state, the digests of its full segments, and the items after
+them), so what it writes does not grow with the run. Segments no snapshot names
+any more are collected after each write.
 
 ``verify`` reads the whole log (which checks every event's digest chain),
 folds it twice in lockstep (determinism at every prefix) and checks every
@@ -21,15 +29,16 @@ import hashlib
 import logging
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Set
 from contextlib import contextmanager
+from typing import Any
 
 import msgspec
 
 from .errors import CorruptLogError, JournalError
 from .events import SCHEMA_VERSION, Event, now
 from .metrics import METRICS
-from .state import FOLD_VERSION, RunState, apply, durable_fields
+from .state import FOLD_VERSION, CompletedCall, Message, RunState, apply, durable_fields
 from .store import Store
 from .store.base import Snapshot
 
@@ -57,26 +66,92 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def take(state: RunState) -> Snapshot:
-    body = zlib.compress(_encoder.encode(state), 1)
+#: Items (messages, completed calls) per segment.
+SEGMENT = 256
+
+Completed = list[tuple[str, CompletedCall]]
+Attempts = list[tuple[str, int]]
+
+
+class _Form(msgspec.Struct, array_like=True):
+    """A snapshot body: the state without the parts that grow with the run, and each of
+    those as the digests of its full segments plus the items after them. (An array:
+    its msgpack starts 0x97, a whole state's a map, so the two are told apart.)"""
+
+    head: RunState
+    messages: list[str]
+    messages_after: list[Message]
+    completed: list[str]
+    completed_after: Completed
+    attempts: list[str]
+    attempts_after: Attempts
+
+
+_FORM = b"\x97"  # msgpack: an array of 7
+_form_decoder = msgspec.msgpack.Decoder(_Form)
+_messages_decoder = msgspec.msgpack.Decoder(list[Message])
+_completed_decoder = msgspec.msgpack.Decoder(Completed)
+_attempts_decoder = msgspec.msgpack.Decoder(Attempts)
+
+
+def _split(items: list[Any], size: int | None, stored: Set[str],
+           new: dict[str, bytes]) -> tuple[list[str], list[Any]]:
+    """The digests of ``items``' full segments of ``size`` and the items after them;
+    each segment the store does not hold (not in ``stored``) goes into ``new``."""
+    if size is None:
+        return [], items
+    digests = []
+    full = len(items) // size * size
+    for start in range(0, full, size):
+        raw = _encoder.encode(items[start:start + size])
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest not in stored and digest not in new:
+            new[digest] = zlib.compress(raw, 1)
+        digests.append(digest)
+    return digests, items[full:]
+
+
+def _take(state: RunState, size: int | None,
+          stored: Set[str] = frozenset()) -> tuple[Snapshot, dict[str, bytes]]:
+    new: dict[str, bytes] = {}
+    messages, messages_after = _split(state.messages, size, stored, new)
+    completed, completed_after = _split(list(state.completed.items()), size, stored, new)
+    attempts, attempts_after = _split(list(state.attempts.items()), size, stored, new)
+    head = msgspec.structs.replace(state, messages=[], completed={}, attempts={})
+    body = zlib.compress(_encoder.encode(_Form(
+        head, messages, messages_after, completed, completed_after, attempts,
+        attempts_after)), 1)
     return Snapshot(
         run_id=state.run_id, seq=state.last_seq, schema_version=SCHEMA_VERSION,
         fold_version=FOLD_VERSION, digest=hashlib.sha256(body).hexdigest(), body=body,
         created_at=now(),
-    )
+    ), new
 
 
-def write_snapshot(store: Store, state: RunState, *, keep: int = 2) -> Snapshot | None:
+def take(state: RunState) -> Snapshot:
+    """A snapshot of ``state`` that names no segment: all of it in its body."""
+    return _take(state, None)[0]
+
+
+def write_snapshot(store: Store, state: RunState, *, keep: int = 2,
+                   stored: set[str] | None = None) -> Snapshot | None:
     """Publish a snapshot of ``state``; None if this fold version is quarantined.
 
-    A snapshot is only a cache: failing to write one is logged, never fatal.
+    ``stored``: digests of segments known to be in the store (a writer's own, kept
+    across its snapshots and updated here); the others are written first. A snapshot
+    is only a cache: failing to write one is logged, never fatal.
     """
     started = time.perf_counter()
+    known = set() if stored is None else stored
     try:
         if FOLD_VERSION in store.quarantined():
             return None
-        snapshot = take(state)
+        snapshot, new = _take(state, SEGMENT, known)
+        if new:
+            store.put_segments(state.run_id, new)
+        known.update(new)
         store.put_snapshot(snapshot, keep=keep)
+        collect_segments(store, state.run_id, known)
     except (JournalError, OSError) as exc:
         log.warning("snapshot of run %s at seq %d not written: %s",
                     state.run_id, state.last_seq, exc)
@@ -84,6 +159,22 @@ def write_snapshot(store: Store, state: RunState, *, keep: int = 2) -> Snapshot 
     METRICS.time("snapshot_write_ms", (time.perf_counter() - started) * 1000,
                  schema_version=SCHEMA_VERSION)
     return snapshot
+
+
+def collect_segments(store: Store, run_id: str, known: set[str] | None = None) -> int:
+    """Delete the run's segments that none of its snapshots names; how many went. Not
+    while a snapshot's body cannot be read (what it names is then unknown)."""
+    named: set[str] = set()
+    for snapshot in store.snapshots(run_id):
+        try:
+            form = _form_of(snapshot.body)
+        except (msgspec.DecodeError, msgspec.ValidationError, zlib.error):
+            return 0
+        if form is not None:
+            named.update(form.messages, form.completed, form.attempts)
+    if known is not None:
+        known.intersection_update(named)
+    return store.prune_segments(run_id, named)
 
 
 def refusal(snapshot: Snapshot, quarantined: dict[int, str]) -> str | None:
@@ -98,18 +189,67 @@ def refusal(snapshot: Snapshot, quarantined: dict[int, str]) -> str | None:
     return None
 
 
-def state_of(body: bytes) -> RunState:
-    """The state a snapshot body holds (msgspec.DecodeError, zlib.error if none)."""
-    return _decoder.decode(zlib.decompress(body) if body[:2] == _ZLIB else body)
+def _form_of(body: bytes) -> _Form | None:
+    """The segmented form of a body; None for a whole state (an older release's)."""
+    raw = zlib.decompress(body) if body[:2] == _ZLIB else body
+    return _form_decoder.decode(raw) if raw[:1] == _FORM else None
 
 
-def _decode(snapshot: Snapshot) -> RunState | None:
+def named_segments(body: bytes) -> list[str]:
+    """The digests of the segments a snapshot body names."""
+    form = _form_of(body)
+    return [] if form is None else [*form.messages, *form.completed, *form.attempts]
+
+
+def state_of(body: bytes, segments: Mapping[str, bytes] | None = None) -> RunState:
+    """The state a snapshot body holds, with the ``segments`` it names (by digest).
+    Raises msgspec.DecodeError or zlib.error if it holds none, and SegmentError if a
+    segment is missing or not the one named."""
+    raw = zlib.decompress(body) if body[:2] == _ZLIB else body
+    if raw[:1] != _FORM:
+        return _decoder.decode(raw)  # a whole state, as releases before segments wrote
+    form = _form_decoder.decode(raw)
+    parts = segments or {}
+    state = form.head
+    state.messages = [m for d in form.messages
+                      for m in _messages_decoder.decode(_segment(parts, d))]
+    state.messages += form.messages_after
+    state.completed = dict(p for d in form.completed
+                           for p in _completed_decoder.decode(_segment(parts, d)))
+    state.completed.update(form.completed_after)
+    state.attempts = dict(p for d in form.attempts
+                          for p in _attempts_decoder.decode(_segment(parts, d)))
+    state.attempts.update(form.attempts_after)
+    return state
+
+
+class SegmentError(ValueError):
+    """A segment a snapshot names is missing, or is not the one it names."""
+
+
+def _segment(parts: Mapping[str, bytes], digest: str) -> bytes:
+    body = parts.get(digest)
+    if body is None:
+        raise SegmentError(f"segment {digest[:12]} is missing")
+    raw = zlib.decompress(body)
+    if hashlib.sha256(raw).hexdigest() != digest:
+        raise SegmentError(f"segment {digest[:12]} does not match its digest")
+    return raw
+
+
+def _decode(store: Store, snapshot: Snapshot) -> tuple[RunState | None, str]:
+    """The state ``snapshot`` holds, with its segments; else None and why."""
     try:
-        state = state_of(snapshot.body)
+        names = named_segments(snapshot.body)
+        state = state_of(snapshot.body, store.segments(snapshot.run_id, names) if names
+                         else None)
     except (msgspec.DecodeError, msgspec.ValidationError, zlib.error):
-        return None
-    ok = state.last_seq == snapshot.seq and state.run_id == snapshot.run_id
-    return state if ok else None
+        return None, "body does not decode to the state at its seq"
+    except SegmentError as exc:
+        return None, str(exc)
+    if state.last_seq != snapshot.seq or state.run_id != snapshot.run_id:
+        return None, "body does not decode to the state at its seq"
+    return state, ""
 
 
 class Loaded(msgspec.Struct, frozen=True):
@@ -117,6 +257,8 @@ class Loaded(msgspec.Struct, frozen=True):
     snapshot_seq: int  # 0 when the whole log was replayed
     replayed: int
     misses: list[str]
+    #: Segments the loaded snapshot named (so known to be stored and sound).
+    segments: frozenset[str] = frozenset()
 
 
 def load_state(store: Store, run_id: str, *, use_snapshots: bool = True) -> Loaded:
@@ -133,16 +275,15 @@ def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
             quarantined = store.quarantined()
         started = time.perf_counter()
         reason = refusal(snapshot, quarantined)
-        state = None if reason else _decode(snapshot)
-        if state is None:
-            reason = reason or "body does not decode to the state at its seq"
+        state, reason = (None, reason) if reason else _decode(store, snapshot)
         METRICS.time("snapshot_load_ms", (time.perf_counter() - started) * 1000,
                      schema_version=snapshot.schema_version)
         if state is not None:
             tail = _fold_tail(store, run_id, state)
             if tail is not None:
                 METRICS.gauge("snapshot_seq_gap", tail, schema_version=SCHEMA_VERSION)
-                return Loaded(state, snapshot.seq, tail, misses)
+                return Loaded(state, snapshot.seq, tail, misses,
+                              frozenset(named_segments(snapshot.body)))
             reason = "the log does not continue right after it"
         misses.append(f"snapshot at seq {snapshot.seq}: {reason}")
         METRICS.count("snapshot_misses", schema_version=snapshot.schema_version)
@@ -238,7 +379,7 @@ def verify(store: Store, run_id: str) -> VerifyReport:
     final = durable_fields(first)
     quarantined: set[int] = set()
     for snapshot in snapshots:
-        state = _decode(snapshot)
+        state, _ = _decode(store, snapshot)
         if state is None or hashlib.sha256(snapshot.body).hexdigest() != snapshot.digest:
             continue  # unreadable snapshots are misses at load time, not wrong folds
         fields = _differing(durable_fields(state), at_seq.get(snapshot.seq, {}))

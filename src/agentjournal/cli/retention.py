@@ -94,7 +94,9 @@ def gc_cmd(older: timedelta | None, archive_url: str | None, keep_snapshots: int
     took = human_age(report.seconds) if report.seconds >= 1 else f"{report.seconds:.2f}s"
     echo(f"{'dry run: ' if dry_run else ''}examined {report.examined} run(s): {archive} "
          f"{report.archived} ({report.events_archived} events), kept {report.kept}; {prune} "
-         f"{report.snapshots_pruned} snapshot(s); {free} {_size(report.bytes_freed)}"
+         f"{report.snapshots_pruned} snapshot(s)"
+         + (f" and {report.segments_pruned} unnamed segment(s)" if report.segments_pruned
+            else "") + f"; {free} {_size(report.bytes_freed)}"
          + (f"; archive files {_size(report.archive_bytes)}" if report.archive_bytes else "")
          + f"; {took}")
     if report.kept and not dry_run:
