@@ -339,3 +339,19 @@ def test_a_chain_of_segmented_snapshots_plus_tail_equals_full_replay(
         assert as_bytes(loaded.state) == as_bytes(fold(stored))
         store.put_snapshot(tampered(snapshot, digest="0" * 64), keep=len(cuts))  # a miss now
     store.close()
+
+
+@backend_params()
+def test_verify_reads_a_segmented_snapshot_whole_and_catches_it_lying(
+    make_store: MakeStore, small_segments: None
+) -> None:
+    store = make_store()
+    live = a_run(store, steps=30, snapshot_every=12)
+    assert verify(store, "r1").ok
+    lie = fold(list(store.read("r1")))
+    lie.messages[5] = msgspec.structs.replace(lie.messages[5], content="not what was said")
+    assert write_snapshot(store, lie) is not None  # a fold bug, in a sealed segment
+    report = verify(store, "r1")
+    assert not report.ok and report.quarantined == [FOLD_VERSION]
+    assert "messages" in report.mismatches[0].fields
+    assert as_bytes(load_state(store, "r1").state) == as_bytes(live)

@@ -81,7 +81,8 @@ def storage_figures(workdir: Path, steps: Sequence[int], say: Say) -> list[Figur
         small, large = min(by_steps), max(by_steps)
         note = f"B/step, {large:,} / {small:,} steps; target 0.9-1.1x"
         if variant == "sqlite+snapshots":
-            note = f"B/step, {large:,} / {small:,} steps; no target: 2 whole-state snapshots kept"
+            note = (f"B/step, {large:,} / {small:,} steps; target ≤ 1.1x (2 snapshots kept, "
+                    "their segments shared)")
         figures.append(figure(f"storage_growth.{variant}", by_steps[large] / by_steps[small],
                               "x", note=note))
     return figures
