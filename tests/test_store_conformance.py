@@ -437,14 +437,14 @@ class TestSnapshotConformance:
         assert make_store().quarantined() == {7: "again"}
 
     def test_conformance_segments(self, make_store: MakeStore) -> None:
-        """Parts snapshots refer to by digest: stored once (a digest already stored keeps
-        its body), read by digest (a missing one is absent), pruned to those kept, and
-        gone with the run's snapshots."""
+        """Parts snapshots refer to by digest: stored (a digest stored again gets the body
+        given: a damaged one is mended), read by digest (a missing one is absent),
+        pruned to those kept, and gone with the run's snapshots."""
         store = make_store()
         body = bytes(range(256)) * 40
         assert store.segments("r1", [SEG_A]) == {}
-        store.put_segments("r1", {SEG_A: body, SEG_B: b"b"})
-        store.put_segments("r1", {SEG_A: b"another body", SEG_C: b"c"})
+        store.put_segments("r1", {SEG_A: b"damaged", SEG_B: b"b"})
+        store.put_segments("r1", {SEG_A: body, SEG_C: b"c"})
         store.put_segments("other", {SEG_A: b"other's"})
         assert make_store().segments("r1", [SEG_A, SEG_B, SEG_C, SEG_D]) == {
             SEG_A: body, SEG_B: b"b", SEG_C: b"c"}

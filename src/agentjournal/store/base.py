@@ -293,8 +293,8 @@ class Store(Protocol):
 
     def put_segments(self, run_id: str, segments: Mapping[str, bytes]) -> None:
         """Store parts a snapshot refers to by digest (``digest -> body``), durably,
-        before the snapshot that names them is published. A digest already stored keeps
-        the body it has."""
+        before the snapshot that names them is published. A digest already stored gets
+        the body given (so a damaged one is mended by the next snapshot that needs it)."""
         ...
 
     def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:

@@ -961,9 +961,7 @@ class JsonlStore:
                 directory.mkdir()
                 self._sync_dir(run_id)
             for digest, body in segments.items():
-                path = directory / _segment_name(digest)
-                if not path.exists():  # a digest already stored keeps its body
-                    self._publish(path, body, run_id)
+                self._publish(directory / _segment_name(digest), body, run_id)
 
     @_os_errors("read snapshot segments", write=False)
     def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:

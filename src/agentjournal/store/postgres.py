@@ -823,7 +823,7 @@ class PostgresStore:
         with self._write(run_id) as cur:
             cur.executemany(
                 self._q("INSERT INTO {s}.segments (run_id, digest, body) VALUES (%s, %s, %s)"
-                        " ON CONFLICT (run_id, digest) DO NOTHING"),
+                        " ON CONFLICT (run_id, digest) DO UPDATE SET body = EXCLUDED.body"),
                 [(run_id, digest, body) for digest, body in segments.items()])
 
     def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:

@@ -718,7 +718,7 @@ class SQLiteStore:
     def put_segments(self, run_id: str, segments: Mapping[str, bytes]) -> None:
         validate_run_id(run_id)
         with self._tx() as db:
-            db.executemany("INSERT OR IGNORE INTO segments VALUES (?, ?, ?)",
+            db.executemany("INSERT OR REPLACE INTO segments VALUES (?, ?, ?)",
                            [(run_id, digest, body) for digest, body in segments.items()])
 
     def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:
