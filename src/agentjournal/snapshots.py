@@ -153,7 +153,8 @@ def write_snapshot(store: Store, state: RunState, *, keep: int = 2,
         known.update(new)
         store.put_snapshot(snapshot, keep=keep)
         collect_segments(store, state.run_id, known)
-    except (JournalError, OSError) as exc:
+    except (JournalError, OSError, OverflowError, msgspec.EncodeError) as exc:
+        # (OverflowError: JSON holds any integer, msgpack none past 64 bits.)
         log.warning("snapshot of run %s at seq %d not written: %s",
                     state.run_id, state.last_seq, exc)
         return None

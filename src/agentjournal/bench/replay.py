@@ -86,11 +86,13 @@ def replay_figures(events: list[Event], sizes: Sequence[int], reps: int, say: Sa
 
 
 def fill(
-    store: Store, events: list[Event], *, batch: int, snapshot_at: int | None
+    store: Store, events: list[Event], *, batch: int, snapshot_at: int | None,
+    written: list[int] | None = None,
 ) -> Snapshot | None:
     """Append ``events`` ``batch`` at a time, folding as the run grows and writing a
     snapshot whenever the last seq is ``snapshot_at`` modulo the interval, as a run's
-    journal does (each writes the segments the store lacks). Returns the last."""
+    journal does (each writes the segments the store lacks). Returns the last; the
+    bytes each wrote (body and new segments) go in ``written``."""
     state, last, stored = RunState(), None, set[str]()
     with gc_paused():
         for i in range(0, len(events), batch):
@@ -99,7 +101,12 @@ def fill(
             for e in chunk:
                 apply(state, e)
             if snapshot_at is not None and state.last_seq % SNAPSHOT_EVERY == snapshot_at:
-                last = write_snapshot(store, state, stored=stored) or last
+                before = set(stored)
+                snapshot = write_snapshot(store, state, stored=stored)
+                if snapshot is not None and written is not None:
+                    new = store.segments(state.run_id, stored - before)
+                    written.append(len(snapshot.body) + sum(map(len, new.values())))
+                last = snapshot or last
     return last
 
 
@@ -203,24 +210,35 @@ def _backend_recovery(backend: str, url_of: StoreUrl, workdir: Path, events: lis
                       sizes: Sequence[int], reps: int, say: Say) -> list[Figure]:
     figures: list[Figure] = []
     ms: dict[int, float] = {}
+    kb: dict[int, float] = {}
     for n in sizes:
         say(f"recovery: {backend}, {n:,} events (building the log and its snapshots)")
         with url_of(f"recovery-{backend}-{n}") as url:
             store = open_store(url)
-            snap = fill(store, events[:n], batch=RECOVERY_TAIL, snapshot_at=RECOVERY_TAIL)
+            written: list[int] = []
+            snap = fill(store, events[:n], batch=RECOVERY_TAIL, snapshot_at=RECOVERY_TAIL,
+                        written=written)
             store.close()
             if snap is None:
                 raise RuntimeError(f"no snapshot was written for {n} events on {backend}")
             at_n = recovery_at(backend, url, events[:n], snap, reps)
         ms[n] = at_n[0].value or 0.0
-        figures += at_n
+        kb[n] = written[-1] / 1e3
+        figures += [*at_n, figure(
+            f"snapshot_bytes.{backend}.{n}", kb[n], "kB",
+            note=f"what the snapshot at seq {snap.seq:,} wrote: its body and the segments "
+                 "the store lacked (one every 1,000 events)")]
         with url_of(f"snapwrite-{backend}-{n}") as url:
             figures.append(snapshot_write_figure(backend, url, workdir / f"snapwrite-{backend}.raw",
                                                  events[:n], min(reps, 3)))
     small, large = min(ms), max(ms)
-    figures.append(figure(
-        f"recovery_growth.{backend}", ms[large] / ms[small], "x",
-        note=f"with snapshots, {large:,} / {small:,} events; target ≤ 2x"))
+    figures += [
+        figure(f"recovery_growth.{backend}", ms[large] / ms[small], "x",
+               note=f"with snapshots, {large:,} / {small:,} events; target ≤ 2x"),
+        figure(f"snapshot_bytes_growth.{backend}", kb[large] / kb[small], "x",
+               note=f"bytes a snapshot writes, {large:,} / {small:,} events: what changed, "
+                    "not the run"),
+    ]
     return figures
 
 
@@ -230,7 +248,9 @@ def _skipped_recovery(backend: str, sizes: Sequence[int], reason: str) -> list[F
         f"recovery.{backend}.snapshots.{n}", f"recovery.{backend}.full.{n}",
         f"snapshot_write.{backend}.{n}")]
     return [*(figure(name, None, "ms", note=note) for name in names),
-            figure(f"recovery_growth.{backend}", None, "x", note=note)]
+            *(figure(f"snapshot_bytes.{backend}.{n}", None, "kB", note=note) for n in sizes),
+            figure(f"recovery_growth.{backend}", None, "x", note=note),
+            figure(f"snapshot_bytes_growth.{backend}", None, "x", note=note)]
 
 
 def _local_url(workdir: Path, backend: str, name: str) -> AbstractContextManager[str]:
