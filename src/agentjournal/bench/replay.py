@@ -87,12 +87,13 @@ def replay_figures(events: list[Event], sizes: Sequence[int], reps: int, say: Sa
 
 def fill(
     store: Store, events: list[Event], *, batch: int, snapshot_at: int | None,
-    written: list[int] | None = None,
+    written: list[float] | None = None,
 ) -> Snapshot | None:
     """Append ``events`` ``batch`` at a time, folding as the run grows and writing a
     snapshot whenever the last seq is ``snapshot_at`` modulo the interval, as a run's
-    journal does (each writes the segments the store lacks). Returns the last; the
-    bytes each wrote (body and new segments) go in ``written``."""
+    journal does (each writes the segments the store lacks). Returns the last; what
+    each wrote (body and new segments) per event since the one before goes in
+    ``written``."""
     state, last, stored = RunState(), None, set[str]()
     with gc_paused():
         for i in range(0, len(events), batch):
@@ -105,7 +106,8 @@ def fill(
                 snapshot = write_snapshot(store, state, stored=stored)
                 if snapshot is not None and written is not None:
                     new = store.segments(state.run_id, stored - before)
-                    written.append(len(snapshot.body) + sum(map(len, new.values())))
+                    since = state.last_seq - (last.seq if last else 0)
+                    written.append((len(snapshot.body) + sum(map(len, new.values()))) / since)
                 last = snapshot or last
     return last
 
@@ -210,12 +212,12 @@ def _backend_recovery(backend: str, url_of: StoreUrl, workdir: Path, events: lis
                       sizes: Sequence[int], reps: int, say: Say) -> list[Figure]:
     figures: list[Figure] = []
     ms: dict[int, float] = {}
-    kb: dict[int, float] = {}
+    per_event: dict[int, float] = {}
     for n in sizes:
         say(f"recovery: {backend}, {n:,} events (building the log and its snapshots)")
         with url_of(f"recovery-{backend}-{n}") as url:
             store = open_store(url)
-            written: list[int] = []
+            written: list[float] = []
             snap = fill(store, events[:n], batch=RECOVERY_TAIL, snapshot_at=RECOVERY_TAIL,
                         written=written)
             store.close()
@@ -223,11 +225,11 @@ def _backend_recovery(backend: str, url_of: StoreUrl, workdir: Path, events: lis
                 raise RuntimeError(f"no snapshot was written for {n} events on {backend}")
             at_n = recovery_at(backend, url, events[:n], snap, reps)
         ms[n] = at_n[0].value or 0.0
-        kb[n] = written[-1] / 1e3
+        per_event[n] = written[-1]
         figures += [*at_n, figure(
-            f"snapshot_bytes.{backend}.{n}", kb[n], "kB",
-            note=f"what the snapshot at seq {snap.seq:,} wrote: its body and the segments "
-                 "the store lacked (one every 1,000 events)")]
+            f"snapshot_bytes.{backend}.{n}", per_event[n], "B/event",
+            note=f"what the snapshot at seq {snap.seq:,} wrote (its body and the segments "
+                 "the store lacked) per event since the one before")]
         with url_of(f"snapwrite-{backend}-{n}") as url:
             figures.append(snapshot_write_figure(backend, url, workdir / f"snapwrite-{backend}.raw",
                                                  events[:n], min(reps, 3)))
@@ -235,9 +237,9 @@ def _backend_recovery(backend: str, url_of: StoreUrl, workdir: Path, events: lis
     figures += [
         figure(f"recovery_growth.{backend}", ms[large] / ms[small], "x",
                note=f"with snapshots, {large:,} / {small:,} events; target ≤ 2x"),
-        figure(f"snapshot_bytes_growth.{backend}", kb[large] / kb[small], "x",
-               note=f"bytes a snapshot writes, {large:,} / {small:,} events: what changed, "
-                    "not the run"),
+        figure(f"snapshot_bytes_growth.{backend}", per_event[large] / per_event[small], "x",
+               note=f"a snapshot's bytes per event since the one before, {large:,} / "
+                    f"{small:,} events: what changed, not the run"),
     ]
     return figures
 
@@ -248,7 +250,8 @@ def _skipped_recovery(backend: str, sizes: Sequence[int], reason: str) -> list[F
         f"recovery.{backend}.snapshots.{n}", f"recovery.{backend}.full.{n}",
         f"snapshot_write.{backend}.{n}")]
     return [*(figure(name, None, "ms", note=note) for name in names),
-            *(figure(f"snapshot_bytes.{backend}.{n}", None, "kB", note=note) for n in sizes),
+            *(figure(f"snapshot_bytes.{backend}.{n}", None, "B/event", note=note)
+              for n in sizes),
             figure(f"recovery_growth.{backend}", None, "x", note=note),
             figure(f"snapshot_bytes_growth.{backend}", None, "x", note=note)]
 
