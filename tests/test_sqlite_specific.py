@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from agentjournal import SCHEMA_VERSION, EventType, LeaseHeldError, make_events
-from agentjournal.errors import ConflictError, DurabilityError
+from agentjournal.errors import ConflictError, DurabilityError, FencedError
 from agentjournal.store import sqlite as sqlite_module
 from agentjournal.store.base import host_clock
 from agentjournal.store.sqlite import SQLiteStore
@@ -233,10 +233,10 @@ def test_concurrent_appends_share_commits_and_each_stands_alone(
     commits = 0
     real_sync = store._sync
 
-    def counted() -> None:
+    def counted(*statement: Any) -> int:
         nonlocal commits
         commits += 1
-        real_sync()
+        return real_sync(*statement)
 
     monkeypatch.setattr(store, "_sync", counted)
     refused: list[str] = []
@@ -271,13 +271,13 @@ def test_a_failed_commit_fails_every_append_it_held(
     real_sync = store._sync
     calls = 0
 
-    def slow_then_broken() -> None:
+    def slow_then_broken(*statement: Any) -> int:
         nonlocal calls
         calls += 1
         if calls == 1:  # hold the first commit while the others queue behind it
             entered.set()
             gate.wait(5)
-            return real_sync()
+            return real_sync(*statement)
         raise OSError("disk I/O error")
 
     monkeypatch.setattr(store, "_sync", slow_then_broken)
@@ -393,3 +393,33 @@ def test_a_power_cut_keeps_every_acknowledged_append(tmp_path: Path, durability:
         assert not lost, lost
     else:
         assert lost, "syncing off lost nothing: the simulation would not see a missing sync"
+
+
+def test_a_warm_lone_append_is_one_statement_and_a_stale_one_is_refused_as_ever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-event append to a run this handle last saw the end of is one statement, its
+    own transaction. When the run moved on elsewhere (another handle appended, or took
+    the lease), that statement inserts nothing and the append is refused as before."""
+    store, other = SQLiteStore(tmp_path / "j.db"), SQLiteStore(tmp_path / "j.db")
+    statements: list[str] = []
+    real_sync = store._sync
+
+    def seen(statement: str = "COMMIT", params: Any = None) -> int:
+        statements.append(statement.split()[0])
+        return real_sync(statement, params)
+
+    monkeypatch.setattr(store, "_sync", seen)
+    store.append("r", _one("r", 0), expected_seq=0, epoch=0)
+    assert store.append("r", _one("r", 1), expected_seq=1, epoch=0) == 2
+    assert statements == ["COMMIT", "INSERT"]  # the first in a transaction, then alone
+    other.append("r", _one("r", 2), expected_seq=2, epoch=0)
+    with pytest.raises(ConflictError):
+        store.append("r", _one("r", 2), expected_seq=2, epoch=0)
+    lease = other.acquire("r", "w2", 60)
+    with pytest.raises(FencedError):
+        store.append("r", _one("r", 3), expected_seq=3, epoch=0)
+    assert store.append("r", _one("r", 3, lease.epoch), expected_seq=3, epoch=lease.epoch) == 4
+    assert [e.seq for e in SQLiteStore(tmp_path / "j.db").read("r")] == [1, 2, 3, 4]
+    store.close()
+    other.close()

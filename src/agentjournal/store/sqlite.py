@@ -230,6 +230,18 @@ def sqlite3_path(path: Path) -> str:
     return quote(str(path.absolute()), safe="/")
 
 
+_DIGESTS = 4096  # runs whose last digest a handle remembers (for _append_alone)
+
+# A warm one-event append, its own transaction (see SQLiteStore._append_alone). A sealed
+# record starts {"digest":"<32 hex>": bytes 12 to 43 are its digest (events.seal).
+_ALONE = (
+    "INSERT INTO events SELECT :run, :seq, :type, :ts, :body"
+    " WHERE (SELECT max(seq) FROM events WHERE run_id = :run) = :expected"
+    " AND (SELECT substr(body, 12, 32) FROM events WHERE run_id = :run AND seq = :expected)"
+    " = :prev AND (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = :run) = :epoch"
+)
+
+
 class _AllRefused(Exception):
     """Every append of a group was refused: its transaction rolls back."""
 
@@ -300,6 +312,7 @@ class SQLiteStore:
         self._waiting: list[_Append] = []
         self._group = threading.Lock()  # guards _waiting and _leading
         self._leading = False  # a thread is committing a group; the next one waits
+        self._digests: dict[str, str] = {}  # each run's last digest, as this handle saw it
         where = str(self.path.absolute())
         if self.path.is_dir():
             raise StoreUrlError(where, "the path is a directory, not a database file")
@@ -485,9 +498,10 @@ class SQLiteStore:
                     self._db.execute("ROLLBACK")
                 raise DurabilityError(self._broken) from exc
 
-    def _sync(self) -> None:
-        """The durability point (a fault-injection seam for tests)."""
-        self._db.execute("COMMIT")
+    def _sync(self, statement: str = "COMMIT", params: Mapping[str, Any] | None = None) -> int:
+        """The durability point (a fault-injection seam for tests): a transaction's
+        COMMIT, or a statement that is its own transaction. Its row count."""
+        return self._db.execute(statement, params or {}).rowcount
 
     # --- the log ---------------------------------------------------------------
 
@@ -531,25 +545,67 @@ class SQLiteStore:
 
     def _commit_group(self, group: list[_Append]) -> None:
         """Commit ``group`` in one transaction; each append ends done, or with its error
-        (all of them with the commit's error: then nothing of the group was committed)."""
+        (all of them with the commit's error: then nothing of the group was committed).
+        A lone warm one-event append tries one statement first (see _append_alone)."""
         try:
+            if len(group) == 1 and self._append_alone(group[0]):
+                return
             with self._tx() as db:
-                if not self._insert(db, group):
+                if not (ends := self._insert(db, group)):
                     raise _AllRefused  # nothing to commit: roll back, no sync
+            if len(self._digests) > _DIGESTS:  # a hint, not a record: start again
+                self._digests.clear()
+            self._digests.update(ends)
         except _AllRefused:
             pass
         except BaseException as exc:
             for one in group:
                 one.error = exc
+                self._digests.pop(one.run_id, None)
         finally:
             for one in group:
                 one.done = True
 
+    def _append_alone(self, one: _Append) -> bool:
+        """A warm one-event append as one statement that is its own transaction: it
+        inserts only if the run still ends at the expected seq, with the digest this
+        handle saw it end with, under the same lease epoch. False if it could not be
+        tried or inserted nothing (which changed nothing): the transaction's way then
+        appends or says why not. An error other than a busy database leaves the outcome
+        unknown, as a failed COMMIT does, and breaks the handle."""
+        prev = self._digests.get(one.run_id)
+        if prev is None or len(one.events) != 1 or one.expected_seq == 0:
+            return False
+        (event,) = one.events
+        (body,), digest = seal(one.events, prev)
+        self._writable("write")
+        with self._lock:
+            if self._broken:
+                raise DurabilityError(self._broken)
+            try:
+                inserted = self._sync(_ALONE, {
+                    "run": one.run_id, "seq": event.seq, "type": event.type.value,
+                    "ts": event.ts.isoformat(), "body": body, "expected": one.expected_seq,
+                    "prev": prev.encode("ascii"), "epoch": one.epoch})
+            except sqlite3.OperationalError as exc:
+                code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+                if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise self._translated(exc, "write") from exc  # it never started
+                self._broken = f"commit failed: {exc}"
+                raise DurabilityError(self._broken) from exc
+            except Exception as exc:
+                self._broken = f"commit failed: {exc}"
+                raise DurabilityError(self._broken) from exc
+        if inserted:
+            self._digests[one.run_id] = digest
+        return inserted == 1
+
     @staticmethod
-    def _insert(db: sqlite3.Connection, group: list[_Append]) -> bool:
+    def _insert(db: sqlite3.Connection, group: list[_Append]) -> dict[str, str]:
         """Check each append against its run's end (under the write lock, so nothing
         moves it but this group), then insert every accepted row in one statement. A
-        refused append gets its error and takes no other down. False: all refused."""
+        refused append gets its error and takes no other down. Returns the last digest
+        of each run of the group (empty: all refused, nothing written)."""
         ends = _ends(db, list({one.run_id: None for one in group}))
         rows = []
         for one in group:
@@ -572,7 +628,7 @@ class SQLiteStore:
             if (scope := scope_started(events)) is not None:
                 db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
         db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
-        return bool(rows)
+        return {run_id: end[1] for run_id, end in ends.items()} if rows else {}
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
