@@ -463,19 +463,25 @@ class JsonlStore:
 
     def _publish(self, path: Path, data: bytes, run_id: str | None) -> None:
         """Write-fsync-rename-fsync(dir): readers see the old file or the new, never half."""
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            _write_all(fd, data)
-            self._durable(fd, run_id)
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(tmp)
-            raise
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        self._sync_dir(run_id, path.parent)
+        self._publish_all({path: data}, run_id)
+
+    def _publish_all(self, files: Mapping[Path, bytes], run_id: str | None) -> None:
+        """``_publish`` for files of one directory, its sync shared by all of them."""
+        for path, data in files.items():
+            tmp = path.with_name(path.name + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, data)
+                self._durable(fd, run_id)
+            except BaseException:
+                with suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        if files:
+            self._sync_dir(run_id, next(iter(files)).parent)
 
     # --- scanning --------------------------------------------------------------
 
@@ -960,8 +966,8 @@ class JsonlStore:
             if not directory.is_dir():
                 directory.mkdir()
                 self._sync_dir(run_id)
-            for digest, body in segments.items():
-                self._publish(directory / _segment_name(digest), body, run_id)
+            self._publish_all({directory / _segment_name(digest): body
+                               for digest, body in segments.items()}, run_id)
 
     @_os_errors("read snapshot segments", write=False)
     def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:
