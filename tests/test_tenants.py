@@ -341,3 +341,19 @@ def test_a_revoked_tenant_can_no_longer_open_the_store(shared: Shared) -> None:
         open_store(shared.urls[1]).close()
     tenants = {t.role: t.granted for t in list_tenants(shared.admin)}
     assert tenants == {shared.roles[0]: True}
+
+
+def test_a_tenant_granted_before_segments_writes_them_after_the_upgrade(
+        shared: Shared) -> None:
+    """Migration 8 adds the segments table and grants it to every role that writes
+    snapshots, so a tenant granted by an older release keeps its snapshots."""
+    s, role = f'"{shared.schema}"', shared.roles[0]
+    _sql(f"DROP TABLE {s}.segments")  # the schema as the release before left it
+    _sql(f"DELETE FROM {s}.schema_version WHERE version = 8")
+    open_store(shared.admin).close()  # the admin opens it: migrated
+    with open_store(shared.urls[0]) as tenant:
+        events = make_events("a-run", 0, 0, _facts("hello"))
+        tenant.append("a-run", events, expected_seq=0, epoch=0)
+        tenant.put_segments("a-run", {SEG: b"part"})
+        assert tenant.segments("a-run", [SEG]) == {SEG: b"part"}
+    assert _sql(f"SELECT tenant FROM {s}.segments") == [(role,)]

@@ -237,6 +237,14 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     CREATE POLICY tenant ON {s}.segments USING (tenant = current_user)
         WITH CHECK (tenant = current_user
                     AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.run_id = segments.run_id));
+    -- Roles that write snapshots (tenants granted before this table) write segments too.
+    DO $$ DECLARE r record; BEGIN
+        FOR r IN SELECT rolname FROM pg_roles WHERE rolname <> current_user AND NOT rolsuper
+                 AND has_table_privilege(oid, '{s}.snapshots', 'INSERT') LOOP
+            EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.segments TO %I',
+                           r.rolname);
+        END LOOP;
+    END $$;
     """,
 )
 
