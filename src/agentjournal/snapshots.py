@@ -165,7 +165,9 @@ def write_snapshot(store: Store, state: RunState, *, keep: int = 2,
 
 def collect_segments(store: Store, run_id: str, known: set[str] | None = None) -> int:
     """Delete the run's segments that none of its snapshots names; how many went. Not
-    while a snapshot's body cannot be read (what it names is then unknown)."""
+    while a snapshot's body cannot be read (what it names is then unknown). With
+    ``known`` (a writer's own, see write_snapshot), only when one of those is no
+    longer named: others' leftovers are gc's to collect."""
     named: set[str] = set()
     for snapshot in store.snapshots(run_id):
         try:
@@ -175,7 +177,10 @@ def collect_segments(store: Store, run_id: str, known: set[str] | None = None) -
         if form is not None:
             named.update(form.messages, form.completed, form.attempts)
     if known is not None:
+        unnamed = not known <= named
         known.intersection_update(named)
+        if not unnamed:
+            return 0
     return store.prune_segments(run_id, named)
 
 
