@@ -25,8 +25,10 @@ from agentjournal import (
     snapshots,
     tool,
 )
+from agentjournal.events import make_events
 from agentjournal.metrics import METRICS
 from agentjournal.snapshots import (
+    Segments,
     collect_segments,
     load_state,
     named_segments,
@@ -35,7 +37,7 @@ from agentjournal.snapshots import (
     verify,
     write_snapshot,
 )
-from agentjournal.state import FOLD_VERSION, durable_fields
+from agentjournal.state import FOLD_VERSION, apply, durable_fields
 from agentjournal.store import Store
 from agentjournal.store.base import Snapshot
 
@@ -259,7 +261,7 @@ def test_a_snapshot_writes_only_the_segments_the_store_lacks(
     assert set(store.segments("r1", written)) == names(newest) | names(older)
     assert len(newest.body) < 2000  # the body holds digests and a few items, not the run
     loaded = load_state(make_store(), "r1")
-    assert loaded.snapshot_seq == newest.seq and loaded.segments == names(newest)
+    assert loaded.snapshot_seq == newest.seq and loaded.segments.digests() == names(newest)
     assert as_bytes(loaded.state) == as_bytes(live)
 
 
@@ -282,7 +284,7 @@ def test_a_damaged_segment_is_a_miss_and_the_run_resumes_as_a_full_replay_does(
         assert as_bytes(loaded.state) == as_bytes(live)
     # The next snapshot writes the damaged segments again (the last load named none of
     # them as sound), and the run loads from it.
-    assert write_snapshot(store, live, stored=set(loaded.segments)) is not None
+    assert write_snapshot(store, live, segments=loaded.segments) is not None
     again = load_state(make_store(), "r1")
     assert again.snapshot_seq == live.last_seq and not again.misses
     assert as_bytes(again.state) == as_bytes(live)
@@ -320,22 +322,25 @@ def take_segmented(state: RunState) -> Snapshot:
 def test_a_chain_of_segmented_snapshots_plus_tail_equals_full_replay(
     tmp_path_factory: pytest.TempPathFactory, log: list[Any], data: st.DataObject
 ) -> None:
-    """Random logs, snapshots at random points written as a journal writes them (each
-    only the segments the store lacks), segments of 2: the newest plus its tail, and
+    """Random logs, folded into one state as a journal folds them, with snapshots at
+    random points written as it writes them (what its segments held, by identity, is
+    neither encoded nor written again), segments of 2: the newest plus its tail, and
     each older one plus its tail, equal the full replay on every durable field."""
     from agentjournal import open_store
 
     store = open_store(f"sqlite:///{tmp_path_factory.mktemp('h') / 'j.db'}")
     store.append("run-1", log, expected_seq=0, epoch=0)
     stored = list(store.read("run-1"))
-    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(stored)), min_size=1,
-                                         max_size=4))))
-    known: set[str] = set()
+    cuts = set(data.draw(st.lists(st.integers(1, len(stored)), min_size=1, max_size=4)))
+    state, segments, written = RunState(), Segments(), []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(snapshots, "SEGMENT", 2)
-        # (A state holding an integer msgpack cannot hold is not snapshotted.)
-        written = [cut for cut in cuts
-                   if write_snapshot(store, fold(stored[:cut]), keep=len(cuts), stored=known)]
+        for event in stored:
+            apply(state, event)
+            # (A state holding an integer msgpack cannot hold is not snapshotted.)
+            if event.seq in cuts and write_snapshot(store, state, keep=len(cuts),
+                                                     segments=segments):
+                written.append(event.seq)
     full = durable_fields(fold(stored))
     newest_first = store.snapshots("run-1")
     assert [s.seq for s in newest_first] == written[::-1]
@@ -385,3 +390,39 @@ def test_a_state_msgpack_cannot_hold_is_not_snapshotted_and_the_run_goes_on(
     loaded = load_state(make_store(), "r1")
     assert loaded.snapshot_seq < first_big
     assert as_bytes(loaded.state) == as_bytes(result.state)
+
+
+@backend_params()
+def test_a_re_read_result_in_a_written_segment_is_written_again(
+    make_store: MakeStore, small_segments: None
+) -> None:
+    """A writer knows its segments by the objects they held: a fact that changes one
+    already written (a re-read result supersedes the old one in the context and in the
+    completed calls) must give a new segment, not the old one named again."""
+    store = make_store()
+    facts: list[tuple[EventType, dict[str, Any]]] = [(E.RUN_STARTED, {"task": "t"})]
+    for n in range(4):  # four completed calls: a full segment of them, c0's among them
+        args = {"account": f"a{n}"}
+        facts += [
+            (E.MODEL_TURN, {"text": "", "tool_calls": [{"id": f"c{n}", "name": "balance",
+                                                        "args": args}]}),
+            (E.TOOL_CALL_STARTED, {"key": f"k{n}", "tool": "balance", "args": args,
+                                   "call_id": f"c{n}", "effect": "read_only", "attempt": 1}),
+            (E.TOOL_CALL_COMPLETED, {"started_seq": 3 + 3 * n, "call_id": f"c{n}",
+                                     "tool": "balance", "idempotency_key": f"k{n}",
+                                     "result": {"b": 100}, "fresh_for": 0.3})]
+    facts += [(E.USER_MESSAGE, {"content": f"m{i}"}) for i in range(4)]
+    facts.append((E.OBSERVATIONS_CHECKED, {"items": [{
+        "call_id": "c0", "tool": "balance", "args": {"account": "a0"}, "observed_seq": 4,
+        "age_s": 1.0, "verdict": "changed", "result": {"b": 80}}]}))
+    events = make_events("r1", 0, 0, facts)
+    store.append("r1", events, expected_seq=0, epoch=0)
+    state, segments = RunState(), Segments()
+    for event in events:
+        apply(state, event)
+        if event.seq in (len(events) - 1, len(events)):  # before the re-read, and after
+            assert write_snapshot(store, state, segments=segments) is not None
+    loaded = load_state(make_store(), "r1")
+    assert loaded.snapshot_seq == len(events)
+    assert as_bytes(loaded.state) == as_bytes(fold(events))
+    assert loaded.state.completed["k0"].result == {"b": 80}

@@ -27,7 +27,7 @@ import msgspec
 from .errors import JournalError, LeaseExpiredError, LeaseHeldError
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
-from .snapshots import load_state, write_snapshot
+from .snapshots import Segments, load_state, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 from .store.base import boot_seconds, missing_run
@@ -97,7 +97,7 @@ class RunJournal:
         ttl: float = 30.0,
         leased_at: float | None = None,
         redaction: Redaction | None = None,
-        segments: frozenset[str] = frozenset(),
+        segments: Segments | None = None,
     ) -> None:
         self.store, self.lease, self.state = store, lease, state
         # Every fact passes record_all: redacting there keeps secrets off every copy.
@@ -110,8 +110,8 @@ class RunJournal:
         self.snapshot_every = snapshot_every
         self.ttl = ttl
         self._snapshot_seq = state.last_seq
-        # Segments of this run's snapshots known to be stored: each is written once.
-        self._segments = set(segments)
+        # The run's stored snapshot segments this writer knows: each is written once.
+        self._segments = Segments() if segments is None else segments
         self._staged: list[Event] = []  # folded, not yet stored (see stage)
         self._stop = threading.Event()
         self._writing = threading.RLock()
@@ -164,7 +164,7 @@ class RunJournal:
                 self._observe(event)
             if self.snapshot_every and (
                     self.state.last_seq - self._snapshot_seq >= self.snapshot_every):
-                write_snapshot(self.store, self.state, stored=self._segments)
+                write_snapshot(self.store, self.state, segments=self._segments)
                 self._snapshot_seq = self.state.last_seq
         return events
 

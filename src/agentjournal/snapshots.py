@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import operator
 import time
 import zlib
 from collections.abc import Iterator, Mapping, Set
@@ -95,29 +96,80 @@ _completed_decoder = msgspec.msgpack.Decoder(Completed)
 _attempts_decoder = msgspec.msgpack.Decoder(Attempts)
 
 
-def _split(items: list[Any], size: int | None, stored: Set[str],
-           new: dict[str, bytes]) -> tuple[list[str], list[Any]]:
-    """The digests of ``items``' full segments of ``size`` and the items after them;
-    each segment the store does not hold (not in ``stored``) goes into ``new``."""
+class Segments:
+    """A writer's memory of the segments it stored or loaded: for each part and index,
+    the objects the segment held and its digest. A segment whose objects are the very
+    same is neither encoded, nor hashed, nor written again, so a snapshot costs what
+    changed. (The fold replaces a message or a completed call, never changes one in
+    place, so the same objects hold the same content.)"""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, int], tuple[list[Any], str]] = {}
+
+    def digest(self, part: str, index: int, objects: list[Any]) -> str | None:
+        hit = self._known.get((part, index))
+        if hit is None or len(hit[0]) != len(objects):
+            return None
+        return hit[1] if all(map(operator.is_, hit[0], objects)) else None
+
+    def remember(self, part: str, index: int, objects: list[Any], digest: str) -> None:
+        self._known[(part, index)] = (objects, digest)
+
+    def digests(self) -> set[str]:
+        return {digest for _, digest in self._known.values()}
+
+    def keep(self, named: Set[str]) -> bool:
+        """Forget the segments not in ``named``; whether any was."""
+        gone = [k for k, (_, digest) in self._known.items() if digest not in named]
+        for key in gone:
+            del self._known[key]
+        return bool(gone)
+
+
+def _objects(items: list[Any]) -> list[Any]:
+    """What a segment is known by: its items, or for a mapping's pairs, their keys and
+    values (a pair is a new tuple each time; its key and value are not)."""
+    if items and isinstance(items[0], tuple):
+        return [o for pair in items for o in pair]
+    return items
+
+
+def _split(part: str, items: list[Any], size: int | None, segments: Segments,
+           new: dict[str, bytes], seen: list[tuple[str, int, list[Any], str]]
+           ) -> tuple[list[str], list[Any]]:
+    """The digests of ``items``' full segments of ``size`` and the items after them.
+    A segment ``segments`` does not know is encoded and hashed (into ``seen``, to be
+    remembered once stored), and written (into ``new``) unless its digest is known."""
     if size is None:
         return [], items
-    digests = []
+    digests, stored = [], None
     full = len(items) // size * size
-    for start in range(0, full, size):
-        raw = _encoder.encode(items[start:start + size])
-        digest = hashlib.sha256(raw).hexdigest()
-        if digest not in stored and digest not in new:
-            new[digest] = zlib.compress(raw, 1)
+    for index, start in enumerate(range(0, full, size)):
+        chunk = items[start:start + size]
+        objects = _objects(chunk)
+        digest = segments.digest(part, index, objects)
+        if digest is None:
+            raw = _encoder.encode(chunk)
+            digest = hashlib.sha256(raw).hexdigest()
+            stored = segments.digests() if stored is None else stored
+            if digest not in stored:
+                new[digest] = zlib.compress(raw, 1)
+            seen.append((part, index, objects, digest))
         digests.append(digest)
     return digests, items[full:]
 
 
-def _take(state: RunState, size: int | None,
-          stored: Set[str] = frozenset()) -> tuple[Snapshot, dict[str, bytes]]:
+def _take(state: RunState, size: int | None, segments: Segments | None = None
+          ) -> tuple[Snapshot, dict[str, bytes], list[tuple[str, int, list[Any], str]]]:
+    """A snapshot of ``state``, the segments to write first, and those to remember."""
+    known = Segments() if segments is None else segments
     new: dict[str, bytes] = {}
-    messages, messages_after = _split(state.messages, size, stored, new)
-    completed, completed_after = _split(list(state.completed.items()), size, stored, new)
-    attempts, attempts_after = _split(list(state.attempts.items()), size, stored, new)
+    seen: list[tuple[str, int, list[Any], str]] = []
+    messages, messages_after = _split("messages", state.messages, size, known, new, seen)
+    completed, completed_after = _split("completed", list(state.completed.items()), size,
+                                        known, new, seen)
+    attempts, attempts_after = _split("attempts", list(state.attempts.items()), size,
+                                      known, new, seen)
     head = msgspec.structs.replace(state, messages=[], completed={}, attempts={})
     body = zlib.compress(_encoder.encode(_Form(
         head, messages, messages_after, completed, completed_after, attempts,
@@ -126,7 +178,7 @@ def _take(state: RunState, size: int | None,
         run_id=state.run_id, seq=state.last_seq, schema_version=SCHEMA_VERSION,
         fold_version=FOLD_VERSION, digest=hashlib.sha256(body).hexdigest(), body=body,
         created_at=now(),
-    ), new
+    ), new, seen
 
 
 def take(state: RunState) -> Snapshot:
@@ -135,22 +187,23 @@ def take(state: RunState) -> Snapshot:
 
 
 def write_snapshot(store: Store, state: RunState, *, keep: int = 2,
-                   stored: set[str] | None = None) -> Snapshot | None:
+                   segments: Segments | None = None) -> Snapshot | None:
     """Publish a snapshot of ``state``; None if this fold version is quarantined.
 
-    ``stored``: digests of segments known to be in the store (a writer's own, kept
-    across its snapshots and updated here); the others are written first. A snapshot
-    is only a cache: failing to write one is logged, never fatal.
+    ``segments``: what the writer knows of the run's stored segments (kept across its
+    snapshots and updated here); the others are written first. A snapshot is only a
+    cache: failing to write one is logged, never fatal.
     """
     started = time.perf_counter()
-    known = set() if stored is None else stored
+    known = Segments() if segments is None else segments
     try:
         if FOLD_VERSION in store.quarantined():
             return None
-        snapshot, new = _take(state, SEGMENT, known)
+        snapshot, new, seen = _take(state, SEGMENT, known)
         if new:
             store.put_segments(state.run_id, new)
-        known.update(new)
+        for part, index, objects, digest in seen:
+            known.remember(part, index, objects, digest)
         store.put_snapshot(snapshot, keep=keep)
         collect_segments(store, state.run_id, known)
     except (JournalError, OSError, OverflowError, msgspec.EncodeError) as exc:
@@ -163,7 +216,7 @@ def write_snapshot(store: Store, state: RunState, *, keep: int = 2,
     return snapshot
 
 
-def collect_segments(store: Store, run_id: str, known: set[str] | None = None) -> int:
+def collect_segments(store: Store, run_id: str, known: Segments | None = None) -> int:
     """Delete the run's segments that none of its snapshots names; how many went. Not
     while a snapshot's body cannot be read (what it names is then unknown). With
     ``known`` (a writer's own, see write_snapshot), only when one of those is no
@@ -176,11 +229,8 @@ def collect_segments(store: Store, run_id: str, known: set[str] | None = None) -
             return 0
         if form is not None:
             named.update(form.messages, form.completed, form.attempts)
-    if known is not None:
-        unnamed = not known <= named
-        known.intersection_update(named)
-        if not unnamed:
-            return 0
+    if known is not None and not known.keep(named):
+        return 0
     return store.prune_segments(run_id, named)
 
 
@@ -208,24 +258,32 @@ def named_segments(body: bytes) -> list[str]:
     return [] if form is None else [*form.messages, *form.completed, *form.attempts]
 
 
-def state_of(body: bytes, segments: Mapping[str, bytes] | None = None) -> RunState:
-    """The state a snapshot body holds, with the ``segments`` it names (by digest).
-    Raises msgspec.DecodeError or zlib.error if it holds none, and SegmentError if a
-    segment is missing or not the one named."""
+def state_of(body: bytes, segments: Mapping[str, bytes] | None = None,
+             known: Segments | None = None) -> RunState:
+    """The state a snapshot body holds, with the ``segments`` it names (by digest); each
+    segment it decodes goes into ``known``. Raises msgspec.DecodeError or zlib.error if
+    it holds none, and SegmentError if a segment is missing or not the one named."""
     raw = zlib.decompress(body) if body[:2] == _ZLIB else body
     if raw[:1] != _FORM:
         return _decoder.decode(raw)  # a whole state, as releases before segments wrote
     form = _form_decoder.decode(raw)
-    parts = segments or {}
+    parts, known = segments or {}, Segments() if known is None else known
+
+    def part(name: str, digests: list[str], decoder: msgspec.msgpack.Decoder[Any]
+             ) -> list[Any]:
+        items = []
+        for index, digest in enumerate(digests):
+            chunk = decoder.decode(_segment(parts, digest))
+            known.remember(name, index, _objects(chunk), digest)
+            items += chunk
+        return items
+
     state = form.head
-    state.messages = [m for d in form.messages
-                      for m in _messages_decoder.decode(_segment(parts, d))]
+    state.messages = part("messages", form.messages, _messages_decoder)
     state.messages += form.messages_after
-    state.completed = dict(p for d in form.completed
-                           for p in _completed_decoder.decode(_segment(parts, d)))
+    state.completed = dict(part("completed", form.completed, _completed_decoder))
     state.completed.update(form.completed_after)
-    state.attempts = dict(p for d in form.attempts
-                          for p in _attempts_decoder.decode(_segment(parts, d)))
+    state.attempts = dict(part("attempts", form.attempts, _attempts_decoder))
     state.attempts.update(form.attempts_after)
     return state
 
@@ -244,12 +302,14 @@ def _segment(parts: Mapping[str, bytes], digest: str) -> bytes:
     return raw
 
 
-def _decode(store: Store, snapshot: Snapshot) -> tuple[RunState | None, str]:
-    """The state ``snapshot`` holds, with its segments; else None and why."""
+def _decode(store: Store, snapshot: Snapshot,
+            known: Segments | None = None) -> tuple[RunState | None, str]:
+    """The state ``snapshot`` holds, with its segments (into ``known``); else None and
+    why."""
     try:
         names = named_segments(snapshot.body)
         state = state_of(snapshot.body, store.segments(snapshot.run_id, names) if names
-                         else None)
+                         else None, known)
     except (msgspec.DecodeError, msgspec.ValidationError, zlib.error):
         return None, "body does not decode to the state at its seq"
     except SegmentError as exc:
@@ -264,8 +324,8 @@ class Loaded(msgspec.Struct, frozen=True):
     snapshot_seq: int  # 0 when the whole log was replayed
     replayed: int
     misses: list[str]
-    #: Segments the loaded snapshot named (so known to be stored and sound).
-    segments: frozenset[str] = frozenset()
+    #: The segments of the loaded snapshot (so known to be stored and sound).
+    segments: Segments = msgspec.field(default_factory=Segments)
 
 
 def load_state(store: Store, run_id: str, *, use_snapshots: bool = True) -> Loaded:
@@ -282,15 +342,15 @@ def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
             quarantined = store.quarantined()
         started = time.perf_counter()
         reason = refusal(snapshot, quarantined)
-        state, reason = (None, reason) if reason else _decode(store, snapshot)
+        segments = Segments()
+        state, reason = (None, reason) if reason else _decode(store, snapshot, segments)
         METRICS.time("snapshot_load_ms", (time.perf_counter() - started) * 1000,
                      schema_version=snapshot.schema_version)
         if state is not None:
             tail = _fold_tail(store, run_id, state)
             if tail is not None:
                 METRICS.gauge("snapshot_seq_gap", tail, schema_version=SCHEMA_VERSION)
-                return Loaded(state, snapshot.seq, tail, misses,
-                              frozenset(named_segments(snapshot.body)))
+                return Loaded(state, snapshot.seq, tail, misses, segments)
             reason = "the log does not continue right after it"
         misses.append(f"snapshot at seq {snapshot.seq}: {reason}")
         METRICS.count("snapshot_misses", schema_version=snapshot.schema_version)

@@ -564,19 +564,21 @@ def _observations_checked(st: RunState, ev: Event) -> None:
     # hold (stale); one message tells the model what changed, before its next turn.
     lines = []
     for item in ev.payload.get("items", ()):
-        seen = _tool_result(st, item["call_id"])
+        at = _tool_result(st, item["call_id"])
         label = (f"{item['tool']}({render(item.get('args', {}))}), observed "
                  f"{_age(item['age_s'])} ago")
         obs = st.observations.get(item["call_id"])
-        if item["verdict"] in ("changed", "unchanged") and seen is not None:
-            new = render(item.get("result"))
+        if item["verdict"] in ("changed", "unchanged") and at is not None:
+            seen, new = st.messages[at], render(item.get("result"))
             lines.append(f"{label}, was re-read: changed from {seen.content} to {new}"
                          if item["verdict"] == "changed" else f"{label}, was re-read: unchanged")
-            seen.content = new
+            # Replaced, never changed in place: a snapshot's segments go by identity.
+            st.messages[at] = msgspec.structs.replace(seen, content=new)
             if obs is not None:
                 obs.seq, obs.at = ev.seq, ev.ts
                 if obs.key in st.completed:  # a later identical call is served the new one
-                    st.completed[obs.key].result = item.get("result")
+                    st.completed[obs.key] = msgspec.structs.replace(
+                        st.completed[obs.key], result=item.get("result"))
         else:
             lines.append(f"{label}, may no longer hold: {item.get('why', 'not re-read')}")
             st.observations.pop(item["call_id"], None)
@@ -616,9 +618,11 @@ def _age(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
-def _tool_result(st: RunState, call_id: str) -> Message | None:
-    return next((m for m in reversed(st.messages)
-                 if m.role == "tool" and m.tool_call_id == call_id), None)
+def _tool_result(st: RunState, call_id: str) -> int | None:
+    """Where the result of call ``call_id`` is in the messages (the latest), if there."""
+    return next((i for i in range(len(st.messages) - 1, -1, -1)
+                 if st.messages[i].role == "tool" and st.messages[i].tool_call_id == call_id),
+                None)
 
 
 Rule = Callable[[RunState, Event], None]

@@ -12,7 +12,14 @@ from pathlib import Path
 import msgspec
 
 from ..events import Event, decode, encode
-from ..snapshots import gc_paused, load_state, named_segments, state_of, write_snapshot
+from ..snapshots import (
+    Segments,
+    gc_paused,
+    load_state,
+    named_segments,
+    state_of,
+    write_snapshot,
+)
 from ..state import RunState, apply, fold
 from ..store import Store, open_store
 from ..store.base import Snapshot
@@ -94,7 +101,7 @@ def fill(
     journal does (each writes the segments the store lacks). Returns the last; what
     each wrote (body and new segments) per event since the one before goes in
     ``written``."""
-    state, last, stored = RunState(), None, set[str]()
+    state, last, segments = RunState(), None, Segments()
     with gc_paused():
         for i in range(0, len(events), batch):
             chunk = events[i:i + batch]
@@ -102,10 +109,10 @@ def fill(
             for e in chunk:
                 apply(state, e)
             if snapshot_at is not None and state.last_seq % SNAPSHOT_EVERY == snapshot_at:
-                before = set(stored)
-                snapshot = write_snapshot(store, state, stored=stored)
+                before = segments.digests()
+                snapshot = write_snapshot(store, state, segments=segments)
                 if snapshot is not None and written is not None:
-                    new = store.segments(state.run_id, stored - before)
+                    new = store.segments(state.run_id, segments.digests() - before)
                     since = state.last_seq - (last.seq if last else 0)
                     written.append((len(snapshot.body) + sum(map(len, new.values()))) / since)
                 last = snapshot or last
