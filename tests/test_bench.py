@@ -25,7 +25,7 @@ WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "st
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
               "claim", "step", "group_commit", "saga", "workspace", "gc", "temporal"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
-                 "model_call", "snapshot_bytes", "snapshot_bytes_growth"}
+                 "model_call", "snapshot_bytes", "snapshot_bytes_growth", "snapshot_next"}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,8 @@ def test_each_backend_and_size_is_covered(doc: dict[str, Any]) -> None:
         assert {f"replay.gc_off.{n}", f"replay.vs_kept.{n}", f"replay.gc_on.{n}"} <= names
         for backend in ("sqlite", "jsonl"):
             assert {f"recovery.{backend}.snapshots.{n}", f"recovery.{backend}.full.{n}",
-                    f"snapshot_write.{backend}.{n}", f"snapshot_bytes.{backend}.{n}"} <= names
+                    f"snapshot_write.{backend}.{n}", f"snapshot_bytes.{backend}.{n}",
+                    f"snapshot_next.{backend}.{n}"} <= names
     for steps in (100, 1000):
         assert {f"storage.sqlite.step.{steps}", f"storage.jsonl.event.{steps}"} <= names
     assert {"agent_step.scripted.200", "agent_step.scripted.2000",

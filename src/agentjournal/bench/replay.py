@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -92,15 +93,22 @@ def replay_figures(events: list[Event], sizes: Sequence[int], reps: int, say: Sa
 # --- 3 & 4. recovery and snapshot writes ----------------------------------------------------
 
 
+class Written(NamedTuple):
+    """One snapshot ``fill`` wrote: its body and new segments per event since the one
+    before, and the milliseconds ``write_snapshot`` took."""
+
+    bytes_per_event: float
+    ms: float
+
+
 def fill(
     store: Store, events: list[Event], *, batch: int, snapshot_at: int | None,
-    written: list[float] | None = None,
+    written: list[Written] | None = None,
 ) -> Snapshot | None:
     """Append ``events`` ``batch`` at a time, folding as the run grows and writing a
     snapshot whenever the last seq is ``snapshot_at`` modulo the interval, as a run's
-    journal does (each writes the segments the store lacks). Returns the last; what
-    each wrote (body and new segments) per event since the one before goes in
-    ``written``."""
+    journal does (each writes the segments the store lacks). Returns the last; each
+    write goes in ``written``."""
     state, last, segments = RunState(), None, Segments()
     with gc_paused():
         for i in range(0, len(events), batch):
@@ -109,12 +117,14 @@ def fill(
             for e in chunk:
                 apply(state, e)
             if snapshot_at is not None and state.last_seq % SNAPSHOT_EVERY == snapshot_at:
-                before = segments.digests()
+                before, started = segments.digests(), time.perf_counter()
                 snapshot = write_snapshot(store, state, segments=segments)
+                ms = (time.perf_counter() - started) * 1e3
                 if snapshot is not None and written is not None:
                     new = store.segments(state.run_id, segments.digests() - before)
                     since = state.last_seq - (last.seq if last else 0)
-                    written.append((len(snapshot.body) + sum(map(len, new.values()))) / since)
+                    size = len(snapshot.body) + sum(map(len, new.values()))
+                    written.append(Written(size / since, ms))
                 last = snapshot or last
     return last
 
@@ -224,7 +234,7 @@ def _backend_recovery(backend: str, url_of: StoreUrl, workdir: Path, events: lis
         say(f"recovery: {backend}, {n:,} events (building the log and its snapshots)")
         with url_of(f"recovery-{backend}-{n}") as url:
             store = open_store(url)
-            written: list[float] = []
+            written: list[Written] = []
             snap = fill(store, events[:n], batch=RECOVERY_TAIL, snapshot_at=RECOVERY_TAIL,
                         written=written)
             store.close()
@@ -232,11 +242,14 @@ def _backend_recovery(backend: str, url_of: StoreUrl, workdir: Path, events: lis
                 raise RuntimeError(f"no snapshot was written for {n} events on {backend}")
             at_n = recovery_at(backend, url, events[:n], snap, reps)
         ms[n] = at_n[0].value or 0.0
-        per_event[n] = written[-1]
+        per_event[n] = written[-1].bytes_per_event
         figures += [*at_n, figure(
             f"snapshot_bytes.{backend}.{n}", per_event[n], "B/event",
             note=f"what the snapshot at seq {snap.seq:,} wrote (its body and the segments "
-                 "the store lacked) per event since the one before")]
+                 "the store lacked) per event since the one before"), figure(
+            f"snapshot_next.{backend}.{n}", written[-1].ms, "ms",
+            note=f"write_snapshot at seq {snap.seq:,}, the writer knowing the segments of "
+                 "the one before (as a journal does; one every 1,000 events)")]
         with url_of(f"snapwrite-{backend}-{n}") as url:
             figures.append(snapshot_write_figure(backend, url, workdir / f"snapwrite-{backend}.raw",
                                                  events[:n], min(reps, 3)))
@@ -259,6 +272,7 @@ def _skipped_recovery(backend: str, sizes: Sequence[int], reason: str) -> list[F
     return [*(figure(name, None, "ms", note=note) for name in names),
             *(figure(f"snapshot_bytes.{backend}.{n}", None, "B/event", note=note)
               for n in sizes),
+            *(figure(f"snapshot_next.{backend}.{n}", None, "ms", note=note) for n in sizes),
             figure(f"recovery_growth.{backend}", None, "x", note=note),
             figure(f"snapshot_bytes_growth.{backend}", None, "x", note=note)]
 
