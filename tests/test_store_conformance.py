@@ -455,6 +455,9 @@ class TestSnapshotConformance:
         assert store.segments("r1", [SEG_A]) == {}
         assert store.segments("other", [SEG_A]) == {SEG_A: b"other's"}
         assert store.prune_segments("r1", []) == 0
+        # A name that is no digest (a damaged snapshot's) is simply not there.
+        assert store.segments("other", ["../x", "not hex"]) == {}
+        assert store.prune_segments("other", ["../x"]) == 1
 
     def test_conformance_snapshot_bad_run_ids(self, make_store: MakeStore,
                                               tmp_path: Path) -> None:

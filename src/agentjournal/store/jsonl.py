@@ -976,7 +976,7 @@ class JsonlStore:
         if not directory.is_dir():
             return found
         with self._locked(run_id, write=False):
-            for digest in digests:
+            for digest in filter(_DIGEST.fullmatch, digests):  # (no other name is a file)
                 with suppress(FileNotFoundError):
                     found[digest] = (directory / _segment_name(digest)).read_bytes()
         return found
@@ -987,7 +987,7 @@ class JsonlStore:
         directory = self._snap_dir(run_id)
         if not directory.is_dir():
             return 0
-        wanted = {_segment_name(digest) for digest in keep}
+        wanted = {_segment_name(digest) for digest in filter(_DIGEST.fullmatch, keep)}
         with self._locked(run_id, write=True):
             doomed = [p for p in directory.glob("*.seg") if p.name not in wanted]
             for path in doomed:
