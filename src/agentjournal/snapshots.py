@@ -30,7 +30,7 @@ import logging
 import operator
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from typing import Any
 
@@ -228,7 +228,7 @@ def collect_segments(store: Store, run_id: str, known: Segments | None = None) -
         except (msgspec.DecodeError, msgspec.ValidationError, zlib.error):
             return 0
         if form is not None:
-            named.update(form.messages, form.completed, form.attempts)
+            named.update(_names(form))
     if known is not None and not known.keep(named):
         return 0
     return store.prune_segments(run_id, named)
@@ -246,16 +246,27 @@ def refusal(snapshot: Snapshot, quarantined: dict[int, str]) -> str | None:
     return None
 
 
+def _inflate(body: bytes) -> bytes:
+    return zlib.decompress(body) if body[:2] == _ZLIB else body
+
+
 def _form_of(body: bytes) -> _Form | None:
     """The segmented form of a body; None for a whole state (an older release's)."""
-    raw = zlib.decompress(body) if body[:2] == _ZLIB else body
+    raw = _inflate(body)
     return _form_decoder.decode(raw) if raw[:1] == _FORM else None
+
+
+def _names(form: _Form) -> list[str]:
+    return [*form.messages, *form.completed, *form.attempts]
 
 
 def named_segments(body: bytes) -> list[str]:
     """The digests of the segments a snapshot body names."""
     form = _form_of(body)
-    return [] if form is None else [*form.messages, *form.completed, *form.attempts]
+    return [] if form is None else _names(form)
+
+
+Fetch = Callable[[list[str]], Mapping[str, bytes]]
 
 
 def state_of(body: bytes, segments: Mapping[str, bytes] | None = None,
@@ -263,11 +274,18 @@ def state_of(body: bytes, segments: Mapping[str, bytes] | None = None,
     """The state a snapshot body holds, with the ``segments`` it names (by digest); each
     segment it decodes goes into ``known``. Raises msgspec.DecodeError or zlib.error if
     it holds none, and SegmentError if a segment is missing or not the one named."""
-    raw = zlib.decompress(body) if body[:2] == _ZLIB else body
+    return _state_of(body, lambda _: segments or {}, known)
+
+
+def _state_of(body: bytes, fetch: Fetch, known: Segments | None) -> RunState:
+    """``state_of``, the segments got from ``fetch`` (given the names): the body is
+    inflated and decoded once."""
+    raw = _inflate(body)
     if raw[:1] != _FORM:
         return _decoder.decode(raw)  # a whole state, as releases before segments wrote
     form = _form_decoder.decode(raw)
-    parts, known = segments or {}, Segments() if known is None else known
+    names = _names(form)
+    parts, known = fetch(names) if names else {}, Segments() if known is None else known
 
     def part(name: str, digests: list[str], decoder: msgspec.msgpack.Decoder[Any]
              ) -> list[Any]:
@@ -307,9 +325,8 @@ def _decode(store: Store, snapshot: Snapshot,
     """The state ``snapshot`` holds, with its segments (into ``known``); else None and
     why."""
     try:
-        names = named_segments(snapshot.body)
-        state = state_of(snapshot.body, store.segments(snapshot.run_id, names) if names
-                         else None, known)
+        state = _state_of(snapshot.body, lambda names: store.segments(snapshot.run_id, names),
+                          known)
     except (msgspec.DecodeError, msgspec.ValidationError, zlib.error):
         return None, "body does not decode to the state at its seq"
     except SegmentError as exc:
