@@ -153,6 +153,21 @@ async def stopped_for_a_person(handle: WorkflowHandle[Any, RunSummary]) -> RunSu
     return summary
 
 
+def decided(workers: Workers, run_id: str,
+            decide: Callable[[WorkflowHandle[Any, RunSummary], RunSummary], Awaitable[None]]
+            ) -> RunSummary:
+    """Start the "approval" agent's run, wait until it asks a person, ``decide``, and
+    return how the run ended."""
+    async def go() -> RunSummary:
+        handle = await start(workers, "approval", run_id)
+        asked = await stopped_for_a_person(handle)
+        assert asked.status == "waiting_approval"
+        await decide(handle, asked)
+        return await handle.result()
+
+    return run(go())
+
+
 async def after_posts(receiver: Receiver, count: int) -> None:
     """Until the receiver has seen ``count`` effects: the run is well under way."""
     async def enough() -> bool:
@@ -305,16 +320,11 @@ def test_a_denial_through_an_update_makes_no_effect(
         workers: Workers, receiver: Receiver, store_url: str) -> None:
     workers.start()
 
-    async def go() -> RunSummary:
-        handle = await start(workers, "approval", "t13")
-
-        asked = await stopped_for_a_person(handle)
-        assert asked.status == "waiting_approval"
+    async def deny(handle: WorkflowHandle[Any, RunSummary], asked: RunSummary) -> None:
         await handle.execute_update(JournalRun.approve, Approve(
             approval_id=asked.approvals[0], approved=False, by="alice", reason="not today"))
-        return await handle.result()
 
-    assert run(go()).status == "finished"
+    assert decided(workers, "t13", deny).status == "finished"
     assert receiver.by_label() == {}
     denied = [e for e in journal(store_url, "t13") if e.type is EventType.TOOL_CALL_DENIED]
     assert len(denied) == 1 and "not today" in denied[0].payload["reason"]
@@ -325,18 +335,14 @@ def test_a_decision_made_with_the_cli_is_picked_up_by_wake(
         workers: Workers, receiver: Receiver, store_url: str) -> None:
     workers.start()
 
-    async def go() -> RunSummary:
-        handle = await start(workers, "approval", "t11")
-
-        asked = await stopped_for_a_person(handle)
-        assert asked.status == "waiting_approval"
+    async def approve_with_the_cli(handle: WorkflowHandle[Any, RunSummary],
+                                   asked: RunSummary) -> None:
         subprocess.run([sys.executable, "-m", "agentjournal", "approve", "t11",
                         asked.approvals[0], "--by", "bob", "--store", store_url],
                        check=True, capture_output=True, cwd=ROOT)
         await handle.signal(JournalRun.wake)
-        return await handle.result()
 
-    assert run(go()).status == "finished"
+    assert decided(workers, "t11", approve_with_the_cli).status == "finished"
     assert receiver.by_label() == {"a": 1}
 
 
