@@ -24,6 +24,7 @@ import pytest
 from agentjournal import EventType, fold, open_store
 from agentjournal.demo.ledger import LedgerService, http_json
 from agentjournal.demo.reconcile import LEDGERS
+from agentjournal.snapshots import load_state, named_segments
 
 from .conftest import BACKENDS
 
@@ -42,9 +43,17 @@ def ledger(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LedgerSer
         yield svc
 
 
+# The reconciliation demo with snapshots in segments of 2 items, so a short run writes
+# many of them (and kills land in those writes too).
+SMALL_SEGMENTS = ("import sys, agentjournal.snapshots as s; s.SEGMENT = 2; "
+                  "from agentjournal.demo.reconcile import main; sys.exit(main())")
+
+
 def agent_cmd(store_url: str, ledger: LedgerService, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "agentjournal.demo.reconcile", "--store", store_url,
-            "--run-id", "q3", "--ledger", ledger.url, *extra]
+    run = (["-c", SMALL_SEGMENTS] if "--snapshot-every" in extra
+           else ["-m", "agentjournal.demo.reconcile"])
+    return [sys.executable, *run, "--store", store_url, "--run-id", "q3",
+            "--ledger", ledger.url, *extra]
 
 
 def run_agent(store_url: str, ledger: LedgerService, *extra: str,
@@ -147,15 +156,20 @@ def kill_at_random(store_url: str, ledger: LedgerService, kills: int, seed: int,
     return done, run_agent(store_url, ledger, *extra)[1]
 
 
-@pytest.mark.parametrize("mode", ["lookup", "idempotent"])
+@pytest.mark.parametrize("mode, snapshots", [("lookup", ()), ("idempotent", ()),
+                                             ("lookup", ("--snapshot-every", "2"))],
+                         ids=["lookup", "idempotent", "lookup-snapshots"])
 def test_random_kills_every_effect_exactly_once(
-    store_url: str, ledger: LedgerService, mode: str, request: pytest.FixtureRequest
+    store_url: str, ledger: LedgerService, mode: str, snapshots: tuple[str, ...],
+    request: pytest.FixtureRequest
 ) -> None:
+    """With snapshots every 2 events (segments of 2), resumes load from snapshots a kill
+    may have left half written."""
     kills = SOAK_KILLS if request.config.getoption("--slow") else KILLS
     parts = max(6, kills // 6)  # enough steps that every kill lands inside the run
     done, out = kill_at_random(store_url, ledger, kills, seed=len(mode),
                                extra=("--mode", mode, "--parts", str(parts),
-                                      "--model-delay", "0.02"))
+                                      "--model-delay", "0.02", *snapshots))
     assert out["status"] == "finished"
     effects = ledger.effects()
     expected = {f"q3-{n}-{p}of{parts}" for n in LEDGERS for p in range(1, parts + 1)}
@@ -167,6 +181,10 @@ def test_random_kills_every_effect_exactly_once(
     replayed = fold(log)
     assert replayed.status == "finished"
     assert hashlib.sha256(msgspec.json.encode(replayed)).hexdigest() == out["state_digest"]
+    if snapshots:  # the last resume loaded a snapshot with its segments
+        with open_store(store_url) as store:
+            assert named_segments(store.snapshots("q3")[0].body)
+            assert load_state(store, "q3").snapshot_seq > 0
 
 
 def test_handover_race_on_a_crashed_prefix_one_takes_the_next_epoch(

@@ -125,7 +125,8 @@ def _summary(request: ModelRequest) -> ModelResponse:
 
 
 def reconciliation_agent(url: str, *, mode: Mode = "lookup", parts: int = 1,
-                         model_delay: float = 0.0, lease_ttl: float = 30.0) -> Agent:
+                         model_delay: float = 0.0, lease_ttl: float = 30.0,
+                         snapshot_every: int | None = 1000) -> Agent:
     """The agent; ``parts`` splits each correction into that many (more steps to crash in)."""
     corrections = [_correct(n, p, parts) for n in LEDGERS for p in range(1, parts + 1)]
     script = [calls(*[("read_ledger", {"name": n}) for n in LEDGERS]), *corrections,
@@ -134,7 +135,7 @@ def reconciliation_agent(url: str, *, mode: Mode = "lookup", parts: int = 1,
     # tool calls count retries too, and the crash tests kill the run hundreds of times.
     budget = Budget(max_turns=len(script) + 10, max_tool_calls=10 * len(script) + 100)
     return Agent(ScriptedModel(script, delay=model_delay), ledger_tools(url, mode),
-                 lease_ttl=lease_ttl, budget=budget)
+                 lease_ttl=lease_ttl, budget=budget, snapshot_every=snapshot_every)
 
 
 def _barrier(ready: Path | None, go: Path | None) -> None:
@@ -155,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", type=int, default=1)
     parser.add_argument("--model-delay", type=float, default=0.0)
     parser.add_argument("--lease-ttl", type=float, default=30.0)
+    parser.add_argument("--snapshot-every", type=int, default=1000,
+                        help="write a snapshot every N events (default 1000)")
     parser.add_argument("--ready-file", type=Path,
                         help="create this file once ready to run (a barrier for racing workers)")
     parser.add_argument("--go-file", type=Path,
                         help="wait for this file to exist before running")
     args = parser.parse_args(argv)
     agent = reconciliation_agent(args.ledger, mode=args.mode, parts=args.parts,
-                                 model_delay=args.model_delay, lease_ttl=args.lease_ttl)
+                                 model_delay=args.model_delay, lease_ttl=args.lease_ttl,
+                                 snapshot_every=args.snapshot_every)
     store = open_store(args.store)
     _barrier(args.ready_file, args.go_file)
     try:
