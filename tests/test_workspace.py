@@ -17,6 +17,7 @@ import pytest
 
 from agentjournal import (
     Agent,
+    ConflictError,
     EventType,
     ModelRequest,
     ModelResponse,
@@ -229,6 +230,21 @@ def test_fork_starts_from_the_files_of_its_seq(project: Path, tmp_path: Path) ->
             checkpoints(store, "r1")[2].payload["commit"]
 
 
+def test_a_fork_refused_changes_no_file(project: Path, tmp_path: Path) -> None:
+    """A fork into an id that is taken is refused before the files are touched."""
+    ws = Workspace(project, shadow=tmp_path / "shadow.git")
+    with open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        editor(ws).run(store, "r1", "edit")
+        editor(ws).run(store, "r2", "edit")
+        before = {name: (project / name).read_bytes() for name in files(project)}
+        r2_ref = ws.head("r2")
+        at = checkpoints(store, "r1")[2].seq
+        with pytest.raises(ConflictError):
+            fork(store, "r1", at, "r2")
+        assert {name: (project / name).read_bytes() for name in files(project)} == before
+        assert ws.head("r2") == r2_ref
+
+
 def test_the_cli_shows_a_version_and_its_diff(project: Path, tmp_path: Path) -> None:
     ws = Workspace(project, shadow=tmp_path / "shadow.git")
     url = f"sqlite:///{tmp_path / 'j.db'}"
@@ -303,3 +319,45 @@ def test_a_guard_met_on_resume_records_a_skipped_version_and_the_run_goes_on(
         assert agent.run(store, "r1").status == "finished"
         drift = [m.payload for m in checkpoints(store, "r1") if m.payload["cause"] == "drift"]
         assert len(drift) == 1 and "over the limit of 12" in drift[0]["skipped"]
+        # The comparison was not made, so the model is told its files may have changed.
+        told = [m.content for m in fold(list(store.read("r1"))).messages
+                if "could not be compared" in m.content]
+        assert len(told) == 1 and "over the limit of 12" in told[0]
+
+
+def test_a_resume_after_a_skipped_version_compares_with_the_last_commit(
+        project: Path, tmp_path: Path) -> None:
+    """The last version was skipped by a guard; the run is resumed once the guard no
+    longer holds: what changed since the last commit is recorded and told."""
+    ws = Workspace(project, shadow=tmp_path / "shadow.git", max_files=12)
+    requests: list[ModelRequest] = []
+    agent = editor(ws, requests=requests, approve=True)
+    with open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        for i in range(10):
+            (project / f"extra{i}.txt").write_text("x\n")
+        assert agent.run(store, "r1", "edit").status == "waiting_approval"
+        assert fold(list(store.read("r1"))).workspace.commit is None  # skipped so far
+        for i in range(10):  # while the run waits: back under the guard, one file changed
+            (project / f"extra{i}.txt").unlink()
+        (project / "README.md").write_text("edited by a person\n")
+        waiting = fold(list(store.read("r1")))
+        decide_approval(store, "r1", next(iter(waiting.approvals)), approved=True, by="ana")
+        assert agent.run(store, "r1").status == "finished"
+        drift = [m.payload for m in checkpoints(store, "r1") if m.payload["cause"] == "drift"]
+        assert len(drift) == 1 and drift[0].get("commit"), drift
+        assert "README.md" in drift[0]["changed"]
+        told = [m for r in requests for m in r.messages
+                if "since its last recorded version" in m.content]
+        assert told and "README.md" in told[0].content
+
+
+def test_a_file_over_the_size_limit_is_skipped_and_recorded(
+        project: Path, tmp_path: Path) -> None:
+    ws = Workspace(project, shadow=tmp_path / "shadow.git", max_file_bytes=100)
+    (project / "big.bin").write_bytes(b"x" * 1000)
+    with open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        assert editor(ws, turns=2).run(store, "r1", "edit").status == "finished"
+        skipped = {m.payload.get("skipped") for m in checkpoints(store, "r1")}
+        assert skipped == {"big.bin is 1,000 bytes, over the limit of 100"}
+        shadow_objects = git(tmp_path / "shadow.git", "count-objects", "-v")
+        assert "count: 0" in shadow_objects and "in-pack: 0" in shadow_objects  # nothing added

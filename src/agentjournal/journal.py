@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import JournalError, LeaseExpiredError, LeaseHeldError
+from .errors import ConflictError, JournalError, LeaseExpiredError, LeaseHeldError
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
 from .snapshots import Segments, load_state, write_snapshot
@@ -355,14 +355,20 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, 
     # Copies keep their times, so an uncertain call's age stays true.
     copies = [msgspec.structs.replace(prefix[0], payload=first), *prefix[1:]]
     events = [msgspec.structs.replace(e, run_id=new_id, epoch=0) for e in copies]
+    if taken := store.last_seq(new_id):
+        raise ConflictError(new_id, 0, taken)
     ws, found = versions(prefix)
     start = version_at(found, at_seq)
-    if ws is not None and start is not None and start.commit is not None:
-        if not force and not ws.held(run_id, [v.commit for v in versions(log)[1]
-                                              if v.commit]):
-            raise WorkspaceError(
-                f"the workspace {ws.directory} has changes that no checkpoint of run "
-                f"{run_id!r} holds; the fork would lose them. Save them, or force")
-        ws.restore(new_id, start.commit)
+    commit = start.commit if start is not None else None  # the files the fork starts from
+    if ws is not None and commit is not None and not force and not ws.held(
+            run_id, [v.commit for v in versions(log)[1] if v.commit]):
+        raise WorkspaceError(
+            f"the workspace {ws.directory} has changes that no checkpoint of run "
+            f"{run_id!r} holds; the fork would lose them. Save them, or force")
     store.append(new_id, events, expected_seq=0, epoch=0)
+    # Only now, so a refused append (the id taken meanwhile, or archived) touches no
+    # file. Should the restore fail, the fork's first resume finds its files differ from
+    # the version it starts at, and tells the model.
+    if ws is not None and commit is not None:
+        ws.restore(new_id, commit)
     return new_id

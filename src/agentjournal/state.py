@@ -27,8 +27,9 @@ from .events import Event, EventType, render
 #: statuses compensating and compensated); observations with a freshness, re-read or
 #: marked stale (``observations``); status cancelled; workspace checkpoints
 #: (``workspace``; a change made while the run was down, or a restore, is told to the
-#: model, after the results of the calls it awaits: ``notes``).
-FOLD_VERSION = 6
+#: model, after the results of the calls it awaits: ``notes``). v7: a drift the workspace
+#: guards kept from being compared is told to the model too.
+FOLD_VERSION = 7
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -602,7 +603,12 @@ def _workspace_checkpoint(st: RunState, ev: Event) -> None:
     cause, count = p.get("cause"), p.get("count", 0)
     shown = ", ".join(p.get("changed", ())) + (" ..." if count > len(p.get("changed", ()))
                                               else "")
-    if cause == "drift" and not p.get("skipped"):
+    if cause == "drift" and p.get("skipped"):
+        _tell(st, Message(role="user", trust="tool", seq=ev.seq, content=(
+            "While this run was stopped, its workspace could not be compared with its last "
+            f"recorded version ({p['skipped']}): any file in it may have changed. Read "
+            "again what you rely on before relying on what you knew.")))
+    elif cause == "drift" and count:
         _tell(st, Message(role="user", trust="tool", seq=ev.seq, content=(
             f"While this run was stopped, {count} file(s) in the workspace changed since "
             "its last recorded version (by someone else, or by calls of this run whose "

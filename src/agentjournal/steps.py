@@ -490,10 +490,11 @@ class StepMachine(Settling):
         while it was stopped (recorded, and told to the model, before it is asked)."""
         assert self.workspace is not None
         last = j.state.workspace
-        if last is None or last.commit is None or last.directory != str(
-                self.workspace.directory):
+        if last is None or last.directory != str(self.workspace.directory):
             self._checkpoint(j, "start")
-        elif self.workspace.drift(j.run_id, last.commit) != []:  # changed, or a guard
+        elif last.commit is None or self.workspace.drift(j.run_id, last.commit) != []:
+            # Changed, or unknown: a guard stops the comparison now, or stopped the last
+            # version (then what changed is told against the run's last commit).
             self._checkpoint(j, "drift")
 
     # --- freshness --------------------------------------------------------------------

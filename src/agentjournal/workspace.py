@@ -118,14 +118,15 @@ class Workspace:
         index = self.shadow / f"index-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
         listed = self._git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
                            index=index).split("\0")
-        files = [f for f in listed if f]
-        if len(files) > self.max_files:
-            return index, f"{len(files):,} files, over the limit of {self.max_files:,}"
-        for name in files:
+        present = 0
+        for name in filter(None, listed):
             try:
                 size = os.lstat(self.directory / name).st_size  # a link's own size
             except FileNotFoundError:
-                continue  # deleted: git records that
+                continue  # deleted (still in the index): git records that
+            present += 1
+            if present > self.max_files:  # (stops there: a huge tree costs no more)
+                return index, f"over the limit of {self.max_files:,} files"
             if size > self.max_file_bytes:
                 return index, (f"{name} is {size:,} bytes, over the limit of "
                                f"{self.max_file_bytes:,}")
