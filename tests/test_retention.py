@@ -295,21 +295,21 @@ def every_run_in_one_place(store_url: str, archive: Path,
 
 @backend_params()
 def test_gc_killed_at_random_moments_loses_no_run(store_url: str, tmp_path: Path) -> None:
-    kills = int(os.environ.get("GC_KILLS", "7"))
+    kills = int(os.environ.get("GC_KILLS", "20"))  # random ones that land, per backend
     seed = int(os.environ.get("GC_SEED", str(time.time_ns())))
     rng = random.Random(seed)
     archive = tmp_path / "archive"
     with open_store(store_url) as store:
-        eligible = populate(store, 40 * kills, rng)
+        eligible = populate(store, 15 * kills, rng)
         before = {r.run_id: store.records(r.run_id) for r in store.list_runs()}
-    killed = 0
     for point in ("gc_archived", "gc_deleted"):  # the chosen windows first
         proc = gc_process(store_url, archive, f"{point}:2")
         proc.wait(timeout=60)
         assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
-        killed += 1
         every_run_in_one_place(store_url, archive, before)
-    for _ in range(kills):
+    killed = tries = 0
+    while killed < kills and tries < 2 * kills:  # a gc may finish before its kill lands
+        tries += 1
         files = len(list(archive.glob("*.gz")))
         target = files + rng.randint(0, 3)
         proc = gc_process(store_url, archive)
@@ -321,7 +321,7 @@ def test_gc_killed_at_random_moments_loses_no_run(store_url: str, tmp_path: Path
     every_run_in_one_place(store_url, archive, before)
     with open_store(store_url) as store:
         assert {t.run_id for t in store.tombstones()} == eligible, f"seed {seed}"
-    assert killed >= kills, f"only {killed} kills landed (seed {seed})"
+    assert killed >= kills, f"only {killed} random kills landed in {tries} (seed {seed})"
 
 
 def test_cli_gc_and_restore(tmp_path: Path) -> None:
