@@ -12,7 +12,10 @@ very records it archives, under the run's lease:
 - no receiver may still remember one of its keys (a start's ``key_retention``);
 - every run of its idempotency scope (its forks, the runs of one tenant operation)
   is archivable too: a live run finds the effects its scope made in their logs, so
-  a scope leaves the hot store whole.
+  a scope leaves the hot store whole: every run's archive file is written and checked
+  before the first is deleted. (A gc killed between two deletes leaves the rest of
+  the scope in the hot store, still archivable, and the next gc takes it; until then
+  a fork of one of those runs would not find the effects of the runs archived.)
 
 Each run then goes: records → archive file (durable) → read back and checked →
 ``Store.delete_run`` (events and snapshots out, tombstone in, atomically). A crash
@@ -73,7 +76,7 @@ class Verdict(msgspec.Struct, frozen=True):
     action: str  # "archive" or "keep"
     reason: str
     events: int
-    bytes: int  # the run's records in the hot store
+    bytes: int | None  # the run's records in the hot store (None: not read, kept for age)
 
 
 class GcReport(msgspec.Struct):
@@ -140,7 +143,7 @@ class _Judged:
     run_id: str
     scope: str
     last_seq: int
-    size: int
+    size: int | None  # None: not read (young by the store's own record)
     hold: str | None
 
 
@@ -180,7 +183,7 @@ def _archive_finished(store: Store, archive: Archive, older_than: timedelta, at:
         report.examined += 1
         if info.updated_at is not None and info.updated_at > cutoff:
             idle = _age(at - info.updated_at)
-            judged[info.run_id] = _Judged(info.run_id, "", info.last_seq, 0,
+            judged[info.run_id] = _Judged(info.run_id, "", info.last_seq, None,
                                           f"last event {idle} ago, under {_age(older_than)}")
         else:
             judged[info.run_id] = _judge(store, info.run_id, older_than, at)
@@ -204,7 +207,7 @@ def _scopes(store: Store, judged: dict[str, _Judged]) -> Iterable[list[_Judged]]
         if j.run_id in seen:
             continue
         members = store.scope_runs(j.scope) if j.scope else [j.run_id]
-        group = [judged.get(r) or _Judged(r, j.scope, 0, 0, "not examined") for r in members]
+        group = [judged.get(r) or _Judged(r, j.scope, 0, None, "not examined") for r in members]
         if j.run_id not in members:
             group.append(j)
         seen.update(g.run_id for g in group)
@@ -218,7 +221,7 @@ def _record(report: GcReport, j: _Judged, action: str, reason: str, say: Progres
     else:
         report.archived += 1
         report.events_archived += j.last_seq
-        report.bytes_freed += j.size
+        report.bytes_freed += j.size or 0
     say(f"{action} {j.run_id}: {reason}")
 
 
@@ -244,8 +247,11 @@ def _archive_group(store: Store, archive: Archive, group: list[_Judged], older_t
             if hold or len(records) != j.last_seq:
                 raise _Changed(f"run {j.run_id!r} changed during gc ({hold or 'new events'})")
             logs.append((j, records, lease))
-        for j, records, lease in logs:
-            _archive_one(store, archive, j, records, lease, report, say)
+        # Every archive file written and checked before any run is deleted: the window
+        # in which a scope is split (a kill between two deletes) is as short as it gets.
+        digests = [_archive_one(archive, j, records) for j, records, _ in logs]
+        for (j, records, lease), (digest, size) in zip(logs, digests, strict=True):
+            _delete_one(store, archive, j, len(records), digest, size, lease, report, say)
     except (LeaseHeldError, ConflictError, _Changed) as exc:
         done = {v.run_id for v in report.verdicts}
         for j in group:
@@ -256,8 +262,8 @@ def _archive_group(store: Store, archive: Archive, group: list[_Judged], older_t
             store.release(lease)
 
 
-def _archive_one(store: Store, archive: Archive, j: _Judged, records: list[bytes],
-                 lease: Lease, report: GcReport, say: Progress) -> None:
+def _archive_one(archive: Archive, j: _Judged, records: list[bytes]) -> tuple[str, int]:
+    """Write the run's archive file and read it back: its digest and size."""
     data = pack(j.run_id, records)
     archive.put(j.run_id, data)
     back, digest = unpack(j.run_id, archive.get(j.run_id), archive.url)
@@ -265,12 +271,17 @@ def _archive_one(store: Store, archive: Archive, j: _Judged, records: list[bytes
         raise ArchiveError(archive.url, f"{j.run_id}: read back, it differs from the log",
                            run_id=j.run_id)
     fault_point("gc_archived")
+    return digest, len(data)
+
+
+def _delete_one(store: Store, archive: Archive, j: _Judged, last_seq: int, digest: str,
+                size: int, lease: Lease, report: GcReport, say: Progress) -> None:
     snapshot_bytes = sum(len(s.body) for s in store.snapshots(j.run_id))
-    store.delete_run(Tombstone(run_id=j.run_id, last_seq=len(records), digest=digest,
+    store.delete_run(Tombstone(run_id=j.run_id, last_seq=last_seq, digest=digest,
                                archive=archive.url, deleted_at=now()), epoch=lease.epoch)
     fault_point("gc_deleted")
     report.bytes_freed += snapshot_bytes
-    report.archive_bytes += len(data)
+    report.archive_bytes += size
     _record(report, j, "archive", f"archived to {archive.url}", say)
 
 
@@ -281,7 +292,9 @@ def _prune_snapshots(store: Store, keep: int, dry_run: bool, report: GcReport,
     segments no kept snapshot names (a crash between a snapshot's segments and its
     publishing leaves some)."""
     quarantined = store.quarantined()
-    for info in store.list_runs():
+    runs = store.list_runs()
+    report.examined = report.examined or len(runs)  # (the archiving pass counted them)
+    for info in runs:
         snapshots = store.snapshots(info.run_id)
         dead = all(refusal(s, quarantined) for s in snapshots)
         doomed = snapshots if dead else snapshots[keep:]

@@ -88,9 +88,9 @@ def gc_cmd(older: timedelta | None, archive_url: str | None, keep_snapshots: int
                             else ("archived", "pruned", "freed"))
     for v in report.verdicts:
         if v.action == "archive" or dry_run:
+            size = "" if v.bytes is None else f", {_size(v.bytes)}"
             echo(f"{archive if v.action == 'archive' else 'keep'} {v.run_id} ({v.events} "
-                 f"events, {_size(v.bytes)})" + ("" if v.action == "archive" else
-                                                f": {v.reason}"))
+                 f"events{size})" + ("" if v.action == "archive" else f": {v.reason}"))
     took = human_age(report.seconds) if report.seconds >= 1 else f"{report.seconds:.2f}s"
     echo(f"{'dry run: ' if dry_run else ''}examined {report.examined} run(s): {archive} "
          f"{report.archived} ({report.events_archived} events), kept {report.kept}; {prune} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 import msgspec
 
+from ..store.base import missing_run
 from ..workspace import WorkspaceError, restore_workspace, version_at, versions
 from ._base import CliError, by_option, cli, json_option, note, opened, store_option
 from ._safe import echo, emit_json, visible
@@ -43,7 +44,10 @@ def workspace_cmd(run_id: str, at: int | None, restore_seq: int | None, force: b
                 echo(f"restored the files of run {run_id} at seq {restored.seq} "
                      f"(commit {restored.commit})")
             return
-        ws, found = versions(store.read(run_id))
+        events = list(store.read(run_id))
+        if not events:
+            raise missing_run(store, run_id)
+        ws, found = versions(events)
     version = version_at(found, at)
     if ws is None or version is None:
         raise CliError(f"run {run_id!r} recorded no workspace version"
