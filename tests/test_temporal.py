@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 
 temporalio = pytest.importorskip("temporalio", reason="the temporal extra is not installed")
@@ -146,7 +147,7 @@ async def stopped_for_a_person(handle: WorkflowHandle[Any, RunSummary]) -> RunSu
     """The run's summary once it has stopped where a person must decide."""
     async def stopped() -> bool:
         s = await handle.query(JournalRun.status)
-        return s is not None and s.status not in ("starting", "running")
+        return s is not None and s.status != "running"
     await until(stopped)
     summary = await handle.query(JournalRun.status)
     assert summary is not None
@@ -548,20 +549,50 @@ def test_what_no_retry_can_mend_fails_the_workflow_clearly(workers: Workers) -> 
         cause = failed.value.cause.cause  # the activity's ApplicationError
         return f"{cause.type}: {cause.message}"
 
+    damaged_log(workers.store_url)
+
+    def started(run_id: str, heartbeat: float = HEARTBEAT) -> Start:
+        return Start(agent="post", run_id=run_id, task="post", heartbeat_timeout=heartbeat)
+
     async def go() -> list[str]:
         return [
             await failure(Start(agent="nope", run_id="m1", task="t",
                                 heartbeat_timeout=HEARTBEAT), "m1"),
-            await failure(Start(agent="post", run_id="m2", task="t", heartbeat_timeout=9),
-                          "m2"),
-            await failure(Start(agent="post", run_id="m3", task="t",
-                                heartbeat_timeout=HEARTBEAT), "not-m3"),
+            await failure(started("m2", heartbeat=9), "m2"),
+            await failure(started("m3"), "not-m3"),
+            await failure(started("tampered"), "tampered"),
+            await failure(started("newer"), "newer"),
         ]
 
-    unknown, mismatch, other_id = run(go())
+    started_at = time.monotonic()
+    unknown, mismatch, other_id, tampered, newer = run(go())
     assert unknown.startswith("Misconfigured: no agent named 'nope'")
     assert "lease_ttl 2s" in mismatch and "heartbeat_timeout is 9s" in mismatch
     assert "id=run_id" in other_id
+    assert tampered.startswith("CorruptLogError: ") and "seq 2" in tampered
+    assert newer.startswith("UnsupportedVersionError: ")
+    assert time.monotonic() - started_at < 20  # failed at once, never retried
+
+
+def damaged_log(store_url: str) -> None:
+    """Two runs no retry can mend: one whose 2nd event was edited after it was written,
+    one whose 2nd event (sealed as it should be) follows a schema newer than this one."""
+    from agentjournal import make_events
+    from agentjournal.events import encode, seal
+
+    from .test_store_conformance import rewrite_stored
+
+    with open_store(store_url) as store:
+        for run_id in ("tampered", "newer"):
+            store.append(run_id, make_events(run_id, 0, 0, [
+                (EventType.RUN_STARTED, {"task": "post"}),
+                (EventType.USER_MESSAGE, {"content": "post"})]), expected_seq=0, epoch=0)
+        first, second = list(store.read("tampered"))
+        rewrite_stored(store, "tampered", second,
+                       encode(second).replace(b'"post"', b'"POST"'))
+        first, second = list(store.read("newer"))
+        (body,), _ = seal([msgspec.structs.replace(second, v=99, digest="")], first.digest)
+        rewrite_stored(store, "newer", second, body)
 
 
 def test_the_example_runs_as_a_user_runs_it(tmp_path: Path) -> None:

@@ -139,10 +139,11 @@ class Activities:
                 record_approval(store, decide.run_id, a.approval_id, approved=a.approved,
                                 by=a.by, reason=a.reason)
             return summary_of(load_state(store, decide.run_id).state)
+        except LeaseHeldError as exc:  # the run is being driven: once its lease lapses
+            raise _as_temporal(exc) from exc
         except JournalError as exc:
-            retry = isinstance(exc, LeaseHeldError)
             raise ApplicationError(str(exc), type=type(exc).__name__,
-                                   non_retryable=not retry) from exc
+                                   non_retryable=True) from exc
 
     def _agent(self, start: Start) -> Agent:
         agent = self.agents.get(start.agent)

@@ -32,7 +32,9 @@ class RunSummary:
     """Where the run stopped, as the journal says (a query's and the workflow's result)."""
 
     run_id: str
-    status: str  # a RunState status, or "starting" before the first attempt returned
+    #: A RunState status; "running" while an activity drives the run (the other fields
+    #: are then those of the last summary: the journal has the live seq).
+    status: str
     last_seq: int = 0
     outcome: Any = None  # None when larger than OUTCOME_LIMIT: read it from the journal
     uncertain: list[str] = field(default_factory=list)  # idempotency keys

@@ -13,6 +13,7 @@ checked by replaying the histories in ``tests/fixtures/temporal/``.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from temporalio import workflow
@@ -37,9 +38,12 @@ class JournalRun:
 
     @workflow.run
     async def run(self, start: Start) -> RunSummary:
-        self._summary = RunSummary(run_id=start.run_id, status="starting")
+        self._summary = RunSummary(run_id=start.run_id, status="running")
         while True:
             self._woken = False
+            # What the query tells while the run is driven: running, as of the last
+            # summary (the journal has the live seq). No command: replays are unchanged.
+            self._summary = dataclasses.replace(self._summary, status="running")
             self._summary = await workflow.execute_activity(
                 RUN_STEP, start, result_type=RunSummary,
                 start_to_close_timeout=timedelta(seconds=start.run_timeout),
@@ -92,5 +96,6 @@ class JournalRun:
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=[
                 *FATAL, "NotPendingError", "AlreadyDecidedError", "AmbiguousKeyError"]))
+        self._summary = summary  # the journal's state just after the decision
         self._woken = True
         return summary
