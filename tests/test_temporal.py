@@ -627,3 +627,35 @@ def test_journal_errors_map_to_what_temporal_should_do() -> None:
     for fatal in (CorruptLogError("r", 3, "bad"), ArchivedRunError("r", "file:///a", 4)):
         assert _as_temporal(fatal).non_retryable, fatal
     assert not _as_temporal(ConflictError("r", 1, 2)).non_retryable
+
+
+def test_an_attempt_that_finds_the_lease_held_waits_out_its_ttl(tmp_path: Path) -> None:
+    """A second attempt while the first may still run (a heartbeat timeout, a reset): the
+    activity fails retryable with the lease's remaining TTL as the delay, and writes
+    nothing. (The dev-server tests see it happen; this pins the delay.)"""
+    import dataclasses
+
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    from agentjournal import Agent, ScriptedModel, reply
+    from agentjournal.temporal.activities import Activities
+
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    with open_store(url) as store:
+        store.acquire("r1", "worker-b@elsewhere", 30)  # the first attempt, still alive
+    activities = Activities({"a": Agent(ScriptedModel([reply("done")]), [], lease_ttl=30)},
+                            url)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, workflow_id="r1")
+    try:
+        with pytest.raises(ApplicationError) as held:
+            env.run(activities.run_step,
+                    Start(agent="a", run_id="r1", task="t", heartbeat_timeout=30))
+    finally:
+        activities.close()
+    assert held.value.type == "LeaseHeldError" and not held.value.non_retryable
+    assert held.value.next_retry_delay is not None
+    assert 28 < held.value.next_retry_delay.total_seconds() <= 30.5
+    with open_store(url) as store:
+        assert store.last_seq("r1") == 0
