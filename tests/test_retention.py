@@ -300,7 +300,7 @@ def test_gc_killed_at_random_moments_loses_no_run(store_url: str, tmp_path: Path
     rng = random.Random(seed)
     archive = tmp_path / "archive"
     with open_store(store_url) as store:
-        eligible = populate(store, 15 * kills, rng)
+        eligible = populate(store, 40 * kills, rng)
         before = {r.run_id: store.records(r.run_id) for r in store.list_runs()}
     for point in ("gc_archived", "gc_deleted"):  # the chosen windows first
         proc = gc_process(store_url, archive, f"{point}:2")

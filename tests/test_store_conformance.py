@@ -448,11 +448,14 @@ class TestSnapshotConformance:
         store.put_segments("other", {SEG_A: b"other's"})
         assert make_store().segments("r1", [SEG_A, SEG_B, SEG_C, SEG_D]) == {
             SEG_A: body, SEG_B: b"b", SEG_C: b"c"}
+        assert store.segment_digests("r1") == {SEG_A, SEG_B, SEG_C}
+        assert store.segment_digests("nothing") == set()
         assert store.prune_segments("r1", [SEG_A, SEG_D]) == 2
+        assert make_store().segment_digests("r1") == {SEG_A}
         assert store.segments("r1", [SEG_A, SEG_B, SEG_C]) == {SEG_A: body}
         store.put_snapshot(snapshot_at("r1", 10))
         assert store.delete_snapshots("r1") == 1
-        assert store.segments("r1", [SEG_A]) == {}
+        assert store.segments("r1", [SEG_A]) == {} and store.segment_digests("r1") == set()
         assert store.segments("other", [SEG_A]) == {SEG_A: b"other's"}
         assert store.prune_segments("r1", []) == 0
         # A name that is no digest (a damaged snapshot's) is simply not there.

@@ -36,7 +36,7 @@ from .errors import ConflictError, CorruptLogError, LeaseHeldError, NotArchivedE
 from .events import Event, EventType, now
 from .faults import fault_point
 from .journal import default_owner, take_lease
-from .snapshots import collect_segments, refusal
+from .snapshots import collect_segments, named_segments_of, refusal
 from .state import RunState, fold
 from .store import Lease, Store
 from .store.base import Tombstone, check_records, records_digest
@@ -312,7 +312,11 @@ def _prune_snapshots(store: Store, keep: int, dry_run: bool, report: GcReport,
 
 def _collect(store: Store, run_id: str) -> int:
     """The run's segments no snapshot names, collected under its lease: a live run's
-    writer may have stored segments for a snapshot it has not published yet."""
+    writer may have stored segments for a snapshot it has not published yet. A run
+    whose stored segments are all named is left alone, without a write."""
+    named = named_segments_of(store, run_id)  # (None: a body cannot be read; keep all)
+    if named is None or store.segment_digests(run_id) <= named:
+        return 0
     try:
         lease = take_lease(store, run_id, default_owner(), LEASE_TTL)
     except LeaseHeldError:

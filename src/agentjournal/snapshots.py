@@ -216,20 +216,27 @@ def write_snapshot(store: Store, state: RunState, *, keep: int = 2,
     return snapshot
 
 
-def collect_segments(store: Store, run_id: str, known: Segments | None = None) -> int:
-    """Delete the run's segments that none of its snapshots names; how many went. Not
-    while a snapshot's body cannot be read (what it names is then unknown). With
-    ``known`` (a writer's own, see write_snapshot), only when one of those is no
-    longer named: others' leftovers are gc's to collect."""
+def named_segments_of(store: Store, run_id: str) -> set[str] | None:
+    """The digests the run's snapshots name; None when a body cannot be read (what it
+    names is then unknown)."""
     named: set[str] = set()
     for snapshot in store.snapshots(run_id):
         try:
             form = _form_of(snapshot.body)
         except (msgspec.DecodeError, msgspec.ValidationError, zlib.error):
-            return 0
+            return None
         if form is not None:
             named.update(_names(form))
-    if known is not None and not known.keep(named):
+    return named
+
+
+def collect_segments(store: Store, run_id: str, known: Segments | None = None) -> int:
+    """Delete the run's segments that none of its snapshots names; how many went. Not
+    while a snapshot's body cannot be read. With ``known`` (a writer's own, see
+    write_snapshot), only when one of those is no longer named: others' leftovers are
+    gc's to collect."""
+    named = named_segments_of(store, run_id)
+    if named is None or (known is not None and not known.keep(named)):
         return 0
     return store.prune_segments(run_id, named)
 

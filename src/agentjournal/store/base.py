@@ -301,6 +301,10 @@ class Store(Protocol):
         """The run's stored segments among ``digests``; a missing one is absent."""
         ...
 
+    def segment_digests(self, run_id: str) -> set[str]:
+        """The digests of the run's stored segments (a read: no lease, no write)."""
+        ...
+
     def prune_segments(self, run_id: str, keep: Collection[str]) -> int:
         """Delete the run's segments whose digest is not in ``keep``; how many went."""
         ...

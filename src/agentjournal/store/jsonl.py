@@ -981,6 +981,11 @@ class JsonlStore:
                     found[digest] = (directory / _segment_name(digest)).read_bytes()
         return found
 
+    def segment_digests(self, run_id: str) -> set[str]:
+        validate_run_id(run_id)
+        # Every .seg file, digest or not: what prune_segments would weigh.
+        return {p.name.removesuffix(".seg") for p in self._snap_dir(run_id).glob("*.seg")}
+
     @_os_errors("prune snapshot segments", write=True)
     def prune_segments(self, run_id: str, keep: Collection[str]) -> int:
         validate_run_id(run_id)

@@ -843,6 +843,13 @@ class PostgresStore:
                 (run_id, list(digests))).fetchall()
         return {digest: bytes(body) for digest, body in rows}
 
+    def segment_digests(self, run_id: str) -> set[str]:
+        validate_run_id(run_id)
+        with self._conn() as conn:
+            rows = conn.execute(self._q("SELECT digest FROM {s}.segments WHERE run_id = %s"),
+                                (run_id,)).fetchall()
+        return {digest for (digest,) in rows}
+
     def prune_segments(self, run_id: str, keep: Collection[str]) -> int:
         validate_run_id(run_id)
         with self._write(run_id) as cur:

@@ -785,6 +785,12 @@ class SQLiteStore:
                 " (SELECT value FROM json_each(?))", (run_id, json.dumps(list(digests))))
             return {digest: bytes(body) for digest, body in rows}
 
+    def segment_digests(self, run_id: str) -> set[str]:
+        validate_run_id(run_id)
+        with self._reading():
+            return {digest for (digest,) in self._db.execute(
+                "SELECT digest FROM segments WHERE run_id = ?", (run_id,))}
+
     def prune_segments(self, run_id: str, keep: Collection[str]) -> int:
         validate_run_id(run_id)
         with self._tx() as db:
