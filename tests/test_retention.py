@@ -382,3 +382,8 @@ def test_keep_snapshots_collects_segments_no_snapshot_names(
         assert report.segments_pruned == 1 and report.snapshots_pruned == 0
         assert set(store.segments("live", [*named, orphan])) == named
         assert load_state(store, "live").snapshot_seq == store.last_seq("live")
+        # Nothing left to collect: gc reads, and neither takes the lease nor writes.
+        store.release(before := store.acquire("live", "w", 60))
+        report = gc(store, RetentionPolicy(keep_snapshots=1), at=NOW)
+        assert report.segments_pruned == 0
+        assert store.acquire("live", "w", 60).epoch == before.epoch + 1  # gc took none
