@@ -489,14 +489,29 @@ class SQLiteStore:
                 if isinstance(exc, sqlite3.OperationalError):
                     raise self._translated(exc, "write") from exc
                 raise
-            try:
-                self._sync()
-            except Exception as exc:  # whatever failed, durability is now unknown
-                # Never retried into success: the handle is closed for writes.
-                self._broken = f"commit failed: {exc}"
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise DurabilityError(self._broken) from exc
+            self._commit()
+
+    def _commit(self, statement: str = "COMMIT", params: Mapping[str, Any] | None = None,
+                *, alone: bool = False) -> int:
+        """Run the durability point; its row count. Whatever fails there leaves
+        durability unknown: never retried into success, the handle is closed for writes.
+        Except a statement ``alone`` (its own transaction) that found the database busy
+        or locked: that one never started."""
+        try:
+            return self._sync(statement, params)
+        except sqlite3.OperationalError as exc:
+            code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+            if alone and code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise self._translated(exc, "write") from exc
+            raise self._broke(exc) from exc
+        except Exception as exc:
+            raise self._broke(exc) from exc
+
+    def _broke(self, exc: Exception) -> DurabilityError:
+        self._broken = f"commit failed: {exc}"
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+        return DurabilityError(self._broken)
 
     def _sync(self, statement: str = "COMMIT", params: Mapping[str, Any] | None = None) -> int:
         """The durability point (a fault-injection seam for tests): a transaction's
@@ -582,20 +597,10 @@ class SQLiteStore:
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
-            try:
-                inserted = self._sync(_ALONE, {
-                    "run": one.run_id, "seq": event.seq, "type": event.type.value,
-                    "ts": event.ts.isoformat(), "body": body, "expected": one.expected_seq,
-                    "prev": prev.encode("ascii"), "epoch": one.epoch})
-            except sqlite3.OperationalError as exc:
-                code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
-                if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                    raise self._translated(exc, "write") from exc  # it never started
-                self._broken = f"commit failed: {exc}"
-                raise DurabilityError(self._broken) from exc
-            except Exception as exc:
-                self._broken = f"commit failed: {exc}"
-                raise DurabilityError(self._broken) from exc
+            inserted = self._commit(_ALONE, {
+                "run": one.run_id, "seq": event.seq, "type": event.type.value,
+                "ts": event.ts.isoformat(), "body": body, "expected": one.expected_seq,
+                "prev": prev.encode("ascii"), "epoch": one.epoch}, alone=True)
         if inserted:
             self._digests[one.run_id] = digest
         return inserted == 1
