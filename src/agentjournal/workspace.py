@@ -188,16 +188,19 @@ class Workspace:
         trees = self._git("rev-parse", *(f"{c}^{{tree}}" for c in commits)) if commits else ""
         return tree in trees.split()
 
-    def restore(self, run_id: str, commit: str) -> None:
+    def restore(self, run_id: str, commit: str) -> list[str]:
         """Make the directory's files those of ``commit``: changed ones rewritten, ones
         the commit lacks removed (ignored files are left alone). The run's ref moves
-        there, so the next checkpoint's parent is what is on disk."""
+        there, so the next checkpoint's parent is what is on disk. Returns the paths
+        that differ from the run's version before (none when it had none)."""
         self._ready()
         index, skipped = self._stage_all(run_id)
         if skipped is not None:
             raise WorkspaceError(f"the workspace cannot be restored: {skipped}")
+        before = self._head_and_tree(run_id)[0]
         self._git("read-tree", "-u", "--reset", commit, index=index)
         self._git("update-ref", self.ref(run_id), commit)
+        return self._changed(before, self._tree(commit)) if before else []
 
 
 # --- a run's versions, from its log ------------------------------------------------------
@@ -256,9 +259,7 @@ def restore_workspace(store: Store, run_id: str, at_seq: int, *, by: str, force:
             raise WorkspaceError(
                 f"the workspace {ws.directory} has changes that no checkpoint of run "
                 f"{run_id!r} holds; restoring would lose them. Save them, or use --force")
-        now = ws.head(run_id)
-        ws.restore(run_id, target.commit)
-        changed = ws._changed(now, ws._tree(target.commit)) if now else []
+        changed = ws.restore(run_id, target.commit)
         j.record(EventType.WORKSPACE_CHECKPOINT, cause="restore", commit=target.commit,
                  restored_seq=target.seq, by=by, reason=reason, changed=changed[:MAX_LISTED],
                  count=len(changed))
