@@ -93,6 +93,7 @@ class Redaction:
         # Literal strings every match of some rule holds, as UTF-8 (see _clean): known for
         # literal values and the default rules; None once a rule has none (any regex).
         self._needles: list[bytes] | None = []
+        self._needle: re.Pattern[bytes] | None = None  # any of them: one search, in C
         for name, secret in (values or {}).items():
             if len(secret) < 4:  # redacting "a" everywhere would destroy the log
                 raise ValueError(f"secret value {name!r} is too short to redact safely")
@@ -122,6 +123,7 @@ class Redaction:
         if self._needles is not None:
             self._needles = None if needles is None else [
                 *self._needles, *(n.encode() for n in needles)]
+        self._needle = None
 
     def extend(self, other: Redaction) -> None:
         """Add ``other``'s rules to these."""
@@ -130,6 +132,7 @@ class Redaction:
         self._any = None
         self._needles = (None if self._needles is None or other._needles is None
                          else self._needles + other._needles)
+        self._needle = None
 
     def _prefilter(self) -> re.Pattern[str] | None:
         """One pattern matching where any rule does: most strings hold no secret, and
@@ -149,11 +152,15 @@ class Redaction:
         needles = self._needles
         if needles is None:
             return False
+        if not needles:
+            return True  # no rules
         try:
             text = _json.encode(payload)
         except (TypeError, ValueError, msgspec.EncodeError):  # (not JSON yet: walk it)
             return False
-        return not any(n in text for n in needles)
+        if self._needle is None:
+            self._needle = re.compile(b"|".join(map(re.escape, needles)))
+        return self._needle.search(text) is None
 
     def scrub(self, value: Any, counts: Counter[str] | None = None) -> Any:
         """``value`` with every match replaced; matches counted per rule in ``counts``."""
