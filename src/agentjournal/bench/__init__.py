@@ -12,7 +12,8 @@ Figure families (a name up to its first dot):
 
     append, tool_call              durable appends (fsync) per backend vs a raw write + sync
     replay                         fold(decode(...)) vs decode-only, events/s
-    recovery, recovery_growth      open the store + load_state, with and without snapshots
+    recovery, recovery_growth      open the store + load_state, with and without snapshots, of a
+                                   run that compacts its context every 100 steps
     snapshot_write                 write_snapshot vs msgpack encode + write + fsync
     storage, storage_growth        bytes per event and per step as the run grows
     cpu_per_event                  envelope + encode + write with syncing off

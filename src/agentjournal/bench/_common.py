@@ -103,17 +103,29 @@ def _step_facts(scope: str, i: int, started_seq: int) -> list[Fact]:
     ]
 
 
-def run_facts(run_id: str) -> Iterator[Fact]:
+#: A long run's context policy, for the recovery figures: every 100 steps the context is
+#: compacted to a summary and the newest 20 messages.
+COMPACT_EVERY, COMPACT_KEEP = 100, 20
+SUMMARY = "Orders 1 to N reconciled against the manifest; no mismatch so far."
+
+
+def run_facts(run_id: str, compact_every: int | None = None) -> Iterator[Fact]:
     scope = run_scope(run_id)
     yield E.RUN_STARTED, {"task": TASK, "scope": scope, "agent": None}
     yield E.USER_MESSAGE, {"content": TASK}
-    for i in itertools.count():
-        yield from _step_facts(scope, i, started_seq=4 + 3 * i)
+    seq = 2
+    for i in itertools.count(1):
+        yield from _step_facts(scope, i - 1, started_seq=seq + 2)
+        seq += 3
+        if compact_every and i % compact_every == 0:
+            yield E.CONTEXT_COMPACTED, {"summary": SUMMARY, "kept": COMPACT_KEEP}
+            seq += 1
 
 
-def workload(run_id: str, n: int) -> list[Event]:
-    """The first ``n`` events of the run (2 opening events, then 3 per step)."""
-    return make_events(run_id, 0, 0, itertools.islice(run_facts(run_id), n))
+def workload(run_id: str, n: int, compact_every: int | None = None) -> list[Event]:
+    """The first ``n`` events of the run (2 opening events, then 3 per step; with
+    ``compact_every``, a compaction after every that many steps)."""
+    return make_events(run_id, 0, 0, itertools.islice(run_facts(run_id, compact_every), n))
 
 
 # --- timing --------------------------------------------------------------------------

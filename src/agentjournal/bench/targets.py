@@ -104,7 +104,8 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
         _against_floor("cpu_per_event.sqlite", get("cpu_per_event.sqlite"), 1.3, "max",
                        "vs a raw INSERT+COMMIT, syncing off"),
         *(_growth(by_name, f"resume_growth.{backend}", f"recovery.{backend}.snapshots.", 2,
-                  "recovery with snapshots, largest / smallest run (events)")
+                  "recovery with snapshots of a run that compacts its context, largest / "
+                  "smallest run (events)")
           for backend in ("sqlite", "jsonl", "postgres")),
         _between("resume_vs_langgraph.10k", get("peers.resume.agentjournal.10000"),
                  get("peers.resume.langgraph.10000"), 1.0,
