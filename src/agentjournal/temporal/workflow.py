@@ -38,12 +38,11 @@ class JournalRun:
 
     @workflow.run
     async def run(self, start: Start) -> RunSummary:
+        # What the query tells while the run is driven: running, as of the last summary
+        # (the journal has the live seq). No command: replays are unchanged.
         self._summary = RunSummary(run_id=start.run_id, status="running")
         while True:
             self._woken = False
-            # What the query tells while the run is driven: running, as of the last
-            # summary (the journal has the live seq). No command: replays are unchanged.
-            self._summary = dataclasses.replace(self._summary, status="running")
             self._summary = await workflow.execute_activity(
                 RUN_STEP, start, result_type=RunSummary,
                 start_to_close_timeout=timedelta(seconds=start.run_timeout),
@@ -56,6 +55,7 @@ class JournalRun:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._summary
             await workflow.wait_condition(lambda: self._woken)
+            self._summary = dataclasses.replace(self._summary, status="running")
 
     @workflow.query(name="status")
     def status(self) -> RunSummary | None:
