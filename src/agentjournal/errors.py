@@ -266,6 +266,23 @@ class CorruptStoreError(CorruptLogError):
         self.url = url
 
 
+class SnapshotSegmentError(JournalError):
+    """A snapshot segment a resumed run decodes when first needed is missing or damaged.
+    The run's snapshots are set aside; opening the run again folds it from its log."""
+
+    retryable = True
+
+    def __init__(self, run_id: str, digest: str, detail: str) -> None:
+        super().__init__(
+            f"run {run_id!r}: snapshot segment {digest[:12]}, which its state was loaded "
+            f"from, {detail}. Its snapshots were set aside and the log was not changed: "
+            "open the run again and it is folded from its log.",
+            run_id=run_id,
+        )
+        self.digest = digest
+        self.detail = detail
+
+
 class DurabilityError(JournalError):
     """An fsync or commit failed. The data may be lost; the handle refuses writes."""
 

@@ -15,6 +15,7 @@ clock, which can be set back.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -27,11 +28,13 @@ import msgspec
 from .errors import ConflictError, JournalError, LeaseExpiredError, LeaseHeldError
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
-from .snapshots import Segments, load_state, write_snapshot
+from .snapshots import Segments, load_state, settle, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 from .store.base import boot_seconds, missing_run
 from .workspace import WorkspaceError, version_at, versions
+
+log = logging.getLogger("agentjournal")
 
 Observer = Callable[[Event, RunState], None]
 
@@ -277,6 +280,11 @@ class RunJournal:
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join()
+        try:  # the state may outlive the store: its maps must not need it
+            settle(self.state)
+        except JournalError as exc:
+            log.warning("run %s: its state's snapshot segments were not all decoded: %s",
+                        self.run_id, exc)
         if not self.keep_lease:
             with contextlib.suppress(JournalError):  # fenced or broken: nothing to release
                 self.store.release(self.lease)
@@ -311,7 +319,7 @@ def open_journal(
     leased_at = _clock()
     lease = take_lease(store, run_id, owner or default_owner(), ttl)
     try:
-        loaded = load_state(store, run_id)
+        loaded = load_state(store, run_id, lazy=True)
         if must_exist and loaded.state.last_seq == 0:
             raise missing_run(store, run_id)
     except BaseException:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import logging
 import operator
 import time
@@ -36,8 +37,9 @@ from typing import Any
 
 import msgspec
 
-from .errors import CorruptLogError, JournalError
+from .errors import CorruptLogError, JournalError, SnapshotSegmentError
 from .events import SCHEMA_VERSION, Event, now
+from .keyed import BLOCK, Group, Head, Keyed, key_filter
 from .metrics import METRICS
 from .state import FOLD_VERSION, CompletedCall, Message, RunState, apply, durable_fields
 from .store import Store
@@ -77,8 +79,9 @@ Attempts = list[tuple[str, int]]
 
 class _Form(msgspec.Struct, array_like=True):
     """A snapshot body: the state without the parts that grow with the run, and each of
-    those as the digests of its full segments plus the items after them. (An array:
-    its msgpack starts 0x97, a whole state's a map, so the two are told apart.)"""
+    those as the digests of its full segments plus the items after them; for the keyed
+    parts, a filter of each segment's keys too (see keyed.py). (An array: its msgpack
+    starts 0x9N, a whole state's a map, so the two are told apart.)"""
 
     head: RunState
     messages: list[str]
@@ -87,40 +90,61 @@ class _Form(msgspec.Struct, array_like=True):
     completed_after: Completed
     attempts: list[str]
     attempts_after: Attempts
+    #: The keyed parts' filters (keyed.py): a block object per ``BLOCK`` full segments
+    #: (by digest), and the filter of each segment after those. Absent from bodies
+    #: written before filters, whose segments are all decoded at load.
+    completed_blocks: list[str] = []
+    completed_filters: list[bytes] = []
+    attempts_blocks: list[str] = []
+    attempts_filters: list[bytes] = []
 
 
-_FORM = b"\x97"  # msgpack: an array of 7
+class _Block(msgspec.Struct, array_like=True):
+    """Stored as a segment: the filter of ``BLOCK`` segments' keys, and each one's."""
+
+    filter: bytes
+    filters: list[bytes]
+
+
 _form_decoder = msgspec.msgpack.Decoder(_Form)
 _messages_decoder = msgspec.msgpack.Decoder(list[Message])
 _completed_decoder = msgspec.msgpack.Decoder(Completed)
 _attempts_decoder = msgspec.msgpack.Decoder(Attempts)
+_block_decoder = msgspec.msgpack.Decoder(_Block)
 
 
 class Segments:
     """A writer's memory of the segments it stored or loaded: for each part and index,
-    the objects the segment held and its digest. A segment whose objects are the very
-    same is neither encoded, nor hashed, nor written again, so a snapshot costs what
-    changed. (The fold replaces a message or a completed call, never changes one in
-    place, so the same objects hold the same content.)"""
+    the objects the segment held, its digest and (for a keyed part) its filter. A
+    segment whose objects are the very same is neither encoded, nor hashed, nor written
+    again, so a snapshot costs what changed. (The fold replaces a message or a completed
+    call, never changes one in place, so the same objects hold the same content.)"""
 
     def __init__(self) -> None:
-        self._known: dict[tuple[str, int], tuple[list[Any], str]] = {}
+        self._known: dict[tuple[str, int], tuple[list[Any], str, bytes | None]] = {}
 
-    def digest(self, part: str, index: int, objects: list[Any]) -> str | None:
+    def known(self, part: str, index: int, objects: list[Any]
+              ) -> tuple[str, bytes | None] | None:
+        """The digest and filter of the segment that held ``objects``, if remembered."""
         hit = self._known.get((part, index))
         if hit is None or len(hit[0]) != len(objects):
             return None
-        return hit[1] if all(map(operator.is_, hit[0], objects)) else None
+        return (hit[1], hit[2]) if all(map(operator.is_, hit[0], objects)) else None
 
-    def remember(self, part: str, index: int, objects: list[Any], digest: str) -> None:
-        self._known[(part, index)] = (objects, digest)
+    def digest(self, part: str, index: int, objects: list[Any]) -> str | None:
+        hit = self.known(part, index, objects)
+        return None if hit is None else hit[0]
+
+    def remember(self, part: str, index: int, objects: list[Any], digest: str,
+                 filter_: bytes | None = None) -> None:
+        self._known[(part, index)] = (objects, digest, filter_)
 
     def digests(self) -> set[str]:
-        return {digest for _, digest in self._known.values()}
+        return {digest for _, digest, _ in self._known.values()}
 
     def keep(self, named: Set[str]) -> bool:
         """Forget the segments not in ``named``; whether any was."""
-        gone = [k for k, (_, digest) in self._known.items() if digest not in named]
+        gone = [k for k, (_, digest, _) in self._known.items() if digest not in named]
         for key in gone:
             del self._known[key]
         return bool(gone)
@@ -134,46 +158,117 @@ def _objects(items: list[Any]) -> list[Any]:
     return items
 
 
-def _split(part: str, items: list[Any], size: int | None, segments: Segments,
-           new: dict[str, bytes], seen: list[tuple[str, int, list[Any], str]]
-           ) -> tuple[list[str], list[Any]]:
-    """The digests of ``items``' full segments of ``size`` and the items after them.
-    A segment ``segments`` does not know is encoded and hashed (into ``seen``, to be
-    remembered once stored), and written (into ``new``) unless its digest is known."""
-    if size is None:
-        return [], items
-    digests, stored = [], None
+#: A full segment to store: its items, or a head of a resumed run's map not decoded yet
+#: (so unchanged: a write into it decodes it first).
+Chunk = list[Any] | Head
+
+
+def _chunks(part: list[Any] | Mapping[str, Any], size: int) -> tuple[list[Chunk], list[Any]]:
+    """``part``'s full segments of ``size`` items, and the items after them."""
+    chunks: list[Chunk] = []
+    if isinstance(part, Keyed):
+        chunks += [head if head.keys is None else part.head_items(head) for head in part.heads]
+        part = part.rest
+    items = list(part.items()) if isinstance(part, Mapping) else part
     full = len(items) // size * size
-    for index, start in enumerate(range(0, full, size)):
-        chunk = items[start:start + size]
-        objects = _objects(chunk)
-        digest = segments.digest(part, index, objects)
-        if digest is None:
-            raw = _encoder.encode(chunk)
-            digest = hashlib.sha256(raw).hexdigest()
-            stored = segments.digests() if stored is None else stored
-            if digest not in stored:
-                new[digest] = zlib.compress(raw, 1)
-            seen.append((part, index, objects, digest))
+    chunks += [items[start:start + size] for start in range(0, full, size)]
+    return chunks, items[full:]
+
+
+Seen = list[tuple[str, int, list[Any], str, bytes | None]]
+
+
+def _split(name: str, part: list[Any] | Mapping[str, Any], size: int | None,
+           segments: Segments, new: dict[str, bytes], seen: Seen
+           ) -> tuple[list[str], list[bytes], list[Any]]:
+    """The digests of ``part``'s full segments of ``size``, their key filters (for a
+    mapping), and the items after them. A segment ``segments`` does not know is encoded
+    and hashed (into ``seen``, to be remembered once stored), and written (into ``new``)
+    unless its digest is known."""
+    if size is None:
+        return [], [], list(part.items()) if isinstance(part, Mapping) else part
+    keyed = isinstance(part, Mapping)
+    chunks, after = _chunks(part, size)
+    digests, filters = [], []
+    for index, chunk in enumerate(chunks):
+        filter_: bytes | None
+        if isinstance(chunk, Head):
+            digest, filter_ = chunk.digest, chunk.filter
+        else:
+            objects = _objects(chunk)
+            hit = segments.known(name, index, objects)
+            if hit is None or (keyed and hit[1] is None):
+                raw = _encoder.encode(chunk)
+                digest = hashlib.sha256(raw).hexdigest()
+                filter_ = key_filter(key for key, _ in chunk) if keyed else None
+                _store(raw, digest, segments, new)
+                seen.append((name, index, objects, digest, filter_))
+            else:
+                digest, filter_ = hit
         digests.append(digest)
-    return digests, items[full:]
+        if filter_ is not None:
+            filters.append(filter_)
+    return digests, filters, after
+
+
+def _store(raw: bytes, digest: str, segments: Segments, new: dict[str, bytes]) -> None:
+    """Write the segment ``raw`` unless the store holds it (as far as ``segments`` knows)."""
+    if digest not in new and digest not in segments.digests():
+        new[digest] = zlib.compress(raw, 1)
+
+
+def _blocks(name: str, part: Mapping[str, Any], size: int | None, digests: list[str],
+            filters: list[bytes], segments: Segments, new: dict[str, bytes], seen: Seen
+            ) -> tuple[list[str], list[bytes]]:
+    """The block objects of a keyed part's full segments (see keyed.py), by digest, and
+    the filters of the segments after the last full block."""
+    full = len(digests) // BLOCK * BLOCK if size is not None else 0
+    blocks = []
+    for index, start in enumerate(range(0, full, BLOCK)):
+        named = digests[start:start + BLOCK]
+        digest = segments.digest(f"{name}.blocks", index, named)
+        if digest is None:
+            keys = _block_keys(part, size or 0, start)
+            raw = _encoder.encode(_Block(key_filter(keys), filters[start:start + BLOCK]))
+            digest = hashlib.sha256(raw).hexdigest()
+            _store(raw, digest, segments, new)
+            seen.append((f"{name}.blocks", index, named, digest, None))
+        blocks.append(digest)
+    return blocks, filters[full:]
+
+
+def _block_keys(part: Mapping[str, Any], size: int, start: int) -> list[str]:
+    """The keys of the ``BLOCK`` full segments from the ``start``-th on."""
+    heads, rest = (part.heads, part.rest) if isinstance(part, Keyed) else ([], part)
+    keys: list[str] = []
+    for index in range(start, start + BLOCK):
+        if index < len(heads):
+            assert isinstance(part, Keyed)
+            keys += part.decode(heads[index])
+        else:
+            offset = (index - len(heads)) * size
+            keys += list(itertools.islice(rest, offset, offset + size))
+    return keys
 
 
 def _take(state: RunState, size: int | None, segments: Segments | None = None
-          ) -> tuple[Snapshot, dict[str, bytes], list[tuple[str, int, list[Any], str]]]:
+          ) -> tuple[Snapshot, dict[str, bytes], Seen]:
     """A snapshot of ``state``, the segments to write first, and those to remember."""
     known = Segments() if segments is None else segments
     new: dict[str, bytes] = {}
-    seen: list[tuple[str, int, list[Any], str]] = []
-    messages, messages_after = _split("messages", state.messages, size, known, new, seen)
-    completed, completed_after = _split("completed", list(state.completed.items()), size,
-                                        known, new, seen)
-    attempts, attempts_after = _split("attempts", list(state.attempts.items()), size,
-                                      known, new, seen)
+    seen: Seen = []
+    messages, _, messages_after = _split("messages", state.messages, size, known, new, seen)
+    keyed = []
+    for name, part in (("completed", state.completed), ("attempts", state.attempts)):
+        digests, filters, after = _split(name, part, size, known, new, seen)
+        keyed.append((digests, after,
+                      *_blocks(name, part, size, digests, filters, known, new, seen)))
+    (completed, completed_after, completed_blocks, completed_filters), \
+        (attempts, attempts_after, attempts_blocks, attempts_filters) = keyed
     head = msgspec.structs.replace(state, messages=[], completed={}, attempts={})
     body = zlib.compress(_encoder.encode(_Form(
-        head, messages, messages_after, completed, completed_after, attempts,
-        attempts_after)), 1)
+        head, messages, messages_after, completed, completed_after, attempts, attempts_after,
+        completed_blocks, completed_filters, attempts_blocks, attempts_filters)), 1)
     return Snapshot(
         run_id=state.run_id, seq=state.last_seq, schema_version=SCHEMA_VERSION,
         fold_version=FOLD_VERSION, digest=hashlib.sha256(body).hexdigest(), body=body,
@@ -202,8 +297,8 @@ def write_snapshot(store: Store, state: RunState, *, keep: int = 2,
         snapshot, new, seen = _take(state, SEGMENT, known)
         if new:
             store.put_segments(state.run_id, new)
-        for part, index, objects, digest in seen:
-            known.remember(part, index, objects, digest)
+        for part, index, objects, digest, filter_ in seen:
+            known.remember(part, index, objects, digest, filter_)
         store.put_snapshot(snapshot, keep=keep)
         collect_segments(store, state.run_id, known)
     except (JournalError, OSError, OverflowError, msgspec.EncodeError) as exc:
@@ -253,6 +348,10 @@ def refusal(snapshot: Snapshot, quarantined: dict[int, str]) -> str | None:
     return None
 
 
+def _is_form(raw: bytes) -> bool:
+    return 0x90 <= raw[0] <= 0x9F  # a msgpack array of up to 15 (a state is a map)
+
+
 def _inflate(body: bytes) -> bytes:
     return zlib.decompress(body) if body[:2] == _ZLIB else body
 
@@ -260,11 +359,12 @@ def _inflate(body: bytes) -> bytes:
 def _form_of(body: bytes) -> _Form | None:
     """The segmented form of a body; None for a whole state (an older release's)."""
     raw = _inflate(body)
-    return _form_decoder.decode(raw) if raw[:1] == _FORM else None
+    return _form_decoder.decode(raw) if _is_form(raw) else None
 
 
 def _names(form: _Form) -> list[str]:
-    return [*form.messages, *form.completed, *form.attempts]
+    return [*form.messages, *form.completed, *form.attempts, *form.completed_blocks,
+            *form.attempts_blocks]
 
 
 def named_segments(body: bytes) -> list[str]:
@@ -276,6 +376,41 @@ def named_segments(body: bytes) -> list[str]:
 Fetch = Callable[[list[str]], Mapping[str, bytes]]
 
 
+class _Later:
+    """Where a lazy load leaves the keyed parts' segments, to be fetched when a lookup
+    needs one (see keyed.py). They are not even checked to be there: that would read
+    a page per segment. Their filters are (in the body and the block objects, read and
+    checked at load), so a key is never wrongly found absent; a segment found missing
+    or damaged when needed raises, and sets the run's snapshots aside so that opening
+    it again folds it from its log."""
+
+    def __init__(self, store: Store, run_id: str, known: Segments) -> None:
+        self.store, self.run_id, self.known = store, run_id, known
+
+    def keyed(self, name: str, digests: list[str], blocks: list[_Block],
+              filters: list[bytes], after: list[tuple[str, Any]],
+              decoder: msgspec.msgpack.Decoder[Any]) -> Keyed[Any]:
+        """The part as a lazy map: ``digests`` under ``blocks`` then each its own filter."""
+        heads = [Head(digest, filter_) for digest, filter_ in zip(
+            digests, [f for block in blocks for f in block.filters] + filters, strict=True)]
+        groups = [Group(block.filter, heads[i * BLOCK:(i + 1) * BLOCK])
+                  for i, block in enumerate(blocks)]
+        groups += [Group(head.filter, [head]) for head in heads[len(blocks) * BLOCK:]]
+
+        def load(head: Head) -> list[tuple[str, Any]]:
+            try:
+                raw = _segment(self.store.segments(self.run_id, [head.digest]), head.digest)
+            except SegmentError as exc:
+                self.store.delete_snapshots(self.run_id)
+                raise SnapshotSegmentError(self.run_id, head.digest, str(exc)) from exc
+            chunk: list[tuple[str, Any]] = decoder.decode(raw)
+            self.known.remember(name, heads.index(head), _objects(chunk), head.digest,
+                                head.filter)
+            return chunk
+
+        return Keyed(groups, dict(after), load)
+
+
 def state_of(body: bytes, segments: Mapping[str, bytes] | None = None,
              known: Segments | None = None) -> RunState:
     """The state a snapshot body holds, with the ``segments`` it names (by digest); each
@@ -284,14 +419,22 @@ def state_of(body: bytes, segments: Mapping[str, bytes] | None = None,
     return _state_of(body, lambda _: segments or {}, known)
 
 
-def _state_of(body: bytes, fetch: Fetch, known: Segments | None) -> RunState:
+def _state_of(body: bytes, fetch: Fetch, known: Segments | None,
+              later: _Later | None = None) -> RunState:
     """``state_of``, the segments got from ``fetch`` (given the names): the body is
-    inflated and decoded once."""
+    inflated and decoded once. With ``later``, the keyed parts' segments that have
+    filters are left to it."""
     raw = _inflate(body)
-    if raw[:1] != _FORM:
+    if not _is_form(raw):
         return _decoder.decode(raw)  # a whole state, as releases before segments wrote
     form = _form_decoder.decode(raw)
-    names = _names(form)
+    lazy_completed = later is not None and _filtered(form.completed, form.completed_blocks,
+                                                     form.completed_filters)
+    lazy_attempts = later is not None and _filtered(form.attempts, form.attempts_blocks,
+                                                    form.attempts_filters)
+    names = [*form.messages, *form.completed_blocks, *form.attempts_blocks,
+             *([] if lazy_completed else form.completed),
+             *([] if lazy_attempts else form.attempts)]
     parts, known = fetch(names) if names else {}, Segments() if known is None else known
 
     def part(name: str, digests: list[str], decoder: msgspec.msgpack.Decoder[Any]
@@ -303,14 +446,38 @@ def _state_of(body: bytes, fetch: Fetch, known: Segments | None) -> RunState:
             items += chunk
         return items
 
+    def blocks(name: str, digests: list[str], segments: list[str]) -> list[_Block]:
+        found = [_block_decoder.decode(_segment(parts, digest)) for digest in digests]
+        for index, digest in enumerate(digests):
+            known.remember(f"{name}.blocks", index, segments[index * BLOCK:(index + 1) * BLOCK],
+                           digest)
+        return found
+
     state = form.head
     state.messages = part("messages", form.messages, _messages_decoder)
     state.messages += form.messages_after
-    state.completed = dict(part("completed", form.completed, _completed_decoder))
-    state.completed.update(form.completed_after)
-    state.attempts = dict(part("attempts", form.attempts, _attempts_decoder))
-    state.attempts.update(form.attempts_after)
+    completed_blocks = blocks("completed", form.completed_blocks, form.completed)
+    attempts_blocks = blocks("attempts", form.attempts_blocks, form.attempts)
+    if lazy_completed and later is not None:
+        state.completed = later.keyed("completed", form.completed, completed_blocks,
+                                      form.completed_filters, form.completed_after,
+                                      _completed_decoder)
+    else:
+        state.completed = dict(part("completed", form.completed, _completed_decoder))
+        state.completed.update(form.completed_after)
+    if lazy_attempts and later is not None:
+        state.attempts = later.keyed("attempts", form.attempts, attempts_blocks,
+                                     form.attempts_filters, form.attempts_after,
+                                     _attempts_decoder)
+    else:
+        state.attempts = dict(part("attempts", form.attempts, _attempts_decoder))
+        state.attempts.update(form.attempts_after)
     return state
+
+
+def _filtered(digests: list[str], blocks: list[str], filters: list[bytes]) -> bool:
+    """Whether a keyed part's segments all have filters (bodies before filters have none)."""
+    return bool(digests) and len(blocks) * BLOCK + len(filters) == len(digests)
 
 
 class SegmentError(ValueError):
@@ -327,13 +494,14 @@ def _segment(parts: Mapping[str, bytes], digest: str) -> bytes:
     return raw
 
 
-def _decode(store: Store, snapshot: Snapshot,
-            known: Segments | None = None) -> tuple[RunState | None, str]:
+def _decode(store: Store, snapshot: Snapshot, known: Segments | None = None,
+            lazy: bool = False) -> tuple[RunState | None, str]:
     """The state ``snapshot`` holds, with its segments (into ``known``); else None and
-    why."""
+    why. ``lazy``: the keyed parts' segments are only checked to be there."""
+    later = _Later(store, snapshot.run_id, known or Segments()) if lazy else None
     try:
         state = _state_of(snapshot.body, lambda names: store.segments(snapshot.run_id, names),
-                          known)
+                          known, later)
     except (msgspec.DecodeError, msgspec.ValidationError, zlib.error):
         return None, "body does not decode to the state at its seq"
     except SegmentError as exc:
@@ -352,13 +520,27 @@ class Loaded(msgspec.Struct, frozen=True):
     segments: Segments = msgspec.field(default_factory=Segments)
 
 
-def load_state(store: Store, run_id: str, *, use_snapshots: bool = True) -> Loaded:
-    """The run's current state: the newest sound snapshot plus its tail, else a full fold."""
+def load_state(store: Store, run_id: str, *, use_snapshots: bool = True,
+               lazy: bool = False) -> Loaded:
+    """The run's current state: the newest sound snapshot plus its tail, else a full fold.
+
+    ``lazy`` (a journal's load): the completed calls and attempts a snapshot holds in
+    segments stay undecoded until a lookup may need one (see keyed.py), so the load's
+    cost does not grow with the run; the state must not outlive ``store`` before
+    ``settle`` makes its maps plain."""
     with gc_paused():  # decoding and folding allocate many objects and free none
-        return _load(store, run_id, use_snapshots)
+        return _load(store, run_id, use_snapshots, lazy)
 
 
-def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
+def settle(state: RunState) -> None:
+    """Decode what a lazy load left in ``state``'s maps, making them plain dicts."""
+    if isinstance(state.completed, Keyed):
+        state.completed = state.completed.as_dict()
+    if isinstance(state.attempts, Keyed):
+        state.attempts = state.attempts.as_dict()
+
+
+def _load(store: Store, run_id: str, use_snapshots: bool, lazy: bool) -> Loaded:
     misses: list[str] = []
     quarantined: dict[int, str] | None = None
     for snapshot in _newest_first(store, run_id) if use_snapshots else ():
@@ -367,15 +549,18 @@ def _load(store: Store, run_id: str, use_snapshots: bool) -> Loaded:
         started = time.perf_counter()
         reason = refusal(snapshot, quarantined)
         segments = Segments()
-        state, reason = (None, reason) if reason else _decode(store, snapshot, segments)
+        state, reason = (None, reason) if reason else _decode(store, snapshot, segments, lazy)
         METRICS.time("snapshot_load_ms", (time.perf_counter() - started) * 1000,
                      schema_version=snapshot.schema_version)
         if state is not None:
-            tail = _fold_tail(store, run_id, state)
+            try:
+                tail = _fold_tail(store, run_id, state)
+            except SnapshotSegmentError as exc:  # (and the snapshots were set aside)
+                tail, reason = None, exc.detail
             if tail is not None:
                 METRICS.gauge("snapshot_seq_gap", tail, schema_version=SCHEMA_VERSION)
                 return Loaded(state, snapshot.seq, tail, misses, segments)
-            reason = "the log does not continue right after it"
+            reason = reason or "the log does not continue right after it"
         misses.append(f"snapshot at seq {snapshot.seq}: {reason}")
         METRICS.count("snapshot_misses", schema_version=snapshot.schema_version)
         log.info("run %s: snapshot at seq %d not used: %s", run_id, snapshot.seq, reason)

@@ -8,7 +8,7 @@ time (``apply``), so a resumed run holds exactly the state the live run held.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -194,10 +194,12 @@ class RunState(msgspec.Struct, kw_only=True):
     messages: list[Message] = msgspec.field(default_factory=list)
     turns: int = 0
     usage: Usage = msgspec.field(default_factory=Usage)
-    completed: dict[str, CompletedCall] = msgspec.field(default_factory=dict)
+    #: A dict, except in a journal's state resumed from a snapshot: there it and
+    #: ``attempts`` decode the snapshot's segments when a lookup needs one (keyed.py).
+    completed: MutableMapping[str, CompletedCall] = msgspec.field(default_factory=dict)
     pending: dict[int, PendingCall] = msgspec.field(default_factory=dict)
     awaiting: dict[str, ToolCall] = msgspec.field(default_factory=dict)
-    attempts: dict[str, int] = msgspec.field(default_factory=dict)
+    attempts: MutableMapping[str, int] = msgspec.field(default_factory=dict)
     approvals: dict[str, Approval] = msgspec.field(default_factory=dict)
     decisions: dict[str, ApprovalDecision] = msgspec.field(default_factory=dict)
     guardrails: list[GuardrailHit] = msgspec.field(default_factory=list)
@@ -244,7 +246,15 @@ class RunState(msgspec.Struct, kw_only=True):
         return self.approvals
 
     def copy(self) -> RunState:
-        return msgspec.json.decode(msgspec.json.encode(self), type=RunState)
+        return msgspec.json.decode(msgspec.json.encode(self, enc_hook=plain), type=RunState)
+
+
+def plain(value: Any) -> Any:
+    """An ``enc_hook`` for msgspec that encodes a resumed run's lazy maps (keyed.py) as
+    the dicts they stand for."""
+    if isinstance(value, Mapping):
+        return dict(value.items())
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
 
 
 def durable_fields(state: RunState) -> dict[str, Any]:
@@ -580,7 +590,8 @@ def _observations_checked(st: RunState, ev: Event) -> None:
             st.messages[at] = msgspec.structs.replace(seen, content=new)
             if obs is not None:
                 obs.seq, obs.at = ev.seq, ev.ts
-                if obs.key in st.completed:  # a later identical call is served the new one
+                # A later identical call is served the new one.
+                if obs.key is not None and obs.key in st.completed:
                     st.completed[obs.key] = msgspec.structs.replace(
                         st.completed[obs.key], result=item.get("result"))
         else:

@@ -224,7 +224,7 @@ def _build_agentjournal(workdir: Path, steps: int, lookup: Tool) -> tuple[str, i
 def _agentjournal_resume_ms(url: str, events: int) -> float:
     start = time.perf_counter()
     store = open_store(url)
-    loaded = load_state(store, RUN_ID)
+    loaded = load_state(store, RUN_ID, lazy=True)  # as a journal loads it
     elapsed = time.perf_counter() - start
     store.close()
     if loaded.state.last_seq != events:

@@ -1,0 +1,203 @@
+"""A run's keyed maps (completed calls, attempts) as a resumed run holds them: the
+segments its snapshot names wait undecoded until a key may be in one.
+
+A run of 100k events keeps some 30k completed calls, and decoding them all is most of
+a resume that snapshots otherwise bound. So each stored segment has a Bloom filter of
+its keys, and every ``BLOCK`` segments share one more, over all their keys: a lookup
+tests one filter per block (and one per segment after the last full block), then the
+filters of a block that may hold the key, and decodes only the segments that may. A
+key the run never saw, the common case, decodes nothing with odds of about 1 in 2,000
+per filter tested (16 to 32 bits a key, 11 probes). Walking the whole map decodes it all, as
+a plain load does.
+
+Only a journal's own load is lazy (``load_state(lazy=True)``); it settles the maps into
+plain dicts when it closes, so a state that outlives its journal never reads a store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from typing import Any, TypeVar
+
+V = TypeVar("V")
+
+#: Segments under one block filter.
+BLOCK = 16
+_BITS_PER_KEY = 16
+_PROBES = 11
+
+
+def key_filter(keys: Iterable[str]) -> bytes:
+    """The Bloom filter of ``keys``: a power of two bits, at least 16 a key."""
+    keys = list(keys)
+    bits = max(64, 1 << (_BITS_PER_KEY * len(keys) - 1).bit_length())
+    word = bytearray(bits // 8)
+    for key in keys:
+        for position in _probes(key, bits):
+            word[position >> 3] |= 1 << (position & 7)
+    return bytes(word)
+
+
+def _probes(key: str, bits: int) -> list[int]:
+    """The bits ``key`` sets in a filter of ``bits`` bits (a power of two)."""
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=32).digest(), "little")
+    width, mask = bits.bit_length() - 1, bits - 1
+    return [h >> (width * i) & mask for i in range(_PROBES)]
+
+
+class Head:
+    """One of the full segments a snapshot named: its digest and filter, and its keys
+    once decoded (None until then)."""
+
+    __slots__ = ("digest", "filter", "keys")
+
+    def __init__(self, digest: str, filter_: bytes) -> None:
+        self.digest = digest
+        self.filter = filter_
+        self.keys: list[str] | None = None
+
+
+class Group:
+    """Heads under one filter: a block's, or a lone segment's own."""
+
+    __slots__ = ("filter", "heads")
+
+    def __init__(self, filter_: bytes, heads: list[Head]) -> None:
+        self.filter = filter_
+        self.heads = heads
+
+
+class _Probe:
+    """One key's probes, per filter size (filters of two sizes are tested per lookup),
+    as (byte, bit) pairs."""
+
+    __slots__ = ("_by_bits", "key")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._by_bits: dict[int, list[tuple[int, int]]] = {}
+
+    def admits(self, filter_: bytes) -> bool:
+        bits = len(filter_) * 8
+        probes = self._by_bits.get(bits)
+        if probes is None:
+            probes = self._by_bits[bits] = [(p >> 3, 1 << (p & 7))
+                                            for p in _probes(self.key, bits)]
+        # (A loop, not all(): a generator costs more than the test. Half the bits are
+        # set: most keys fail within two.)
+        for index, bit in probes:  # noqa: SIM110
+            if not filter_[index] & bit:
+                return False
+        return True
+
+
+_MISSING: Any = object()
+
+
+class Keyed(MutableMapping[str, V]):
+    """A map whose first items are in the ``groups``' heads, decoded by ``load`` when a
+    lookup's key may be in one, and the rest in ``rest`` (in the order they came).
+
+    A key set again goes into ``rest``, where lookups look first: the head that held it
+    stays as it was stored (its digest holds), and loading a snapshot of this map lays
+    ``rest`` over the heads, as this does."""
+
+    __slots__ = ("_absent", "_decoded", "_heads", "_lazy", "_load", "_rest")
+
+    def __init__(self, groups: list[Group], rest: dict[str, V],
+                 load: Callable[[Head], list[tuple[str, V]]]) -> None:
+        self._heads = [head for group in groups for head in group.heads]
+        self._lazy = list(groups)  # those with a head not decoded yet
+        self._decoded: dict[str, V] = {}  # the items of decoded heads
+        self._absent: set[str] = set()  # keys the filters said no heads hold
+        self._rest = rest
+        self._load = load
+
+    @property
+    def heads(self) -> list[Head]:
+        return self._heads
+
+    @property
+    def rest(self) -> dict[str, V]:
+        return self._rest
+
+    def decode(self, head: Head) -> list[str]:
+        """``head``'s keys, decoding it if it is not yet."""
+        if head.keys is None:
+            items = self._load(head)
+            head.keys = [key for key, _ in items]
+            self._decoded.update(items)
+            self._lazy = [g for g in self._lazy if any(h.keys is None for h in g.heads)]
+        return head.keys
+
+    def _find(self, key: str) -> V:
+        value = self._rest.get(key, _MISSING)
+        if value is _MISSING and self._heads:
+            value = self._decoded.get(key, _MISSING)
+            if value is _MISSING and self._lazy and key not in self._absent:
+                probe = _Probe(key)
+                for group in [g for g in self._lazy if probe.admits(g.filter)]:
+                    for head in group.heads:
+                        if head.keys is None and probe.admits(head.filter):
+                            self.decode(head)
+                value = self._decoded.get(key, _MISSING)
+                if value is _MISSING:
+                    self._absent.add(key)  # the heads never change: asked again, no scan
+        return value  # type: ignore[no-any-return]
+
+    def __getitem__(self, key: str) -> V:
+        value = self._find(key)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._find(key)
+        return default if value is _MISSING else value
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._find(key) is not _MISSING
+
+    def __setitem__(self, key: str, value: V) -> None:
+        self._rest[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self.decode_all()
+        if key not in self._rest and key not in self._decoded:
+            raise KeyError(key)
+        self._rest.pop(key, None)
+        if self._decoded.pop(key, _MISSING) is not _MISSING:
+            for head in self._heads:
+                if head.keys is not None and key in head.keys:
+                    head.keys.remove(key)
+
+    def decode_all(self) -> None:
+        for head in self._heads:
+            self.decode(head)
+
+    def head_items(self, head: Head) -> list[tuple[str, V]]:
+        """A head's items as it holds them (decoding it if it is not yet); ``rest`` may
+        hold newer values of some."""
+        return [(key, self._decoded[key]) for key in self.decode(head)]
+
+    def __iter__(self) -> Iterator[str]:
+        self.decode_all()
+        for head in self._heads:
+            assert head.keys is not None
+            yield from head.keys
+        yield from (key for key in self._rest if key not in self._decoded)
+
+    def __len__(self) -> int:
+        self.decode_all()
+        return len(self._decoded.keys() | self._rest.keys())
+
+    def as_dict(self) -> dict[str, V]:
+        self.decode_all()
+        return {**{key: self._decoded[key] for head in self._heads
+                   for key in head.keys or ()}, **self._rest}
+
+    def __repr__(self) -> str:
+        lazy = sum(head.keys is None for head in self._heads)
+        return (f"Keyed({lazy} of {len(self._heads)} segments undecoded, "
+                f"{len(self._rest)} items after)")
