@@ -40,6 +40,7 @@ from .policy import (
 )
 from .redaction import Redaction
 from .settle import as_json, changed_intent, same_intent
+from .snapshots import settle
 from .state import Approval, PendingCall, RunState, Status
 from .steps import StepMachine, limit, not_kept
 from .store import Store, validate_run_id
@@ -65,6 +66,7 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, state: RunState) -> RunResult:
+        settle(state)  # it outlives the run's store: no map of it may need the store
         return cls(
             run_id=state.run_id, status=state.status, outcome=state.outcome,
             last_seq=state.last_seq, uncertain=list(state.pending.values()),

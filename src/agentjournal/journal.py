@@ -15,7 +15,6 @@ clock, which can be set back.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -28,13 +27,11 @@ import msgspec
 from .errors import ConflictError, JournalError, LeaseExpiredError, LeaseHeldError
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
-from .snapshots import Segments, load_state, settle, write_snapshot
+from .snapshots import Segments, load_state, write_snapshot
 from .state import RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 from .store.base import boot_seconds, missing_run
 from .workspace import WorkspaceError, version_at, versions
-
-log = logging.getLogger("agentjournal")
 
 Observer = Callable[[Event, RunState], None]
 
@@ -280,11 +277,6 @@ class RunJournal:
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join()
-        try:  # the state may outlive the store: its maps must not need it
-            settle(self.state)
-        except JournalError as exc:
-            log.warning("run %s: its state's snapshot segments were not all decoded: %s",
-                        self.run_id, exc)
         if not self.keep_lease:
             with contextlib.suppress(JournalError):  # fenced or broken: nothing to release
                 self.store.release(self.lease)
@@ -310,7 +302,11 @@ def open_journal(
 ) -> RunJournal:
     """Take the run's lease and load its state (snapshot + tail, or a full fold).
 
-    Appends nothing. ``keep_lease``: closing does not release the lease (its caller
+    The state's completed calls and attempts are loaded lazily (see keyed.py): they
+    read ``store`` when a lookup needs a segment, so keep it open while the state is in
+    use, or ``snapshots.settle`` the state first. Appends nothing.
+
+    ``keep_lease``: closing does not release the lease (its caller
     does, as a queue's hand-back). ``redaction`` is applied to every fact recorded (default:
     ``Redaction()``, the default rules). With ``snapshot_every``, a snapshot is written each time
     that many events have been appended since the last one.
