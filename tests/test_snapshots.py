@@ -566,3 +566,15 @@ def test_a_lazy_load_reads_and_checks_the_filters_it_relies_on(
     assert loaded.snapshot_seq == falls_to and victim[:12] in loaded.misses[-1]
     settle(loaded.state)
     assert as_bytes(loaded.state) == as_bytes(live)
+
+
+def test_a_segment_is_named_by_its_stored_bytes_and_one_named_by_its_msgpack_still_loads(
+) -> None:
+    raw = msgspec.msgpack.encode([["k", 1]])
+    stored = zlib.compress(raw, 1)
+    by_stored, by_msgpack = (hashlib.sha256(b).hexdigest() for b in (stored, raw))
+    assert snapshots._segment({by_stored: stored}, by_stored) == raw
+    assert snapshots._segment({by_msgpack: stored}, by_msgpack) == raw  # earlier releases'
+    for damaged in (zlib.compress(b"\x90", 1), b"not zlib"):
+        with pytest.raises(snapshots.SegmentError, match="does not match"):
+            snapshots._segment({by_stored: damaged}, by_stored)

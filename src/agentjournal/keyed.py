@@ -34,16 +34,21 @@ def key_filter(keys: Iterable[str]) -> bytes:
     bits = max(64, 1 << (_BITS_PER_KEY * len(keys) - 1).bit_length())
     word = bytearray(bits // 8)
     for key in keys:
-        for position in _probes(key, bits):
-            word[position >> 3] |= 1 << (position & 7)
+        for index, bit in _probes(_hash(key), bits):
+            word[index] |= bit
     return bytes(word)
 
 
-def _probes(key: str, bits: int) -> list[int]:
-    """The bits ``key`` sets in a filter of ``bits`` bits (a power of two)."""
-    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=32).digest(), "little")
+def _hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=32).digest(), "little")
+
+
+def _probes(h: int, bits: int) -> list[tuple[int, int]]:
+    """The bits a key of hash ``h`` sets in a filter of ``bits`` bits (a power of two),
+    as (byte, bit) pairs: 11 slices of the hash, one per probe."""
     width, mask = bits.bit_length() - 1, bits - 1
-    return [h >> (width * i) & mask for i in range(_PROBES)]
+    return [((h >> shift & mask) >> 3, 1 << (h >> shift & 7))
+            for shift in range(0, width * _PROBES, width)]
 
 
 class Head:
@@ -69,21 +74,19 @@ class Group:
 
 
 class _Probe:
-    """One key's probes, per filter size (filters of two sizes are tested per lookup),
-    as (byte, bit) pairs."""
+    """One key's probes, per filter size (filters of two sizes are tested per lookup)."""
 
-    __slots__ = ("_by_bits", "key")
+    __slots__ = ("_by_bits", "_hash")
 
     def __init__(self, key: str) -> None:
-        self.key = key
+        self._hash = _hash(key)
         self._by_bits: dict[int, list[tuple[int, int]]] = {}
 
     def admits(self, filter_: bytes) -> bool:
-        bits = len(filter_) * 8
+        bits = len(filter_) << 3
         probes = self._by_bits.get(bits)
         if probes is None:
-            probes = self._by_bits[bits] = [(p >> 3, 1 << (p & 7))
-                                            for p in _probes(self.key, bits)]
+            probes = self._by_bits[bits] = _probes(self._hash, bits)
         # (A loop, not all(): a generator costs more than the test. Half the bits are
         # set: most keys fail within two.)
         for index, bit in probes:  # noqa: SIM110
