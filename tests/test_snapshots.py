@@ -333,8 +333,10 @@ def test_a_chain_of_segmented_snapshots_plus_tail_equals_full_replay(
 ) -> None:
     """Random logs, folded into one state as a journal folds them, with snapshots at
     random points written as it writes them (what its segments held, by identity, is
-    neither encoded nor written again), segments of 2: the newest plus its tail, and
-    each older one plus its tail, equal the full replay on every durable field."""
+    neither encoded nor written again), segments of 2, and after some of them the run
+    resumed from the snapshot just written, lazily, as a journal resumes it: the live
+    state, the newest snapshot plus its tail, and each older one plus its tail, equal
+    the full replay on every durable field, and in every byte once settled."""
     from agentjournal import open_store
 
     store = open_store(f"sqlite:///{tmp_path_factory.mktemp('h') / 'j.db'}")
@@ -348,10 +350,18 @@ def test_a_chain_of_segmented_snapshots_plus_tail_equals_full_replay(
         for event in stored:
             apply(state, event)
             # (A state holding an integer msgpack cannot hold is not snapshotted.)
-            if event.seq in cuts and write_snapshot(store, state, keep=len(cuts),
-                                                     segments=segments):
+            if event.seq in cuts and (snapshot := write_snapshot(
+                    store, state, keep=len(cuts), segments=segments)):
                 written.append(event.seq)
+                if data.draw(st.booleans(), label="resume here"):
+                    segments = Segments()
+                    resumed, _ = snapshots._decode(store, snapshot, segments, lazy=True)
+                    assert resumed is not None
+                    state = resumed
     full = durable_fields(fold(stored))
+    assert durable_fields(state) == full
+    settle(state)
+    assert as_bytes(state) == as_bytes(fold(stored))
     newest_first = store.snapshots("run-1")
     assert [s.seq for s in newest_first] == written[::-1]
     for older, snapshot in enumerate(newest_first):
@@ -578,3 +588,35 @@ def test_a_segment_is_named_by_its_stored_bytes_and_one_named_by_its_msgpack_sti
     for damaged in (zlib.compress(b"\x90", 1), b"not zlib"):
         with pytest.raises(snapshots.SegmentError, match="does not match"):
             snapshots._segment({by_stored: damaged}, by_stored)
+
+
+def test_a_key_set_again_after_a_lazy_resume_keeps_its_place_and_its_new_value(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key set again in a resumed run stays in the segment that held it, written anew:
+    were it written again after the others, two segments would hold it, and decoding
+    the older one last would bring its old value back."""
+    from agentjournal import open_store
+
+    monkeypatch.setattr(snapshots, "SEGMENT", 2)
+    monkeypatch.setattr(snapshots, "BLOCK", 2)
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+
+    def resumed(state: RunState, segments: Segments) -> tuple[RunState, Segments]:
+        snapshot = write_snapshot(store, state, segments=segments)
+        assert snapshot is not None
+        again = Segments()
+        loaded, why = snapshots._decode(store, snapshot, again, lazy=True)
+        assert loaded is not None, why
+        return loaded, again
+
+    state = RunState(run_id="r1", last_seq=1, attempts=dict.fromkeys("abcd", 1))
+    state, segments = resumed(state, Segments())
+    state.last_seq = 2
+    state.attempts["a"] = 2
+    state.attempts["e"] = state.attempts["f"] = 1
+    state, _ = resumed(state, segments)
+    assert state.attempts["e"] == 1 and state.attempts["b"] == 1  # decoding one, then another
+    assert state.attempts["a"] == 2
+    settle(state)
+    assert list(state.attempts.items()) == [("a", 2), *((k, 1) for k in "bcdef")]

@@ -102,9 +102,9 @@ class Keyed(MutableMapping[str, V]):
     """A map whose first items are in the ``groups``' heads, decoded by ``load`` when a
     lookup's key may be in one, and the rest in ``rest`` (in the order they came).
 
-    A key set again goes into ``rest``, where lookups look first: the head that held it
-    stays as it was stored (its digest holds), and loading a snapshot of this map lays
-    ``rest`` over the heads, as this does."""
+    A key set again keeps its place: in the head that holds it (decoded first, so the
+    next snapshot writes that segment anew), else in ``rest``. A key is in one segment
+    only, so no decode can bring back a value set since."""
 
     __slots__ = ("_absent", "_decoded", "_heads", "_lazy", "_load", "_rest")
 
@@ -163,25 +163,27 @@ class Keyed(MutableMapping[str, V]):
         return isinstance(key, str) and self._find(key) is not _MISSING
 
     def __setitem__(self, key: str, value: V) -> None:
-        self._rest[key] = value
+        if key not in self._rest and self._heads and self._find(key) is not _MISSING:
+            self._decoded[key] = value  # it lives in a head
+        else:
+            self._rest[key] = value
 
     def __delitem__(self, key: str) -> None:
-        self.decode_all()
-        if key not in self._rest and key not in self._decoded:
-            raise KeyError(key)
-        self._rest.pop(key, None)
-        if self._decoded.pop(key, _MISSING) is not _MISSING:
-            for head in self._heads:
-                if head.keys is not None and key in head.keys:
-                    head.keys.remove(key)
+        if key in self._rest:
+            del self._rest[key]
+            return
+        self[key]  # decodes its head, or raises KeyError
+        del self._decoded[key]
+        for head in self._heads:
+            if head.keys is not None and key in head.keys:
+                head.keys.remove(key)
 
     def decode_all(self) -> None:
         for head in self._heads:
             self.decode(head)
 
     def head_items(self, head: Head) -> list[tuple[str, V]]:
-        """A head's items as it holds them (decoding it if it is not yet); ``rest`` may
-        hold newer values of some."""
+        """A head's items, as they stand (decoding it if it is not yet)."""
         return [(key, self._decoded[key]) for key in self.decode(head)]
 
     def __iter__(self) -> Iterator[str]:
@@ -189,16 +191,16 @@ class Keyed(MutableMapping[str, V]):
         for head in self._heads:
             assert head.keys is not None
             yield from head.keys
-        yield from (key for key in self._rest if key not in self._decoded)
+        yield from self._rest
 
     def __len__(self) -> int:
         self.decode_all()
-        return len(self._decoded.keys() | self._rest.keys())
+        return len(self._decoded) + len(self._rest)
 
     def as_dict(self) -> dict[str, V]:
         self.decode_all()
         return {**{key: self._decoded[key] for head in self._heads
-                   for key in head.keys or ()}, **self._rest}
+                   for key in head.keys or ()}, **self._rest}  # (no key is in both)
 
     def __repr__(self) -> str:
         lazy = sum(head.keys is None for head in self._heads)
