@@ -16,6 +16,7 @@ plain dicts when it closes, so a state that outlives its journal never reads a s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any, TypeVar
@@ -34,21 +35,28 @@ def key_filter(keys: Iterable[str]) -> bytes:
     bits = max(64, 1 << (_BITS_PER_KEY * len(keys) - 1).bit_length())
     word = bytearray(bits // 8)
     for key in keys:
-        for index, bit in _probes(_hash(key), bits):
+        for index, bit in _positions(key, bits):
             word[index] |= bit
     return bytes(word)
 
 
-def _hash(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=32).digest(), "little")
-
-
-def _probes(h: int, bits: int) -> list[tuple[int, int]]:
-    """The bits a key of hash ``h`` sets in a filter of ``bits`` bits (a power of two),
-    as (byte, bit) pairs: 11 slices of the hash, one per probe."""
+def _positions(key: str, bits: int) -> list[tuple[int, int]]:
+    """The bits ``key`` sets in a filter of ``bits`` bits (a power of two), as (byte,
+    bit) pairs: 11 slices of its hash, one per probe."""
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=32).digest(), "little")
     width, mask = bits.bit_length() - 1, bits - 1
     return [((h >> shift & mask) >> 3, 1 << (h >> shift & 7))
             for shift in range(0, width * _PROBES, width)]
+
+
+#: A lookup's probes, kept a while: a key is looked up in both maps, a few times a step.
+_probes = functools.lru_cache(maxsize=256)(_positions)
+
+
+def forget_probes() -> None:
+    """Empty the probes kept: a benchmark resuming a run again and again in one process
+    would otherwise find those of the last resume, as a new process would not."""
+    _probes.cache_clear()
 
 
 class Head:
@@ -73,26 +81,13 @@ class Group:
         self.heads = heads
 
 
-class _Probe:
-    """One key's probes, per filter size (filters of two sizes are tested per lookup)."""
-
-    __slots__ = ("_by_bits", "_hash")
-
-    def __init__(self, key: str) -> None:
-        self._hash = _hash(key)
-        self._by_bits: dict[int, list[tuple[int, int]]] = {}
-
-    def admits(self, filter_: bytes) -> bool:
-        bits = len(filter_) << 3
-        probes = self._by_bits.get(bits)
-        if probes is None:
-            probes = self._by_bits[bits] = _probes(self._hash, bits)
-        # (A loop, not all(): a generator costs more than the test. Half the bits are
-        # set: most keys fail within two.)
-        for index, bit in probes:  # noqa: SIM110
-            if not filter_[index] & bit:
-                return False
-        return True
+def _admits(filter_: bytes, key: str) -> bool:
+    # (A loop, not all(): a generator costs more than the test. Half the bits are set:
+    # most keys fail within two.)
+    for index, bit in _probes(key, len(filter_) << 3):  # noqa: SIM110
+        if not filter_[index] & bit:
+            return False
+    return True
 
 
 _MISSING: Any = object()
@@ -139,10 +134,9 @@ class Keyed(MutableMapping[str, V]):
         if value is _MISSING and self._heads:
             value = self._decoded.get(key, _MISSING)
             if value is _MISSING and self._lazy and key not in self._absent:
-                probe = _Probe(key)
-                for group in [g for g in self._lazy if probe.admits(g.filter)]:
+                for group in [g for g in self._lazy if _admits(g.filter, key)]:
                     for head in group.heads:
-                        if head.keys is None and probe.admits(head.filter):
+                        if head.keys is None and _admits(head.filter, key):
                             self.decode(head)
                 value = self._decoded.get(key, _MISSING)
                 if value is _MISSING:

@@ -32,6 +32,7 @@ from typing import Annotated, Any, TypedDict
 import msgspec
 
 from ..agent import Agent
+from ..keyed import forget_probes
 from ..policy import Budget
 from ..snapshots import load_state
 from ..store import open_store
@@ -222,6 +223,7 @@ def _build_agentjournal(workdir: Path, steps: int, lookup: Tool) -> tuple[str, i
 
 
 def _agentjournal_resume_ms(url: str, events: int) -> float:
+    forget_probes()
     start = time.perf_counter()
     store = open_store(url)
     loaded = load_state(store, RUN_ID, lazy=True)  # as a journal loads it

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import msgspec
 
 from ..events import Event, decode, encode
+from ..keyed import forget_probes
 from ..snapshots import (
     Segments,
     gc_paused,
@@ -132,6 +133,7 @@ def fill(
 def _recover(url: str, *, use_snapshots: bool) -> float:
     """Seconds to open the store and have the state ready (the cyclic GC as it is), as a
     journal loads it (lazily: see keyed.py)."""
+    forget_probes()
     start = time.perf_counter()
     store = open_store(url)
     loaded = load_state(store, RUN, use_snapshots=use_snapshots, lazy=True)
