@@ -196,6 +196,7 @@ class RunState(msgspec.Struct, kw_only=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     #: A dict, except in a journal's state resumed from a snapshot: there it and
     #: ``attempts`` decode the snapshot's segments when a lookup needs one (keyed.py).
+    #: To encode such a state, pass ``enc_hook=plain`` (below) or ``snapshots.settle`` it.
     completed: MutableMapping[str, CompletedCall] = msgspec.field(default_factory=dict)
     pending: dict[int, PendingCall] = msgspec.field(default_factory=dict)
     awaiting: dict[str, ToolCall] = msgspec.field(default_factory=dict)
