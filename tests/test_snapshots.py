@@ -530,6 +530,11 @@ def test_a_run_resumed_lazily_is_served_a_result_from_an_undecoded_segment(
     served = [e for e in store.read("r1") if e.type is E.TOOL_RESULT_SERVED]
     assert [e.payload["result"] for e in served] == [{"n": 3}]
     assert as_bytes(result.state) == as_bytes(fold(list(store.read("r1"))))
+    # A caller that reads the status only (a worker) may leave the maps lazy.
+    reader = make_store()
+    unsettled = Agent(again, [step], snapshot_every=12).run(reader, "r1", settle=False)
+    assert isinstance(unsettled.state.completed, Keyed)
+    assert durable_fields(unsettled.state) == durable_fields(result.state)
 
 
 @backend_params()

@@ -40,7 +40,7 @@ from .policy import (
 )
 from .redaction import Redaction
 from .settle import as_json, changed_intent, same_intent
-from .snapshots import settle
+from .snapshots import settle as settle_maps
 from .state import Approval, PendingCall, RunState, Status
 from .steps import StepMachine, limit, not_kept
 from .store import Store, validate_run_id
@@ -65,8 +65,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     state: RunState  # the whole folded state, as the run left it
 
     @classmethod
-    def of(cls, state: RunState) -> RunResult:
-        settle(state)  # it outlives the run's store: no map of it may need the store
+    def of(cls, state: RunState, *, settle: bool = True) -> RunResult:
+        if settle:  # it may outlive the run's store: no map of it may need the store
+            settle_maps(state)
         return cls(
             run_id=state.run_id, status=state.status, outcome=state.outcome,
             last_seq=state.last_seq, uncertain=list(state.pending.values()),
@@ -203,6 +204,7 @@ class Agent(StepMachine):
         change_instructions: bool = False,
         stop: threading.Event | None = None,
         keep_lease: bool = False,
+        settle: bool = True,
     ) -> RunResult:
         """Start ``run_id`` with ``task``, or resume it. Returns where the run stopped.
 
@@ -221,6 +223,10 @@ class Agent(StepMachine):
         step boundary (before a model turn or a batch of calls), still running, for
         another process to resume (a draining worker). ``keep_lease``: leave the lease
         held on return, for the caller to release (a worker's hand-back).
+        ``settle=False``: the result's state keeps a resumed run's completed calls and
+        attempts as lazy maps that read ``store`` (see keyed.py), for a caller that
+        looks at the status only; by default they are decoded into dicts, as much work
+        as a long run's resume once did.
         """
         if not callable(getattr(self.model, "complete", None)):
             raise TypeError(f"{type(self.model).__name__} has no complete(): it is an async "
@@ -229,7 +235,7 @@ class Agent(StepMachine):
                           change_instructions, keep_lease) as (j, drive):
             if drive:
                 run_sync(self._drive(j, stop))
-            return RunResult.of(j.state)
+            return RunResult.of(j.state, settle=settle)
 
     async def arun(
         self,
@@ -244,6 +250,7 @@ class Agent(StepMachine):
         change_instructions: bool = False,
         stop: threading.Event | None = None,
         keep_lease: bool = False,
+        settle: bool = True,
     ) -> RunResult:
         """:meth:`run` for async code: async models and tools are awaited, sync ones run
         in threads, and the calls of one turn run concurrently as tasks. Appends to the
@@ -252,7 +259,7 @@ class Agent(StepMachine):
                           change_instructions, keep_lease) as (j, drive):
             if drive:
                 await run_async(self._drive(j, stop))
-            return RunResult.of(j.state)
+            return RunResult.of(j.state, settle=settle)
 
     @contextlib.contextmanager
     def _opened(self, store: Store, run_id: str, task: str | None, scope: str | None,

@@ -335,7 +335,7 @@ class Worker:
             agent = self._agent(claim.agent)
             result = agent.run(self._run_store(), run_id, claim.task, owner=self.worker_id,
                                agent_ref=claim.agent, stop=self._draining, keep_lease=True,
-                               observer=observe)
+                               observer=observe, settle=False)  # the status is enough
             state = _STATE_OF.get(result.status, "queued")
             lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
             if self._hand_back(lease, state, result.last_seq):

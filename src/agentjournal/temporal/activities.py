@@ -113,7 +113,8 @@ class Activities:
         stop = threading.Event()
         with _heartbeating(stop, start.heartbeat_timeout):
             try:
-                result = agent.run(self.store(), start.run_id, start.task, stop=stop)
+                result = agent.run(self.store(), start.run_id, start.task, stop=stop,
+                                   settle=False)  # a summary is all it returns
             except JournalError as exc:
                 if isinstance(exc, FencedError):
                     log.warning("run %s: this attempt was fenced by a newer one", start.run_id)
