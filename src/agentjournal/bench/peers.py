@@ -20,6 +20,7 @@ The peers are an optional extra, imported here lazily.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import operator
 import sqlite3
@@ -148,6 +149,7 @@ def _langgraph_us(workdir: Path, steps: int) -> float:
 def _langgraph_resume_ms(path: Path, steps: int) -> float:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
+    gc.collect()  # each resume starts from a collected heap, as a new process does
     start = time.perf_counter()
     conn = _wal_full(path)
     latest = SqliteSaver(conn).get_tuple(_thread(steps))
@@ -224,6 +226,7 @@ def _build_agentjournal(workdir: Path, steps: int, lookup: Tool) -> tuple[str, i
 
 def _agentjournal_resume_ms(url: str, events: int) -> float:
     forget_probes()
+    gc.collect()
     start = time.perf_counter()
     store = open_store(url)
     loaded = load_state(store, RUN_ID, lazy=True)  # as a journal loads it
@@ -247,6 +250,7 @@ def _build_records(workdir: Path, steps: int) -> Path:
 
 def _records_resume_ms(path: Path, steps: int) -> float:
     decode = msgspec.json.decode
+    gc.collect()
     start = time.perf_counter()
     db = sqlite3.connect(path)
     records = [decode(body) for (body,) in db.execute("SELECT body FROM floor ORDER BY seq")]
