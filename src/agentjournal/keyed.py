@@ -7,11 +7,12 @@ its keys, and every ``BLOCK`` segments share one more, over all their keys: a lo
 tests one filter per block (and one per segment after the last full block), then the
 filters of a block that may hold the key, and decodes only the segments that may. A
 key the run never saw, the common case, decodes nothing with odds of about 1 in 2,000
-per filter tested (16 to 32 bits a key, 11 probes). Walking the whole map decodes it all, as
-a plain load does.
+per filter tested (16 to 32 bits a key, 11 probes). Walking the whole map decodes it
+all, as a plain load does.
 
-Only a journal's own load is lazy (``load_state(lazy=True)``); it settles the maps into
-plain dicts when it closes, so a state that outlives its journal never reads a store.
+Only a journal's own load is lazy (``load_state(lazy=True)``): its maps read the
+journal's store. ``Agent.run`` settles them into plain dicts before it returns (unless
+told not to), so a result that outlives the store never reads it.
 """
 
 from __future__ import annotations
