@@ -104,7 +104,7 @@ def test_corrupt_snapshot_falls_back_to_full_replay(make_store: MakeStore,
 @backend_params()
 def test_snapshot_plus_tail_is_used_and_equals_live(make_store: MakeStore) -> None:
     store = make_store()
-    live = a_run(store)
+    live = a_run(store, steps=35, snapshot_every=100)  # a tail under a quarter: kept
     loaded = load_state(store, "r1")
     assert 0 < loaded.snapshot_seq < live.last_seq
     assert loaded.replayed == live.last_seq - loaded.snapshot_seq
@@ -625,3 +625,30 @@ def test_a_key_set_again_after_a_lazy_resume_keeps_its_place_and_its_new_value(
     assert state.attempts["a"] == 2
     settle(state)
     assert list(state.attempts.items()) == [("a", 2), *((k, 1) for k in "bcdef")]
+
+
+@backend_params()
+def test_a_run_that_stops_cleanly_is_snapshotted_so_its_next_open_replays_little(
+    make_store: MakeStore,
+) -> None:
+    store = make_store()
+    live = a_run(store, steps=30, snapshot_every=40)
+    newest = store.snapshots("r1")[0]
+    assert live.last_seq % 40 >= 10 and newest.seq == live.last_seq  # a quarter or more
+    assert load_state(make_store(), "r1").replayed == 0
+    assert as_bytes(load_state(make_store(), "r1").state) == as_bytes(live)
+
+
+@backend_params()
+def test_a_run_that_fails_is_not_snapshotted_at_its_end(make_store: MakeStore) -> None:
+    @tool(effect="idempotent")
+    def step(n: int) -> dict[str, int]:
+        if n == 25:
+            raise Crash
+        return {"n": n}
+
+    store = make_store()
+    script = ScriptedModel([calls(("step", {"n": i})) for i in range(30)])
+    with pytest.raises(Crash):
+        Agent(script, [step], snapshot_every=40).run(store, "r1", "go")
+    assert store.snapshots("r1")[0].seq < store.last_seq("r1")

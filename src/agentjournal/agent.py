@@ -235,6 +235,7 @@ class Agent(StepMachine):
                           change_instructions, keep_lease) as (j, drive):
             if drive:
                 run_sync(self._drive(j, stop))
+                j.at_rest()
             return RunResult.of(j.state, settle=settle)
 
     async def arun(
@@ -259,6 +260,7 @@ class Agent(StepMachine):
                           change_instructions, keep_lease) as (j, drive):
             if drive:
                 await run_async(self._drive(j, stop))
+                j.at_rest()
             return RunResult.of(j.state, settle=settle)
 
     @contextlib.contextmanager

@@ -98,6 +98,7 @@ class RunJournal:
         leased_at: float | None = None,
         redaction: Redaction | None = None,
         segments: Segments | None = None,
+        snapshot_seq: int | None = None,
     ) -> None:
         self.store, self.lease, self.state = store, lease, state
         # Every fact passes record_all: redacting there keeps secrets off every copy.
@@ -109,7 +110,9 @@ class RunJournal:
         self.observer = observer
         self.snapshot_every = snapshot_every
         self.ttl = ttl
-        self._snapshot_seq = state.last_seq
+        # The seq of the run's newest snapshot (``state``'s, when not given): the tail
+        # after it is what the next open replays.
+        self._snapshot_seq = state.last_seq if snapshot_seq is None else snapshot_seq
         # The run's stored snapshot segments this writer knows: each is written once.
         self._segments = Segments() if segments is None else segments
         self._staged: list[Event] = []  # folded, not yet stored (see stage)
@@ -164,9 +167,22 @@ class RunJournal:
                 self._observe(event)
             if self.snapshot_every and (
                     self.state.last_seq - self._snapshot_seq >= self.snapshot_every):
-                write_snapshot(self.store, self.state, segments=self._segments)
-                self._snapshot_seq = self.state.last_seq
+                self._snapshot()
         return events
+
+    def _snapshot(self) -> None:
+        write_snapshot(self.store, self.state, segments=self._segments)
+        self._snapshot_seq = self.state.last_seq
+
+    def at_rest(self) -> None:
+        """The run stopped cleanly (finished, paused, handed back): snapshot it if the
+        tail since its last snapshot is a quarter of ``snapshot_every`` or more, so the
+        next open replays less. (Not after a failure: the state may then be ahead of
+        what was stored.)"""
+        with self._writing:
+            if self.snapshot_every and (self.state.last_seq - self._snapshot_seq
+                                        >= max(1, self.snapshot_every // 4)):
+                self._snapshot()
 
     def _observe(self, event: Event) -> None:
         if self.observer is not None:
@@ -322,7 +338,8 @@ def open_journal(
         store.release(lease)
         raise
     journal = RunJournal(store, lease, loaded.state, observer, snapshot_every, ttl=ttl,
-                         leased_at=leased_at, redaction=redaction, segments=loaded.segments)
+                         leased_at=leased_at, redaction=redaction, segments=loaded.segments,
+                         snapshot_seq=loaded.snapshot_seq)
     journal.keep_lease = keep_lease
     journal.keep_alive()
     return journal
