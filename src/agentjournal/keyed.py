@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any, TypeVar
 
@@ -34,20 +35,28 @@ def key_filter(keys: Iterable[str]) -> bytes:
     """The Bloom filter of ``keys``: a power of two bits, at least 16 a key."""
     keys = list(keys)
     bits = max(64, 1 << (_BITS_PER_KEY * len(keys) - 1).bit_length())
-    word = bytearray(bits // 8)
+    filter_, mask = bytearray(bits // 8), bits - 1
     for key in keys:
-        for index, bit in _positions(key, bits):
-            word[index] |= bit
-    return bytes(word)
+        for word in _words(key):
+            position = word & mask
+            filter_[position >> 3] |= 1 << (position & 7)
+    return bytes(filter_)
+
+
+_WORDS = struct.Struct(f"<{_PROBES}I")
+
+
+def _words(key: str) -> tuple[int, ...]:
+    """One 32-bit word of ``key``'s hash per probe: cut to a filter's size, each is the
+    bit it sets there."""
+    return _WORDS.unpack_from(hashlib.blake2b(key.encode(), digest_size=64).digest())
 
 
 def _positions(key: str, bits: int) -> list[tuple[int, int]]:
-    """The bits ``key`` sets in a filter of ``bits`` bits (a power of two), as (byte,
-    bit) pairs: 11 slices of its hash, one per probe."""
-    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=32).digest(), "little")
-    width, mask = bits.bit_length() - 1, bits - 1
-    return [((h >> shift & mask) >> 3, 1 << (h >> shift & 7))
-            for shift in range(0, width * _PROBES, width)]
+    """The bits ``key`` sets in a filter of ``bits`` bits (a power of two up to 2**32),
+    as (byte, bit) pairs."""
+    mask = bits - 1
+    return [((word & mask) >> 3, 1 << (word & 7)) for word in _words(key)]
 
 
 #: A lookup's probes, kept a while: a key is looked up in both maps, a few times a step.
