@@ -652,3 +652,17 @@ def test_a_run_that_fails_is_not_snapshotted_at_its_end(make_store: MakeStore) -
     with pytest.raises(Crash):
         Agent(script, [step], snapshot_every=40).run(store, "r1", "go")
     assert store.snapshots("r1")[0].seq < store.last_seq("r1")
+
+
+@backend_params()
+def test_a_run_at_rest_with_facts_staged_is_not_snapshotted(make_store: MakeStore) -> None:
+    """A staged fact is folded, not stored: a snapshot then would be ahead of the log."""
+    store = make_store()
+    a_run(store, steps=3, snapshot_every=None)
+    with open_journal(store, "r1", snapshot_every=4) as j:
+        j.stage([(E.USER_MESSAGE, {"content": "not stored yet"})])
+        j.at_rest()
+        assert store.snapshots("r1") == []
+        j.flush()
+        j.at_rest()
+        assert [s.seq for s in store.snapshots("r1")] == [store.last_seq("r1")]

@@ -177,11 +177,12 @@ class RunJournal:
     def at_rest(self) -> None:
         """The run stopped cleanly (finished, paused, handed back): snapshot it if the
         tail since its last snapshot is a quarter of ``snapshot_every`` or more, so the
-        next open replays less. (Not after a failure: the state may then be ahead of
-        what was stored.)"""
+        next open replays less. (Not after a failure, nor with facts staged: the state
+        would then be ahead of what was stored.)"""
         with self._writing:
-            if self.snapshot_every and (self.state.last_seq - self._snapshot_seq
-                                        >= max(1, self.snapshot_every // 4)):
+            if self.snapshot_every and not self._staged and (
+                    self.state.last_seq - self._snapshot_seq
+                    >= max(1, self.snapshot_every // 4)):
                 self._snapshot()
 
     def _observe(self, event: Event) -> None:
