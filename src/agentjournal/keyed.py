@@ -145,8 +145,9 @@ class Keyed(MutableMapping[str, V]):
             value = self._decoded.get(key, _MISSING)
             if value is _MISSING and self._lazy and key not in self._absent:
                 for group in [g for g in self._lazy if _admits(g.filter, key)]:
-                    for head in group.heads:
-                        if head.keys is None and _admits(head.filter, key):
+                    for head in group.heads:  # (a lone segment's filter is its group's)
+                        if head.keys is None and (head.filter is group.filter
+                                                  or _admits(head.filter, key)):
                             self.decode(head)
                 value = self._decoded.get(key, _MISSING)
                 if value is _MISSING:

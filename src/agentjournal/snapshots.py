@@ -34,7 +34,7 @@ import logging
 import operator
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Set
 from contextlib import contextmanager
 from typing import Any
 
@@ -182,7 +182,7 @@ Seen = list[tuple[str, int, list[Any], str, bytes | None]]
 
 
 def _split(name: str, part: list[Any] | Mapping[str, Any], size: int | None,
-           segments: Segments, new: dict[str, bytes], seen: Seen
+           segments: Segments, new: dict[str, bytes], seen: Seen, held: Set[str]
            ) -> tuple[list[str], list[bytes], list[Any]]:
     """The digests of ``part``'s full segments of ``size``, their key filters (for a
     mapping), and the items after them. A segment ``segments`` does not know is encoded
@@ -201,7 +201,7 @@ def _split(name: str, part: list[Any] | Mapping[str, Any], size: int | None,
             objects = _objects(chunk)
             hit = segments.known(name, index, objects)
             if hit is None or (keyed and hit[1] is None):
-                digest = _store(_encoder.encode(chunk), segments, new)
+                digest = _store(_encoder.encode(chunk), new, held)
                 filter_ = key_filter(key for key, _ in chunk) if keyed else None
                 seen.append((name, index, objects, digest, filter_))
             else:
@@ -212,19 +212,19 @@ def _split(name: str, part: list[Any] | Mapping[str, Any], size: int | None,
     return digests, filters, after
 
 
-def _store(raw: bytes, segments: Segments, new: dict[str, bytes]) -> str:
+def _store(raw: bytes, new: dict[str, bytes], held: Set[str]) -> str:
     """The digest of the segment ``raw``, to be written (into ``new``) unless the store
-    holds it (as far as ``segments`` knows)."""
+    holds it (as far as the writer knows: ``held``)."""
     stored = zlib.compress(raw, 1)
     digest = hashlib.sha256(stored).hexdigest()
-    if digest not in new and digest not in segments.digests():
+    if digest not in new and digest not in held:
         new[digest] = stored
     return digest
 
 
 def _blocks(name: str, part: Mapping[str, Any], size: int | None, digests: list[str],
-            filters: list[bytes], segments: Segments, new: dict[str, bytes], seen: Seen
-            ) -> tuple[list[str], list[bytes]]:
+            filters: list[bytes], segments: Segments, new: dict[str, bytes], seen: Seen,
+            held: Set[str]) -> tuple[list[str], list[bytes]]:
     """The block objects of a keyed part's full segments (see keyed.py), by digest, and
     the filters of the segments after the last full block."""
     full = len(digests) // BLOCK * BLOCK if size is not None else 0
@@ -235,7 +235,7 @@ def _blocks(name: str, part: Mapping[str, Any], size: int | None, digests: list[
         if digest is None:
             keys = _block_keys(part, size or 0, start)
             digest = _store(_encoder.encode(_Block(key_filter(keys),
-                                                   filters[start:start + BLOCK])), segments, new)
+                                                   filters[start:start + BLOCK])), new, held)
             seen.append((f"{name}.blocks", index, named, digest, None))
         blocks.append(digest)
     return blocks, filters[full:]
@@ -261,12 +261,14 @@ def _take(state: RunState, size: int | None, segments: Segments | None = None
     known = Segments() if segments is None else segments
     new: dict[str, bytes] = {}
     seen: Seen = []
-    messages, _, messages_after = _split("messages", state.messages, size, known, new, seen)
+    held = known.digests()
+    messages, _, messages_after = _split("messages", state.messages, size, known, new, seen,
+                                         held)
     keyed = []
     for name, part in (("completed", state.completed), ("attempts", state.attempts)):
-        digests, filters, after = _split(name, part, size, known, new, seen)
+        digests, filters, after = _split(name, part, size, known, new, seen, held)
         keyed.append((digests, after,
-                      *_blocks(name, part, size, digests, filters, known, new, seen)))
+                      *_blocks(name, part, size, digests, filters, known, new, seen, held)))
     (completed, completed_after, completed_blocks, completed_filters), \
         (attempts, attempts_after, attempts_blocks, attempts_filters) = keyed
     head = msgspec.structs.replace(state, messages=[], completed={}, attempts={})
@@ -457,25 +459,24 @@ def _state_of(body: bytes, fetch: Fetch, known: Segments | None,
                            digest)
         return found
 
+    def mapping(name: str, lazy: bool, digests: list[str], block_digests: list[str],
+                filters: list[bytes], after: list[tuple[str, Any]],
+                decoder: msgspec.msgpack.Decoder[Any]) -> MutableMapping[str, Any]:
+        found = blocks(name, block_digests, digests)
+        if lazy and later is not None:
+            return later.keyed(name, digests, found, filters, after, decoder)
+        items = dict(part(name, digests, decoder))
+        items.update(after)
+        return items
+
     state = form.head
     state.messages = part("messages", form.messages, _messages_decoder)
     state.messages += form.messages_after
-    completed_blocks = blocks("completed", form.completed_blocks, form.completed)
-    attempts_blocks = blocks("attempts", form.attempts_blocks, form.attempts)
-    if lazy_completed and later is not None:
-        state.completed = later.keyed("completed", form.completed, completed_blocks,
-                                      form.completed_filters, form.completed_after,
-                                      _completed_decoder)
-    else:
-        state.completed = dict(part("completed", form.completed, _completed_decoder))
-        state.completed.update(form.completed_after)
-    if lazy_attempts and later is not None:
-        state.attempts = later.keyed("attempts", form.attempts, attempts_blocks,
-                                     form.attempts_filters, form.attempts_after,
-                                     _attempts_decoder)
-    else:
-        state.attempts = dict(part("attempts", form.attempts, _attempts_decoder))
-        state.attempts.update(form.attempts_after)
+    state.completed = mapping("completed", lazy_completed, form.completed,
+                              form.completed_blocks, form.completed_filters,
+                              form.completed_after, _completed_decoder)
+    state.attempts = mapping("attempts", lazy_attempts, form.attempts, form.attempts_blocks,
+                             form.attempts_filters, form.attempts_after, _attempts_decoder)
     return state
 
 

@@ -255,7 +255,7 @@ def plain(value: Any) -> Any:
     the dicts they stand for."""
     if isinstance(value, Mapping):
         return dict(value.items())
-    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
 
 
 def durable_fields(state: RunState) -> dict[str, Any]:
