@@ -17,7 +17,10 @@ import msgspec
 import pytest
 
 from agentjournal import SCHEMA_VERSION, EventType, LeaseHeldError, make_events
+from agentjournal.bench._common import workload
 from agentjournal.errors import ConflictError, DurabilityError, FencedError
+from agentjournal.snapshots import load_state, write_snapshot
+from agentjournal.state import durable_fields, fold
 from agentjournal.store import sqlite as sqlite_module
 from agentjournal.store.base import host_clock
 from agentjournal.store.sqlite import SQLiteStore
@@ -91,6 +94,35 @@ def test_migration_4_judges_an_older_lease_by_the_wall_clock(
         wall = time.time  # the only clock such a row has: a clock an hour ahead wins
         monkeypatch.setattr(time, "time", lambda: wall() + 3600)
         assert store.acquire("live", "b", ttl=60).epoch == 2
+
+
+
+def test_migration_8_moves_snapshots_and_segments_to_rowid_tables_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "old.db"
+    old_store(path, monkeypatch, 7)
+    events = workload("r", 800)  # 533 messages and 266 completed calls: several segments
+    with monkeypatch.context() as m:
+        m.setattr(sqlite_module, "MIGRATIONS", sqlite_module.MIGRATIONS[:7])
+        with SQLiteStore(path) as store:
+            store.append("r", events, expected_seq=0, epoch=0)
+            written = write_snapshot(store, fold(events))
+            assert written is not None
+            held = store.segment_digests("r")
+    assert len(held) >= 4
+    with SQLiteStore(path) as store:
+        assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
+        for table in ("snapshots", "segments"):
+            (sql,) = raw(path, "SELECT sql FROM sqlite_schema WHERE name = ?", (table,))[0]
+            assert "WITHOUT ROWID" not in sql
+        assert store.segment_digests("r") == held
+        loaded = load_state(store, "r")
+        assert (loaded.snapshot_seq, loaded.replayed) == (800, 0)
+        assert durable_fields(loaded.state) == durable_fields(fold(events))
+        # A snapshot of the same seq replaces the one there, as before.
+        assert write_snapshot(store, fold(events)) is not None
+        assert len(store.snapshots("r")) == 1
 
 
 # --- leases on the host's clock ------------------------------------------------------
@@ -311,6 +343,9 @@ def test_a_failed_commit_fails_every_append_it_held(
 _ACKING_WRITERS = """
 import sys, threading
 from agentjournal import EventType, make_events
+from agentjournal.bench._common import workload
+from agentjournal.snapshots import load_state, write_snapshot
+from agentjournal.state import durable_fields, fold
 from agentjournal.store.sqlite import SQLiteStore
 
 store = SQLiteStore(sys.argv[1], durability=sys.argv[2] if len(sys.argv) > 2 else "fsync")

@@ -26,14 +26,18 @@ from .replay import (
 
 
 def _sqlite_bytes(path: Path) -> int:
-    """The file plus its WAL, after a checkpoint has moved the WAL into the file."""
+    """The file's pages in use, after a checkpoint has moved the WAL into the file. (Free
+    pages are not counted: a new store's migrations free a few, which its first writes
+    take back.)"""
     db = sqlite3.connect(path)
     try:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (pages,), (free,), (size,) = (db.execute(f"PRAGMA {p}").fetchone() for p in
+                                      ("page_count", "freelist_count", "page_size"))
     finally:
         db.close()
     wal = path.with_name(path.name + "-wal")
-    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+    return int((pages - free) * size) + (wal.stat().st_size if wal.exists() else 0)
 
 
 def _jsonl_bytes(directory: Path) -> int:
