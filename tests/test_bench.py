@@ -91,7 +91,10 @@ def test_each_backend_and_size_is_covered(doc: dict[str, Any]) -> None:
                     f"snapshot_write.{backend}.{n}", f"snapshot_bytes.{backend}.{n}",
                     f"snapshot_next.{backend}.{n}"} <= names
     for steps in (100, 1000):
-        assert {f"storage.sqlite.step.{steps}", f"storage.jsonl.event.{steps}"} <= names
+        for backend in ("sqlite", "jsonl", "postgres"):
+            assert {f"storage.{backend}.step.{steps}",
+                    f"storage.{backend}+snapshots.step.{steps}"} <= names
+        assert {f"storage.sqlite.event.{steps}", f"storage.jsonl.event.{steps}"} <= names
     assert {"agent_step.scripted.200", "agent_step.scripted.2000",
             "agent_step_growth.scripted"} <= names
 
@@ -131,8 +134,10 @@ def test_plot_without_matplotlib_fails_before_measuring(
 
 TARGETS = {"step_us.sqlite.200", "step_us.sqlite.2000", "cpu_per_event.jsonl",
            "cpu_per_event.sqlite", "resume_growth.sqlite", "resume_growth.jsonl",
-           "resume_growth.postgres", "resume_vs_langgraph.10k", "bytes_per_step",
-           "bytes_per_step_growth", "postgres_append", "replay.1000", "replay.10000",
+           "resume_growth.postgres", "resume_vs_langgraph.10k", "bytes_per_step.sqlite",
+           "bytes_per_step.jsonl", "bytes_per_step.postgres", "bytes_per_step_growth.sqlite",
+           "bytes_per_step_growth.jsonl", "bytes_per_step_growth.postgres", "postgres_append",
+           "replay.1000", "replay.10000",
            "group_commit.sqlite", "saga.sqlite", "saga.jsonl", "saga.postgres"}
 
 

@@ -123,7 +123,7 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
     return [
         *durable_figures(workdir, postgres_url, plan, progress),
         *log_figures(workdir, postgres_url, plan, progress),
-        *storage_figures(workdir, plan.steps, progress),
+        *storage_figures(workdir, plan.steps, postgres_url, progress),
         *cpu_figures(workdir, plan, progress),
         *agent_figures(workdir, plan, progress),
         *step_figures(workdir, plan, progress),

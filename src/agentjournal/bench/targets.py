@@ -90,11 +90,20 @@ def _growth(figures: dict[str, Figure], name: str, prefix: str, limit: float,
                     f"{note}: {large:,} / {small:,}")
 
 
+def _bytes_per_step(figures: dict[str, Figure], backend: str) -> Target:
+    """B/step with snapshots against the events alone, in the longest run measured."""
+    name, prefix = f"bytes_per_step.{backend}", f"storage.{backend}+snapshots.step."
+    steps = _sizes(figures, prefix)
+    if not steps:
+        return _unmeasured(name, 1.5, "max", "ratio", NOT_MEASURED)
+    most = steps[-1]
+    return _between(name, figures[f"{prefix}{most}"], figures.get(f"storage.{backend}.step.{most}"),
+                    1.5, f"{backend} B/step at {most:,} steps: with snapshots / events alone")
+
+
 def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
     by_name = {f.name: f for f in figures}
     get = by_name.get
-    steps = _sizes(by_name, "storage.sqlite+snapshots.step.")
-    most = steps[-1] if steps else 0
     return [
         *(_against_floor(f"step_us.sqlite.{n}", get(f"step.sqlite.{n}"), 1.3, "max",
                          "Agent on sqlite, synced, vs 2 committed records per step")
@@ -111,11 +120,11 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
                  get("peers.resume.langgraph.10000"), 1.0,
                  "resume after 10,000 steps, agentjournal / LangGraph",
                  unmeasured=NOT_MEASURED if peers else "measured only with --peers"),
-        _between("bytes_per_step", get(f"storage.sqlite+snapshots.step.{most}"),
-                 get(f"storage.sqlite.step.{most}"), 1.5,
-                 f"sqlite B/step at {most:,} steps: with snapshots / events alone"),
-        _growth(by_name, "bytes_per_step_growth", "storage.sqlite+snapshots.step.", 1.1,
-                "sqlite B/step with snapshots, largest / smallest run (steps)"),
+        *(_bytes_per_step(by_name, backend) for backend in ("sqlite", "jsonl", "postgres")),
+        *(_growth(by_name, f"bytes_per_step_growth.{backend}",
+                  f"storage.{backend}+snapshots.step.", 1.1,
+                  f"{backend} B/step with snapshots, largest / smallest run (steps)")
+          for backend in ("sqlite", "jsonl", "postgres")),
         _against_floor("postgres_append", get("append.postgres"), 1.3, "max",
                        "vs one psycopg INSERT+COMMIT"),
         *(_against_floor(f"replay.{n}", get(f"replay.gc_off.{n}"), 0.5, "min",
