@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentjournal.bench import bench
+from agentjournal.bench.command import print_targets
 from agentjournal.bench.peers import resume_peer_figures, step_peer_figures
+from agentjournal.bench.targets import targets
 
 from .conftest import POSTGRES_URL, postgres_reason
 
@@ -187,3 +189,13 @@ def test_ci_refuses_to_skip_postgres(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     result = CliRunner().invoke(bench, ["--quick", "--postgres", "", "--store-dir", str(tmp_path)])
     assert result.exit_code == 1
     assert result.stderr.startswith("error: CI=true, so Postgres must be measured")
+
+
+def test_targets_piped_keep_each_name_on_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    results = targets([], peers=False)  # every target, unmeasured, with its note
+    print_targets(results)
+    out = capsys.readouterr().out
+    assert all(f"│ {t.name} " in out for t in results), out

@@ -160,6 +160,15 @@ def _num(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def _console() -> Console:
+    """The terminal's width; piped (to a file, a pager, a CI log) and with no COLUMNS set,
+    160 columns, so that no figure's name folds into a column a character wide."""
+    console = Console()
+    if console.is_terminal or "COLUMNS" in os.environ:
+        return console
+    return Console(width=160)
+
+
 def print_table(figures: Sequence[Figure]) -> None:
     table = Table(title="agentjournal bench", caption="ratio = value / floor, measured side by "
                   "side: for events/s the fraction of the floor's speed, else floors spent")
@@ -170,7 +179,7 @@ def print_table(figures: Sequence[Figure]) -> None:
     for f in figures:
         ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
         table.add_row(f.name, _num(f.value), f.unit, _num(f.floor), ratio, f.note)
-    Console().print(table)
+    _console().print(table)
 
 
 def _limit(t: Target) -> str:
@@ -189,7 +198,7 @@ def print_targets(results: Sequence[Target]) -> None:
         ratio = f"{t.ratio:.2f}x" if t.ratio is not None else "-"
         met = "-" if t.met is None else "yes" if t.met else "NO"
         table.add_row(t.name, _num(t.value), t.unit, _num(t.floor), ratio, _limit(t), met, t.note)
-    Console().print(table)
+    _console().print(table)
 
 
 Series = dict[str, list[tuple[int, float]]]  # a line's label -> (events, ms) points
