@@ -90,6 +90,7 @@ def test_common_types_have_a_faithful_json_form(value: Any, expected: Any) -> No
 
 @pytest.mark.parametrize(("value", "says"), [
     (math.nan, "NaN"), ({"x": [math.inf]}, "result.x[0]"), (-math.inf, "infinit"),
+    ({"x": "\udc80"}, "lone surrogate"),
     (Opaque(), "Opaque"), (gen(), "generator"), (object(), "object"),
     ({"fn": print}, "result.fn"),
 ])
@@ -104,7 +105,8 @@ def store(tmp_path: Path) -> Store:
     return open_store(f"sqlite:///{tmp_path / 'j.db'}")
 
 
-@pytest.mark.parametrize("bad", [math.nan, Opaque(), gen()], ids=["nan", "object", "generator"])
+@pytest.mark.parametrize("bad", [math.nan, Opaque(), gen(), {"text": "bad \udc80 bytes"}],
+                         ids=["nan", "object", "generator", "lone-surrogate"])
 def test_an_unkeepable_result_is_an_encoding_error_with_the_key(store: Store, bad: Any) -> None:
     applied: list[int] = []
 

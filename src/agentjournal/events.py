@@ -118,18 +118,25 @@ def make_events(
 
 
 def _canonical(payload: Mapping[str, Any]) -> _Canonical:
-    """``payload`` decoded from its canonical bytes. Where that equals the payload it
-    held only JSON types and finite floats (a NaN is written as null), so the walk
-    that names the culprit runs only where it does not."""
+    return _Canonical(canonical_copy(payload))
+
+
+def canonical_copy(value: Any, where: str = "value") -> Any:
+    """``value`` decoded from its canonical bytes: plain JSON data, exactly what a replay
+    decodes (tuples become lists). EncodingError for what JSON cannot hold (a NaN, an
+    infinity, a non-string key, a lone surrogate), naming where. The codec checks in C;
+    where the copy equals the value, the value held only JSON types and finite floats (a
+    NaN is written as null), so the walk that names the culprit runs only where it does
+    not."""
     try:
-        data = _encode(payload)
+        data = _encode(value)
     except EncodingError:
-        check_finite(payload, "value")  # a non-string key, named where it is
+        check_finite(value, where)  # a non-string key, named where it is
         raise
     plain = _raw_decoder.decode(data)
-    if plain != payload:  # (also tuples, which are fine: the walk lets them pass)
-        check_finite(payload, "value")
-    return _Canonical(plain)
+    if plain != value:  # (also tuples, which are fine: the walk lets them pass)
+        check_finite(value, where)
+    return plain
 
 
 class _Canonical(dict[str, Any]):

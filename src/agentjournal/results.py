@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from .errors import EncodingError
-from .events import check_finite
+from .events import canonical_copy
 
 
 def _hook(value: Any) -> Any:
@@ -43,17 +43,10 @@ def to_json(value: Any, where: str = "result") -> Any:
     except (TypeError, ValueError, msgspec.EncodeError):
         _refuse(value, where)
         raise EncodingError(f"{where} has no JSON form") from None  # not reached
-    check_finite(plain, where)  # the codec's own check, naming where a NaN sits
-    return _lists(plain)
-
-
-def _lists(value: Any) -> Any:
-    """Tuples as lists, so the value is exactly what a replay decodes."""
-    if isinstance(value, list | tuple):
-        return [_lists(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
-    return value
+    # Through the codec and back: exactly what a replay decodes (tuples as lists), and a
+    # NaN, an infinity or a lone surrogate refused here, naming where, not later when the
+    # completion that holds it is stored.
+    return canonical_copy(plain, where)
 
 
 _LEAF = (str, int, float, bool, type(None))
