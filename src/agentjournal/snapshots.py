@@ -265,19 +265,21 @@ def _take(state: RunState, size: int | None, segments: Segments | None = None
     new: dict[str, bytes] = {}
     seen: Seen = []
     held = known.digests()
+
+    def keyed(name: str, part: Mapping[str, Any]) -> dict[str, Any]:
+        """A keyed part's fields of the body: its segments, the items after them, its
+        block objects and the filters of the segments after those."""
+        digests, filters, after = _split(name, part, size, known, new, seen, held)
+        blocks, trailing = _blocks(name, part, size, digests, filters, known, new, seen, held)
+        return {name: digests, f"{name}_after": after, f"{name}_blocks": blocks,
+                f"{name}_filters": trailing}
+
     messages, _, messages_after = _split("messages", state.messages, size, known, new, seen,
                                          held)
-    keyed = []
-    for name, part in (("completed", state.completed), ("attempts", state.attempts)):
-        digests, filters, after = _split(name, part, size, known, new, seen, held)
-        keyed.append((digests, after,
-                      *_blocks(name, part, size, digests, filters, known, new, seen, held)))
-    (completed, completed_after, completed_blocks, completed_filters), \
-        (attempts, attempts_after, attempts_blocks, attempts_filters) = keyed
     head = msgspec.structs.replace(state, messages=[], completed={}, attempts={})
     body = zlib.compress(_encoder.encode(_Form(
-        head, messages, messages_after, completed, completed_after, attempts, attempts_after,
-        completed_blocks, completed_filters, attempts_blocks, attempts_filters)), _LEVEL)
+        head=head, messages=messages, messages_after=messages_after,
+        **keyed("completed", state.completed), **keyed("attempts", state.attempts))), _LEVEL)
     return Snapshot(
         run_id=state.run_id, seq=state.last_seq, schema_version=SCHEMA_VERSION,
         fold_version=FOLD_VERSION, digest=hashlib.sha256(body).hexdigest(), body=body,
