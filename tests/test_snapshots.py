@@ -41,7 +41,7 @@ from agentjournal.snapshots import (
     verify,
     write_snapshot,
 )
-from agentjournal.state import FOLD_VERSION, apply, durable_fields
+from agentjournal.state import FOLD_VERSION, CompletedCall, apply, durable_fields
 from agentjournal.store import Store
 from agentjournal.store.base import Snapshot
 
@@ -641,6 +641,39 @@ def test_a_key_set_again_after_a_lazy_resume_keeps_its_place_and_its_new_value(
     assert state.attempts["a"] == 2
     settle(state)
     assert list(state.attempts.items()) == [("a", 2), *((k, 1) for k in "bcdef")]
+
+
+KEYS = ["ab" * 32, "AB" * 32, "a" * 63, "g" * 64, "k", "", "ab" * 32 + "0", "0" * 64, "é" * 64]
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["as-written", "text-keys-as-before"])
+def test_keys_of_every_form_come_back_from_segments_as_they_went_in(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, small_segments: None, packed: bool
+) -> None:
+    """An idempotency key (64 lowercase hex digits) is stored as its 32 bytes; every other
+    key as text. Segments written before, all keys text, still load."""
+    from agentjournal import open_store
+
+    state = RunState(run_id="r1", last_seq=1, attempts={k: i for i, k in enumerate(KEYS)})
+    state.completed = {k: CompletedCall(result={"i": i}, seq=i) for i, k in enumerate(KEYS)}
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    with monkeypatch.context() as m:
+        if not packed:  # as releases before packed keys wrote them
+            m.setattr(snapshots, "_packed", lambda pairs: list(pairs))
+        snapshot = write_snapshot(store, state)
+    assert snapshot is not None
+    for lazy in (False, True):
+        loaded, why = snapshots._decode(store, snapshot, Segments(), lazy=lazy)
+        assert loaded is not None, why
+        assert [loaded.attempts[k] for k in KEYS] == list(range(len(KEYS)))  # lookups
+        settle(loaded)
+        assert list(loaded.attempts) == KEYS and list(loaded.completed) == KEYS
+        assert as_bytes(loaded) == as_bytes(state)
+    stored = [snapshot.body, *store.segments("r1", named_segments(snapshot.body)).values()]
+    raw = b"".join(zlib.decompress(body) for body in stored)
+    assert (bytes.fromhex("ab" * 32) in raw) == packed  # an idempotency key: 32 bytes
+    assert (b"0" * 64 in raw) != packed
+    assert all(k.encode() in raw for k in KEYS if not snapshots._HEX_KEY.fullmatch(k))
 
 
 @backend_params()

@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import logging
 import operator
+import re
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Set
@@ -79,8 +80,11 @@ def gc_paused() -> Iterator[None]:
 #: bench's workload over SQLite's 4 KiB page (a row just over a page wastes most of two).
 SEGMENT = 256
 
-Completed = list[tuple[str, CompletedCall]]
-Attempts = list[tuple[str, int]]
+# A keyed part's pairs as stored, each key text or bytes (see _packed; msgspec decodes
+# no union of the two but Any, which msgpack's str and bin types tell apart).
+Completed = list[tuple[Any, CompletedCall]]
+Attempts = list[tuple[Any, int]]
+Decode = Callable[[bytes], list[Any]]
 
 
 class _Form(msgspec.Struct, array_like=True):
@@ -117,6 +121,34 @@ _messages_decoder = msgspec.msgpack.Decoder(list[Message])
 _completed_decoder = msgspec.msgpack.Decoder(Completed)
 _attempts_decoder = msgspec.msgpack.Decoder(Attempts)
 _block_decoder = msgspec.msgpack.Decoder(_Block)
+
+# An idempotency key (keys.py): a sha256 in lowercase hex.
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def _packed(pairs: list[tuple[str, Any]]) -> list[tuple[str | bytes, Any]]:
+    """A keyed part's pairs as stored: a key of 64 lowercase hex digits (every
+    idempotency key) as its 32 bytes, which take 34 in a segment where the hex, random
+    to zlib, takes about 39; any other key as it is. Half of what snapshots add is
+    keys."""
+    return [(bytes.fromhex(k) if _HEX_KEY.fullmatch(k) else k, v) for k, v in pairs]
+
+
+def _unpacked(pairs: list[tuple[str | bytes, Any]]) -> list[tuple[str, Any]]:
+    """The pairs ``_packed`` stored (or pairs stored before it, all keys text)."""
+    return [(k.hex() if isinstance(k, bytes) else k, v) for k, v in pairs]
+
+
+def _messages(raw: bytes) -> list[Any]:
+    return _messages_decoder.decode(raw)
+
+
+def _completed(raw: bytes) -> list[Any]:
+    return _unpacked(_completed_decoder.decode(raw))
+
+
+def _attempts(raw: bytes) -> list[Any]:
+    return _unpacked(_attempts_decoder.decode(raw))
 
 
 class Segments:
@@ -204,7 +236,8 @@ def _split(name: str, part: list[Any] | Mapping[str, Any], size: int | None,
             objects = _objects(chunk)
             hit = segments.known(name, index, objects)
             if hit is None or (keyed and hit[1] is None):
-                digest = _store(_encoder.encode(chunk), new, held)
+                digest = _store(_encoder.encode(_packed(chunk) if keyed else chunk), new,
+                                held)
                 filter_ = key_filter(key for key, _ in chunk) if keyed else None
                 seen.append((name, index, objects, digest, filter_))
             else:
@@ -271,7 +304,7 @@ def _take(state: RunState, size: int | None, segments: Segments | None = None
         block objects and the filters of the segments after those."""
         digests, filters, after = _split(name, part, size, known, new, seen, held)
         blocks, trailing = _blocks(name, part, size, digests, filters, known, new, seen, held)
-        return {name: digests, f"{name}_after": after, f"{name}_blocks": blocks,
+        return {name: digests, f"{name}_after": _packed(after), f"{name}_blocks": blocks,
                 f"{name}_filters": trailing}
 
     messages, _, messages_after = _split("messages", state.messages, size, known, new, seen,
@@ -399,8 +432,8 @@ class _Later:
         self.store, self.run_id, self.known = store, run_id, known
 
     def keyed(self, name: str, digests: list[str], blocks: list[_Block],
-              filters: list[bytes], after: list[tuple[str, Any]],
-              decoder: msgspec.msgpack.Decoder[Any]) -> Keyed[Any]:
+              filters: list[bytes], after: list[tuple[str, Any]], decode: Decode
+              ) -> Keyed[Any]:
         """The part as a lazy map: ``digests`` under ``blocks`` then each its own filter."""
         heads = [Head(digest, filter_) for digest, filter_ in zip(
             digests, [f for block in blocks for f in block.filters] + filters, strict=True)]
@@ -414,7 +447,7 @@ class _Later:
             except SegmentError as exc:
                 self.store.delete_snapshots(self.run_id)
                 raise SnapshotSegmentError(self.run_id, head.digest, str(exc)) from exc
-            chunk: list[tuple[str, Any]] = decoder.decode(raw)
+            chunk: list[tuple[str, Any]] = decode(raw)
             self.known.remember(name, heads.index(head), _objects(chunk), head.digest,
                                 head.filter)
             return chunk
@@ -448,11 +481,10 @@ def _state_of(body: bytes, fetch: Fetch, known: Segments | None,
              *([] if lazy_attempts else form.attempts)]
     parts, known = fetch(names) if names else {}, Segments() if known is None else known
 
-    def part(name: str, digests: list[str], decoder: msgspec.msgpack.Decoder[Any]
-             ) -> list[Any]:
+    def part(name: str, digests: list[str], decode: Decode) -> list[Any]:
         items = []
         for index, digest in enumerate(digests):
-            chunk = decoder.decode(_segment(parts, digest))
+            chunk = decode(_segment(parts, digest))
             known.remember(name, index, _objects(chunk), digest)
             items += chunk
         return items
@@ -465,23 +497,23 @@ def _state_of(body: bytes, fetch: Fetch, known: Segments | None,
         return found
 
     def mapping(name: str, lazy: bool, digests: list[str], block_digests: list[str],
-                filters: list[bytes], after: list[tuple[str, Any]],
-                decoder: msgspec.msgpack.Decoder[Any]) -> MutableMapping[str, Any]:
-        found = blocks(name, block_digests, digests)
+                filters: list[bytes], stored_after: list[tuple[str | bytes, Any]],
+                decode: Decode) -> MutableMapping[str, Any]:
+        found, after = blocks(name, block_digests, digests), _unpacked(stored_after)
         if lazy and later is not None:
-            return later.keyed(name, digests, found, filters, after, decoder)
-        items = dict(part(name, digests, decoder))
+            return later.keyed(name, digests, found, filters, after, decode)
+        items = dict(part(name, digests, decode))
         items.update(after)
         return items
 
     state = form.head
-    state.messages = part("messages", form.messages, _messages_decoder)
+    state.messages = part("messages", form.messages, _messages)
     state.messages += form.messages_after
     state.completed = mapping("completed", lazy_completed, form.completed,
                               form.completed_blocks, form.completed_filters,
-                              form.completed_after, _completed_decoder)
+                              form.completed_after, _completed)
     state.attempts = mapping("attempts", lazy_attempts, form.attempts, form.attempts_blocks,
-                             form.attempts_filters, form.attempts_after, _attempts_decoder)
+                             form.attempts_filters, form.attempts_after, _attempts)
     return state
 
 
