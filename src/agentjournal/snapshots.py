@@ -139,10 +139,6 @@ def _unpacked(pairs: list[tuple[str | bytes, Any]]) -> list[tuple[str, Any]]:
     return [(k.hex() if isinstance(k, bytes) else k, v) for k, v in pairs]
 
 
-def _messages(raw: bytes) -> list[Any]:
-    return _messages_decoder.decode(raw)
-
-
 def _completed(raw: bytes) -> list[Any]:
     return _unpacked(_completed_decoder.decode(raw))
 
@@ -507,7 +503,7 @@ def _state_of(body: bytes, fetch: Fetch, known: Segments | None,
         return items
 
     state = form.head
-    state.messages = part("messages", form.messages, _messages)
+    state.messages = part("messages", form.messages, _messages_decoder.decode)
     state.messages += form.messages_after
     state.completed = mapping("completed", lazy_completed, form.completed,
                               form.completed_blocks, form.completed_filters,
