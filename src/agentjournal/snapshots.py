@@ -540,7 +540,7 @@ def _segment(parts: Mapping[str, bytes], digest: str) -> bytes:
 def _decode(store: Store, snapshot: Snapshot, known: Segments | None = None,
             lazy: bool = False) -> tuple[RunState | None, str]:
     """The state ``snapshot`` holds, with its segments (into ``known``); else None and
-    why. ``lazy``: the keyed parts' segments are only checked to be there."""
+    why. ``lazy``: the keyed parts' segments with filters are left undecoded (_Later)."""
     later = _Later(store, snapshot.run_id, known or Segments()) if lazy else None
     try:
         state = _state_of(snapshot.body, lambda names: store.segments(snapshot.run_id, names),

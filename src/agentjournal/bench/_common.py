@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from ..events import Event, EventType, make_events
+from ..keyed import forget_probes
 from ..keys import idempotency_key, run_scope
 from ..snapshots import gc_paused
 from ..store import Store
@@ -129,6 +130,13 @@ def workload(run_id: str, n: int, compact_every: int | None = None) -> list[Even
 
 
 # --- timing --------------------------------------------------------------------------
+
+
+def as_new_process() -> None:
+    """Start a timed resume from a collected heap and no kept probes, as a new process
+    does, not with the garbage and the cache of the bench's last resume."""
+    forget_probes()
+    gc.collect()
 
 
 def clock(fn: Callable[[], object]) -> float:

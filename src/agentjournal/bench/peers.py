@@ -20,7 +20,6 @@ The peers are an optional extra, imported here lazily.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import operator
 import sqlite3
@@ -33,12 +32,21 @@ from typing import Annotated, Any, TypedDict
 import msgspec
 
 from ..agent import Agent
-from ..keyed import forget_probes
 from ..policy import Budget
 from ..snapshots import load_state
 from ..store import open_store
 from ..tools import Tool
-from ._common import TASK, TURN_TEXT, Figure, Say, figure, medians, order_result, store_url
+from ._common import (
+    TASK,
+    TURN_TEXT,
+    Figure,
+    Say,
+    as_new_process,
+    figure,
+    medians,
+    order_result,
+    store_url,
+)
 from .appends import raw_sqlite
 from .cpu import (
     SYNCED_AGENT,
@@ -149,7 +157,7 @@ def _langgraph_us(workdir: Path, steps: int) -> float:
 def _langgraph_resume_ms(path: Path, steps: int) -> float:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    gc.collect()  # each resume starts from a collected heap, as a new process does
+    as_new_process()
     start = time.perf_counter()
     conn = _wal_full(path)
     latest = SqliteSaver(conn).get_tuple(_thread(steps))
@@ -225,8 +233,7 @@ def _build_agentjournal(workdir: Path, steps: int, lookup: Tool) -> tuple[str, i
 
 
 def _agentjournal_resume_ms(url: str, events: int) -> float:
-    forget_probes()
-    gc.collect()
+    as_new_process()
     start = time.perf_counter()
     store = open_store(url)
     loaded = load_state(store, RUN_ID, lazy=True)  # as a journal loads it
@@ -250,7 +257,7 @@ def _build_records(workdir: Path, steps: int) -> Path:
 
 def _records_resume_ms(path: Path, steps: int) -> float:
     decode = msgspec.json.decode
-    gc.collect()
+    as_new_process()
     start = time.perf_counter()
     db = sqlite3.connect(path)
     records = [decode(body) for (body,) in db.execute("SELECT body FROM floor ORDER BY seq")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -14,7 +13,6 @@ from typing import NamedTuple
 import msgspec
 
 from ..events import Event, decode, encode
-from ..keyed import forget_probes
 from ..snapshots import (
     Segments,
     gc_paused,
@@ -33,6 +31,7 @@ from ._common import (
     Figure,
     Say,
     append_one_by_one,
+    as_new_process,
     clock,
     figure,
     medians,
@@ -135,8 +134,7 @@ def _recover(url: str, *, use_snapshots: bool) -> float:
     """Seconds to open the store and have the state ready, as a journal loads it (lazily:
     see keyed.py), with the cyclic GC on; it starts from a collected heap, as a new
     process does, not with the garbage of the bench's last recovery."""
-    forget_probes()
-    gc.collect()
+    as_new_process()
     start = time.perf_counter()
     store = open_store(url)
     loaded = load_state(store, RUN, use_snapshots=use_snapshots, lazy=True)
