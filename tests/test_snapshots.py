@@ -646,17 +646,17 @@ def test_a_key_set_again_after_a_lazy_resume_keeps_its_place_and_its_new_value(
 KEYS = ["ab" * 32, "AB" * 32, "a" * 63, "g" * 64, "k", "", "ab" * 32 + "0", "0" * 64, "é" * 64]
 
 
+@backend_params()
 @pytest.mark.parametrize("packed", [True, False], ids=["as-written", "text-keys-as-before"])
 def test_keys_of_every_form_come_back_from_segments_as_they_went_in(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, small_segments: None, packed: bool
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, small_segments: None,
+    packed: bool
 ) -> None:
     """An idempotency key (64 lowercase hex digits) is stored as its 32 bytes; every other
     key as text. Segments written before, all keys text, still load."""
-    from agentjournal import open_store
-
     state = RunState(run_id="r1", last_seq=1, attempts={k: i for i, k in enumerate(KEYS)})
     state.completed = {k: CompletedCall(result={"i": i}, seq=i) for i, k in enumerate(KEYS)}
-    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    store = make_store()
     with monkeypatch.context() as m:
         if not packed:  # as releases before packed keys wrote them
             m.setattr(snapshots, "_packed", lambda pairs: list(pairs))
