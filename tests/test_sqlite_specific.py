@@ -23,7 +23,7 @@ from agentjournal.snapshots import load_state, write_snapshot
 from agentjournal.state import durable_fields, fold
 from agentjournal.store import sqlite as sqlite_module
 from agentjournal.store.base import host_clock
-from agentjournal.store.sqlite import SQLiteStore
+from agentjournal.store.sqlite import MAX_SEQ, SQLiteStore
 
 from . import powercut
 
@@ -97,20 +97,35 @@ def test_migration_4_judges_an_older_lease_by_the_wall_clock(
 
 
 
+def copy_as_v8(current: Path, old: Path) -> None:
+    """Every event, snapshot and segment of the store at ``current`` into the database
+    at ``old``, as migrations 1-8 laid them out (events keyed by run id and seq)."""
+    db = sqlite3.connect(old)
+    try:
+        with db:
+            db.execute("ATTACH ? AS new", (str(current),))
+            db.execute(f"INSERT INTO events SELECT n.run_id, e.key & {MAX_SEQ},"
+                       " json_extract(CAST(e.body AS TEXT), '$.type'), e.ts, e.body"
+                       " FROM new.events e JOIN new.run_numbers n ON e.key >> 32 = n.run_no")
+            db.execute("INSERT INTO snapshots SELECT * FROM new.snapshots")
+            db.execute("INSERT INTO segments SELECT * FROM new.segments")
+        db.execute("DETACH new")
+    finally:
+        db.close()
+
+
 def test_migration_8_moves_snapshots_and_segments_to_rowid_tables_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "old.db"
+    path, current = tmp_path / "old.db", tmp_path / "current.db"
     old_store(path, monkeypatch, 7)
     events = workload("r", 800)  # 533 messages and 266 completed calls: several segments
-    with monkeypatch.context() as m:
-        m.setattr(sqlite_module, "MIGRATIONS", sqlite_module.MIGRATIONS[:7])
-        with SQLiteStore(path) as store:
-            store.append("r", events, expected_seq=0, epoch=0)
-            written = write_snapshot(store, fold(events))
-            assert written is not None
-            held = store.segment_digests("r")
+    with SQLiteStore(current) as store:
+        store.append("r", events, expected_seq=0, epoch=0)
+        assert write_snapshot(store, fold(events)) is not None
+        held = store.segment_digests("r")
     assert len(held) >= 4
+    copy_as_v8(current, path)
     with SQLiteStore(path) as store:
         assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
         for table in ("snapshots", "segments"):
@@ -123,6 +138,37 @@ def test_migration_8_moves_snapshots_and_segments_to_rowid_tables_intact(
         # A snapshot of the same seq replaces the one there, as before.
         assert write_snapshot(store, fold(events)) is not None
         assert len(store.snapshots("r")) == 1
+
+
+def test_migration_9_keys_every_event_by_run_number_and_seq_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, current = tmp_path / "old.db", tmp_path / "current.db"
+    old_store(path, monkeypatch, 8)
+    logs = {run_id: workload(run_id, n) for run_id, n in (("b", 30), ("a", 7), ("c", 1))}
+    with SQLiteStore(current) as store:
+        for run_id, events in logs.items():
+            store.append(run_id, events, expected_seq=0, epoch=0)
+        stored = {run_id: list(store.read(run_id)) for run_id in logs}
+        runs = store.list_runs()
+    copy_as_v8(current, path)
+    with SQLiteStore(path) as store:
+        assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
+        for run_id, events in stored.items():
+            assert list(store.read(run_id)) == events
+            assert list(store.read(run_id, after_seq=3)) == events[3:]
+            assert store.last_seq(run_id) == len(events)
+        assert store.list_runs() == runs
+        assert store.last_seq("nobody") == 0 and list(store.read("nobody")) == []
+        # Each run goes on from where it ended; a new run gets a number of its own.
+        for run_id, events in stored.items():
+            more = make_events(run_id, len(events), 0, [(EventType.USER_MESSAGE, {"n": 1})])
+            store.append(run_id, more, expected_seq=len(events), epoch=0)
+            assert list(store.read(run_id))[:-1] == events
+            assert store.last_seq(run_id) == len(events) + 1
+        store.append("d", workload("d", 5), expected_seq=0, epoch=0)
+        assert raw(path, "SELECT run_id FROM run_numbers ORDER BY run_no") == [
+            ("a",), ("b",), ("c",), ("d",)]
 
 
 # --- leases on the host's clock ------------------------------------------------------
@@ -346,7 +392,7 @@ from agentjournal import EventType, make_events
 from agentjournal.bench._common import workload
 from agentjournal.snapshots import load_state, write_snapshot
 from agentjournal.state import durable_fields, fold
-from agentjournal.store.sqlite import SQLiteStore
+from agentjournal.store.sqlite import MAX_SEQ, SQLiteStore
 
 store = SQLiteStore(sys.argv[1], durability=sys.argv[2] if len(sys.argv) > 2 else "fsync")
 out = threading.Lock()

@@ -39,6 +39,7 @@ from agentjournal import (
 from agentjournal.events import chain_digest
 from agentjournal.store import Store
 from agentjournal.store.base import Tombstone, records_digest
+from agentjournal.store.sqlite import in_run
 
 from .builders import T0, snapshot_at, unsealed
 from .conftest import backend_params
@@ -90,8 +91,8 @@ def rewrite_stored(store: Store, run_id: str, event: Event, body: bytes) -> None
     if kind == "SQLiteStore":
         db = sqlite3.connect(store.path)  # type: ignore[attr-defined]
         with db:
-            db.execute("UPDATE events SET body = ? WHERE run_id = ? AND seq = ?",
-                       (body, run_id, event.seq))
+            db.execute(f"UPDATE events SET body = :body WHERE {in_run()} AND key & 0xFFFFFFFF"
+                       " = :seq", {"body": body, "run": run_id, "seq": event.seq})
         db.close()
     elif kind == "PostgresStore":
         import psycopg

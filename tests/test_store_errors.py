@@ -43,7 +43,7 @@ def test_sqlite_record_that_does_not_decode_is_corruption(tmp_path: Path) -> Non
     store.append("r1", make_events("r1", 0, 0, facts), expected_seq=0, epoch=0)
     store.close()
     with sqlite3.connect(path) as db:
-        db.execute("UPDATE events SET body = X'7B6E6F' WHERE seq = 2")
+        db.execute("UPDATE events SET body = X'7B6E6F' WHERE key & 0xFFFFFFFF = 2")
     with pytest.raises(CorruptLogError) as info:
         list(open_store(f"sqlite:///{path}").read("r1"))
     assert (info.value.run_id, info.value.seq) == ("r1", 2)

@@ -17,15 +17,14 @@ import msgspec
 from ..errors import RunMismatchError
 from ..store import Lease
 from ..store.base import host_clock, lease_left, validate_run_id
-from ..store.sqlite import SQLiteStore
+from ..store.sqlite import SQLiteStore, last_seq_of
 from .queue import Claim, QueuedRun, QueueState, WorkerInfo
 
-_CANDIDATES = """
+_CANDIDATES = f"""
     SELECT q.run_id, q.state, q.parked_seq, q.agent, q.task, q.queue, q.crashes,
-           l.epoch, l.expires_at, l.boot_id, l.deadline,
-           (SELECT coalesce(max(seq), 0) FROM events e WHERE e.run_id = q.run_id)
+           l.epoch, l.expires_at, l.boot_id, l.deadline, {last_seq_of("q.run_id")}
     FROM queue q LEFT JOIN leases l ON l.run_id = q.run_id
-    WHERE q.state != 'done' {where}
+    WHERE q.state != 'done' {{where}}
     ORDER BY q.priority DESC, q.submitted_at, q.run_id
 """
 
@@ -113,9 +112,9 @@ class SQLiteQueue:
             rows = db.execute(
                 "SELECT q.run_id, q.queue, q.state, q.priority, q.agent, q.worker, q.crashes,"
                 " q.claims, q.submitted_at, q.changed_at, q.parked_seq, l.epoch, l.expires_at,"
-                " l.boot_id, l.deadline, (SELECT coalesce(max(seq), 0) FROM events e"
-                " WHERE e.run_id = q.run_id) FROM queue q LEFT JOIN leases l"
-                " ON l.run_id = q.run_id ORDER BY q.submitted_at, q.run_id").fetchall()
+                f" l.boot_id, l.deadline, {last_seq_of('q.run_id')} FROM queue q"
+                " LEFT JOIN leases l ON l.run_id = q.run_id"
+                " ORDER BY q.submitted_at, q.run_id").fetchall()
         out = []
         for (run_id, queue, state, priority, agent, worker, crashes, claims, submitted,
              changed, parked, epoch, expires, boot_id, deadline, last) in rows:

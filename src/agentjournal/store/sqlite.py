@@ -191,7 +191,46 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE segments;
     ALTER TABLE segments_rowid RENAME TO segments;
     """,
+    # Events keyed by one integer, run_no << 32 | seq, in a rowid table: SQLite appends to
+    # a rowid tree's right edge without rebalancing its neighbours, and compares integers,
+    # not text, so an append costs about a third less CPU and fewer pages than under the
+    # WITHOUT ROWID (run_id, seq) key. A run's number is never reused (rows stay after gc).
+    """
+    CREATE TABLE run_numbers (
+        run_no INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL UNIQUE
+    );
+    INSERT INTO run_numbers (run_id) SELECT DISTINCT run_id FROM events ORDER BY run_id;
+    CREATE TABLE events_by_key (
+        key INTEGER PRIMARY KEY,
+        ts TEXT NOT NULL,
+        body BLOB NOT NULL
+    );
+    INSERT INTO events_by_key SELECT (n.run_no << 32) + e.seq, e.ts, e.body
+        FROM events e JOIN run_numbers n USING (run_id) ORDER BY 1;
+    DROP TABLE events;
+    ALTER TABLE events_by_key RENAME TO events;
+    """,
 )
+
+# A run's events are the key range run_no << 32 .. run_no << 32 | 0xFFFFFFFF; seq is the
+# key's low 32 bits. These fragments find a run's range from its id (a scalar subquery
+# SQLite evaluates once per statement): {run} is the run id's SQL, {after} the first seq.
+SEQ_BITS = 32
+MAX_SEQ = (1 << SEQ_BITS) - 1
+_BASE = "(SELECT run_no << 32 FROM run_numbers WHERE run_id = {run})"
+_IN_RUN = f"key BETWEEN {_BASE} + {{after}} AND {_BASE} + {MAX_SEQ}"
+
+
+def in_run(run: str = ":run", after: str = "0") -> str:
+    """The SQL condition on events.key that holds for run ``run``'s events from seq
+    ``after`` on (both SQL expressions: a parameter or a column)."""
+    return _IN_RUN.format(run=run, after=after)
+
+
+def last_seq_of(run: str) -> str:
+    """A scalar subquery: run ``run``'s last seq, 0 if it has no events."""
+    return f"(SELECT coalesce(max(key) & {MAX_SEQ}, 0) FROM events WHERE {in_run(run)})"
 
 
 _HEADER = b"SQLite format 3\x00"
@@ -263,10 +302,10 @@ _DIGESTS = 4096  # runs whose last digest a handle remembers (for _append_alone)
 # A warm one-event append, its own transaction (see SQLiteStore._append_alone). A sealed
 # record starts {"digest":"<32 hex>": bytes 12 to 43 are its digest (events.seal).
 _ALONE = (
-    "INSERT INTO events SELECT :run, :seq, :type, :ts, :body"
-    " WHERE (SELECT max(seq) FROM events WHERE run_id = :run) = :expected"
-    " AND (SELECT substr(body, 12, 32) FROM events WHERE run_id = :run AND seq = :expected)"
-    " = :prev AND (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = :run) = :epoch"
+    "INSERT INTO events SELECT :key, :ts, :body"
+    f" WHERE (SELECT max(key) FROM events WHERE key BETWEEN :base AND :base + {MAX_SEQ})"
+    " = :key - 1 AND (SELECT substr(body, 12, 32) FROM events WHERE key = :key - 1) = :prev"
+    " AND (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = :run) = :epoch"
 )
 
 
@@ -274,21 +313,34 @@ class _AllRefused(Exception):
     """Every append of a group was refused: its transaction rolls back."""
 
 
-_ENDS = ("SELECT r.value, coalesce(e.seq, 0), e.body,"
-         " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = r.value)"
-         " FROM {runs} AS r LEFT JOIN events e ON e.run_id = r.value"
-         " AND e.seq = (SELECT max(seq) FROM events WHERE run_id = r.value)")
-_END_OF_ONE = _ENDS.format(runs="(SELECT ? AS value)")
-_END_OF_MANY = _ENDS.format(runs="json_each(?)")  # a JSON array of run ids
+_ENDS = ("SELECT n.run_id, n.run_no << 32, e.key, e.body,"
+         " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = n.run_id)"
+         " FROM run_numbers n LEFT JOIN events e ON e.key = (SELECT max(key) FROM events"
+         f" WHERE key BETWEEN n.run_no << 32 AND (n.run_no << 32) + {MAX_SEQ})"
+         " WHERE n.run_id IN ({runs})")
+_END_OF_ONE = _ENDS.format(runs="?")
+_END_OF_MANY = _ENDS.format(runs="SELECT value FROM json_each(?)")  # a JSON array of ids
 
 
-def _ends(db: sqlite3.Connection, run_ids: list[str]) -> dict[str, tuple[int, str, int]]:
-    """Each run's last seq, that event's digest and its lease's epoch, in one statement
-    however many runs a group holds."""
+@dataclass(slots=True)
+class _End:
+    """Where a run's log ends: its key base (run_no << 32), last seq and digest, and its
+    lease's epoch."""
+
+    base: int
+    last: int
+    digest: str
+    epoch: int
+
+
+def _ends(db: sqlite3.Connection, run_ids: list[str]) -> dict[str, _End]:
+    """Each run's end, in one statement however many runs a group holds (every run
+    has its number already)."""
     rows = (db.execute(_END_OF_ONE, run_ids) if len(run_ids) == 1
             else db.execute(_END_OF_MANY, (json.dumps(run_ids),)))
-    return {run_id: (last, stored_digest(body) if body is not None else "", epoch)
-            for run_id, last, body, epoch in rows}
+    return {run_id: _End(base, key - base if key is not None else 0,
+                         stored_digest(body) if body is not None else "", epoch)
+            for run_id, base, key, body, epoch in rows}
 
 
 def _refuse_archived(db: sqlite3.Connection, run_id: str) -> None:
@@ -340,7 +392,8 @@ class SQLiteStore:
         self._waiting: list[_Append] = []
         self._group = threading.Lock()  # guards _waiting and _leading
         self._leading = False  # a thread is committing a group; the next one waits
-        self._digests: dict[str, str] = {}  # each run's last digest, as this handle saw it
+        # Each run's key base and last digest, as this handle saw them (see _append_alone).
+        self._known: dict[str, tuple[int, str]] = {}
         where = str(self.path.absolute())
         if self.path.is_dir():
             raise StoreUrlError(where, "the path is a directory, not a database file")
@@ -557,6 +610,9 @@ class SQLiteStore:
         Nothing returns before the COMMIT that holds it."""
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
+        if events[-1].seq > MAX_SEQ:
+            raise ValueError(f"run {run_id!r}: an SQLite store keeps at most {MAX_SEQ:,} "
+                             "events per run")
         mine = _Append(run_id, events, expected_seq, epoch)
         with self._group:
             self._waiting.append(mine)
@@ -596,15 +652,15 @@ class SQLiteStore:
             with self._tx() as db:
                 if not (ends := self._insert(db, group)):
                     raise _AllRefused  # nothing to commit: roll back, no sync
-            if len(self._digests) > _DIGESTS:  # a hint, not a record: start again
-                self._digests.clear()
-            self._digests.update(ends)
+            if len(self._known) > _DIGESTS:  # a hint, not a record: start again
+                self._known.clear()
+            self._known.update(ends)
         except _AllRefused:
             pass
         except BaseException as exc:
             for one in group:
                 one.error = exc
-                self._digests.pop(one.run_id, None)
+                self._known.pop(one.run_id, None)
         finally:
             for one in group:
                 one.done = True
@@ -616,59 +672,60 @@ class SQLiteStore:
         tried or inserted nothing (which changed nothing): the transaction's way then
         appends or says why not. An error other than a busy database leaves the outcome
         unknown, as a failed COMMIT does, and breaks the handle."""
-        prev = self._digests.get(one.run_id)
-        if prev is None or len(one.events) != 1 or one.expected_seq == 0:
+        known = self._known.get(one.run_id)
+        if known is None or len(one.events) != 1 or one.expected_seq == 0:
             return False
-        (event,) = one.events
+        (event,), (base, prev) = one.events, known
         (body,), digest = seal(one.events, prev)
         self._writable("write")
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
             inserted = self._commit(_ALONE, {
-                "run": one.run_id, "seq": event.seq, "type": event.type.value,
-                "ts": event.ts.isoformat(), "body": body, "expected": one.expected_seq,
-                "prev": prev.encode("ascii"), "epoch": one.epoch}, alone=True)
+                "run": one.run_id, "key": base + event.seq, "base": base,
+                "ts": event.ts.isoformat(), "body": body, "prev": prev.encode("ascii"),
+                "epoch": one.epoch}, alone=True)
         if inserted:
-            self._digests[one.run_id] = digest
+            self._known[one.run_id] = (base, digest)
         return inserted == 1
 
-    @staticmethod
-    def _insert(db: sqlite3.Connection, group: list[_Append]) -> dict[str, str]:
+    def _insert(self, db: sqlite3.Connection, group: list[_Append]) -> dict[str, tuple[int, str]]:
         """Check each append against its run's end (under the write lock, so nothing
         moves it but this group), then insert every accepted row in one statement. A
-        refused append gets its error and takes no other down. Returns the last digest
-        of each run of the group (empty: all refused, nothing written)."""
-        ends = _ends(db, list({one.run_id: None for one in group}))
+        refused append gets its error and takes no other down. Returns each run's key
+        base and last digest (empty: all refused, nothing written)."""
+        run_ids = list({one.run_id: None for one in group})
+        if new := [(run_id,) for run_id in run_ids if run_id not in self._known]:
+            db.executemany("INSERT OR IGNORE INTO run_numbers (run_id) VALUES (?)", new)
+        ends = _ends(db, run_ids)
         rows = []
         for one in group:
-            run_id, events = one.run_id, one.events
+            run_id, events, end = one.run_id, one.events, ends[one.run_id]
             try:
-                last, prev, current = ends[run_id]
-                if not last:
+                if not end.last:
                     _refuse_archived(db, run_id)
-                if one.epoch != current:  # fencing first: a stale writer must stop
-                    raise FencedError(run_id, one.epoch, current)
-                if last != one.expected_seq:
-                    raise ConflictError(run_id, one.expected_seq, last)
-                bodies, digest = seal(events, prev)
+                if one.epoch != end.epoch:  # fencing first: a stale writer must stop
+                    raise FencedError(run_id, one.epoch, end.epoch)
+                if end.last != one.expected_seq:
+                    raise ConflictError(run_id, one.expected_seq, end.last)
+                bodies, end.digest = seal(events, end.digest)
             except JournalError as exc:
                 one.error = exc
                 continue
-            ends[run_id] = (events[-1].seq, digest, current)
-            rows += [(run_id, e.seq, e.type.value, e.ts.isoformat(), body)
+            end.last = events[-1].seq
+            rows += [(end.base + e.seq, e.ts.isoformat(), body)
                      for e, body in zip(events, bodies, strict=True)]
             if (scope := scope_started(events)) is not None:
                 db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
-        db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
-        return {run_id: end[1] for run_id, end in ends.items()} if rows else {}
+        db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
+        return {run_id: (end.base, end.digest) for run_id, end in ends.items()} if rows else {}
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
         with self._reading():
             rows = self._db.execute(  # from after_seq itself: its digest starts the chain
-                "SELECT seq, body FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq",
-                (run_id, after_seq),
+                f"SELECT key & {MAX_SEQ}, body FROM events WHERE {in_run(after=':after')}"
+                " ORDER BY key", {"run": run_id, "after": after_seq},
             ).fetchall()
         prev = ""
         if rows and rows[0][0] == after_seq:
@@ -684,13 +741,12 @@ class SQLiteStore:
 
     @staticmethod
     def _last_seq(db: sqlite3.Connection, run_id: str) -> int:
-        row = db.execute("SELECT max(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
-        return int(row[0] or 0)
+        return int(db.execute(f"SELECT {last_seq_of(':run')}", {"run": run_id}).fetchone()[0])
 
     def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
         sql = (
-            "SELECT run_id, max(seq), min(ts), max(ts) FROM events GROUP BY run_id "
-            "ORDER BY max(ts) DESC"
+            f"SELECT n.run_id, max(e.key) & {MAX_SEQ}, min(e.ts), max(e.ts) FROM run_numbers n"
+            f" JOIN events e ON {in_run('n.run_id')} GROUP BY n.run_no ORDER BY max(e.ts) DESC"
         )
         with self._reading():
             rows = self._db.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
@@ -702,7 +758,8 @@ class SQLiteStore:
     def scope_runs(self, scope: str) -> list[str]:
         with self._reading():
             rows = self._db.execute(
-                "SELECT s.run_id FROM scopes s JOIN events e ON e.run_id = s.run_id AND e.seq = 1"
+                "SELECT s.run_id FROM scopes s JOIN run_numbers n USING (run_id)"
+                " JOIN events e ON e.key = (n.run_no << 32) + 1"
                 " WHERE s.scope = ? ORDER BY e.ts, s.run_id", (scope,)).fetchall()
         return [r[0] for r in rows]
 
@@ -845,8 +902,8 @@ class SQLiteStore:
     def records(self, run_id: str) -> list[bytes]:
         validate_run_id(run_id)
         with self._reading():
-            rows = self._db.execute(
-                "SELECT body FROM events WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
+            rows = self._db.execute(f"SELECT body FROM events WHERE {in_run()} ORDER BY key",
+                                    {"run": run_id}).fetchall()
         records = [bytes(r[0]) for r in rows]
         check_records(run_id, records)
         return records
@@ -860,7 +917,8 @@ class SQLiteStore:
             last = self._last_seq(db, run_id)
             if last != tombstone.last_seq:
                 raise ConflictError(run_id, tombstone.last_seq, last)
-            for table in ("events", "snapshots", "segments", "scopes", "queue"):
+            db.execute(f"DELETE FROM events WHERE {in_run()}", {"run": run_id})
+            for table in ("snapshots", "segments", "scopes", "queue"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             db.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?)",
                        (run_id, tombstone.last_seq, tombstone.digest, tombstone.archive,
@@ -897,8 +955,11 @@ class SQLiteStore:
             if records_digest(records) != row[0]:
                 raise CorruptLogError(run_id, len(records), "these records are not the log "
                                       "its tombstone names (their digest differs)")
-            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", [
-                (run_id, e.seq, e.type.value, e.ts.isoformat(), body)
+            db.execute("INSERT OR IGNORE INTO run_numbers (run_id) VALUES (?)", (run_id,))
+            (base,) = db.execute("SELECT run_no << 32 FROM run_numbers WHERE run_id = ?",
+                                 (run_id,)).fetchone()
+            db.executemany("INSERT INTO events VALUES (?, ?, ?)", [
+                (base + e.seq, e.ts.isoformat(), body)
                 for e, body in zip(events, records, strict=True)])
             if (scope := scope_started(events)) is not None:
                 db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
