@@ -476,12 +476,18 @@ def test_a_power_cut_keeps_every_acknowledged_append(tmp_path: Path, durability:
         assert lost, "syncing off lost nothing: the simulation would not see a missing sync"
 
 
-def test_a_warm_lone_append_is_one_statement_and_a_stale_one_is_refused_as_ever(
+def _some(run_id: str, after: int, n: int, epoch: int = 0) -> list[Any]:
+    return make_events(run_id, after, epoch, [
+        (EventType.USER_MESSAGE, {"content": f"m{after + i}"}) for i in range(n)])
+
+
+def test_a_warm_append_is_one_statement_and_a_stale_one_is_refused_as_ever(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A one-event append to a run this handle last saw the end of is one statement, its
-    own transaction. When the run moved on elsewhere (another handle appended, or took
-    the lease), that statement inserts nothing and the append is refused as before."""
+    """An append to a run this handle last saw the end of is one statement, its own
+    transaction, for one event or several. When the run moved on elsewhere (another
+    handle appended, or took the lease), that statement inserts nothing and the append
+    is refused as before, none of its events written."""
     store, other = SQLiteStore(tmp_path / "j.db"), SQLiteStore(tmp_path / "j.db")
     statements: list[str] = []
     real_sync = store._sync
@@ -493,14 +499,21 @@ def test_a_warm_lone_append_is_one_statement_and_a_stale_one_is_refused_as_ever(
     monkeypatch.setattr(store, "_sync", seen)
     store.append("r", _one("r", 0), expected_seq=0, epoch=0)
     assert store.append("r", _one("r", 1), expected_seq=1, epoch=0) == 2
-    assert statements == ["COMMIT", "INSERT"]  # the first in a transaction, then alone
-    other.append("r", _one("r", 2), expected_seq=2, epoch=0)
+    assert store.append("r", _some("r", 2, 3), expected_seq=2, epoch=0) == 5
+    assert statements == ["COMMIT", "INSERT", "INSERT"]  # the first in a transaction
+    other.append("r", _one("r", 5), expected_seq=5, epoch=0)
     with pytest.raises(ConflictError):
-        store.append("r", _one("r", 2), expected_seq=2, epoch=0)
+        store.append("r", _one("r", 5), expected_seq=5, epoch=0)
+    with pytest.raises(ConflictError):
+        store.append("r", _some("r", 5, 2), expected_seq=5, epoch=0)
     lease = other.acquire("r", "w2", 60)
     with pytest.raises(FencedError):
-        store.append("r", _one("r", 3), expected_seq=3, epoch=0)
-    assert store.append("r", _one("r", 3, lease.epoch), expected_seq=3, epoch=lease.epoch) == 4
-    assert [e.seq for e in SQLiteStore(tmp_path / "j.db").read("r")] == [1, 2, 3, 4]
+        store.append("r", _some("r", 6, 2), expected_seq=6, epoch=0)
+    assert store.append("r", _some("r", 6, 2, lease.epoch), expected_seq=6,
+                        epoch=lease.epoch) == 8
+    assert store.append("r", _some("r", 8, 20, lease.epoch), expected_seq=8,
+                        epoch=lease.epoch) == 28  # more than one statement holds: a transaction
+    assert statements[-1] == "COMMIT"
+    assert [e.seq for e in SQLiteStore(tmp_path / "j.db").read("r")] == list(range(1, 29))
     store.close()
     other.close()

@@ -24,6 +24,7 @@ damage (``CorruptStoreError``), not "not a store".
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import sqlite3
@@ -298,15 +299,20 @@ def sqlite3_path(path: Path) -> str:
 
 
 _DIGESTS = 4096  # runs whose last digest a handle remembers (for _append_alone)
+_ALONE_MAX = 16  # events in a warm append made one statement (more: a transaction)
 
-# A warm one-event append, its own transaction (see SQLiteStore._append_alone). A sealed
-# record starts {"digest":"<32 hex>": bytes 12 to 43 are its digest (events.seal).
-_ALONE = (
-    "INSERT INTO events SELECT :key, :ts, :body"
-    f" WHERE (SELECT max(key) FROM events WHERE key BETWEEN :base AND :base + {MAX_SEQ})"
-    " = :key - 1 AND (SELECT substr(body, 12, 32) FROM events WHERE key = :key - 1) = :prev"
-    " AND (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = :run) = :epoch"
-)
+@functools.cache
+def _alone(n: int) -> str:
+    """A warm append of ``n`` events, its own transaction (see
+    SQLiteStore._append_alone): row i is (:k<i>, :t<i>, :b<i>), the first key :key.
+    A sealed record starts {"digest":"<32 hex>": bytes 12 to 43 are its digest."""
+    rows = ", ".join(f"(:k{i}, :t{i}, :b{i})" for i in range(n))
+    return (
+        f"INSERT INTO events SELECT * FROM (VALUES {rows})"
+        f" WHERE (SELECT max(key) FROM events WHERE key BETWEEN :base AND :base + {MAX_SEQ})"
+        " = :key - 1 AND (SELECT substr(body, 12, 32) FROM events WHERE key = :key - 1)"
+        " = :prev AND (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = :run) = :epoch"
+    )
 
 
 class _AllRefused(Exception):
@@ -645,7 +651,7 @@ class SQLiteStore:
     def _commit_group(self, group: list[_Append]) -> None:
         """Commit ``group`` in one transaction; each append ends done, or with its error
         (all of them with the commit's error: then nothing of the group was committed).
-        A lone warm one-event append tries one statement first (see _append_alone)."""
+        A lone warm append tries one statement first (see _append_alone)."""
         try:
             if len(group) == 1 and self._append_alone(group[0]):
                 return
@@ -666,28 +672,32 @@ class SQLiteStore:
                 one.done = True
 
     def _append_alone(self, one: _Append) -> bool:
-        """A warm one-event append as one statement that is its own transaction: it
-        inserts only if the run still ends at the expected seq, with the digest this
-        handle saw it end with, under the same lease epoch. False if it could not be
-        tried or inserted nothing (which changed nothing): the transaction's way then
-        appends or says why not. An error other than a busy database leaves the outcome
-        unknown, as a failed COMMIT does, and breaks the handle."""
-        known = self._known.get(one.run_id)
-        if known is None or len(one.events) != 1 or one.expected_seq == 0:
+        """A warm append as one statement that is its own transaction: it inserts only
+        if the run still ends at the expected seq, with the digest this handle saw it
+        end with, under the same lease epoch. False if it could not be tried or
+        inserted nothing (which changed nothing): the transaction's way then appends or
+        says why not. An error other than a busy database leaves the outcome unknown, as
+        a failed COMMIT does, and breaks the handle."""
+        known, events = self._known.get(one.run_id), one.events
+        if (known is None or one.expected_seq == 0 or len(events) > _ALONE_MAX
+                or scope_started(events) is not None):
             return False
-        (event,), (base, prev) = one.events, known
-        (body,), digest = seal(one.events, prev)
+        base, prev = known
+        bodies, digest = seal(events, prev)
+        params: dict[str, Any] = {"run": one.run_id, "key": base + events[0].seq,
+                                  "base": base, "prev": prev.encode("ascii"),
+                                  "epoch": one.epoch}
+        for i, (event, body) in enumerate(zip(events, bodies, strict=True)):
+            params[f"k{i}"], params[f"t{i}"], params[f"b{i}"] = (
+                base + event.seq, event.ts.isoformat(), body)
         self._writable("write")
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
-            inserted = self._commit(_ALONE, {
-                "run": one.run_id, "key": base + event.seq, "base": base,
-                "ts": event.ts.isoformat(), "body": body, "prev": prev.encode("ascii"),
-                "epoch": one.epoch}, alone=True)
+            inserted = self._commit(_alone(len(events)), params, alone=True)
         if inserted:
             self._known[one.run_id] = (base, digest)
-        return inserted == 1
+        return inserted == len(events)
 
     def _insert(self, db: sqlite3.Connection, group: list[_Append]) -> dict[str, tuple[int, str]]:
         """Check each append against its run's end (under the write lock, so nothing
