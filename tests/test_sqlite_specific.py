@@ -98,8 +98,8 @@ def test_migration_4_judges_an_older_lease_by_the_wall_clock(
 
 
 def copy_as_v8(current: Path, old: Path) -> None:
-    """Every event, snapshot and segment of the store at ``current`` into the database
-    at ``old``, as migrations 1-8 laid them out (events keyed by run id and seq)."""
+    """Every event, scope, snapshot and segment of the store at ``current`` into the
+    database at ``old``, as migrations 1-8 laid them out (events keyed by run id, seq)."""
     db = sqlite3.connect(old)
     try:
         with db:
@@ -107,6 +107,7 @@ def copy_as_v8(current: Path, old: Path) -> None:
             db.execute(f"INSERT INTO events SELECT n.run_id, e.key & {MAX_SEQ},"
                        " json_extract(CAST(e.body AS TEXT), '$.type'), e.ts, e.body"
                        " FROM new.events e JOIN new.run_numbers n ON e.key >> 32 = n.run_no")
+            db.execute("INSERT INTO scopes SELECT * FROM new.scopes")
             db.execute("INSERT INTO snapshots SELECT * FROM new.snapshots")
             db.execute("INSERT INTO segments SELECT * FROM new.segments")
         db.execute("DETACH new")
@@ -169,6 +170,31 @@ def test_migration_9_keys_every_event_by_run_number_and_seq_intact(
         store.append("d", workload("d", 5), expected_seq=0, epoch=0)
         assert raw(path, "SELECT run_id FROM run_numbers ORDER BY run_no") == [
             ("a",), ("b",), ("c",), ("d",)]
+
+
+def test_a_store_before_migration_9_reads_through_a_read_only_handle_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only handle cannot migrate (the CLI reads through one, and a backup may be
+    on a read-only mount): it reads the older layout as it is, and changes no byte."""
+    path, current = tmp_path / "old.db", tmp_path / "current.db"
+    old_store(path, monkeypatch, 8)
+    with SQLiteStore(current) as store:
+        for run_id, n in (("b", 12), ("a", 4)):
+            store.append(run_id, workload(run_id, n), expected_seq=0, epoch=0)
+        stored = {run_id: list(store.read(run_id)) for run_id in ("a", "b")}
+        runs, scoped = store.list_runs(), store.scope_runs("run:a")
+    copy_as_v8(current, path)
+    before = path.read_bytes()
+    with SQLiteStore(path, readonly=True) as old:
+        for run_id, events in stored.items():
+            assert list(old.read(run_id)) == events
+            assert list(old.read(run_id, after_seq=2)) == events[2:]
+            assert old.last_seq(run_id) == len(events)
+            assert len(old.records(run_id)) == len(events)
+        assert old.list_runs() == runs and old.scope_runs("run:a") == scoped
+    assert path.read_bytes() == before
+    assert raw(path, "PRAGMA user_version") == [(8,)]
 
 
 # --- leases on the host's clock ------------------------------------------------------

@@ -214,6 +214,18 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 
+# A read-only handle cannot migrate a store an older release wrote: temporary views
+# (which shadow the tables of the file, and are gone on close) show its events keyed
+# as migration 9 keys them, so every query reads it. Slower (the key is computed, not
+# indexed), for reading an old backup or a store no writer has opened since an upgrade.
+_KEYED_EVENTS = 9
+_KEYED_VIEWS = """
+    CREATE TEMP VIEW run_numbers AS SELECT row_number() OVER (ORDER BY run_id) AS run_no,
+        run_id FROM (SELECT DISTINCT run_id FROM main.events);
+    CREATE TEMP VIEW events AS SELECT (n.run_no << 32) + e.seq AS key, e.ts, e.body
+        FROM main.events e JOIN run_numbers n USING (run_id);
+"""
+
 # A run's events are the key range run_no << 32 .. run_no << 32 | 0xFFFFFFFF; seq is the
 # key's low 32 bits. These fragments find a run's range from its id (a scalar subquery
 # SQLite evaluates once per statement): {run} is the run id's SQL, {after} the first seq.
@@ -410,8 +422,9 @@ class SQLiteStore:
             self._refuse_foreign_file()
             if readonly:
                 self._connect(self._readonly_target(), busy_timeout, uri=True)
+                if self._check_version(writing=False) < _KEYED_EVENTS:
+                    self._db.executescript(_KEYED_VIEWS)
                 self._db.execute("PRAGMA query_only=ON")
-                self._check_version(writing=False)
                 return
             self._connect(self.path, busy_timeout)
             self._check_version(writing=True)
@@ -501,8 +514,9 @@ class SQLiteStore:
             raise NotAStoreError(str(self.path.absolute()),
                                  "it is not an SQLite database")
 
-    def _check_version(self, *, writing: bool) -> None:
-        """Refuse another program's database, and one from a newer release."""
+    def _check_version(self, *, writing: bool) -> int:
+        """Refuse another program's database, and one from a newer release; the
+        number of migrations that ran."""
         self._db.execute("BEGIN")  # one snapshot: a concurrent first migration is all or none
         try:
             (version,) = self._db.execute("PRAGMA user_version").fetchone()
@@ -521,6 +535,7 @@ class SQLiteStore:
                 raise NotAStoreError(where, "an SQLite database with no agentjournal tables")
         elif version > len(MIGRATIONS):
             raise UnsupportedVersionError(f"store {self.url}", version, len(MIGRATIONS))
+        return int(version)
 
     def _translated(self, exc: sqlite3.OperationalError, action: str) -> JournalError:
         """SQLite's operational failure as one of ours: a lock held past the busy timeout
