@@ -2,8 +2,8 @@
 
 Appends run in ``BEGIN IMMEDIATE`` transactions, which take the write lock
 before reading the log's last seq, so no stale read can slip past the
-expected-seq check; the lease epoch is checked in the same transaction, and
-``PRIMARY KEY (run_id, seq)`` enforces uniqueness underneath both.
+expected-seq check; the lease epoch is checked in the same transaction, and the
+events' integer key (``run_no << 32 | seq``) enforces uniqueness underneath both.
 
 Leases are judged by :func:`~.base.host_clock` (boot id + seconds since boot),
 which every process on the host shares and no wall-clock change moves: a
