@@ -312,6 +312,7 @@ def sqlite3_path(path: Path) -> str:
 
 _DIGESTS = 4096  # runs whose last digest a handle remembers (for _append_alone)
 _ALONE_MAX = 16  # events in a warm append made one statement (more: a transaction)
+_ROW_NAMES = [(f"k{i}", f"t{i}", f"b{i}") for i in range(_ALONE_MAX)]  # see _alone
 
 @functools.cache
 def _alone(n: int) -> str:
@@ -702,9 +703,8 @@ class SQLiteStore:
         params: dict[str, Any] = {"run": one.run_id, "key": base + events[0].seq,
                                   "base": base, "prev": prev.encode("ascii"),
                                   "epoch": one.epoch}
-        for i, (event, body) in enumerate(zip(events, bodies, strict=True)):
-            params[f"k{i}"], params[f"t{i}"], params[f"b{i}"] = (
-                base + event.seq, event.ts.isoformat(), body)
+        for (k, t, b), event, body in zip(_ROW_NAMES, events, bodies, strict=False):  # names: 16
+            params[k], params[t], params[b] = base + event.seq, event.ts.isoformat(), body
         self._writable("write")
         with self._lock:
             if self._broken:
