@@ -218,7 +218,7 @@ MIGRATIONS: tuple[str, ...] = (
 # (which shadow the tables of the file, and are gone on close) show its events keyed
 # as migration 9 keys them, so every query reads it. Slower (the key is computed, not
 # indexed), for reading an old backup or a store no writer has opened since an upgrade.
-_KEYED_EVENTS = 9
+_KEYED_EVENTS = 9  # the migration that keys events so
 _KEYED_VIEWS = """
     CREATE TEMP VIEW run_numbers AS SELECT row_number() OVER (ORDER BY run_id) AS run_no,
         run_id FROM (SELECT DISTINCT run_id FROM main.events);
@@ -229,8 +229,7 @@ _KEYED_VIEWS = """
 # A run's events are the key range run_no << 32 .. run_no << 32 | 0xFFFFFFFF; seq is the
 # key's low 32 bits. These fragments find a run's range from its id (a scalar subquery
 # SQLite evaluates once per statement): {run} is the run id's SQL, {after} the first seq.
-SEQ_BITS = 32
-MAX_SEQ = (1 << SEQ_BITS) - 1
+MAX_SEQ = 0xFFFFFFFF
 _BASE = "(SELECT run_no << 32 FROM run_numbers WHERE run_id = {run})"
 _IN_RUN = f"key BETWEEN {_BASE} + {{after}} AND {_BASE} + {MAX_SEQ}"
 
@@ -313,6 +312,7 @@ def sqlite3_path(path: Path) -> str:
 _DIGESTS = 4096  # runs whose last digest a handle remembers (for _append_alone)
 _ALONE_MAX = 16  # events in a warm append made one statement (more: a transaction)
 _ROW_NAMES = [(f"k{i}", f"t{i}", f"b{i}") for i in range(_ALONE_MAX)]  # see _alone
+
 
 @functools.cache
 def _alone(n: int) -> str:
