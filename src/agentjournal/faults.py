@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 
 ENV_VAR = "AGENTJOURNAL_FAULT"
 POINTS = ("model_call", "turn_staged", "model_started", "before_effect", "lease_checked",
@@ -56,6 +58,9 @@ def fault_point(name: str) -> None:
     _seen[name] = _seen.get(name, 0) + 1
     if _seen[name] == _armed[1]:
         os.kill(os.getpid(), _armed[2])
+        # Only a stop returns here: say when it was woken, for the test's log.
+        print(f"agentjournal fault: stopped at {name}, continued at {time.time():.3f}",
+              file=sys.stderr, flush=True)
 
 
 arm(os.environ.get(ENV_VAR))
