@@ -214,11 +214,12 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 
-# A read-only handle cannot migrate a store an older release wrote: temporary views
-# (which shadow the tables of the file, and are gone on close) show its events keyed
-# as migration 9 keys them, so every query reads it. Slower (the key is computed, not
-# indexed), for reading an old backup or a store no writer has opened since an upgrade.
-_KEYED_EVENTS = 9  # the migration that keys events so
+# A read-only handle cannot migrate a store an older release wrote: on a file from
+# before migration _KEYED_EVENTS, temporary views (which shadow the file's tables and
+# are gone on close) show its events keyed as that migration keys them, so every query
+# reads it. Slower (the key is computed, not indexed): for reading an old backup, or a
+# store no writer has opened since an upgrade.
+_KEYED_EVENTS = 9
 _KEYED_VIEWS = """
     CREATE TEMP VIEW run_numbers AS SELECT row_number() OVER (ORDER BY run_id) AS run_no,
         run_id FROM (SELECT DISTINCT run_id FROM main.events);
