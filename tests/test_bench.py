@@ -178,6 +178,29 @@ def test_peers_without_the_extra_fail_before_measuring(monkeypatch: pytest.Monke
         "pip install 'agentjournal[peers]'"
 
 
+def test_only_runs_the_sections_named(tmp_path: Path) -> None:
+    args = ["--quick", "--rounds", "1", "--json", "--only", "cpu,group-commit",
+            "--store-dir", str(tmp_path), "--postgres", POSTGRES_URL]
+    result = CliRunner().invoke(bench, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert {family(f["name"]) for f in doc["figures"]} == {"cpu_per_event", "group_commit"}
+    by_name = {t["name"]: t for t in doc["targets"]}
+    # Every target, those of the other sections not measured (replay's are one per size
+    # measured: none here).
+    assert set(by_name) == TARGETS - {"replay.1000", "replay.10000"}
+    measured = {name for name, t in by_name.items() if t["met"] is not None}
+    assert measured == {"cpu_per_event.jsonl", "cpu_per_event.sqlite", "group_commit.sqlite"}
+
+
+def test_only_refuses_a_section_it_does_not_have() -> None:
+    from agentjournal.cli import cli
+
+    result = CliRunner().invoke(cli, ["bench", "--only", "cpu,nope"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "no section 'nope'; choose from appends, log," in result.stderr
+
+
 def test_help_shows_an_example() -> None:
     result = CliRunner().invoke(bench, ["--help"])
     assert result.exit_code == 0

@@ -40,7 +40,9 @@ Figure families (a name up to its first dot):
                                    and on resume, beside agentjournal and the hand-written floor
 
 Beside the figures, ``targets`` (bench/targets.py) holds each target's limit and whether
-this run met it.
+this run met it. ``--only`` runs some of the command's sections (``command.SECTIONS``,
+each one measuring function: ``cpu``, ``step``, ``group-commit``, ...), for working on
+one figure without the rest of the run; the other sections' targets read "not measured".
 
 Scratch stores are throwaway: the command removes its directory afterwards,
 and Postgres runs in its own ``bench_<random>`` schema, dropped at the end.

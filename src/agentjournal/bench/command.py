@@ -10,7 +10,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -103,10 +103,16 @@ def _stderr(message: str) -> None:
     click.echo(message, err=True)
 
 
+#: The command's sections, in the order they run (``--only`` picks some).
+SECTIONS = ("appends", "log", "storage", "cpu", "agent", "step", "group-commit", "saga",
+            "workspace", "retention", "temporal", "models", "fleet", "peers")
+
+
 def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
               progress: Say = _stderr, peers: bool = False,
-              rounds: int | None = None) -> list[Figure]:
-    """Measure every figure family; scratch stores go under ``workdir``.
+              rounds: int | None = None, only: Collection[str] | None = None) -> list[Figure]:
+    """Measure every figure family (or the ``only`` sections of SECTIONS); scratch stores
+    go under ``workdir``.
 
     Postgres is skipped (with a note) when unreachable, except under ``CI=true``,
     where that raises ``RuntimeError``. ``peers`` adds the peer libraries' figures
@@ -120,22 +126,25 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
     if rounds is not None:  # fewer (or more) rounds behind every median
         plan = msgspec.structs.replace(plan, reps=rounds, agent_reps=rounds, step_reps=rounds)
     workdir.mkdir(parents=True, exist_ok=True)
-    return [
-        *durable_figures(workdir, postgres_url, plan, progress),
-        *log_figures(workdir, postgres_url, plan, progress),
-        *storage_figures(workdir, plan.steps, postgres_url, progress),
-        *cpu_figures(workdir, plan, progress),
-        *agent_figures(workdir, plan, progress),
-        *step_figures(workdir, plan, progress),
-        *group_commit_figures(workdir, plan, progress),
-        *saga_figures(workdir, postgres_url, plan, progress),
-        *workspace_figures(workdir, plan, progress),
-        *retention_figures(workdir, plan, progress),
-        *temporal_figures(workdir, plan, quick, progress),
-        *model_figures(workdir, plan, progress),
-        *fleet_figures(workdir, postgres_url, quick, progress),
-        *(peer_figures(workdir, quick, progress) if peers else []),
-    ]
+    sections: dict[str, Callable[[], list[Figure]]] = {
+        "appends": lambda: durable_figures(workdir, postgres_url, plan, progress),
+        "log": lambda: log_figures(workdir, postgres_url, plan, progress),
+        "storage": lambda: storage_figures(workdir, plan.steps, postgres_url, progress),
+        "cpu": lambda: cpu_figures(workdir, plan, progress),
+        "agent": lambda: agent_figures(workdir, plan, progress),
+        "step": lambda: step_figures(workdir, plan, progress),
+        "group-commit": lambda: group_commit_figures(workdir, plan, progress),
+        "saga": lambda: saga_figures(workdir, postgres_url, plan, progress),
+        "workspace": lambda: workspace_figures(workdir, plan, progress),
+        "retention": lambda: retention_figures(workdir, plan, progress),
+        "temporal": lambda: temporal_figures(workdir, plan, quick, progress),
+        "models": lambda: model_figures(workdir, plan, progress),
+        "fleet": lambda: fleet_figures(workdir, postgres_url, quick, progress),
+        "peers": lambda: peer_figures(workdir, quick, progress) if peers else [],
+    }
+    assert sections.keys() == set(SECTIONS)
+    return [figure for name, measure in sections.items()
+            if only is None or name in only for figure in measure()]
 
 
 def machine() -> dict[str, Any]:
@@ -276,6 +285,20 @@ def _scratch(store_dir: Path | None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _sections(_ctx: click.Context, _param: click.Parameter,
+              value: str | None) -> tuple[str, ...] | None:
+    """``--only``'s comma-separated sections, each one of SECTIONS."""
+    if value is None:
+        return None
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    if unknown := [name for name in names if name not in SECTIONS]:
+        raise click.BadParameter(f"no section {', '.join(map(repr, unknown))}; choose from "
+                                 f"{', '.join(SECTIONS)}")
+    if not names:
+        raise click.BadParameter(f"name at least one of {', '.join(SECTIONS)}")
+    return names
+
+
 def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(1)
@@ -299,6 +322,9 @@ def _fail(message: str) -> NoReturn:
 @click.option("--rounds", type=click.IntRange(min=1), metavar="N",
               help="Rounds behind each median (default: 3 with --quick, 5 or more "
                    "without); 1 checks that everything runs, not how fast.")
+@click.option("--only", metavar="SECTION[,SECTION...]", callback=_sections,
+              help=f"Run only these sections: {', '.join(SECTIONS)} (targets from the "
+                   "others read 'not measured'). 'peers' implies --peers.")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Put scratch stores in a fresh subdirectory of DIR, removed afterwards "
                    "(default: the system temp directory). Pick the disk you will deploy on.")
@@ -307,7 +333,7 @@ def _fail(message: str) -> NoReturn:
               help="Server for the Postgres figures, used in a throwaway bench_<random> "
                    "schema; '' to skip.")
 def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, rounds: int | None,
-          store_dir: Path | None, postgres_url: str) -> None:
+          only: tuple[str, ...] | None, store_dir: Path | None, postgres_url: str) -> None:
     """Measure durability, replay, recovery, storage and CPU cost on this machine.
 
     Every figure with a physical floor (a raw write + fsync, a raw INSERT +
@@ -322,7 +348,9 @@ def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, rounds: in
         agentjournal bench --json --plot recovery.png > bench.json
         agentjournal bench --quick --peers
         agentjournal bench --store-dir /mnt/nvme --postgres ''
+        agentjournal bench --quick --only cpu,step,group-commit
     """
+    peers = peers or "peers" in (only or ())
     if plot is not None:
         try:
             _pyplot()
@@ -333,7 +361,7 @@ def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, rounds: in
     with _scratch(store_dir) as workdir:
         try:
             figures = run_bench(quick=quick, postgres_url=postgres_url or None, workdir=workdir,
-                                peers=peers, rounds=rounds)
+                                peers=peers, rounds=rounds, only=only)
         except RuntimeError as exc:
             _fail(str(exc))
     results = targets(figures, peers=peers)
