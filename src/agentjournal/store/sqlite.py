@@ -704,7 +704,8 @@ class SQLiteStore:
         params: dict[str, Any] = {"run": one.run_id, "key": base + events[0].seq,
                                   "base": base, "prev": prev.encode("ascii"),
                                   "epoch": one.epoch}
-        for (k, t, b), event, body in zip(_ROW_NAMES, events, bodies, strict=False):  # names: 16
+        names = _ROW_NAMES[:len(events)]
+        for (k, t, b), event, body in zip(names, events, bodies, strict=True):
             params[k], params[t], params[b] = base + event.seq, event.ts.isoformat(), body
         self._writable("write")
         with self._lock:
