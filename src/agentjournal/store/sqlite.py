@@ -228,17 +228,21 @@ _KEYED_VIEWS = """
 """
 
 # A run's events are the key range run_no << 32 .. run_no << 32 | 0xFFFFFFFF; seq is the
-# key's low 32 bits. These fragments find a run's range from its id (a scalar subquery
-# SQLite evaluates once per statement): {run} is the run id's SQL, {after} the first seq.
+# key's low 32 bits.
 MAX_SEQ = 0xFFFFFFFF
-_BASE = "(SELECT run_no << 32 FROM run_numbers WHERE run_id = {run})"
-_IN_RUN = f"key BETWEEN {_BASE} + {{after}} AND {_BASE} + {MAX_SEQ}"
+
+
+def _keys_from(base: str, after: str = "0") -> str:
+    """The SQL condition on events.key that holds for the events of the run whose key
+    base is the SQL ``base``, from seq ``after`` on."""
+    return f"key BETWEEN {base} + {after} AND {base} + {MAX_SEQ}"
 
 
 def in_run(run: str = ":run", after: str = "0") -> str:
-    """The SQL condition on events.key that holds for run ``run``'s events from seq
-    ``after`` on (both SQL expressions: a parameter or a column)."""
-    return _IN_RUN.format(run=run, after=after)
+    """The condition for run ``run``'s events from seq ``after`` on (both SQL: a
+    parameter or a column), its base found from the run id by a scalar subquery that
+    SQLite evaluates once per statement."""
+    return _keys_from(f"(SELECT run_no << 32 FROM run_numbers WHERE run_id = {run})", after)
 
 
 def last_seq_of(run: str) -> str:
@@ -323,7 +327,7 @@ def _alone(n: int) -> str:
     rows = ", ".join(f"(:k{i}, :t{i}, :b{i})" for i in range(n))
     return (
         f"INSERT INTO events SELECT * FROM (VALUES {rows})"
-        f" WHERE (SELECT max(key) FROM events WHERE key BETWEEN :base AND :base + {MAX_SEQ})"
+        f" WHERE (SELECT max(key) FROM events WHERE {_keys_from(':base')})"
         " = :key - 1 AND (SELECT substr(body, 12, 32) FROM events WHERE key = :key - 1)"
         " = :prev AND (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = :run) = :epoch"
     )
@@ -336,7 +340,7 @@ class _AllRefused(Exception):
 _ENDS = ("SELECT n.run_id, n.run_no << 32, e.key, e.body,"
          " (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = n.run_id)"
          " FROM run_numbers n LEFT JOIN events e ON e.key = (SELECT max(key) FROM events"
-         f" WHERE key BETWEEN n.run_no << 32 AND (n.run_no << 32) + {MAX_SEQ})"
+         f" WHERE {_keys_from('(n.run_no << 32)')})"
          " WHERE n.run_id IN ({runs})")
 _END_OF_ONE = _ENDS.format(runs="?")
 _END_OF_MANY = _ENDS.format(runs="SELECT value FROM json_each(?)")  # a JSON array of ids
@@ -361,6 +365,13 @@ def _ends(db: sqlite3.Connection, run_ids: list[str]) -> dict[str, _End]:
     return {run_id: _End(base, key - base if key is not None else 0,
                          stored_digest(body) if body is not None else "", epoch)
             for run_id, base, key, body, epoch in rows}
+
+
+def _number(db: sqlite3.Connection, run_ids: list[str]) -> None:
+    """Give each of ``run_ids`` that has none a run number (kept for good)."""
+    if run_ids:
+        db.executemany("INSERT OR IGNORE INTO run_numbers (run_id) VALUES (?)",
+                       [(run_id,) for run_id in run_ids])
 
 
 def _refuse_archived(db: sqlite3.Connection, run_id: str) -> None:
@@ -722,8 +733,7 @@ class SQLiteStore:
         refused append gets its error and takes no other down. Returns each run's key
         base and last digest (empty: all refused, nothing written)."""
         run_ids = list({one.run_id: None for one in group})
-        if new := [(run_id,) for run_id in run_ids if run_id not in self._known]:
-            db.executemany("INSERT OR IGNORE INTO run_numbers (run_id) VALUES (?)", new)
+        _number(db, [run_id for run_id in run_ids if run_id not in self._known])
         ends = _ends(db, run_ids)
         rows = []
         for one in group:
@@ -982,7 +992,7 @@ class SQLiteStore:
             if records_digest(records) != row[0]:
                 raise CorruptLogError(run_id, len(records), "these records are not the log "
                                       "its tombstone names (their digest differs)")
-            db.execute("INSERT OR IGNORE INTO run_numbers (run_id) VALUES (?)", (run_id,))
+            _number(db, [run_id])
             (base,) = db.execute("SELECT run_no << 32 FROM run_numbers WHERE run_id = ?",
                                  (run_id,)).fetchone()
             db.executemany("INSERT INTO events VALUES (?, ?, ?)", [
