@@ -103,9 +103,35 @@ def _stderr(message: str) -> None:
     click.echo(message, err=True)
 
 
+class _Run(msgspec.Struct, frozen=True):
+    """What every section of one run measures with."""
+
+    workdir: Path
+    postgres_url: str | None
+    plan: Plan
+    progress: Say
+    quick: bool
+    peers: bool
+
+
 #: The command's sections, in the order they run (``--only`` picks some).
-SECTIONS = ("appends", "log", "storage", "cpu", "agent", "step", "group-commit", "saga",
-            "workspace", "retention", "temporal", "models", "fleet", "peers")
+_SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
+    "appends": lambda r: durable_figures(r.workdir, r.postgres_url, r.plan, r.progress),
+    "log": lambda r: log_figures(r.workdir, r.postgres_url, r.plan, r.progress),
+    "storage": lambda r: storage_figures(r.workdir, r.plan.steps, r.postgres_url, r.progress),
+    "cpu": lambda r: cpu_figures(r.workdir, r.plan, r.progress),
+    "agent": lambda r: agent_figures(r.workdir, r.plan, r.progress),
+    "step": lambda r: step_figures(r.workdir, r.plan, r.progress),
+    "group-commit": lambda r: group_commit_figures(r.workdir, r.plan, r.progress),
+    "saga": lambda r: saga_figures(r.workdir, r.postgres_url, r.plan, r.progress),
+    "workspace": lambda r: workspace_figures(r.workdir, r.plan, r.progress),
+    "retention": lambda r: retention_figures(r.workdir, r.plan, r.progress),
+    "temporal": lambda r: temporal_figures(r.workdir, r.plan, r.quick, r.progress),
+    "models": lambda r: model_figures(r.workdir, r.plan, r.progress),
+    "fleet": lambda r: fleet_figures(r.workdir, r.postgres_url, r.quick, r.progress),
+    "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],
+}
+SECTIONS = tuple(_SECTIONS)
 
 
 def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
@@ -126,25 +152,9 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
     if rounds is not None:  # fewer (or more) rounds behind every median
         plan = msgspec.structs.replace(plan, reps=rounds, agent_reps=rounds, step_reps=rounds)
     workdir.mkdir(parents=True, exist_ok=True)
-    sections: dict[str, Callable[[], list[Figure]]] = {
-        "appends": lambda: durable_figures(workdir, postgres_url, plan, progress),
-        "log": lambda: log_figures(workdir, postgres_url, plan, progress),
-        "storage": lambda: storage_figures(workdir, plan.steps, postgres_url, progress),
-        "cpu": lambda: cpu_figures(workdir, plan, progress),
-        "agent": lambda: agent_figures(workdir, plan, progress),
-        "step": lambda: step_figures(workdir, plan, progress),
-        "group-commit": lambda: group_commit_figures(workdir, plan, progress),
-        "saga": lambda: saga_figures(workdir, postgres_url, plan, progress),
-        "workspace": lambda: workspace_figures(workdir, plan, progress),
-        "retention": lambda: retention_figures(workdir, plan, progress),
-        "temporal": lambda: temporal_figures(workdir, plan, quick, progress),
-        "models": lambda: model_figures(workdir, plan, progress),
-        "fleet": lambda: fleet_figures(workdir, postgres_url, quick, progress),
-        "peers": lambda: peer_figures(workdir, quick, progress) if peers else [],
-    }
-    assert sections.keys() == set(SECTIONS)
-    return [figure for name, measure in sections.items()
-            if only is None or name in only for figure in measure()]
+    run = _Run(workdir, postgres_url, plan, progress, quick, peers)
+    return [figure for name, measure in _SECTIONS.items()
+            if only is None or name in only for figure in measure(run)]
 
 
 def machine() -> dict[str, Any]:
