@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentjournal.keyed import Group, Head, Keyed, _admits, key_filter
+from agentjournal.keyed import Group, Head, Keyed, _admits, _words, key_filter
 
 KEYS = st.text("abcdef0123456789", min_size=1, max_size=6)
 
@@ -92,6 +92,6 @@ def test_a_lookup_decodes_only_segments_whose_filters_admit_the_key(
 def test_filters_say_no_to_almost_every_key_they_were_not_built_from() -> None:
     built = key_filter(f"{n:064x}" for n in range(256))
     assert len(built) == 512  # 16 bits a key
-    assert all(_admits(built, f"{n:064x}") for n in range(256))
-    admitted = sum(_admits(built, f"{n:064x}") for n in range(10_000, 30_000))
+    assert all(_admits(built, _words(f"{n:064x}")) for n in range(256))
+    admitted = sum(_admits(built, _words(f"{n:064x}")) for n in range(10_000, 30_000))
     assert admitted < 40  # about 1 in 2,000: 10 expected

@@ -37,7 +37,7 @@ def key_filter(keys: Iterable[str]) -> bytes:
     bits = max(64, 1 << (_BITS_PER_KEY * len(keys) - 1).bit_length())
     filter_, mask = bytearray(bits // 8), bits - 1
     for key in keys:
-        for word in _words(key):  # _positions' arithmetic inline: through it, 45% slower
+        for word in _words(key):  # (the arithmetic inline: through a helper, 45% slower)
             position = word & mask
             filter_[position >> 3] |= 1 << (position & 7)
     return bytes(filter_)
@@ -52,21 +52,15 @@ def _words(key: str) -> tuple[int, ...]:
     return _WORDS.unpack_from(hashlib.blake2b(key.encode(), digest_size=64).digest())
 
 
-def _positions(key: str, bits: int) -> list[tuple[int, int]]:
-    """The bits ``key`` sets in a filter of ``bits`` bits (a power of two up to 2**32),
-    as (byte, bit) pairs."""
-    mask = bits - 1
-    return [((word & mask) >> 3, 1 << (word & 7)) for word in _words(key)]
-
-
-#: A lookup's probes, kept a while: a key is looked up in both maps, a few times a step.
-_probes = functools.lru_cache(maxsize=256)(_positions)
+#: A lookup's hash, kept a while: a key is looked up in both maps, a few times a step,
+#: and each lookup tests filters of several sizes (one hash serves them all).
+_hashed = functools.lru_cache(maxsize=256)(_words)
 
 
 def forget_probes() -> None:
-    """Empty the probes kept: a benchmark resuming a run again and again in one process
+    """Empty the hashes kept: a benchmark resuming a run again and again in one process
     would otherwise find those of the last resume, as a new process would not."""
-    _probes.cache_clear()
+    _hashed.cache_clear()
 
 
 class Head:
@@ -91,11 +85,14 @@ class Group:
         self.heads = heads
 
 
-def _admits(filter_: bytes, key: str) -> bool:
-    # (A loop, not all(): a generator costs more than the test. Half the bits are set:
-    # most keys fail within two.)
-    for index, bit in _probes(key, len(filter_) << 3):  # noqa: SIM110
-        if not filter_[index] & bit:
+def _admits(filter_: bytes, words: tuple[int, ...]) -> bool:
+    """Whether the filter may hold the key hashed to ``words``. A bit is cut from its
+    word only when tested: half a filter's bits are set, so most keys fail within two.
+    (A loop, not all(): a generator costs more than the test.)"""
+    mask = (len(filter_) << 3) - 1
+    for word in words:
+        position = word & mask
+        if not filter_[position >> 3] & 1 << (position & 7):
             return False
     return True
 
@@ -144,10 +141,11 @@ class Keyed(MutableMapping[str, V]):
         if value is _MISSING and self._heads:
             value = self._decoded.get(key, _MISSING)
             if value is _MISSING and self._lazy and key not in self._absent:
-                for group in [g for g in self._lazy if _admits(g.filter, key)]:
+                words = _hashed(key)
+                for group in [g for g in self._lazy if _admits(g.filter, words)]:
                     for head in group.heads:  # (a lone segment's filter is its group's)
                         if head.keys is None and (head.filter is group.filter
-                                                  or _admits(head.filter, key)):
+                                                  or _admits(head.filter, words)):
                             self.decode(head)
                 value = self._decoded.get(key, _MISSING)
                 if value is _MISSING:
