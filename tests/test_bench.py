@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentjournal.bench import bench
+from agentjournal.bench._common import figure
 from agentjournal.bench.command import print_targets
 from agentjournal.bench.peers import resume_peer_figures, step_peer_figures
 from agentjournal.bench.targets import targets
@@ -224,3 +225,22 @@ def test_targets_piped_keep_each_name_on_one_line(
     print_targets(results)
     out = capsys.readouterr().out
     assert all(f"│ {t.name} " in out for t in results), out
+
+
+def test_a_missed_target_names_the_ceiling_the_run_measured_below_it() -> None:
+    def replay_and_group(kept: float, one_thread: float) -> dict[str, str]:
+        figures = [figure("replay.gc_off.10000", 200_000, "events/s", 500_000, "decode"),
+                   figure("replay.vs_kept.10000", 200_000, "events/s", kept, "kept"),
+                   figure("group_commit.sqlite", 10_000, "events/s", 3_000, "commits"),
+                   figure("group_commit_ceiling.sqlite", one_thread, "events/s")]
+        return {t.name: t.note for t in targets(figures, peers=False)
+                if t.name in ("replay.10000", "group_commit.sqlite")}
+
+    below = replay_and_group(kept=215_000, one_thread=12_000)
+    assert below["replay.10000"].endswith(
+        "; out of reach here: decoding into a kept list alone is 0.43x")
+    assert below["group_commit.sqlite"].endswith(
+        "; out of reach here: one thread, syncing off, makes the same appends at 12,000/s")
+    # A ceiling above the limit says nothing: the target may yet be met here.
+    above = replay_and_group(kept=400_000, one_thread=30_000)
+    assert "out of reach" not in above["replay.10000"] + above["group_commit.sqlite"]
