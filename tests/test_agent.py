@@ -176,6 +176,41 @@ def test_timeout_on_irreversible_tool_without_lookup_pauses(store: Store) -> Non
     assert receiver.applied == {"x": 1}
 
 
+class Crash(BaseException):
+    """The process dies mid-call: nothing after the start is recorded."""
+
+
+def test_a_call_that_keeps_dying_mid_way_waits_for_a_person(store: Store) -> None:
+    # A crash loop: each resume makes the call again (a read is safe to repeat) and dies
+    # in it. After max_recoveries interruptions the run stops calling it and pauses.
+    made: list[str] = []
+
+    @tool(effect="read_only")
+    def lookup(order: str) -> str:
+        made.append(order)
+        if len(made) <= 3:
+            raise Crash
+        return "shipped"
+
+    def agent() -> Agent:
+        model = ScriptedModel([calls(("lookup", {"order": "o-1"})), reply("done")])
+        return Agent(model, [lookup], max_recoveries=3)
+
+    for _ in range(3):
+        with pytest.raises(Crash):
+            agent().run(store, "r1", "t")
+    paused = agent().run(store, "r1", "t")
+    assert paused.status == "paused" and len(made) == 3  # not made a fourth time
+    (uncertain,) = paused.uncertain
+    assert uncertain.attempt == 3
+    (verdict,) = [e.payload for e in store.read("r1") if e.type is E.TOOL_CALL_RECONCILED
+                  and e.payload["verdict"] == "unknown"]
+    assert verdict["reason"] == "the call was interrupted 3 times; a person should look"
+    # A person says it left no trace: the run makes it once more, and goes on.
+    resolve_uncertain(store, "r1", uncertain.key, outcome="did_not_happen", by="ana")
+    assert agent().run(store, "r1").status == "finished" and made == ["o-1"] * 4
+
+
 def test_person_says_it_did_not_happen_so_the_run_retries(store: Store) -> None:
     receiver = Receiver()
     receiver.fail_next.append(ConnectionResetError("reset before sending"))

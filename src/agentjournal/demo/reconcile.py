@@ -126,7 +126,8 @@ def _summary(request: ModelRequest) -> ModelResponse:
 
 def reconciliation_agent(url: str, *, mode: Mode = "lookup", parts: int = 1,
                          model_delay: float = 0.0, lease_ttl: float = 30.0,
-                         snapshot_every: int | None = 1000) -> Agent:
+                         snapshot_every: int | None = 1000,
+                         max_recoveries: int = 20) -> Agent:
     """The agent; ``parts`` splits each correction into that many (more steps to crash in)."""
     corrections = [_correct(n, p, parts) for n in LEDGERS for p in range(1, parts + 1)]
     script = [calls(*[("read_ledger", {"name": n}) for n in LEDGERS]), *corrections,
@@ -135,7 +136,8 @@ def reconciliation_agent(url: str, *, mode: Mode = "lookup", parts: int = 1,
     # tool calls count retries too, and the crash tests kill the run hundreds of times.
     budget = Budget(max_turns=len(script) + 10, max_tool_calls=10 * len(script) + 100)
     return Agent(ScriptedModel(script, delay=model_delay), ledger_tools(url, mode),
-                 lease_ttl=lease_ttl, budget=budget, snapshot_every=snapshot_every)
+                 lease_ttl=lease_ttl, budget=budget, snapshot_every=snapshot_every,
+                 max_recoveries=max_recoveries)
 
 
 def _barrier(ready: Path | None, go: Path | None) -> None:
@@ -158,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-ttl", type=float, default=30.0)
     parser.add_argument("--snapshot-every", type=int, default=1000,
                         help="write a snapshot every N events (default 1000)")
+    parser.add_argument("--max-recoveries", type=int, default=20,
+                        help="pause for a person once a call was interrupted N times "
+                             "(default 20)")
     parser.add_argument("--ready-file", type=Path,
                         help="create this file once ready to run (a barrier for racing workers)")
     parser.add_argument("--go-file", type=Path,
@@ -165,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     agent = reconciliation_agent(args.ledger, mode=args.mode, parts=args.parts,
                                  model_delay=args.model_delay, lease_ttl=args.lease_ttl,
-                                 snapshot_every=args.snapshot_every)
+                                 snapshot_every=args.snapshot_every,
+                                 max_recoveries=args.max_recoveries)
     store = open_store(args.store)
     _barrier(args.ready_file, args.go_file)
     try:
