@@ -211,6 +211,21 @@ def test_a_call_that_keeps_dying_mid_way_waits_for_a_person(store: Store) -> Non
     assert agent().run(store, "r1").status == "finished" and made == ["o-1"] * 4
 
 
+def test_an_idempotent_call_that_keeps_failing_uncertain_is_given_up_after_max_attempts(
+    store: Store,
+) -> None:
+    receiver = Receiver(dedupe=True)
+    receiver.fail_next = [ConnectionError("reset by peer") for _ in range(5)]
+    post = make_post(receiver, effect="idempotent")
+    paused = Agent(script_posts("x"), [post], max_attempts=3).run(store, "r1", "t")
+    assert paused.status == "paused" and len(receiver.fail_next) == 2  # three tries, no more
+    assert not receiver.applied
+    (verdict,) = [e.payload for e in store.read("r1") if e.type is E.TOOL_CALL_RECONCILED
+                  and e.payload["verdict"] == "unknown"]
+    assert verdict["reason"] == ("gave up after 3 attempts; last error: "
+                                 "ConnectionError: reset by peer")
+
+
 def test_person_says_it_did_not_happen_so_the_run_retries(store: Store) -> None:
     receiver = Receiver()
     receiver.fail_next.append(ConnectionResetError("reset before sending"))
