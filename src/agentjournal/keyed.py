@@ -92,7 +92,7 @@ def _admits(filter_: bytes, words: tuple[int, ...]) -> bool:
     mask = (len(filter_) << 3) - 1
     for word in words:
         position = word & mask
-        if not filter_[position >> 3] & 1 << (position & 7):
+        if not filter_[position >> 3] & (1 << (position & 7)):
             return False
     return True
 
