@@ -156,6 +156,18 @@ def test_timeout_on_idempotent_tool_retries_with_the_same_key(store: Store) -> N
     assert receiver.applied == {"x": 1}
 
 
+def test_a_retry_is_stored_with_its_verdict_one_sync_for_both(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The verdict alone would be one more sync in the window a crash loop keeps hitting.
+    receiver = Receiver(dedupe=True)
+    post = make_post(receiver, effect="idempotent", lost_response=[True])
+    batches = spy_on_batches(store, monkeypatch)
+    assert Agent(script_posts("x"), [post]).run(store, "r1", "t").status == "finished"
+    assert ["tool_call_reconciled", "tool_call_started"] in batches
+    assert ["tool_call_reconciled"] not in batches and receiver.applied == {"x": 1}
+
+
 def test_timeout_on_irreversible_tool_without_lookup_pauses(store: Store) -> None:
     receiver = Receiver()
     post = make_post(receiver, lost_response=[True])

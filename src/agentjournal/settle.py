@@ -106,7 +106,8 @@ class Settling:
         if tool.effect in (Effect.READ_ONLY, Effect.IDEMPOTENT):
             if blocked := self._retry_blocked(tool, p) or self._args_lost(j, tool, p):
                 return self._verdict(j, p, "unknown", reason=blocked)
-            self._verdict(j, p, "retry", reason=f"{tool.effect} tool: retry with the same key")
+            self._verdict(j, p, "retry", staged=True,
+                          reason=f"{tool.effect} tool: retry with the same key")
             return (yield from self._execute(j, [(self._call_of(j, tool, p), tool, p.key)]))
         return False  # reversible / irreversible with no lookup: a person decides
 
@@ -145,7 +146,7 @@ class Settling:
             case Absent(final=True):
                 if blocked := self._retry_blocked(tool, p) or self._args_lost(j, tool, p):
                     return self._verdict(j, p, "unknown", reason=blocked)
-                self._verdict(j, p, "absent")
+                self._verdict(j, p, "absent", staged=True)
                 return (yield from self._execute(j, [(self._call_of(j, tool, p), tool, p.key)]))
             case Absent():
                 return self._verdict(j, p, "unknown", reason="absent now, but may still commit")
@@ -174,15 +175,18 @@ class Settling:
 
     @staticmethod
     def _verdict(j: RunJournal, p: PendingCall, verdict: str, *, then: Sequence[Fact] = (),
-                 elsewhere: Elsewhere | None = None, **detail: Any) -> bool:
+                 elsewhere: Elsewhere | None = None, staged: bool = False,
+                 **detail: Any) -> bool:
         """Record the verdict on ``p``, with the facts that must come with it, atomically.
 
         ``elsewhere``: ``p`` is another run's call, judged here (that run's log has its
         own writer), so the verdict closes no start of this run (started_seq null) and
-        names where the call is (``from``)."""
+        names where the call is (``from``). ``staged``: stored with the next append, the
+        start of the call made again (one sync for both; lost with it, the verdict is
+        reached again from the same evidence)."""
         if elsewhere is not None:
             detail["from"] = elsewhere.where
-        j.record_all([(E.TOOL_CALL_RECONCILED, {
+        (j.stage if staged else j.record_all)([(E.TOOL_CALL_RECONCILED, {
             "started_seq": None if elsewhere else p.started_seq, "key": p.key, "tool": p.tool,
             "verdict": verdict, "by": "agentjournal", **detail}), *then])
         METRICS.count(f"uncertain_{verdict}")  # found / absent / retry: auto-reconciled
