@@ -1,4 +1,4 @@
-"""Small builders shared by the store tests."""
+"""Small builders shared by the tests."""
 
 from __future__ import annotations
 
@@ -25,3 +25,7 @@ def snapshot_at(run_id: str, seq: int, body: bytes = b"state",
 def unsealed(events: Iterable[Event]) -> list[Event]:
     """``events`` without the digests a store gave them, to compare with what was appended."""
     return [msgspec.structs.replace(e, digest="") for e in events]
+
+
+class Crash(BaseException):
+    """The process dies mid-call: nothing after the start is recorded."""

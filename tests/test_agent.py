@@ -29,6 +29,7 @@ from agentjournal.tools import (
     tool,
 )
 
+from .builders import Crash
 from .conftest import backend_params
 
 E = EventType
@@ -186,10 +187,6 @@ def test_timeout_on_irreversible_tool_without_lookup_pauses(store: Store) -> Non
                       reason="seen in the ledger", result={"n": 1})
     assert Agent(script_posts("x"), [make_post(receiver)]).run(store, "r1").status == "finished"
     assert receiver.applied == {"x": 1}
-
-
-class Crash(BaseException):
-    """The process dies mid-call: nothing after the start is recorded."""
 
 
 def test_a_call_that_keeps_dying_mid_way_waits_for_a_person(store: Store) -> None:

@@ -22,6 +22,7 @@ from agentjournal.state import PendingCall
 from agentjournal.store import Store
 from agentjournal.tools import Conflict, Found, ToolContext, tool
 
+from .builders import Crash
 from .conftest import BACKENDS
 
 E = EventType
@@ -184,10 +185,6 @@ def test_a_conflict_found_for_a_call_left_elsewhere_waits_for_a_decision_there(
     assert agent().run(store, forked).status == "finished"
     assert receiver.applied["a"] == 1
     assert completions(store, forked)[-1]["source"] == "scope"
-
-
-class Crash(BaseException):
-    """The process dies mid-call: nothing after the start is recorded."""
 
 
 def test_an_idempotent_call_left_uncertain_elsewhere_is_retried_with_its_key(

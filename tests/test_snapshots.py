@@ -45,6 +45,7 @@ from agentjournal.state import FOLD_VERSION, CompletedCall, apply, durable_field
 from agentjournal.store import Store
 from agentjournal.store.base import Snapshot
 
+from .builders import Crash
 from .conftest import backend_params
 from .strategies import run_logs
 from .test_store_conformance import sync_failure
@@ -512,10 +513,6 @@ def test_a_resumed_journal_decodes_only_the_segments_a_lookup_needs(
         assert durable_fields(j.state) == durable_fields(fold(log))  # walks it all
         settle(j.state)
         assert type(j.state.completed) is dict and type(j.state.attempts) is dict
-
-
-class Crash(BaseException):
-    """The process dies mid-call."""
 
 
 @backend_params()

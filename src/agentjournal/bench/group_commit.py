@@ -29,6 +29,10 @@ FLOOR_COMMITS = 300
 TARGET = 20_000  # durable events/s
 
 
+def _runs(per_run: int) -> dict[str, list[Event]]:
+    return {f"group-{i:03d}": workload(f"group-{i:03d}", per_run) for i in range(RUNS)}
+
+
 def _append_each(store: Store, run_id: str, events: list[Event],
                  start: threading.Barrier) -> None:
     start.wait()
@@ -38,7 +42,7 @@ def _append_each(store: Store, run_id: str, events: list[Event],
 
 def _concurrent_rate(workdir: Path, per_run: int) -> float:
     """Durable events/s of RUNS threads appending to one fresh store."""
-    runs = {f"group-{i:03d}": workload(f"group-{i:03d}", per_run) for i in range(RUNS)}
+    runs = _runs(per_run)
     store = open_store(store_url("sqlite", workdir / f"group-{uuid.uuid4().hex[:8]}"))
     start = threading.Barrier(RUNS + 1)  # the threads exist before the clock starts
     try:
@@ -58,7 +62,7 @@ def _concurrent_rate(workdir: Path, per_run: int) -> float:
 def _unsynced_rate(workdir: Path, per_run: int) -> float:
     """Events/s of the same appends made by one thread, run after run in turn, syncing
     off (WAL + synchronous=NORMAL): each append still its own transaction."""
-    runs = {f"group-{i:03d}": workload(f"group-{i:03d}", per_run) for i in range(RUNS)}
+    runs = _runs(per_run)
     store = open_store(store_url("sqlite", workdir / f"group-{uuid.uuid4().hex[:8]}",
                                  "durability=batched"))
     try:

@@ -8,7 +8,7 @@ measure the figures a target needs; ``note`` then says why.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import msgspec
@@ -101,12 +101,15 @@ def _bytes_per_step(figures: dict[str, Figure], backend: str) -> Target:
                     1.5, f"{backend} B/step at {most:,} steps: with snapshots / events alone")
 
 
-def _past_ceiling(target: Target, ceiling: float | None, what: str) -> Target:
-    """``target``, its note saying so when the run measured a ceiling that does not reach
-    its limit: then no change to the store's own work meets it on this machine."""
+def _past_ceiling(target: Target, ceiling: float | None,
+                  what: Callable[[float], str]) -> Target:
+    """``target``, its note saying so (``what(ceiling)``) when the run measured a ceiling
+    that does not reach its limit: then no change to the store's own work meets it on
+    this machine."""
     if target.met is not False or ceiling is None or ceiling >= target.limit:
         return target
-    return msgspec.structs.replace(target, note=f"{target.note}; out of reach here: {what}")
+    return msgspec.structs.replace(
+        target, note=f"{target.note}; out of reach here: {what(ceiling)}")
 
 
 def _replay(by_name: dict[str, Figure], n: int) -> Target:
@@ -117,8 +120,8 @@ def _replay(by_name: dict[str, Figure], n: int) -> Target:
                             "fraction of decode-only speed, GC paused")
     if fig is None or kept is None or not fig.floor or kept.floor is None:
         return target
-    bound = kept.floor / fig.floor
-    return _past_ceiling(target, bound, f"decoding into a kept list alone is {bound:.2f}x")
+    return _past_ceiling(target, kept.floor / fig.floor,
+                         lambda bound: f"decoding into a kept list alone is {bound:.2f}x")
 
 
 def _group_commit(by_name: dict[str, Figure]) -> Target:
@@ -126,9 +129,9 @@ def _group_commit(by_name: dict[str, Figure]) -> Target:
                             "min", "durable events/s, 100 concurrent runs on one store",
                             on="value")
     ceiling = by_name.get("group_commit_ceiling.sqlite")
-    value = ceiling.value if ceiling is not None else None
-    return _past_ceiling(target, value, f"one thread, syncing off, makes the same appends "
-                         f"at {value or 0:,.0f}/s")
+    return _past_ceiling(target, ceiling.value if ceiling is not None else None,
+                         lambda rate: f"one thread, syncing off, makes the same appends "
+                                      f"at {rate:,.0f}/s")
 
 
 def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
