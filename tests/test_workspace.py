@@ -361,3 +361,80 @@ def test_a_file_over_the_size_limit_is_skipped_and_recorded(
         assert skipped == {"big.bin is 1,000 bytes, over the limit of 100"}
         shadow_objects = git(tmp_path / "shadow.git", "count-objects", "-v")
         assert "count: 0" in shadow_objects and "in-pack: 0" in shadow_objects  # nothing added
+
+
+def tree_of(file: Path) -> dict[str, bytes]:
+    """Every file under ``file`` (a directory), with its bytes: what must not change."""
+    return {p.relative_to(file).as_posix(): p.read_bytes() for p in sorted(file.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["cloned", "no-commit-yet"])
+def test_files_in_a_nested_repository_are_versioned_and_restored(
+        project: Path, tmp_path: Path, committed: bool) -> None:
+    """A directory holding its own .git (a vendored clone, or one with no commit yet) is
+    versioned file by file, never as a gitlink: its edits are in the turn's version, a
+    restore puts its files back, and its own .git is neither versioned nor touched."""
+    lib = project / "vendor" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "lib.c").write_text("int v = 1;\n")
+    (lib / ".gitignore").write_text("*.o\n")
+    (lib / "lib.o").write_bytes(b"\x7fELF")  # ignored by the nested repo's own rules
+    git(lib, "init", "-q")
+    if committed:
+        git(lib, "add", ".")
+        git(lib, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-qm", "v1")
+    nested_git = tree_of(lib / ".git")
+
+    @tool(effect="idempotent", identity=["path", "text"])
+    def write_file(path: str, text: str) -> str:
+        """Write `text` to `path` in the workspace."""
+        (project / path).write_text(text)
+        return f"wrote {path}"
+
+    script = [calls(("write_file", {"path": "vendor/lib/lib.c", "text": "int v = 2;\n"}),
+                    ("write_file", {"path": "vendor/lib/new.c", "text": "int w;\n"})),
+              reply("edited")]
+    ws = Workspace(project, shadow=tmp_path / "shadow.git")
+    with open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        agent = Agent(ScriptedModel(script), [write_file], workspace=ws, parallel_calls=1)
+        assert agent.run(store, "r1", "edit the library").status == "finished"
+        start, turn = checkpoints(store, "r1")
+        assert turn.payload["changed"] == ["vendor/lib/lib.c", "vendor/lib/new.c"]
+        stored = git(tmp_path / "shadow.git", "ls-tree", "-r", start.payload["commit"])
+        assert "vendor/lib/lib.c" in stored and "vendor/lib/.gitignore" in stored
+        assert " commit " not in stored and ".git/" not in stored and "lib.o" not in stored
+        restore_workspace(store, "r1", start.seq, by="ana")
+        assert (lib / "lib.c").read_text() == "int v = 1;\n"
+        assert not (lib / "new.c").exists() and (lib / "lib.o").exists()
+        restore_workspace(store, "r1", turn.seq, by="ana")
+        assert (lib / "lib.c").read_text() == "int v = 2;\n"
+        assert (lib / "new.c").read_text() == "int w;\n"
+    assert tree_of(lib / ".git") == nested_git
+
+
+def test_a_version_holding_a_gitlink_is_never_restored_over_the_nested_files(
+        project: Path, tmp_path: Path) -> None:
+    """A version made before nested repositories were versioned file by file holds a
+    gitlink where their files are: restoring it would delete them, so it is refused."""
+    lib = project / "vendor" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "lib.c").write_text("int v = 1;\n")
+    git(lib, "init", "-q")
+    git(lib, "add", ".")
+    git(lib, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-qm", "v1")
+    shadow = tmp_path / "shadow.git"
+    ws = Workspace(project, shadow=shadow)
+    assert ws.checkpoint("r1", "now").commit
+    env = {**os.environ, "GIT_DIR": str(shadow), "GIT_WORK_TREE": str(project),
+           "GIT_INDEX_FILE": str(tmp_path / "old-index")}
+
+    def old_git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=project, env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    old_git("add", "-A", ".")  # what an older version stored: vendor/lib as a gitlink
+    old = old_git("commit-tree", old_git("write-tree"), "-m", "old")
+    with pytest.raises(WorkspaceError, match="vendor/lib"):
+        ws.restore("r1", old)
+    assert (lib / "lib.c").read_text() == "int v = 1;\n"
