@@ -120,54 +120,57 @@ class Workspace:
     # --- taking a version ----------------------------------------------------------
 
     def _stage_all(self, run_id: str) -> tuple[Path, str | None]:
-        """The run's own index holding the directory as it is now, or why it cannot."""
+        """The run's own index holding the directory as it is now, or why it cannot.
+
+        git lists a directory holding its own ``.git`` as one entry, and ``add`` would
+        store it as a gitlink (its files in no version); but it walks into any directory
+        the index has an entry under. So each one found gets a placeholder entry (the
+        ``add -A`` drops it, as a deleted file) and the directory is listed again. git
+        never lists or adds a ``.git`` itself."""
         index = self.shadow / f"index-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
-        present = 0
-        for name in self._listing(index):
-            try:
-                size = os.lstat(self.directory / name).st_size  # a link's own size
-            except FileNotFoundError:
-                continue  # deleted (still in the index): git records that
-            present += 1
-            if present > self.max_files:  # (stops there: a huge tree costs no more)
-                return index, f"over the limit of {self.max_files:,} files"
-            if size > self.max_file_bytes:
-                return index, (f"{name} is {size:,} bytes, over the limit of "
-                               f"{self.max_file_bytes:,}")
+        walked: set[str] = set()
+        while True:
+            listed = self._git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                               index=index).split("\0")
+            nested, skipped = self._guard(filter(None, listed))
+            if skipped is not None:
+                return index, skipped
+            if not nested - walked:
+                break
+            self._walk_into(index, nested - walked)
+            walked |= nested
         self._git("add", "-A", ".", index=index)
         return index, None
 
-    def _listing(self, index: Path) -> list[str]:
-        """The paths to version, as git lists them, the files of nested repositories
-        included. git lists a directory holding its own ``.git`` as one entry, and ``add``
-        would store it as a gitlink (its files in no version); but it walks into any
-        directory the index has an entry under. So each one found gets a placeholder entry
-        (the ``add -A`` that follows drops it, as a deleted file) and is listed again;
-        git never lists or adds a ``.git`` itself."""
-        walked: set[str] = set()
-        while True:
-            listed = [name for name in self._git(
-                "ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                index=index).split("\0") if name]
-            nested = {n.rstrip("/") for n in listed if self._is_nested(n)} - walked
-            if not nested:
-                return listed
-            # A gitlink an older version stored goes; a placeholder makes git walk in.
-            self._git("update-index", "--force-remove", "--", *nested, index=index)
-            self._git("update-index", "-z", "--index-info", index=index,
-                      stdin="".join(f"100644 {EMPTY_BLOB}\t{n}/{PLACEHOLDER}\0"
-                                    for n in sorted(nested)))
-            walked |= nested
+    def _guard(self, listed: Iterable[str]) -> tuple[set[str], str | None]:
+        """The nested repositories git ``listed``, and why a guard stops the version."""
+        nested: set[str] = set()
+        present = 0
+        for name in listed:
+            if name.endswith("/"):  # an untracked directory holding its own .git
+                nested.add(name.rstrip("/"))
+                continue
+            try:
+                found = os.lstat(self.directory / name)  # a link's own size
+            except FileNotFoundError:
+                continue  # deleted (still in the index): git records that
+            if stat.S_ISDIR(found.st_mode):  # a gitlink an older version stored
+                nested.add(name)
+                continue
+            present += 1
+            if present > self.max_files:  # (stops there: a huge tree costs no more)
+                return nested, f"over the limit of {self.max_files:,} files"
+            if found.st_size > self.max_file_bytes:
+                return nested, (f"{name} is {found.st_size:,} bytes, over the limit of "
+                                f"{self.max_file_bytes:,}")
+        return nested, None
 
-    def _is_nested(self, name: str) -> bool:
-        """Whether git listed ``name`` as a repository of its own (an untracked one ends
-        in a slash; a gitlink in the index is a directory on disk)."""
-        if name.endswith("/"):
-            return True
-        try:
-            return stat.S_ISDIR(os.lstat(self.directory / name).st_mode)
-        except FileNotFoundError:
-            return False
+    def _walk_into(self, index: Path, nested: set[str]) -> None:
+        """Make git list the files of ``nested`` directories: no gitlink, a placeholder."""
+        self._git("update-index", "--force-remove", "--", *nested, index=index)
+        self._git("update-index", "-z", "--index-info", index=index,
+                  stdin="".join(f"100644 {EMPTY_BLOB}\t{n}/{PLACEHOLDER}\0"
+                                for n in sorted(nested)))
 
     def checkpoint(self, run_id: str, message: str) -> Checkpoint:
         """Commit the directory on the run's ref; the commit and what changed since the
