@@ -63,13 +63,13 @@ def editor(ws: Workspace, *, requests: list[ModelRequest] | None = None,
            approve: bool = False, turns: int = TURNS) -> Agent:
     root = ws.directory
 
-    @tool(effect="idempotent", identity=["path", "text"])
+    @tool(effect="idempotent", identity=["path", "text"], local=True)
     def write_file(path: str, text: str) -> str:
         """Write `text` to `path` in the workspace."""
         (root / path).write_text(text)
         return f"wrote {path}"
 
-    @tool(effect="idempotent", identity=["path"])
+    @tool(effect="idempotent", identity=["path"], local=True)
     def delete_file(path: str) -> str:
         """Delete `path`."""
         (root / path).unlink()
@@ -438,3 +438,65 @@ def test_a_version_holding_a_gitlink_is_never_restored_over_the_nested_files(
     with pytest.raises(WorkspaceError, match="vendor/lib"):
         ws.restore("r1", old)
     assert (lib / "lib.c").read_text() == "int v = 1;\n"
+
+
+@backend_params()
+def test_a_resumed_fork_makes_its_file_edits_and_no_payment_again(
+        store_url: str, project: Path, tmp_path: Path) -> None:
+    """Forked after its second turn, the files are those of that turn; resumed, the fork
+    makes its own edits (they are local to the run: the origin's are not its files) and
+    every file its log says it wrote is on disk with that content. A payment the origin
+    made after the fork point is an effect of the scope: served, never made again."""
+    paid: list[str] = []
+
+    @tool(effect="idempotent", identity=["path", "text"], local=True)
+    def write_file(path: str, text: str) -> str:
+        """Write `text` to `path` in the workspace."""
+        (project / path).write_text(text)
+        return f"wrote {path}"
+
+    @tool(effect="irreversible", identity=["invoice"])
+    def pay(invoice: str, amount: int) -> str:
+        """Pay an invoice."""
+        paid.append(invoice)
+        return f"paid {invoice}"
+
+    def write(path: str, text: str) -> tuple[str, dict[str, Any]]:
+        return "write_file", {"path": path, "text": text}
+
+    script = [calls(write("a.txt", "a0\n")),
+              calls(write("a.txt", "a1\n"), write("b.txt", "b1\n")),
+              calls(write("c.txt", "c2\n"), ("pay", {"invoice": "inv-1", "amount": 10})),
+              calls(write("a.txt", "a3\n")),
+              reply("done")]
+    ws = Workspace(project, shadow=tmp_path / "shadow.git")
+
+    def agent() -> Agent:
+        return Agent(ScriptedModel(script), [write_file, pay], workspace=ws, parallel_calls=1)
+
+    with open_store(store_url) as store:
+        assert agent().run(store, "r1", "edit and pay").status == "finished"
+        assert paid == ["inv-1"]
+        log = list(store.read("r1"))
+        paying = next(e.seq for e in log if e.type is E.TOOL_CALL_STARTED
+                      and e.payload["tool"] == "pay")
+        # After the second turn's version; and inside the third turn, its calls started
+        # but not completed (the fork settles them on resume).
+        for at in (checkpoints(store, "r1")[2].seq, paying):
+            forked = fork(store, "r1", at, f"r1-fork-{at}")
+            assert (project / "a.txt").read_text() == "a1\n"
+            assert not (project / "c.txt").exists()
+            assert agent().run(store, forked).status == "finished"
+            state = fold(list(store.read(forked)))
+            said = {}  # what the fork's log says each file holds: its last write
+            for done in sorted(state.completed.values(), key=lambda c: c.seq):
+                if done.args is not None and "path" in done.args:
+                    said[done.args["path"]] = done.args["text"].encode()
+            assert said == {"a.txt": b"a3\n", "b.txt": b"b1\n", "c.txt": b"c2\n"}
+            assert {name: files(project)[name] for name in said} == said
+            writes = [c for c in state.completed.values()
+                      if c.seq > at and "path" in (c.args or {})]
+            assert writes and {c.source for c in writes} == {"tool"}  # made by the fork
+            assert paid == ["inv-1"]  # the world does not fork: the payment was served
+            (payment,) = [c for c in state.completed.values() if "invoice" in (c.args or {})]
+            assert payment.source == "scope"
