@@ -413,6 +413,20 @@ def test_files_in_a_nested_repository_are_versioned_and_restored(
     assert tree_of(lib / ".git") == nested_git
 
 
+def test_a_file_over_the_limit_in_a_nested_repository_is_skipped_and_recorded(
+        project: Path, tmp_path: Path) -> None:
+    """The guards see a nested repository's files like any others."""
+    lib = project / "vendor" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "big.bin").write_bytes(b"x" * 1000)
+    git(lib, "init", "-q")
+    git(lib, "add", ".")
+    git(lib, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-qm", "v1")
+    ws = Workspace(project, shadow=tmp_path / "shadow.git", max_file_bytes=100)
+    made = ws.checkpoint("r1", "start")
+    assert made.skipped == "vendor/lib/big.bin is 1,000 bytes, over the limit of 100"
+    assert made.commit is None
+
 def test_a_version_holding_a_gitlink_is_never_restored_over_the_nested_files(
         project: Path, tmp_path: Path) -> None:
     """A version made before nested repositories were versioned file by file holds a
