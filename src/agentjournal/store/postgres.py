@@ -248,7 +248,7 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     """,
     # Why a worker parked a run (a refused agent ref, a poison run): see fleet/queue.py.
     """
-    ALTER TABLE {s}.queue ADD COLUMN reason text;
+    ALTER TABLE {s}.queue ADD COLUMN IF NOT EXISTS reason text;
     """,
 )
 
