@@ -130,9 +130,9 @@ class _VisibleFormatter(logging.Formatter):
 def _log_to_stderr(verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_VisibleFormatter("%(asctime)s %(levelname)s %(message)s"))
-    root = logging.getLogger("agentjournal")
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    library = logging.getLogger("agentjournal")  # the worker's lines, and the library's
+    library.addHandler(handler)
+    library.setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def _set_import_path(dirs: tuple[str, ...]) -> None:
