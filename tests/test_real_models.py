@@ -511,6 +511,54 @@ def test_background_cancelled_call_is_asked_anew(provider: str, mode: str, stub:
     assert of(log, E.MODEL_TURN)[0]["response_id"] == second["handle"] != first["handle"]
 
 
+# --- 6b. calls that share an id ------------------------------------------------------------
+
+
+def orders(*ids: str) -> list[tuple[str, dict[str, Any]]]:
+    return [("place_order", {"order_id": i, "qty": 1}) for i in ids]
+
+
+@pytest.mark.parametrize("call_id", ["", "call_0"])
+@providers
+def test_calls_that_share_an_id_are_each_placed_and_answered_once(
+        provider: str, call_id: str, stub: StubServer, store: Store) -> None:
+    """A server that sends one id for every call of a turn: each call is made once, and
+    the next request pairs each result with its own call, in the form the provider takes."""
+    receiver = Receiver()
+    stub.script([Reply(calls=orders("g1", "g2", "g3"), call_ids=[call_id] * 3,
+                       reasoning=True, thinking=True),
+                 Reply(text="placed")])
+    result = drive(provider, stub, store, receiver.tools())
+
+    assert result.status == "finished" and result.outcome == "placed"
+    assert stub.rejections == []
+    log = read_log(store)
+    started = of(log, E.TOOL_CALL_STARTED)
+    assert sorted(p["args"]["order_id"] for p in started) == ["g1", "g2", "g3"]
+    assert receiver.effects == {p["key"]: 1 for p in started}  # counted by the receiver
+    turn = of(log, E.MODEL_TURN)[0]
+    assert [c["provider_id"] for c in turn["tool_calls"]] == [call_id] * 3
+    ids = [c["id"] for c in turn["tool_calls"]]
+    assert len(set(ids)) == 3
+    sent = tool_results(provider, model_bodies(stub, provider)[1])
+    assert {i: msgspec.json.decode(sent[i])["order_id"] for i in ids} == {
+        c["id"]: c["args"]["order_id"] for c in turn["tool_calls"]}
+
+
+@providers
+def test_an_id_reused_on_a_later_turn_is_sent_back_as_its_own(
+        provider: str, stub: StubServer, store: Store) -> None:
+    receiver = Receiver()
+    stub.script([Reply(calls=orders("g1"), call_ids=["call_0"]),
+                 Reply(calls=orders("g2"), call_ids=["call_0"]), Reply(text="placed")])
+    result = drive(provider, stub, store, receiver.tools())
+
+    assert result.status == "finished" and stub.rejections == []
+    assert len(receiver.effects) == 2 and set(receiver.effects.values()) == {1}
+    last = tool_results(provider, model_bodies(stub, provider)[2])
+    assert sorted(last) == ["call_0", "call_1_0"]
+
+
 # --- 7. a turn's calls run together --------------------------------------------------------
 
 

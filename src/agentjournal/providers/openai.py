@@ -10,7 +10,14 @@ from typing import Any
 from ..errors import MissingExtraError
 from ..models import ModelError, ModelRequest, ModelResponse, Price
 from ..state import Message
-from ._common import Adapter, arguments_of, close_orphans, parse_call, without_retries
+from ._common import (
+    Adapter,
+    arguments_of,
+    close_orphans,
+    parse_call,
+    with_call_ids,
+    without_retries,
+)
 
 try:
     import openai
@@ -155,8 +162,9 @@ class OpenAIResponsesModel(_OpenAI):
             elif m.role == "tool":
                 out.append({"type": "function_call_output", "call_id": m.tool_call_id,
                             "output": m.content})
-            elif m.provider == self.provider and m.items:
-                out.extend(dict(i) for i in m.items)  # verbatim, reasoning in its place
+            elif m.provider == self.provider and m.items:  # reasoning in its place
+                out.extend(with_call_ids(m.items, [c.id for c in m.tool_calls],
+                                         "function_call", "call_id"))
             else:
                 if m.content:
                     out.append({"role": "assistant", "content": m.content})
