@@ -232,6 +232,19 @@ def test_openai_responses_background(stub: StubServer, oai: openai.OpenAI) -> No
         oai.responses.retrieve("resp_unknown")
 
 
+def test_openai_responses_background_without_retrieve() -> None:
+    # As several OpenAI-compatible servers: the answer comes with the create call.
+    with StubServer([Reply(text="at once")], retrieve=False) as stub, openai.OpenAI(
+            base_url=stub.url + "/v1", api_key="test", max_retries=0) as oai:
+        created = oai.responses.create(model="m", input="add", background=True)
+        assert (created.status, created.output_text) == ("completed", "at once")
+        with pytest.raises(openai.NotFoundError):
+            oai.responses.retrieve(created.id)
+        with pytest.raises(openai.NotFoundError):
+            oai.responses.cancel(created.id)
+        assert stub.counts["created"] == 1 and stub.counts["responses_retrieve"] == 0
+
+
 def test_openai_responses_background_cancel(stub: StubServer, oai: openai.OpenAI) -> None:
     stub.script([Reply(text="never", delay=30)])
     created = oai.responses.create(model="m", input="add", background=True)

@@ -473,6 +473,46 @@ def test_background_lost_call_is_asked_anew(provider: str, stub: StubServer,
     assert stub.counts["created"] == 1
 
 
+@pytest.mark.parametrize("mode", ["run", "arun", "arun-sync"])
+@pytest.mark.parametrize("provider", ["openai-responses"])
+def test_background_against_a_server_that_answers_in_create(provider: str, mode: str,
+                                                            store: Store) -> None:
+    """Several OpenAI-compatible servers complete a background response inside the create
+    call and have no retrieve endpoint: the answer the create call returned is the turn's."""
+    receiver = Receiver()
+    with StubServer([Reply(calls=[("lookup", {"city": "Oslo"})]), Reply(text="mild")],
+                    retrieve=False) as stub:
+        result = drive(provider, stub, store, receiver.tools(), mode=mode,
+                       adapter_kw={"background": True, "poll_interval": 0.02})
+
+    assert result.status == "finished" and result.outcome == "mild"
+    assert stub.counts["created"] == 2  # one response per turn, each billed once
+    assert stub.counts["rejected"] == 0 and len(stub.requests) == 2  # nothing polled
+    log = read_log(store)
+    assert of(log, E.MODEL_CALL_FAILED) == []
+    started = of(log, E.MODEL_CALL_STARTED)
+    assert [t["response_id"] for t in of(log, E.MODEL_TURN)] == [s["handle"] for s in started]
+    assert receiver.lookups == {"Oslo": 1}
+
+
+@pytest.mark.parametrize("provider", ["openai-responses"])
+def test_a_lost_background_call_waits_like_any_failed_call(provider: str, stub: StubServer,
+                                                          store: Store) -> None:
+    # A backoff longer than max_retry_wait stops the run instead of asking again at once.
+    with open_journal(store, "r1") as j:
+        j.record_all([(E.RUN_STARTED, {"task": "t", "scope": "run:r1", "agent": None,
+                                       "instructions": None}),
+                      (E.USER_MESSAGE, {"content": "t"}),
+                      (E.MODEL_CALL_STARTED, {"handle": "resp_gone", "turn": 0})])
+    stub.script([Reply(text="never asked")])
+    result = drive(provider, stub, store, [], task=None, model_backoff=60, max_retry_wait=1,
+                   adapter_kw={"background": True, "poll_interval": 0.02})
+
+    assert result.status == "paused" and stub.counts["created"] == 0
+    (failed,) = of(read_log(store), E.MODEL_CALL_FAILED)
+    assert failed["lost"] is True and failed["status"] == 404
+
+
 @pytest.mark.parametrize("mode", ["run", "arun"])
 @pytest.mark.parametrize("provider", ["openai-responses"])
 def test_background_cancelled_call_is_asked_anew(provider: str, mode: str, stub: StubServer,

@@ -190,10 +190,9 @@ class StepMachine(Settling):
                 "lost": error.lost, **{k: v for k, v in detail.items() if v is not None}}
 
     def _retry_wait(self, error: ModelError, attempt: int) -> float | None:
-        """Seconds to wait before asking again, or None to stop asking."""
-        if error.lost:
-            return 0.0 if attempt <= self.model_retries else None  # the call is gone: ask anew
-        if not error.retryable or attempt > self.model_retries:
+        """Seconds to wait before asking again, or None to stop asking. A lost background
+        call (the provider no longer has it) is asked anew after the same backoff."""
+        if not (error.retryable or error.lost) or attempt > self.model_retries:
             return None
         backoff = min(self.model_backoff * 2 ** (attempt - 1), 8.0)
         wait = max(backoff, error.retry_after or 0.0)
