@@ -626,7 +626,7 @@ def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[
     OpenAI-compatible servers send them. Then ``call_{turn}_{place}`` (made unique),
     which the turn records: a replay reads it, and results pair with their calls."""
     given = Counter(c.id for c in calls)
-    used = taken | set(given)
+    used = set(given)  # this turn's; ``taken`` is the context's, not copied (it grows)
     out = []
     for place, call in enumerate(calls):
         if call.id and given[call.id] == 1 and call.id not in taken:
@@ -634,7 +634,7 @@ def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[
             continue
         derived = f"call_{turn}_{place}"
         n = 1
-        while derived in used:
+        while derived in used or derived in taken:
             derived, n = f"call_{turn}_{place}_{n}", n + 1
         used.add(derived)
         out.append(msgspec.structs.replace(call, id=derived))
