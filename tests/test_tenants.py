@@ -11,12 +11,15 @@ Needs a server (conftest's POSTGRES_URL): skipped when unreachable, a failure un
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
 import pytest
@@ -33,6 +36,8 @@ from agentjournal import (
     EventType,
     JournalError,
     ScriptedModel,
+    StoreLockedError,
+    StoreUnavailableError,
     calls,
     make_events,
     open_store,
@@ -43,6 +48,7 @@ from agentjournal.events import seal
 from agentjournal.fleet import WorkerInfo, queue_of, submit
 from agentjournal.store import Lease, Store
 from agentjournal.store import postgres as pg_module
+from agentjournal.store.base import Tombstone
 from agentjournal.store.postgres import PostgresStore
 from agentjournal.store.tenants import (
     SHARED_TABLES,
@@ -357,3 +363,146 @@ def test_a_tenant_granted_before_segments_writes_them_after_the_upgrade(
         tenant.put_segments("a-run", {SEG: b"part"})
         assert tenant.segments("a-run", [SEG]) == {SEG: b"part"}
     assert _sql(f"SELECT tenant FROM {s}.segments") == [(role,)]
+
+
+# --- one tenant cannot stall the others ----------------------------------------------
+
+HANG_GUARD = 90.0  # seconds: only a hang guard, far above any lock timeout used here
+T = TypeVar("T")
+
+
+def _conninfo(url: str) -> str:
+    """A store URL as a plain libpq URL (without agentjournal's own parameters)."""
+    parts = urlsplit(url)
+    ours = ("schema=", "lock_timeout=")
+    query = "&".join(kv for kv in parts.query.split("&") if kv and not kv.startswith(ours))
+    return parts._replace(query=query).geturl()
+
+
+@contextmanager
+def _holding(url: str, *statements: str) -> Iterator[None]:
+    """Another session (as the URL's role) holding what ``statements`` lock, in an open
+    transaction, until the block ends."""
+    with psycopg.connect(_conninfo(url)) as conn:
+        for statement in statements:
+            conn.execute(statement)
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+def _unstalled(call: Callable[[], T]) -> T:
+    """``call()``'s result (or its exception), failing the test if it is still waiting
+    after HANG_GUARD: stalled by another session's lock."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD)
+    if not outcome:
+        pytest.fail(f"still waiting after {HANG_GUARD:g} s: stalled by another session's lock")
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return cast(T, value)
+
+
+def _migration_lock(schema: str) -> str:
+    return f"SELECT pg_advisory_xact_lock({pg_module._MIGRATION_LOCK}, hashtext('{schema}'))"
+
+
+def test_a_tenant_holding_the_migration_lock_stalls_no_open(shared: Shared) -> None:
+    with _holding(shared.urls[0], _migration_lock(shared.schema)):
+        for url in (shared.urls[1], shared.admin, shared.urls[0]):
+            with _unstalled(partial(open_store, url)) as store:  # up to date: no lock taken
+                assert store.list_runs() == []
+
+
+def test_a_migration_waits_for_the_migration_lock_only_until_the_lock_timeout(
+        shared: Shared) -> None:
+    fresh = f"{shared.schema}_new"  # to be created: its first open migrates
+    try:
+        with _holding(shared.urls[0], _migration_lock(fresh)), \
+                pytest.raises(StoreLockedError) as info:
+            _unstalled(partial(open_store, _url(fresh) + "&lock_timeout=1"))
+        error = info.value
+        assert isinstance(error, StoreUnavailableError) and error.retryable
+        assert error.timeout == 1.0 and "migration lock" in str(error)
+        assert "lock_timeout" in str(error) and "pg_locks" in str(error)
+        assert not _sql("SELECT 1 FROM pg_namespace WHERE nspname = %s", (fresh,))
+        open_store(_url(fresh)).close()  # the lock released: it migrates
+        assert _sql(f'SELECT count(*) FROM "{fresh}".schema_version') == [
+            (len(pg_module.MIGRATIONS),)]
+    finally:
+        _sql(f'DROP SCHEMA IF EXISTS "{fresh}" CASCADE')
+
+
+def test_an_open_waits_for_a_table_lock_only_until_the_lock_timeout(shared: Shared) -> None:
+    # Only the owner can take this lock; a tenant opening waits for it, not forever.
+    with _holding(shared.admin, f'LOCK TABLE "{shared.schema}".schema_version'), \
+            pytest.raises(StoreLockedError, match="opening the schema"):
+        _unstalled(partial(open_store, shared.urls[1] + "&lock_timeout=1"))
+    open_store(shared.urls[1]).close()
+
+
+@pytest.mark.parametrize("table", ["runs", "events", "queue", *SHARED_TABLES])
+def test_a_tenant_cannot_lock_the_tables_every_write_and_claim_uses(
+        shared: Shared, table: str) -> None:
+    name = f'"{shared.schema}"."{table}"'
+    for statement in (*(f"LOCK TABLE {name} IN {mode} MODE" for mode in (
+            "ACCESS EXCLUSIVE", "EXCLUSIVE", "SHARE ROW EXCLUSIVE", "SHARE",
+            "SHARE UPDATE EXCLUSIVE")), f"TRUNCATE {name}"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), \
+                _holding(shared.urls[0], statement):
+            pass
+    for privilege in ("UPDATE", "DELETE", "TRUNCATE"):  # what LOCK TABLE ... EXCLUSIVE needs
+        assert _sql("SELECT has_table_privilege(%s, %s, %s)",
+                    (shared.roles[0], name, privilege)) == [(False,)]
+
+
+def test_a_tenants_log_is_append_only_to_it(shared: Shared) -> None:
+    """Without DELETE on events a tenant cannot archive (gc) its runs: the admin does."""
+    with open_store(shared.urls[0]) as a_store:
+        a = _tenant_a_work(a_store)
+        before = _rows(shared.schema)
+        tombstone = Tombstone(run_id=a.run, last_seq=2, digest="", archive="file:///x",
+                              deleted_at=datetime.now(UTC))
+        with pytest.raises(JournalError, match="permission denied"):
+            a_store.delete_run(tombstone, epoch=a.lease.epoch)
+        for statement in (f'DELETE FROM "{shared.schema}".events',
+                          f'UPDATE "{shared.schema}".events SET type = type'):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), \
+                    _holding(shared.urls[0], statement):
+                pass
+        assert _rows(shared.schema) == before
+    with open_store(shared.admin) as admin:
+        admin.delete_run(tombstone, epoch=a.lease.epoch)
+        assert admin.tombstone(a.run) is not None
+
+
+def test_a_table_lock_a_tenant_can_still_take_stalls_others_only_until_the_lock_timeout(
+        shared: Shared) -> None:
+    """A tenant keeps DELETE on workers, snapshots and segments (pruning is a delete), so
+    it can lock them: another tenant's call on them fails with StoreLockedError after
+    the lock timeout, and its appends, which never touch them, go on."""
+    with open_store(shared.urls[1] + "&lock_timeout=1") as b_store:
+        b_queue = queue_of(b_store)
+        for table in ("workers", "snapshots", "segments"):
+            with _holding(shared.urls[0], f'LOCK TABLE "{shared.schema}".{table}'):
+                with pytest.raises(StoreLockedError, match="this call needs"):
+                    _unstalled({"workers": b_queue.workers,
+                                "snapshots": partial(b_store.snapshots, "b-run"),
+                                "segments": partial(b_store.segments, "b-run", [SEG]),
+                                }[table])
+                seq = b_store.last_seq("b-run")
+                events = make_events("b-run", seq, 0, _facts(f"B appends past {table}"))
+                assert _unstalled(partial(b_store.append, "b-run", events,
+                                          expected_seq=seq, epoch=0)) == seq + 1
+        assert b_queue.workers() == [] and b_store.last_seq("b-run") == 3
