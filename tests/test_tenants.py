@@ -30,6 +30,7 @@ if _why := postgres_reason():
     pytest.skip(_why, allow_module_level=True)
 
 import psycopg
+from psycopg import sql
 
 from agentjournal import (
     Agent,
@@ -51,6 +52,7 @@ from agentjournal.store import postgres as pg_module
 from agentjournal.store.base import Tombstone
 from agentjournal.store.postgres import PostgresStore
 from agentjournal.store.tenants import (
+    CHANNELS_TABLE,
     SHARED_TABLES,
     TENANT_TABLES,
     TenantRoleError,
@@ -171,12 +173,13 @@ def test_the_tenant_roles_are_limited_by_row_level_security(shared: Shared) -> N
                     (role, shared.schema)) == [(False,)]
     tables = dict(_sql("SELECT tablename, rowsecurity FROM pg_tables WHERE schemaname = %s",
                        (shared.schema,)))
-    assert tables == {**dict.fromkeys(TENANT_TABLES, True), **dict.fromkeys(SHARED_TABLES, False)}
+    assert tables == {**dict.fromkeys(TENANT_TABLES, True), **dict.fromkeys(SHARED_TABLES, False),
+                      CHANNELS_TABLE: True}
     assert _sql("SELECT relforcerowsecurity FROM pg_class WHERE relname = 'runs' AND"
                 " relnamespace = %s::regnamespace", (shared.schema,)) == [(False,)]
     policies = _sql("SELECT tablename, cmd, qual FROM pg_policies WHERE schemaname = %s"
                     " ORDER BY tablename", (shared.schema,))
-    assert [p[0] for p in policies] == sorted(TENANT_TABLES)
+    assert [p[0] for p in policies] == sorted((*TENANT_TABLES, CHANNELS_TABLE))
     assert all(p[1] == "ALL" and p[2] == "(tenant = CURRENT_USER)" for p in policies)
 
 
@@ -506,3 +509,102 @@ def test_a_table_lock_a_tenant_can_still_take_stalls_others_only_until_the_lock_
                 assert _unstalled(partial(b_store.append, "b-run", events,
                                           expected_seq=seq, epoch=0)) == seq + 1
         assert b_queue.workers() == [] and b_store.last_seq("b-run") == 3
+
+
+# --- what one tenant learns of another's activity ------------------------------------
+
+def _heard_before_marker(url: str, channel: str, during: Callable[[], None]) -> list[int]:
+    """The pids of every notification on ``channel`` that a session of the URL's role
+    hears while ``during`` runs, up to a marker it sends itself afterwards (notifications
+    arrive in commit order, so whatever ``during`` sent there arrives first)."""
+    with psycopg.connect(_conninfo(url), autocommit=True) as listener, \
+            psycopg.connect(_conninfo(url), autocommit=True) as marker:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        during()
+        marker.execute(sql.SQL("NOTIFY {}, 'marker'").format(sql.Identifier(channel)))
+        heard = []
+        for note in listener.notifies(timeout=HANG_GUARD):
+            if note.payload == "marker":
+                return heard
+            heard.append(note.pid)
+    pytest.fail(f"the marker on {channel} never arrived")
+
+
+def test_a_tenant_hears_nothing_of_another_tenants_submits(shared: Shared) -> None:
+    schema_channel = f"agentjournal_{shared.schema}"
+    with open_store(shared.urls[1]) as b_store:
+        b_submits = partial(submit, b_store, "tests.agents:b", "B's task")
+        assert _heard_before_marker(shared.urls[0], schema_channel,
+                                    partial(b_submits, "b-1")) == []
+        assert _heard_before_marker(shared.urls[0], schema_channel,
+                                    partial(queue_of(b_store).wake)) == []
+
+
+def test_each_tenants_workers_and_the_admins_are_woken_by_its_submits(shared: Shared) -> None:
+    with open_store(shared.urls[0]) as a_store, open_store(shared.urls[1]) as b_store, \
+            open_store(shared.admin) as admin_store:
+        a_queue, b_queue, admin_queue = (queue_of(s) for s in (a_store, b_store, admin_store))
+        for queue in (a_queue, b_queue, admin_queue):
+            queue.wait(0.0)  # listening from now on
+        submit(b_store, "tests.agents:b", "B's task", "b-1")
+        assert b_queue.wait(HANG_GUARD) and admin_queue.wait(HANG_GUARD)
+        submit(a_store, "tests.agents:a", "A's task", "a-1")
+        assert a_queue.wait(HANG_GUARD) and admin_queue.wait(HANG_GUARD)
+        # A tenant granted while the admin's worker runs wakes it once it looks again.
+        role, password = f"aj_tenant_c_{uuid.uuid4().hex[:8]}", secrets.token_hex(12)
+        try:
+            create_tenant(shared.admin, None, role, password=password)
+            admin_queue.wait(0.0)
+            with open_store(_url(shared.schema, role, password)) as c_store:
+                submit(c_store, "tests.agents:c", "C's task", "c-1")
+                assert admin_queue.wait(HANG_GUARD)
+                assert [r.run_id for r in queue_of(c_store).runs()] == ["c-1"]
+        finally:
+            _sql(f'DROP OWNED BY "{role}"')
+            _sql(f'DROP ROLE "{role}"')
+
+
+def test_a_tenants_channel_is_its_own_secret(shared: Shared) -> None:
+    """A channel anyone could name could be heard by anyone (LISTEN needs no privilege):
+    each tenant's is random, and only it and the admin can read it."""
+    channels = dict(_sql(f'SELECT tenant, channel FROM "{shared.schema}".{CHANNELS_TABLE}'))
+    assert set(channels) == set(shared.roles)
+    for role, url in zip(shared.roles, shared.urls, strict=True):
+        assert role not in channels[role] and shared.schema not in channels[role]
+        with psycopg.connect(_conninfo(url)) as conn:
+            seen = conn.execute(
+                f'SELECT tenant, channel FROM "{shared.schema}".{CHANNELS_TABLE}').fetchall()
+        assert seen == [(role, channels[role])]
+    grant_tenant(shared.admin, None, shared.roles[0])  # idempotent: the channel stays
+    revoke_tenant(shared.admin, None, shared.roles[1])  # ...and goes with the grants
+    assert dict(_sql(f'SELECT tenant, channel FROM "{shared.schema}".{CHANNELS_TABLE}')) == {
+        shared.roles[0]: channels[shared.roles[0]]}
+
+
+def test_what_row_level_security_does_not_hide(shared: Shared) -> None:
+    """What docs/tenants.md says a tenant can still observe of another: counts and sizes,
+    not contents. (If one of these starts to hold, update the page.)"""
+    s = f'"{shared.schema}"'
+    with open_store(shared.urls[1]) as b_store:
+        for i in range(5):
+            b_store.append(f"b-{i}", make_events(f"b-{i}", 0, 0, _facts("B's secret", "x")),
+                           expected_seq=0, epoch=0)
+    _sql(f"ANALYZE {s}.events")
+    with psycopg.connect(_conninfo(shared.urls[0]), autocommit=True) as a:
+        def one(query: str) -> Any:
+            return a.execute(query).fetchone()
+
+        assert one(f"SELECT count(*) FROM {s}.events") == (0,)
+        plan = "\n".join(r[0] for r in a.execute(f"EXPLAIN ANALYZE SELECT * FROM {s}.events"))
+        assert "Rows Removed by Filter: 10" in plan  # B's row count
+        assert one(f"SELECT reltuples FROM pg_class WHERE oid = '{s}.events'::regclass") == (10,)
+        assert one(f"SELECT pg_relation_size('{s}.events') > 0") == (True,)
+        assert one(f"SELECT count(*) FROM pg_stats WHERE schemaname = '{shared.schema}'") == (0,)
+        with PostgresStore(_conninfo(shared.urls[1]), schema=shared.schema) as b_store, \
+                b_store._conn() as b_conn:
+            b_conn.execute(f"SELECT 1 FROM {s}.runs")  # B inside a transaction, holding a lock
+            ((b_pid,),) = b_conn.execute("SELECT pg_backend_pid()").fetchall()
+            assert one(f"SELECT usename, query FROM pg_stat_activity WHERE pid = {b_pid}") == (
+                shared.roles[1], "<insufficient privilege>")
+            assert one(f"SELECT count(*) > 0 FROM pg_locks WHERE pid = {b_pid}"
+                       f" AND relation = '{s}.runs'::regclass") == (True,)

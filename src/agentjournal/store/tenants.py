@@ -48,6 +48,8 @@ TABLE_PRIVILEGES = {"runs": "SELECT, INSERT", "events": "SELECT, INSERT",
                     "queue": "SELECT, INSERT", "workers": "SELECT, INSERT, DELETE"}
 #: Tables a tenant updates (every column but ``tenant``).
 UPDATED_TABLES = ("runs", "snapshots", "segments", "queue", "workers")
+#: Each tenant's notification channel: a random name only the tenant and the admin read.
+CHANNELS_TABLE = "tenant_channels"
 
 
 class TenantRoleError(JournalError, ValueError):
@@ -105,6 +107,20 @@ _GRANT_COLUMNS = """DO $aj_grant$ DECLARE t text; BEGIN
     END LOOP;
 END $aj_grant$"""
 
+# The channels table, made by the first grant (a tenant's row: its own, as elsewhere), and
+# this role's channel: random, so no other tenant can name it to LISTEN (which needs no
+# privilege). It stays the same across grants, so running workers keep hearing it.
+_CHANNEL = """DO $aj_channels$ BEGIN
+    IF to_regclass({table}) IS NULL THEN
+        CREATE TABLE {s}.{t} (tenant text PRIMARY KEY, channel text NOT NULL UNIQUE);
+        ALTER TABLE {s}.{t} ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY tenant ON {s}.{t} USING (tenant = current_user);
+    END IF;
+END $aj_channels$;
+INSERT INTO {s}.{t} VALUES ({role}, 'aj_' || replace(gen_random_uuid()::text, '-', ''))
+    ON CONFLICT (tenant) DO NOTHING;
+GRANT SELECT ON {s}.{t} TO {r}"""
+
 
 def grant_sql(schema: str, role: str) -> sql.Composed:
     """The statements that let ``role`` work as a tenant of ``schema`` (for a script).
@@ -126,6 +142,8 @@ def grant_sql(schema: str, role: str) -> sql.Composed:
         sql.SQL(_GRANT_COLUMNS).format(tables=sql.Literal(list(UPDATED_TABLES)),
                                        schema=sql.Literal(schema), role=sql.Literal(role)),
         sql.SQL("GRANT SELECT ON {} TO {}").format(tables(SHARED_TABLES), r),
+        sql.SQL(_CHANNEL).format(table=sql.Literal(f'"{schema}".{CHANNELS_TABLE}'), s=s,
+                                 t=sql.Identifier(CHANNELS_TABLE), role=sql.Literal(role), r=r),
     ])
 
 
@@ -190,6 +208,11 @@ def revoke_tenant(admin_url: str, schema: str | None, role: str) -> None:
         tables = sql.SQL(", ").join(sql.Identifier(store.schema, t)
                                     for t in TENANT_TABLES + SHARED_TABLES)
         conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, r))
+        channels = sql.Identifier(store.schema, CHANNELS_TABLE)
+        found = conn.execute("SELECT to_regclass(%s)", (channels.as_string(conn),)).fetchone()
+        if found != (None,):  # its channel goes with its grants
+            conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(channels, r))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE tenant = %s").format(channels), (role,))
         conn.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(s, r))
         conn.commit()
 
