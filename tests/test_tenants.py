@@ -461,7 +461,7 @@ def test_a_tenant_cannot_lock_the_tables_every_write_and_claim_uses(
     name = f'"{shared.schema}"."{table}"'
     for statement in (*(f"LOCK TABLE {name} IN {mode} MODE" for mode in (
             "ACCESS EXCLUSIVE", "EXCLUSIVE", "SHARE ROW EXCLUSIVE", "SHARE",
-            "SHARE UPDATE EXCLUSIVE")), f"TRUNCATE {name}"):
+            "SHARE UPDATE EXCLUSIVE", "ROW SHARE")), f"TRUNCATE {name}"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege), \
                 _holding(shared.urls[0], statement):
             pass
@@ -608,3 +608,18 @@ def test_what_row_level_security_does_not_hide(shared: Shared) -> None:
                 shared.roles[1], "<insufficient privilege>")
             assert one(f"SELECT count(*) > 0 FROM pg_locks WHERE pid = {b_pid}"
                        f" AND relation = '{s}.runs'::regclass") == (True,)
+
+
+def test_a_tenant_granted_before_channels_submits_on_the_schemas_channel(
+        shared: Shared) -> None:
+    """Until grant_tenant runs again for it, such a tenant has no channel of its own and
+    no access to the others': it still submits, and the admin's workers hear it."""
+    table = f'"{shared.schema}".{CHANNELS_TABLE}'
+    _sql(f'REVOKE ALL ON {table} FROM "{shared.roles[0]}"')
+    _sql(f"DELETE FROM {table} WHERE tenant = %s", (shared.roles[0],))
+    with open_store(shared.urls[0]) as a_store, open_store(shared.admin) as admin_store:
+        admin_queue = queue_of(admin_store)
+        admin_queue.wait(0.0)
+        heard = _heard_before_marker(shared.admin, f"agentjournal_{shared.schema}",
+                                     partial(submit, a_store, "tests.agents:a", "A", "a-1"))
+        assert len(heard) == 1 and admin_queue.wait(HANG_GUARD)

@@ -170,7 +170,8 @@ class PostgresQueue:
 
     def _channels(self, cur: psycopg.Cursor[Any]) -> tuple[str, list[str]]:
         """(the channel this role notifies, the channels its workers listen on)."""
-        cur.execute("SELECT to_regclass(%s) IS NOT NULL",
+        # (A tenant granted by an older release may not read the table: no channel.)
+        cur.execute("SELECT has_table_privilege(to_regclass(%s)::oid, 'SELECT')",
                     (sql.Identifier(self.store.schema, CHANNELS_TABLE).as_string(cur),))
         rows: list[tuple[bool, str]] = []
         if cur.fetchone() == (True,):  # row-level security: a tenant reads its own row only

@@ -16,7 +16,14 @@ The admin (the owner) calls these with its own URL; tenants then open the store 
 theirs, e.g. ``postgresql://tenant_a@db:5432/app?schema=agentjournal``. Opening an
 up-to-date schema runs no DDL, so a tenant needs only what :func:`grant_tenant`
 gives. A later release's migration is run by the admin first (opening the store with
-the admin's URL), then :func:`grant_tenant` again for each tenant (new tables).
+the admin's URL), then :func:`grant_tenant` again for each tenant (new tables, columns).
+
+A tenant cannot stall the others by locking the tables every write uses: it holds no
+table-wide UPDATE, DELETE or TRUNCATE on ``runs``, ``events`` or ``queue`` (UPDATE is
+granted column by column), which ``LOCK TABLE`` needs; the locks it can still take are
+bounded by the store's ``lock_timeout`` (docs/tenants.md). Its workers wait on a
+``LISTEN`` channel of its own, named at random in ``tenant_channels`` (which row-level
+security lets only it and the admin read), so no tenant hears another's submits.
 """
 
 from __future__ import annotations
@@ -169,8 +176,9 @@ def _check_role(conn: psycopg.Connection[tuple[object, ...]], schema: str, role:
 
 def grant_tenant(admin_url: str, schema: str | None, role: str) -> None:
     """Let the existing ``role`` use the store at ``admin_url`` as a tenant: USAGE on the
-    schema, SELECT/INSERT/UPDATE/DELETE on the tenant tables (row-level security limits
-    it to its own rows), SELECT on ``quarantine`` and ``schema_version``.
+    schema, what :data:`TABLE_PRIVILEGES` and :data:`UPDATED_TABLES` say on the tenant
+    tables (row-level security limits it to its own rows), SELECT on ``quarantine`` and
+    ``schema_version``, and a notification channel of its own.
 
     ``admin_url`` is a store URL of the tables' owner; ``schema`` overrides its
     ``?schema=`` (None: the URL's, or the default). The schema is created and migrated
