@@ -353,7 +353,8 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, 
     The fork records its origin and keeps the origin's idempotency scope, so
     it never re-executes an effect its prefix recorded, nor one its origin (or any
     run of the scope) recorded after ``at_seq``: the loop asks the scope's other
-    runs before making an effect (see peers.py). The world does not fork.
+    runs before making an effect (see peers.py). The world does not fork; the files
+    of its workspace do, so a tool declared ``local`` (one that edits them) is called.
 
     ``new_run_id`` omitted asks for a new id; an empty one is refused
     (InvalidRunIdError), never replaced by a made-up one.

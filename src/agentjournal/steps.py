@@ -6,6 +6,7 @@ is relied on. A tool call is:
     completed key  -> serve the stored result (same arguments only), do not call the tool
     uncertain key  -> recovery (settle.py: reconcile or a person), never a blind call
     key done, or left uncertain, by another run of the scope -> the same, from there
+                     (not for a tool declared ``local``: its effect stays with its run)
     otherwise      -> policy -> tool_call_started (durable) -> invoke -> completed
 
 The calls of one turn that are cleared to run start together, in one batch of
@@ -302,7 +303,7 @@ class StepMachine(Settling):
                 return False
         if key in j.state.completed:
             return (yield from self._clear(j, call))  # settled as found: serve it
-        if tool.effect is not Effect.READ_ONLY and not (
+        if tool.effect is not Effect.READ_ONLY and not tool.local and not (
                 yield from self._clear_in_scope(j, call, tool, key)):
             return j.state.status == "running"  # answered from another run, or stopped
         decision = self.policy.decide(call, tool, j.state)
