@@ -1,9 +1,14 @@
 """The queue on PostgreSQL: workers on many hosts, a claim is one statement.
 
-Idle workers wait on ``LISTEN`` (a channel per schema) with a poll as the
-fallback; ``NOTIFY`` is only a coalesced hint, sent in the transaction that
-made a run runnable, never the carrier of work (Postgres serialises notifying
-commits, so the work itself stays in the table).
+Idle workers wait on ``LISTEN`` with a poll as the fallback; ``NOTIFY`` is only a
+coalesced hint, sent in the transaction that made a run runnable, never the carrier
+of work (Postgres serialises notifying commits, so the work itself stays in the table).
+
+The channel: a tenant's own (store/tenants.py: a random name only it and the admin can
+read, since anyone may LISTEN on a channel they can name), so no tenant hears another's
+submits; for any other role (the admin, a tenant granted by an older release) the
+schema's. The admin's workers claim every tenant's runs, so they listen on the schema's
+channel and on every tenant's, looking for new tenants each time they wait.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from ..errors import RunMismatchError
 from ..store import Lease
 from ..store.base import validate_run_id
 from ..store.postgres import PostgresStore
+from ..store.tenants import CHANNELS_TABLE
 from .queue import Claim, QueuedRun, QueueState, WorkerInfo
 
 # Runnable: submitted or handed back; running on an expired lease (its worker died);
@@ -66,8 +72,10 @@ FROM mine WHERE q.run_id = mine.run_id RETURNING q.run_id
 class PostgresQueue:
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
-        self.channel = f"agentjournal_{store.schema}"
+        self.schema_channel = f"agentjournal_{store.schema}"
+        self._own: str | None = None  # the channel this role notifies, once looked up
         self._listener: psycopg.Connection[Any] | None = None
+        self._heard: set[str] = set()  # the channels the listener is listening on
         self._claim, self._hand_back = (store._q(text) for text in (_CLAIM, _HAND_BACK))
 
     def submit(self, run_id: str, agent: str, task: str, *, queue: str = "default",
@@ -162,8 +170,25 @@ class PostgresQueue:
 
     # --- wake-ups --------------------------------------------------------------------
 
+    def _channels(self, cur: psycopg.Cursor[Any]) -> tuple[str, list[str]]:
+        """(the channel this role notifies, the channels its workers listen on)."""
+        # (A tenant granted by an older release may not read the table: no channel.)
+        cur.execute("SELECT has_table_privilege(to_regclass(%s)::oid, 'SELECT')",
+                    (sql.Identifier(self.store.schema, CHANNELS_TABLE).as_string(cur),))
+        rows: list[tuple[bool, str]] = []
+        if cur.fetchone() == (True,):  # row-level security: a tenant reads its own row only
+            cur.execute(sql.SQL("SELECT tenant = current_user, channel FROM {}").format(
+                sql.Identifier(self.store.schema, CHANNELS_TABLE)))
+            rows = cur.fetchall()
+        own = [channel for mine, channel in rows if mine]
+        if own:
+            return own[0], own
+        return self.schema_channel, [self.schema_channel, *(channel for _, channel in rows)]
+
     def _notify(self, cur: psycopg.Cursor[Any]) -> None:
-        cur.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(self.channel)))
+        if self._own is None:
+            self._own = self._channels(cur)[0]
+        cur.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(self._own)))
 
     def wake(self) -> None:
         with self.store._write(None) as cur:
@@ -186,9 +211,15 @@ class PostgresQueue:
 
     def _listen(self) -> psycopg.Connection[Any]:
         if self._listener is None or self._listener.closed:
-            conn = psycopg.connect(self.store.dsn, autocommit=True)
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-            self._listener = conn
+            self._listener = psycopg.connect(self.store.dsn, autocommit=True)
+            self._heard = set()
+        if not self._heard or self._own == self.schema_channel:  # the admin: new tenants?
+            with self._listener.cursor() as cur:
+                own, channels = self._channels(cur)
+                self._own = own
+                for channel in set(channels) - self._heard:
+                    cur.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self._heard.add(channel)
         return self._listener
 
     def _drop_listener(self) -> None:
@@ -196,6 +227,7 @@ class PostgresQueue:
             with contextlib.suppress(psycopg.Error):
                 self._listener.close()
             self._listener = None
+            self._heard = set()
 
     def close(self) -> None:
         self._drop_listener()
