@@ -28,8 +28,9 @@ from .events import Event, EventType, render
 #: marked stale (``observations``); status cancelled; workspace checkpoints
 #: (``workspace``; a change made while the run was down, or a restore, is told to the
 #: model, after the results of the calls it awaits: ``notes``). v7: a drift the workspace
-#: guards kept from being compared is told to the model too.
-FOLD_VERSION = 7
+#: guards kept from being compared is told to the model too. v8: a freshness check made
+#: for a call about to run (``for_call``) is told to the model too, after the results.
+FOLD_VERSION = 8
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -576,7 +577,8 @@ def _saga_finished(st: RunState, ev: Event) -> None:
 
 def _observations_checked(st: RunState, ev: Event) -> None:
     # Each item supersedes its result in the context (re-read) or says it may no longer
-    # hold (stale); one message tells the model what changed, before its next turn.
+    # hold (stale); one note tells the model what it read then, what holds now and how
+    # old it was, before its next turn (after the results it awaits, as every note).
     lines = []
     for item in ev.payload.get("items", ()):
         at = _tool_result(st, item["call_id"])
@@ -598,11 +600,11 @@ def _observations_checked(st: RunState, ev: Event) -> None:
         else:
             lines.append(f"{label}, may no longer hold: {item.get('why', 'not re-read')}")
             st.observations.pop(item["call_id"], None)
-    if lines and not st.awaiting:  # never between a turn's calls and their results
-        st.messages.append(Message(
-            role="user", trust=ev.payload.get("trust", "tool"), seq=ev.seq,
-            content="The world since this run last looked:\n" + "\n".join(
-                f"- {line}" for line in lines)))
+    if not lines or (st.awaiting and "for_call" not in ev.payload):
+        return  # a check for a call, written before fold v8: only its denial told the model
+    _tell(st, Message(role="user", trust=ev.payload.get("trust", "tool"), seq=ev.seq,
+                      content="The world since this run last looked:\n" + "\n".join(
+                          f"- {line}" for line in lines)))
 
 
 def _workspace_checkpoint(st: RunState, ev: Event) -> None:

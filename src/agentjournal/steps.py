@@ -510,22 +510,26 @@ class StepMachine(Settling):
     def _fresh_enough(self, j: RunJournal, call: ToolCall, tool: Tool) -> Steps[bool]:
         """Before ``tool`` runs, the observations it ``requires_fresh`` are re-read if
         they aged past their freshness; if one changed (or could not be re-read), the
-        call is denied with what changed, and the model decides again."""
+        call is denied naming it, and the model decides again. What it read then, what
+        holds now and the age are told as before any turn: the check's note, which the
+        fold holds until the turn's last result is in."""
         due = _due(j, [o for o in j.state.observations.values()
                        if o.tool in tool.requires_fresh])
         if not due:
             return True
-        items = yield from self._recheck(j, due)
-        moved = [i for i in items if i["verdict"] != "unchanged"]
+        items = yield from self._recheck(j, due, for_call=call.id)
+        moved = [f"{i['tool']}({render(i['args'])})" for i in items
+                 if i["verdict"] != "unchanged"]
         if not moved:
             return True
-        self._deny(j, call, None, "what it was decided on may no longer hold: " + "; ".join(
-            f"{i['tool']}({render(i['args'])}) changed to {render(i['result'])}"
-            if i["verdict"] == "changed" else f"{i['tool']}({render(i['args'])}): {i['why']}"
-            for i in moved) + "; decide again on what you read now")
+        self._deny(j, call, None, (
+            f"what it was decided on may no longer hold: {', '.join(moved)} changed or could "
+            "not be read again; the note after these results says what you read then and "
+            "what holds now; decide again on what you read now"))
         return False
 
-    def _recheck(self, j: RunJournal, due: list[Observation]) -> Steps[list[dict[str, Any]]]:
+    def _recheck(self, j: RunJournal, due: list[Observation],
+                 for_call: str | None = None) -> Steps[list[dict[str, Any]]]:
         now = datetime.now(UTC)
         rereads = [(o, t) for o in due if (t := self.tools.get(o.tool)) is not None
                    and t.effect is Effect.READ_ONLY]
@@ -538,7 +542,8 @@ class StepMachine(Settling):
                  for o in due]
         untrusted = any(self.tools[o.tool].untrusted for o in due if o.tool in self.tools)
         j.record(E.OBSERVATIONS_CHECKED, items=items,
-                 **({"trust": "untrusted"} if untrusted else {}))
+                 **({"trust": "untrusted"} if untrusted else {}),
+                 **({"for_call": for_call} if for_call is not None else {}))
         return items
 
     def _reread(self, j: RunJournal, o: Observation, tool: Tool) -> Call:
