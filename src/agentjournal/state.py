@@ -29,7 +29,8 @@ from .events import Event, EventType, render
 #: (``workspace``; a change made while the run was down, or a restore, is told to the
 #: model, after the results of the calls it awaits: ``notes``). v7: a drift the workspace
 #: guards kept from being compared is told to the model too. v8: a freshness check made
-#: for a call about to run (``for_call``) is told to the model too, after the results.
+#: for a call about to run (``for_call``) is told to the model too, after the results; a
+#: tool call may stand in for arguments over the size limit (``ToolCall.too_large``).
 FOLD_VERSION = 8
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
@@ -51,6 +52,9 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc
     args: dict[str, Any] = msgspec.field(default_factory=dict)
     #: What the model sent when it was not a JSON object (``args`` is then empty).
     raw_arguments: str | None = None
+    #: Bytes of arguments over the run's limit, not kept (``args`` is then empty): the
+    #: call is denied, never made with the empty arguments (limits.py).
+    too_large: int | None = None
 
 
 class Message(msgspec.Struct, kw_only=True, gc=False):
@@ -321,7 +325,7 @@ def _user_message(st: RunState, ev: Event) -> None:
 def _model_turn(st: RunState, ev: Event) -> None:
     p = ev.payload
     calls = tuple(ToolCall(id=c["id"], name=c["name"], args=c.get("args") or {},
-                           raw_arguments=c.get("raw_arguments"))
+                           raw_arguments=c.get("raw_arguments"), too_large=c.get("too_large"))
                   for c in p.get("tool_calls", ()))
     st.messages.append(
         Message(

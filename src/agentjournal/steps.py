@@ -30,6 +30,7 @@ from .errors import EncodingError
 from .events import EventType, render
 from .faults import fault_point
 from .keys import canonical_args, idempotency_key
+from .limits import args_refused, result_over, within_args_limit
 from .metrics import METRICS
 from .models import Model, ModelError, ModelRequest, ModelResponse, in_background, stop_kind
 from .ops import Ask, Begin, Call, Collect, Invoke, Outcome, Sleep, Steps
@@ -90,6 +91,8 @@ class StepMachine(Settling):
     tool_timeout: float | None
     stuck_after: float | None
     workspace: Workspace | None
+    max_args_bytes: int | None
+    max_result_bytes: int | None
 
     def _drive(self, j: RunJournal, stop: threading.Event | None = None) -> Steps[None]:
         """The loop, with every staged fact stored before the world is waited on."""
@@ -208,7 +211,9 @@ class StepMachine(Settling):
 
     def _record_turn(self, j: RunJournal, response: ModelResponse, latency_ms: float) -> None:
         """The turn, with what it means for the run, in one batch: a final answer and
-        the finish stand together; a turn cut short pauses the run instead."""
+        the finish stand together; a turn cut short pauses the run instead. Arguments
+        over the limit are recorded as their size only (limits.py), then denied."""
+        response = within_args_limit(response, self.max_args_bytes)
         turn: list[Fact] = [(E.MODEL_TURN, self._turn_payload(response, latency_ms))]
         kind = stop_kind(response)
         if response.tool_calls or kind == "continue":
@@ -274,6 +279,8 @@ class StepMachine(Settling):
     def _clear(self, j: RunJournal, call: ToolCall) -> Steps[Ready | bool]:
         """The call, its tool and key when it may run now; True when it was answered
         without running (served, denied); False when the run must stop here."""
+        if call.too_large is not None:  # its arguments were not kept: never make it
+            return self._deny(j, call, None, args_refused(call.too_large, self.max_args_bytes))
         tool = self.tools.get(call.name)
         if tool is None:
             return self._deny(j, call, None, f"unknown tool {call.name!r}")
@@ -456,6 +463,12 @@ class StepMachine(Settling):
             # the call is never made again; the model is told, never given a repr.
             extra.update(result=None, is_error=True, encoding_error=str(exc),
                          content=not_kept(str(exc)))
+        else:
+            # Too large to keep: the same, with the result's size and digest kept instead
+            # of it. The effect happened, so the call is completed all the same.
+            if (over := result_over(extra["result"], self.max_result_bytes)) is not None:
+                extra.update(result=None, is_error=True, content=not_kept(
+                    over["encoding_error"]), **over)
         return (E.TOOL_CALL_COMPLETED, {
             "started_seq": started_seq, "call_id": call.id, "tool": call.name,
             "idempotency_key": key, "source": source, **extra})
@@ -555,8 +568,7 @@ class StepMachine(Settling):
                     timeout=self._timeout_of(tool), guard=CallGuard(), name=tool.name,
                     is_async=tool.is_async)
 
-    @staticmethod
-    def _checked(j: RunJournal, o: Observation, outcome: Outcome | None,
+    def _checked(self, j: RunJournal, o: Observation, outcome: Outcome | None,
                  age: float) -> dict[str, Any]:
         item: dict[str, Any] = {"call_id": o.call_id, "tool": o.tool, "args": o.args,
                                 "observed_seq": o.seq, "age_s": round(age, 3)}
@@ -570,6 +582,9 @@ class StepMachine(Settling):
             result = to_json(outcome.value)
         except EncodingError as exc:
             return {**item, "verdict": "stale", "why": f"the re-read result was not kept: {exc}"}
+        if (over := result_over(result, self.max_result_bytes)) is not None:
+            return {**item, "verdict": "stale",
+                    "why": f"the re-read result was not kept: {over['encoding_error']}"}
         before = j.state.completed.get(o.key) if o.key else None
         seen = next(m.content for m in reversed(j.state.messages) if m.tool_call_id == o.call_id)
         same = (before.result == result) if before is not None else seen == render(result)
