@@ -29,6 +29,7 @@ from agentjournal import (
 )
 from agentjournal.journal import fork
 from agentjournal.state import ToolCall
+from agentjournal.tools import Found
 
 from .conftest import backend_params
 
@@ -219,4 +220,35 @@ def test_a_re_read_result_over_the_limit_is_marked_stale(tmp_path: Any) -> None:
         assert item["verdict"] == "stale" and "over the limit of 10,000" in item["why"]
         note = requests[0].messages[-1].content
         assert "may no longer hold: the re-read result was not kept: it was 50,011 bytes" in note
+        assert PIECE not in stored(store, "r1")
+
+
+@backend_params()
+def test_a_result_found_by_reconciliation_over_the_limit_is_kept_as_its_size(
+        store_url: str) -> None:
+    """An uncertain call whose lookup finds it done: completed with its key, and neither
+    the completion nor the verdict's evidence keeps the big result."""
+    made: list[str] = []
+
+    def find(call: Any) -> Found:
+        return Found({"ref": "e1", "rows": BIG})
+
+    @tool(effect="irreversible", identity=["ref"], reconcile=find)
+    def export(ref: str) -> str:
+        made.append(ref)
+        raise ConnectionError("the connection dropped after the request was sent")
+
+    agent = Agent(ScriptedModel([calls(("export", {"ref": "e1"})), reply("done")]), [export],
+                  max_result_bytes=LIMIT)
+    with open_store(store_url) as store:
+        assert agent.run(store, "r1", "export").status == "finished"
+        assert made == ["e1"]
+        log = list(store.read("r1"))
+        verdict = next(e.payload for e in log if e.type is E.TOOL_CALL_RECONCILED)
+        assert verdict["verdict"] == "found"
+        assert "over the limit of 10,000" in verdict["evidence"]["not_kept"]
+        assert verdict["evidence"]["bytes"] == 50_022
+        done = next(e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED)
+        assert done["idempotency_key"] and done["source"] == "reconciliation"
+        assert done["result"] is None and done["result_bytes"] == 50_022
         assert PIECE not in stored(store, "r1")
