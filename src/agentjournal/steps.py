@@ -531,14 +531,15 @@ class StepMachine(Settling):
         if not due:
             return True
         items = yield from self._recheck(j, due, for_call=call.id)
-        moved = [f"{i['tool']}({render(i['args'])})" for i in items
-                 if i["verdict"] != "unchanged"]
+        moved = [f"{i['tool']}({render(i['args'])}) "
+                 + ("changed" if i["verdict"] == "changed" else "could not be read again")
+                 for i in items if i["verdict"] != "unchanged"]
         if not moved:
             return True
         self._deny(j, call, None, (
-            f"what it was decided on may no longer hold: {', '.join(moved)} changed or could "
-            "not be read again; the note after these results says what you read then and "
-            "what holds now; decide again on what you read now"))
+            f"what it was decided on may no longer hold: {'; '.join(moved)}; the note "
+            "after these results says what you read then and what holds now; decide again "
+            "on what you read now"))
         return False
 
     def _recheck(self, j: RunJournal, due: list[Observation],
