@@ -252,3 +252,33 @@ def test_a_result_found_by_reconciliation_over_the_limit_is_kept_as_its_size(
         assert done["idempotency_key"] and done["source"] == "reconciliation"
         assert done["result"] is None and done["result_bytes"] == 50_022
         assert PIECE not in stored(store, "r1")
+
+
+@backend_params()
+def test_a_result_not_kept_is_told_so_to_another_run_of_the_scope(store_url: str) -> None:
+    """Run B of the same operation is answered from run A's completion: told the result
+    was not kept, never given null as a success."""
+    made: list[str] = []
+
+    @tool(effect="irreversible", identity=["ref"])
+    def export(ref: str) -> dict[str, Any]:
+        made.append(ref)
+        return {"ref": ref, "rows": BIG}
+
+    requests: list[ModelRequest] = []
+
+    def agent() -> Agent:
+        return Agent(ScriptedModel([calls(("export", {"ref": "e1"})),
+                                    seen_by(requests, reply("done"))]),
+                     [export], max_result_bytes=LIMIT)
+
+    with open_store(store_url) as store:
+        agent().run(store, "a", "export", scope="op-1")
+        agent().run(store, "b", "export", scope="op-1")
+        assert made == ["e1"]
+        told = [next(m for m in r.messages if m.role == "tool") for r in requests]
+        assert told[1].is_error and told[1].content == told[0].content
+        assert "over the limit of 10,000" in told[1].content
+        done = next(e.payload for e in store.read("b") if e.type is E.TOOL_CALL_COMPLETED)
+        assert done["source"] == "scope" and done["result"] is None
+        assert "over the limit" in done["encoding_error"]

@@ -78,17 +78,16 @@ def args_refused(size: int, limit: int | None) -> str:
             "or pass a reference (a path, a URL, an id) instead of the content")
 
 
-def result_over(result: Any, limit: int | None) -> dict[str, Any] | None:
-    """For a result (plain JSON data) over ``limit`` bytes, what the completion keeps
-    instead: why, its size and its sha256, so a person can match it with the receiver's
-    record. None when it may be kept."""
+def result_over(result: Any, limit: int | None) -> tuple[str, dict[str, Any]] | None:
+    """For a result (plain JSON data) over ``limit`` bytes: why it is not kept, and what is
+    kept instead (its size and sha256, so a person can match it with the receiver's
+    record). None when it may be kept."""
     if limit is None:
         return None
     body = msgspec.json.encode(result, order="sorted")  # canonical: it is plain JSON data
     if len(body) <= limit:
         return None
-    return {"encoding_error": (
-                f"it was {len(body):,} bytes, over the limit of {limit:,} bytes "
-                "(max_result_bytes); make the tool return less (a page, a summary, a "
-                "reference to where the rest is)"),
-            "result_bytes": len(body), "result_sha256": hashlib.sha256(body).hexdigest()}
+    why = (f"it was {len(body):,} bytes, over the limit of {limit:,} bytes "
+           "(max_result_bytes); make the tool return less (a page, a summary, a reference "
+           "to where the rest is)")
+    return why, {"result_bytes": len(body), "result_sha256": hashlib.sha256(body).hexdigest()}

@@ -71,8 +71,8 @@ def as_json(value: Any, limit: int | None = None) -> Any:
         return {"not_kept": str(exc)}
     if (over := result_over(plain, limit)) is None:
         return plain
-    return {"not_kept": over["encoding_error"], "bytes": over["result_bytes"],
-            "sha256": over["result_sha256"]}
+    why, size = over
+    return {"not_kept": why, "bytes": size["result_bytes"], "sha256": size["result_sha256"]}
 
 
 class Settling:
@@ -87,7 +87,8 @@ class Settling:
         def _execute(self, j: RunJournal, ready: list[Ready]) -> Steps[bool]: ...
         def _completion(self, started_seq: int | None, call: ToolCall, key: str, result: Any,
                         *, source: str, args: dict[str, Any] | None = None,
-                        origin: dict[str, Any] | None = None) -> Fact: ...
+                        origin: dict[str, Any] | None = None,
+                        not_kept_why: str | None = None) -> Fact: ...
         def _guarded(self, j: RunJournal, facts: list[Fact]) -> list[Fact]: ...
         def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str) -> bool: ...
 
@@ -137,7 +138,7 @@ class Settling:
             return False
         done = self._completion(p.started_seq, self._call_of(j, None, p), p.key,
                                 other.done.result, source="scope", args=p.args,
-                                origin=other.where)
+                                origin=other.where, not_kept_why=other.done.error)
         found_at: dict[str, Any] = {"from": other.where}  # this run's start, their effect
         return self._verdict(j, p, "found", evidence=self._evidence(other.done.result),
                              then=self._guarded(j, [done]), **found_at)
@@ -268,7 +269,8 @@ class Settling:
         # A completion here (not a served copy): later calls and forks of this run
         # find the key done in this log, and it says where the effect was made.
         j.record_all(self._guarded(j, [self._completion(
-            None, call, key, done.result, source="scope", args=done.args, origin=other.where)]))
+            None, call, key, done.result, source="scope", args=done.args, origin=other.where,
+            not_kept_why=done.error)]))
 
     def _settle_elsewhere(self, j: RunJournal, call: ToolCall, tool: Tool, other: Elsewhere,
                           p: PendingCall) -> Steps[bool]:

@@ -445,9 +445,11 @@ class StepMachine(Settling):
 
     def _completion(self, started_seq: int | None, call: ToolCall, key: str, result: Any, *,
                     source: str, args: dict[str, Any] | None = None,
-                    origin: dict[str, Any] | None = None) -> Fact:
+                    origin: dict[str, Any] | None = None,
+                    not_kept_why: str | None = None) -> Fact:
         """A completion. ``args`` when its start is not (or no longer) open in this run,
-        so the fold can keep them; ``origin`` names the run and seq it came from."""
+        so the fold can keep them; ``origin`` names the run and seq it came from;
+        ``not_kept_why`` why the run that made it kept no result (``CompletedCall.error``)."""
         tool = self.tools[call.name]
         extra: dict[str, Any] = {"trust": "untrusted"} if tool.untrusted else {}
         if tool.fresh_for is not None:
@@ -456,22 +458,28 @@ class StepMachine(Settling):
             extra["args"] = args
         if origin is not None:
             extra["from"] = origin
-        try:
-            extra["result"] = to_json(result)
-        except EncodingError as exc:
-            # The effect happened; only its result could not be kept. The key stays, so
-            # the call is never made again; the model is told, never given a repr.
-            extra.update(result=None, is_error=True, encoding_error=str(exc),
-                         content=not_kept(str(exc)))
-        else:
-            # Too large to keep: the same, with the result's size and digest kept instead
-            # of it. The effect happened, so the call is completed all the same.
-            if (over := result_over(extra["result"], self.max_result_bytes)) is not None:
-                extra.update(result=None, is_error=True, content=not_kept(
-                    over["encoding_error"]), **over)
+        extra.update(self._result_fields(result, not_kept_why))
         return (E.TOOL_CALL_COMPLETED, {
             "started_seq": started_seq, "call_id": call.id, "tool": call.name,
             "idempotency_key": key, "source": source, **extra})
+
+    def _result_fields(self, result: Any, not_kept_why: str | None) -> dict[str, Any]:
+        """The result as a completion holds it, or why it is not kept: no JSON form, or
+        over ``max_result_bytes`` (then its size and sha256 instead). The effect happened
+        either way: the key stays, so the call is never made again, and the model is told,
+        never given a repr or a part."""
+        over: dict[str, Any] = {}
+        if not_kept_why is None:
+            try:
+                plain = to_json(result)
+            except EncodingError as exc:
+                not_kept_why = str(exc)
+            else:
+                if (found := result_over(plain, self.max_result_bytes)) is None:
+                    return {"result": plain}
+                not_kept_why, over = found
+        return {"result": None, "is_error": True, "encoding_error": not_kept_why,
+                "content": not_kept(not_kept_why), **over}
 
     @staticmethod
     def _failure_fact(started_seq: int, call: ToolCall, error: str) -> Fact:
@@ -584,8 +592,8 @@ class StepMachine(Settling):
         except EncodingError as exc:
             return {**item, "verdict": "stale", "why": f"the re-read result was not kept: {exc}"}
         if (over := result_over(result, self.max_result_bytes)) is not None:
-            return {**item, "verdict": "stale",
-                    "why": f"the re-read result was not kept: {over['encoding_error']}"}
+            why, _ = over
+            return {**item, "verdict": "stale", "why": f"the re-read result was not kept: {why}"}
         before = j.state.completed.get(o.key) if o.key else None
         seen = next(m.content for m in reversed(j.state.messages) if m.tool_call_id == o.call_id)
         same = (before.result == result) if before is not None else seen == render(result)
