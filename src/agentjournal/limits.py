@@ -1,8 +1,8 @@
 """Size limits on what a tool call carries (``Agent(max_args_bytes=, max_result_bytes=)``).
 
-Unbounded, 10 MB of arguments was stored about four times (the turn, the provider's
-items that repeat them, the call's start, a snapshot's tail) and sent back to the model
-at every later turn. Sizes are of the canonical JSON the log would hold.
+Unbounded, 10 MB of arguments was stored three times (the turn's calls, the provider's
+items that repeat them, the call's start), more with each snapshot of the run's tail, and
+sent back to the model at every later turn. Sizes are of the JSON the log would hold.
 
 Arguments over the limit come from the model, before anything happened: the turn is
 recorded with a stand-in (empty arguments and their size, ``too_large``), the call is
@@ -20,7 +20,6 @@ from typing import Any
 
 import msgspec
 
-from .keys import canonical_args
 from .models import ModelResponse
 from .state import ToolCall
 
@@ -36,11 +35,19 @@ def checked_limit(name: str, value: int | None) -> int | None:
     return value
 
 
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as the log holds it (canonical JSON: compact, keys sorted)."""
+    return len(msgspec.json.encode(value, order="sorted"))
+
+
 def args_size(call: ToolCall) -> int:
     """Bytes of the arguments as the log would hold them (the raw text, if not JSON)."""
     if call.raw_arguments is not None:
         return len(call.raw_arguments.encode())
-    return len(canonical_args(call.args))
+    try:
+        return json_size(call.args)
+    except (TypeError, msgspec.EncodeError):
+        return 0  # no JSON form: refused where the turn is encoded, as it always was
 
 
 def within_args_limit(response: ModelResponse, limit: int | None) -> ModelResponse:
@@ -63,7 +70,7 @@ def _without_large_arguments(item: dict[str, Any], limit: int) -> dict[str, Any]
     out = dict(item)
     for field in ("input", "arguments"):
         value = item.get(field)
-        if isinstance(value, dict) and len(canonical_args(value)) > limit:
+        if isinstance(value, dict) and json_size(value) > limit:
             out[field] = {}
         elif isinstance(value, str) and len(value.encode()) > limit:
             out[field] = "{}"
