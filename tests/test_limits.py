@@ -282,3 +282,31 @@ def test_a_result_not_kept_is_told_so_to_another_run_of_the_scope(store_url: str
         done = next(e.payload for e in store.read("b") if e.type is E.TOOL_CALL_COMPLETED)
         assert done["source"] == "scope" and done["result"] is None
         assert "over the limit" in done["encoding_error"]
+
+
+# --- through the real provider adapters, against the loopback stub --------------------
+
+
+@pytest.mark.parametrize("provider", ["openai-chat", "openai-responses", "anthropic"])
+def test_a_provider_is_sent_the_stand_in_and_accepts_it(provider: str, tmp_path: Any) -> None:
+    """The turn the provider gets back holds the stand-in (its reasoning or thinking
+    untouched), the stub accepts every request as the real API would, no order is placed,
+    and none of the big arguments is stored."""
+    from agentjournal.testing.llm_stub import Reply, StubServer
+
+    from .test_real_models import Receiver, drive, model_bodies, tool_results
+
+    receiver = Receiver()
+    with StubServer() as stub, open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        stub.script([Reply(calls=[("place_order", {"order_id": BIG, "qty": 1}),
+                                  ("lookup", {"city": "Oslo"})],
+                           reasoning=True, thinking=True),
+                     Reply(text="sorry")])
+        result = drive(provider, stub, store, receiver.tools(), max_args_bytes=LIMIT)
+        assert result.status == "finished" and stub.rejections == []
+        assert receiver.effects == {} and receiver.lookups == {"Oslo": 1}
+        again = model_bodies(stub, provider)[1]
+        assert BIG not in msgspec.json.encode(again).decode()
+        told = list(tool_results(provider, again).values())
+        assert any("over the limit of 10,000 bytes" in str(t) for t in told)
+        assert PIECE not in stored(store, "r1")
