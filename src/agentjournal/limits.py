@@ -9,8 +9,11 @@ recorded with a stand-in (empty arguments and their size, ``too_large``), the ca
 denied with the reason, and the model asks again; the run goes on. A result over the
 limit comes after the effect: the call is completed with its key (never made again) and
 the completion keeps the result's size and sha256 instead of the result, as a result with
-no JSON form is kept (``CompletedCall.error``). Nothing is cut short: what is not kept is
-recorded as not kept, with its size.
+no JSON form is kept (``CompletedCall.error``), and the model is told so. Why not keep it
+once: the limit bounds what the log, each snapshot and every later request carry, and a
+part of it would be another result; the receiver still has it, and the digest lets a
+person match it. Nothing is cut short: what is not kept is recorded as not kept, with
+its size.
 """
 
 from __future__ import annotations
