@@ -349,7 +349,7 @@ def test_a_tenant_granted_before_segments_writes_them_after_the_upgrade(
     snapshots, so a tenant granted by an older release keeps its snapshots."""
     s, role = f'"{shared.schema}"', shared.roles[0]
     _sql(f"DROP TABLE {s}.segments")  # the schema as the release before left it
-    _sql(f"DELETE FROM {s}.schema_version WHERE version = 8")
+    _sql(f"DELETE FROM {s}.schema_version WHERE version >= 8")  # (later ones run again)
     open_store(shared.admin).close()  # the admin opens it: migrated
     with open_store(shared.urls[0]) as tenant:
         events = make_events("a-run", 0, 0, _facts("hello"))

@@ -63,7 +63,8 @@ def within_args_limit(response: ModelResponse, limit: int | None) -> ModelRespon
     sizes = [args_size(c) for c in response.tool_calls]
     if all(size <= limit for size in sizes):
         return response
-    tool_calls = [c if size <= limit else ToolCall(id=c.id, name=c.name, too_large=size)
+    tool_calls = [c if size <= limit else msgspec.structs.replace(
+                      c, args={}, raw_arguments=None, too_large=size)
                   for c, size in zip(response.tool_calls, sizes, strict=True)]
     items = [_without_large_arguments(item, limit) for item in response.items]
     return msgspec.structs.replace(response, tool_calls=tool_calls, items=items)

@@ -6,7 +6,7 @@ worker died, the tool raised after sending, it timed out. Recovery runs these
 rules before the model is asked anything, and a call that meets an uncertain
 key on its way runs them too:
 
-    another run of the scope completed the key  -> found there
+    another run of the scope completed the key  -> found there (a tool not ``local``)
     the tool has a lookup                       -> found / absent / conflict / unknown
     read-only or idempotent, retry not blocked  -> retry with the same key
     otherwise                                   -> a person decides (the run pauses)
@@ -110,7 +110,7 @@ class Settling:
         tool = self.tools.get(p.tool)
         if tool is None:
             return self._verdict(j, p, "unknown", reason=f"tool {p.tool!r} is not registered")
-        if tool.effect is not Effect.READ_ONLY and self._done_in_scope(j, p):
+        if tool.effect is not Effect.READ_ONLY and not tool.local and self._done_in_scope(j, p):
             return True
         if tool.reconcile is not None:
             evidence = yield from self._look_up(tool, p)

@@ -6,6 +6,7 @@ is relied on. A tool call is:
     completed key  -> serve the stored result (same arguments only), do not call the tool
     uncertain key  -> recovery (settle.py: reconcile or a person), never a blind call
     key done, or left uncertain, by another run of the scope -> the same, from there
+                     (not for a tool declared ``local``: its effect stays with its run)
     otherwise      -> policy -> tool_call_started (durable) -> invoke -> completed
 
 The calls of one turn that are cleared to run start together, in one batch of
@@ -20,6 +21,7 @@ import functools
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -192,10 +194,9 @@ class StepMachine(Settling):
                 "lost": error.lost, **{k: v for k, v in detail.items() if v is not None}}
 
     def _retry_wait(self, error: ModelError, attempt: int) -> float | None:
-        """Seconds to wait before asking again, or None to stop asking."""
-        if error.lost:
-            return 0.0 if attempt <= self.model_retries else None  # the call is gone: ask anew
-        if not error.retryable or attempt > self.model_retries:
+        """Seconds to wait before asking again, or None to stop asking. A lost background
+        call (the provider no longer has it) is asked anew after the same backoff."""
+        if not (error.retryable or error.lost) or attempt > self.model_retries:
             return None
         backoff = min(self.model_backoff * 2 ** (attempt - 1), 8.0)
         wait = max(backoff, error.retry_after or 0.0)
@@ -214,7 +215,14 @@ class StepMachine(Settling):
         the finish stand together; a turn cut short pauses the run instead. Arguments
         over the limit are recorded as their size only (limits.py), then denied."""
         response = within_args_limit(response, self.max_args_bytes)
-        turn: list[Fact] = [(E.MODEL_TURN, self._turn_payload(response, latency_ms))]
+        given = [c.id for c in response.tool_calls]
+        response = msgspec.structs.replace(response, tool_calls=distinct_ids(
+            response.tool_calls, j.state.turns, j.call_ids_in_context()))
+        payload = self._turn_payload(response, latency_ms)
+        for call, provider_id in zip(payload["tool_calls"], given, strict=True):
+            if call["id"] != provider_id:  # what the provider sent, for the record
+                call["provider_id"] = provider_id
+        turn: list[Fact] = [(E.MODEL_TURN, payload)]
         kind = stop_kind(response)
         if response.tool_calls or kind == "continue":
             pass  # calls to answer, or a paused turn the provider continues when asked
@@ -309,7 +317,7 @@ class StepMachine(Settling):
                 return False
         if key in j.state.completed:
             return (yield from self._clear(j, call))  # settled as found: serve it
-        if tool.effect is not Effect.READ_ONLY and not (
+        if tool.effect is not Effect.READ_ONLY and not tool.local and not (
                 yield from self._clear_in_scope(j, call, tool, key)):
             return j.state.status == "running"  # answered from another run, or stopped
         decision = self.policy.decide(call, tool, j.state)
@@ -640,6 +648,27 @@ class StepMachine(Settling):
         j.record_all([(E.BUDGET_EXCEEDED, {"budget": name, "limit": cap, "used": used}),
                       (E.RUN_PAUSED, {"reason": f"budget exceeded: {name} {used:g} of {cap:g}"})])
         return True
+
+
+def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[ToolCall]:
+    """``calls``, each with an id of its own: the provider's, unless it is empty, shared
+    by another call of the turn, or ``taken`` (by a call in the context), as some
+    OpenAI-compatible servers send them. Then ``call_{turn}_{place}`` (made unique),
+    which the turn records: a replay reads it, and results pair with their calls."""
+    given = Counter(c.id for c in calls)
+    used = set(given)  # this turn's; ``taken`` is the context's, not copied (it grows)
+    out = []
+    for place, call in enumerate(calls):
+        if call.id and given[call.id] == 1 and call.id not in taken:
+            out.append(call)
+            continue
+        derived = f"call_{turn}_{place}"
+        n = 1
+        while derived in used or derived in taken:
+            derived, n = f"call_{turn}_{place}_{n}", n + 1
+        used.add(derived)
+        out.append(msgspec.structs.replace(call, id=derived))
+    return out
 
 
 def _due(j: RunJournal, observations: Iterable[Observation]) -> list[Observation]:

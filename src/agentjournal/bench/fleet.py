@@ -124,7 +124,8 @@ def fleet_round(store: Store, url: str, workdir: Path, workers: int,
             with open(log, "wb") as err:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "agentjournal", "worker", "--store", url,
-                     "--queue", name, "--concurrency", str(CONCURRENCY), "--poll", "0.05",
+                     "--agents", AGENT_REF, "--queue", name,
+                     "--concurrency", str(CONCURRENCY), "--poll", "0.05",
                      "--ttl", "30", "--grace", "5"],
                     env=_env(), stdout=subprocess.DEVNULL, stderr=err))
         pids = {p.pid for p in procs}

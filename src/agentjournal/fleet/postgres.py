@@ -58,7 +58,7 @@ WITH mine AS (
 )
 UPDATE {s}.queue q SET state = %(state)s, worker = NULL, parked_seq = %(seq)s,
     crashes = CASE WHEN %(state)s IN ('done', 'waiting') THEN 0 ELSE q.crashes END,
-    changed_at = clock_timestamp()
+    reason = %(reason)s, changed_at = clock_timestamp()
 FROM mine WHERE q.run_id = mine.run_id RETURNING q.run_id
 """
 
@@ -101,10 +101,11 @@ class PostgresQueue:
         return Claim(lease=Lease(run_id, owner, int(epoch), float(until)), agent=agent,
                      task=task, queue=queue, crashes=int(crashes))
 
-    def hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+    def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
+                  reason: str | None = None) -> bool:
         with self.store._write(lease.run_id) as cur:
             cur.execute(self._hand_back, {"run": lease.run_id, "epoch": lease.epoch,
-                                          "state": state, "seq": at_seq})
+                                          "state": state, "seq": at_seq, "reason": reason})
             mine = bool(cur.fetchall())
             if mine and state == "queued":
                 self._notify(cur)
@@ -119,7 +120,8 @@ class PostgresQueue:
     def retry(self, run_id: str) -> bool:
         with self.store._write(run_id) as cur:
             cur.execute(self.store._q(
-                "UPDATE {s}.queue SET state = 'queued', crashes = 0, changed_at = now()"
+                "UPDATE {s}.queue SET state = 'queued', crashes = 0, reason = NULL,"
+                " changed_at = now()"
                 " WHERE run_id = %s AND state IN ('waiting', 'parked') RETURNING run_id"),
                 (run_id,))
             changed = bool(cur.fetchall())
@@ -132,12 +134,12 @@ class PostgresQueue:
             rows = conn.execute(self.store._q(
                 "SELECT q.run_id, q.queue, q.state, q.priority, q.agent, q.worker, q.crashes,"
                 " q.claims, extract(epoch FROM q.submitted_at)::float8,"
-                " extract(epoch FROM q.changed_at)::float8, " + _RUNNABLE
+                " extract(epoch FROM q.changed_at)::float8, q.reason, " + _RUNNABLE
                 + " FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id"
                 " ORDER BY q.submitted_at, q.run_id")).fetchall()
         return [QueuedRun(run_id=r[0], queue=r[1], state=r[2], priority=r[3], agent=r[4],
                           worker=r[5], crashes=r[6], claims=r[7], submitted_at=r[8],
-                          changed_at=r[9], runnable=bool(r[10])) for r in rows]
+                          changed_at=r[9], reason=r[10], runnable=bool(r[11])) for r in rows]
 
     def beat(self, worker: WorkerInfo) -> None:
         with self.store._write(None) as cur:

@@ -246,6 +246,10 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         END LOOP;
     END $$;
     """,
+    # Why a worker parked a run (a refused agent ref, a poison run): see fleet/queue.py.
+    """
+    ALTER TABLE {s}.queue ADD COLUMN IF NOT EXISTS reason text;
+    """,
 )
 
 # An append's one statement: move the run's end (its WHERE is the whole check) and,

@@ -1,6 +1,6 @@
 """Serve until killed:
 
-    python -m agentjournal.testing.llm_stub --port-file PATH [--script JSON_FILE]
+    python -m agentjournal.testing.llm_stub --port-file PATH [--script JSON_FILE] [--no-retrieve]
 
 The script file holds a JSON list of ``{"type": "reply"|"fail"|"drop"|"hang", ...kwargs}``.
 """
@@ -24,11 +24,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port-file", required=True, type=Path)
     parser.add_argument("--script", type=Path, help="JSON list of script items")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--no-retrieve", action="store_true",
+                        help="complete background responses inside create and answer 404 to "
+                             "retrieve, as several OpenAI-compatible servers do")
     args = parser.parse_args(argv)
     items = json.loads(args.script.read_text()) if args.script else []
     # SIGTERM should leave through the context manager, closing the socket.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with StubServer([item_from_json(i) for i in items], port=args.port) as stub:
+    script = [item_from_json(i) for i in items]
+    with StubServer(script, port=args.port, retrieve=not args.no_retrieve) as stub:
         # Written then renamed, so a poller never reads a half-written port.
         tmp = args.port_file.with_suffix(".tmp")
         tmp.write_text(str(stub.port))

@@ -39,6 +39,8 @@ class Reply:
 
     ``reasoning`` (Responses) and ``thinking`` (Anthropic) may be True or the text to use.
     ``delay`` is slept before answering; in background mode it is the time until ready.
+    ``call_ids``: the ids to send for the calls, in order, instead of fresh unique ones, as
+    some OpenAI-compatible servers do (``["", ""]``, ``["call_0", "call_0"]``).
     """
 
     text: str = ""
@@ -49,10 +51,17 @@ class Reply:
     redacted_thinking: bool = False
     delay: float = 0.0
     usage: Usage | Mapping[str, int] | None = None
+    call_ids: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.stop not in STOPS:
             raise ValueError(f"stop must be one of {STOPS}, not {self.stop!r}")
+        if self.call_ids and len(self.call_ids) != len(self.calls):
+            raise ValueError("call_ids needs one id per call")
+
+    def call_id(self, place: int, mem: Memory, prefix: str) -> str:
+        """The id of call ``place``: the scripted one, or a fresh one."""
+        return self.call_ids[place] if self.call_ids else mem.new_id(prefix)
 
     def counts(self) -> Usage:
         if self.usage is None:
@@ -149,11 +158,11 @@ def json_object(args: Args) -> Json:
 def render_chat(reply: Reply, body: Json, mem: Memory) -> Json:
     calls = [
         {
-            "id": mem.new_id("call_"),
+            "id": reply.call_id(place, mem, "call_"),
             "type": "function",
             "function": {"name": name, "arguments": json_text(args)},
         }
-        for name, args in reply.calls
+        for place, (name, args) in enumerate(reply.calls)
     ]
     refused = reply.stop == "refusal"
     content = None if refused or (calls and not reply.text) else reply.text
@@ -198,8 +207,8 @@ def render_response(reply: Reply, body: Json, mem: Memory) -> Json:
     reason = INCOMPLETE.get(reply.stop or "")
     if reply.text or not reply.calls:
         output.append(_message_item(reply, reason is not None, mem))
-    for name, args in reply.calls:
-        call_id = mem.new_id("call_")
+    for place, (name, args) in enumerate(reply.calls):
+        call_id = reply.call_id(place, mem, "call_")
         output.append(
             {
                 "type": "function_call",
@@ -310,8 +319,8 @@ def render_message(reply: Reply, body: Json, mem: Memory) -> Json:
         blocks.append({"type": "redacted_thinking", "data": data})
     if reply.text:
         blocks.append({"type": "text", "text": reply.text, "citations": None})
-    for name, args in reply.calls:
-        use_id = mem.new_id("toolu_")
+    for place, (name, args) in enumerate(reply.calls):
+        use_id = reply.call_id(place, mem, "toolu_")
         blocks.append({"type": "tool_use", "id": use_id, "name": name, "input": json_object(args)})
     natural = "tool_use" if reply.calls else "end_turn"
     u = reply.counts()
