@@ -329,8 +329,9 @@ def tool(
     read-only tool is called again) or, for any other tool, marked stale with its age;
     the model is told what changed. ``requires_fresh`` names tools whose results this
     one relies on (re-read the balance before posting a correction): before it runs,
-    their aged results are re-read, and if one changed the call is denied with what
-    changed, so the model decides again.
+    their aged results are re-read, and if one changed the call is denied, so the model
+    decides again; a note after the turn's results says what it read then and what
+    holds now, as before a turn.
 
     ``untrusted=True`` labels its results ``untrusted`` in the model's context
     (content from outside: a fetched page, an inbound email).
