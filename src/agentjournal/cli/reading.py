@@ -93,8 +93,9 @@ def _calls(calls: Iterable[dict[str, Any]]) -> str:
     return ", ".join(f"{c.get('name')}({short(c.get('args', {}), 60)})" for c in calls)
 
 
-def summary(event: Event) -> str:
-    """One short line saying what ``event`` records."""
+def summary(event: Event, then: Event | None = None) -> str:
+    """One short line saying what ``event`` records (``then``: the event after it, which
+    says whether a failed model attempt was retried or the run gave up)."""
     p = event.payload
     match event.type:
         case E.RUN_STARTED:
@@ -111,9 +112,8 @@ def summary(event: Event) -> str:
         case E.MODEL_CALL_STARTED:
             return f"turn {p.get('turn')} running at the provider as {p.get('handle')}"
         case E.MODEL_CALL_FAILED:
-            then = ("retrying" if p.get("retryable") or p.get("lost") else "not retryable")
-            wait = f", retry after {p['retry_after']:g}s" if p.get("retry_after") else ""
-            return f"attempt {p.get('attempt')}: {short(p.get('error', ''), 90)} ({then}{wait})"
+            error = short(p.get("error", ""), 90)
+            return f"attempt {p.get('attempt')}: {error} ({_next_try(p, then)})"
         case E.INSTRUCTIONS_CHANGED:
             return f"instructions now: {short(p.get('instructions') or '')}"
         case E.TOOL_CALL_STARTED:
@@ -181,6 +181,24 @@ def summary(event: Event) -> str:
     return short(p.get("reason") or p.get("name") or p.get("key") or "")
 
 
+def _next_try(failure: dict[str, Any], then: Event | None) -> str:
+    """What came of a failed model attempt: the pause recorded with the last one means
+    the run gave up (a wait too long, or no attempts left), whatever the error was."""
+    if then is not None and then.type == E.RUN_PAUSED:
+        return "gave up: the run paused" if failure.get("retryable") or failure.get(
+            "lost") else "not retryable: the run paused"
+    if not (failure.get("retryable") or failure.get("lost")):
+        return "not retryable"
+    wait = f", retry after {failure['retry_after']:g}s" if failure.get("retry_after") else ""
+    return f"retrying{wait}"
+
+
+def summaries(events: Sequence[Event]) -> list[str]:
+    """A summary per event, each knowing the event after it."""
+    return [summary(e, events[i + 1] if i + 1 < len(events) else None)
+            for i, e in enumerate(events)]
+
+
 @cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.option("--at", type=click.IntRange(min=1), metavar="SEQ",
@@ -199,7 +217,8 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
     saga = saga_of(state)
     if as_json:
         emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga,
-                   "events": [{**msgspec.to_builtins(e), "summary": summary(e)} for e in events]})
+                   "events": [{**msgspec.to_builtins(e), "summary": line}
+                              for e, line in zip(events, summaries(events), strict=True)]})
     elif at is None:
         print_timeline(run_id, events, state)
     else:
@@ -214,9 +233,9 @@ def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
     console.print(Text(visible(f"run {run_id}: {state.status}{why}, {len(events)} events"),
                        style="bold"))
     width = max(len(e.type.value) for e in events)
-    for e in events:
+    for e, said in zip(events, summaries(events), strict=True):
         line = (f"{e.seq:>5}  {local_time(e.ts, '%H:%M:%S.%f')[:-3]}  "
-                f"{e.type.value:<{width}}  {summary(e)}")
+                f"{e.type.value:<{width}}  {said}")
         console.print(Text(visible(line)), no_wrap=True, overflow="ellipsis")
     _print_saga(console, state)
 
