@@ -46,3 +46,34 @@ def test_the_attempt_the_run_gave_up_on_is_not_labelled_retrying(url: str) -> No
     events = as_json(invoke("show", "r1", "--json", "--store", url))["events"]
     last = [e for e in events if e["type"] == "model_call_failed"][-1]
     assert "gave up" in last["summary"]
+
+
+# --- 14. a submitted run is listed and shown before a worker claims it -----------------
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_a_submitted_run_is_listed_and_shown_as_queued(store_url: str) -> None:
+    check(invoke("submit", "--agent", "mod:agent", "--task", "Reconcile Q3", "--run-id", "q3",
+                 "--queue", "nightly", "--store", store_url), 0)
+    (row,) = as_json(invoke("runs", "--json", "--store", store_url))
+    assert row["run_id"] == "q3" and row["status"] == "queued" and row["events"] == 0
+    assert row["queue"] == {"name": "nightly", "state": "queued", "worker": None}
+    assert row["agent"] == "mod:agent"
+    check(invoke("runs", "--store", store_url), 0, "q3", "queued")
+    assert [r["run_id"] for r in as_json(
+        invoke("runs", "--status", "queued", "--json", "--store", store_url))] == ["q3"]
+    assert as_json(invoke("runs", "--status", "finished", "--json", "--store", store_url)) == []
+
+    check(invoke("show", "q3", "--store", store_url), 0, "q3", "queued", "'nightly'",
+          "mod:agent", "no events yet")
+    data = as_json(invoke("show", "q3", "--json", "--store", store_url))
+    assert data["events"] == [] and data["queue"]["state"] == "queued"
+    assert data["queue"]["name"] == "nightly"
+    check(invoke("show", "nope", "--store", store_url), 2, "run 'nope' has no events")
+
+
+def test_a_store_without_a_queue_lists_runs_as_before(tmp_path: Path) -> None:
+    url = f"jsonl:///{tmp_path / 'runs'}"
+    run_with(url, "r1", Overloaded(), model_retries=0)
+    (row,) = as_json(invoke("runs", "--json", "--store", url))
+    assert row["run_id"] == "r1" and row["queue"] is None

@@ -41,6 +41,8 @@ from .. import (
     fold,
     open_store,
 )
+from ..errors import NoQueueError
+from ..fleet import QUEUE_STATES, QueuedRun, queue_of
 from ..snapshots import load_state
 from ..state import Status
 from ..store import ENV_VAR, RunInfo, local_path, mask_secrets
@@ -50,6 +52,9 @@ from ._safe import visible
 E = EventType
 F = TypeVar("F", bound=Callable[..., Any])
 STATUSES: tuple[str, ...] = get_args(Status)
+#: What ``runs --status`` matches: a run's status, or for a run with no events yet (a
+#: submitted one) its state in the queue.
+RUN_STATUSES: tuple[str, ...] = (*STATUSES, *(s for s in QUEUE_STATES if s not in STATUSES))
 
 # --- errors and exit codes ------------------------------------------------------------
 
@@ -198,6 +203,10 @@ class _ReadFirst:
         self._reader = open_store(url, readonly=True)
         self._writer: Store | None = None
 
+    @property
+    def reader(self) -> Store:
+        return self._reader
+
     def __getattr__(self, name: str) -> Any:
         if name in _WRITES and self._writer is None:
             self._writer = open_store(self._url)
@@ -245,6 +254,30 @@ def fold_all(store: Store) -> tuple[list[tuple[RunInfo, RunState]], list[Journal
         except JournalError as exc:
             errors.append(exc)
     return states, errors
+
+
+def queued_runs(store: Store) -> dict[str, QueuedRun]:
+    """The runs in the store's queue, by id (none for a store without one, JSONL): a
+    submitted run has no events until a worker starts it, and must not look absent."""
+    try:
+        queue = queue_of(store.reader if isinstance(store, _ReadFirst) else store)
+    except NoQueueError:
+        return {}
+    try:
+        return {r.run_id: r for r in queue.runs()}
+    except sqlite3.OperationalError as exc:
+        if "no such table: queue" in str(exc):  # read-only, from before the queue: none
+            return {}
+        raise
+    finally:
+        queue.close()
+
+
+def queue_place(entry: QueuedRun | None) -> dict[str, Any] | None:
+    """Where a run is in the queue, for --json."""
+    if entry is None:
+        return None
+    return {"name": entry.queue, "state": entry.state, "worker": entry.worker}
 
 
 def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:

@@ -7,6 +7,7 @@ Everything printed for people goes through ``_safe`` (``visible``, ``cells``,
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -21,12 +22,13 @@ from .. import (
     RunState,
     encode,
 )
+from ..fleet import QueuedRun
 from ..snapshots import VerifyReport
 from ..snapshots import verify as verify_run
-from ..store import RunInfo
+from ..store import RunInfo, Store, mask_secrets
 from ..store.base import missing_run
 from ._base import (
-    STATUSES,
+    RUN_STATUSES,
     E,
     _fail,
     _report_unreadable,
@@ -41,7 +43,10 @@ from ._base import (
     note,
     opened,
     out,
+    queue_place,
+    queued_runs,
     short,
+    store_hint,
     store_option,
     table,
 )
@@ -51,30 +56,58 @@ from .sagas import saga_lines, saga_of
 # --- inspection ------------------------------------------------------------------------
 
 
-def run_row(info: RunInfo, state: RunState) -> dict[str, Any]:
+def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None) -> dict[str, Any]:
     return {
         "run_id": info.run_id, "status": state.status, "events": info.last_seq,
         "started": info.created_at, "last_activity": info.updated_at,
         "uncertain": len(state.pending), "approvals": len(state.approvals),
         "agent": state.agent, "pause_reason": state.pause_reason,
+        "queue": queue_place(queued),
     }
 
 
+def queued_row(entry: QueuedRun) -> dict[str, Any]:
+    """A run in the queue that has no events yet: its status is its state there."""
+    return {
+        "run_id": entry.run_id, "status": entry.state, "events": 0, "started": None,
+        "last_activity": datetime.fromtimestamp(entry.changed_at, UTC), "uncertain": 0,
+        "approvals": 0, "agent": entry.agent, "pause_reason": None,
+        "queue": queue_place(entry),
+    }
+
+
+def all_rows(store: Store) -> tuple[list[dict[str, Any]], list[JournalError]]:
+    """A row per run, newest first: the runs with events, and the submitted ones that
+    have none yet; runs that cannot be read as errors."""
+    states, errors = fold_all(store)
+    queued = queued_runs(store)
+    rows = [run_row(i, s, queued.get(i.run_id)) for i, s in states]
+    listed = {r["run_id"] for r in rows} | {e.run_id for e in errors}
+    rows += [queued_row(q) for q in queued.values() if q.run_id not in listed]
+    rows.sort(key=lambda r: r["last_activity"] or _NEVER, reverse=True)
+    return rows, errors
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+
 @cli.command()
-@click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
+@click.option("--status", type=click.Choice(RUN_STATUSES),
+              help="Only runs with this status (queued: submitted, not started yet).")
 @json_option
 @store_option
 @click.pass_context
 def runs(ctx: click.Context, status: str | None, as_json: bool, store_url: str) -> None:
     """List runs: status, events, start, last activity, open uncertain calls and approvals.
+    Runs submitted to the queue are listed before a worker starts them (status queued).
 
     \b
     Example:
       agentjournal runs --status paused --store sqlite:///runs.db
     """
     with opened(store_url) as store:
-        states, errors = fold_all(store)
-    rows = [run_row(i, s) for i, s in states if status is None or s.status == status]
+        rows, errors = all_rows(store)
+    rows = [r for r in rows if status is None or r["status"] == status]
     if as_json:
         emit_json(rows)
     elif not rows:
@@ -213,16 +246,43 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
       agentjournal show q3 --at 12    # what the run knew (and the model saw) at seq 12
     """
     with opened(store_url) as store:
+        queued = queued_runs(store).get(run_id)
+        if queued is not None and not store.last_seq(run_id):
+            print_queued(queued, store_url, as_json)  # submitted, not started yet
+            return
         events, state = load(store, run_id, at)
     saga = saga_of(state)
     if as_json:
         emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga,
+                   "queue": queue_place(queued),
                    "events": [{**msgspec.to_builtins(e), "summary": line}
                               for e, line in zip(events, summaries(events), strict=True)]})
     elif at is None:
         print_timeline(run_id, events, state)
+        if queued is not None:
+            echo(f"in queue {queued.queue!r}: {queued.state}{_held_by(queued)}")
     else:
         print_state(state)
+
+
+def _held_by(entry: QueuedRun) -> str:
+    return f", held by worker {entry.worker}" if entry.worker else ""
+
+
+def print_queued(entry: QueuedRun, store_url: str, as_json: bool) -> None:
+    """A submitted run no worker has started: where it waits, and for what."""
+    if as_json:
+        emit_json({"run_id": entry.run_id, "at": None, "state": None, "saga": None,
+                   "queue": {**msgspec.to_builtins(entry), "name": entry.queue},
+                   "events": []})
+        return
+    waited = human_age(age(datetime.fromtimestamp(entry.submitted_at, UTC)))
+    echo(f"run {entry.run_id}: {entry.state} in queue {entry.queue!r} of "
+         f"{mask_secrets(store_url)}, submitted {waited} ago, agent {entry.agent}"
+         f"{_held_by(entry)}; no events yet")
+    if entry.state == "queued":
+        note(f"a worker starts it: agentjournal worker --queue {entry.queue}"
+             f"{store_hint(store_url)}")
 
 
 def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
