@@ -3,14 +3,33 @@ tokens and cost, layouts at narrow widths, --limit, help, and one exit-code conv
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
-from agentjournal import Agent, ModelError, ModelRequest, ModelResponse, open_store
+from agentjournal import (
+    Agent,
+    EventType,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    Price,
+    cost_of,
+    fold,
+    make_events,
+    open_store,
+)
+from agentjournal.providers import OpenAIChatModel
+from agentjournal.state import Usage, durable_fields
+from agentjournal.testing.llm_stub import Reply, StubServer
+from agentjournal.testing.llm_stub import Usage as StubUsage
 
 from .test_cli import as_json, check, invoke
+
+E = EventType
 
 
 class Overloaded:
@@ -77,3 +96,59 @@ def test_a_store_without_a_queue_lists_runs_as_before(tmp_path: Path) -> None:
     run_with(url, "r1", Overloaded(), model_retries=0)
     (row,) = as_json(invoke("runs", "--json", "--store", url))
     assert row["run_id"] == "r1" and row["queue"] is None
+
+
+# --- 15. tokens, cost (or "unknown price"), latency and duration -----------------------
+
+
+def test_cost_comes_from_the_maintained_list_with_overrides_on_top() -> None:
+    usage = Usage(input_tokens=1_000_000, output_tokens=1_000_000)
+    # Not in the built-in table of ten: priced by genai-prices, not $0.
+    listed = cost_of(usage, "gemini-2.5-flash")
+    assert listed is not None and listed > 0
+    assert cost_of(usage, "gemini-2.5-flash", {"gemini-2.5": Price(1.0, 2.0)}) == 3.0
+    assert cost_of(usage, "my-local-llm") is None  # unknown: never a false $0
+    assert cost_of(usage, "my-local-llm", {"my-local-llm": Price(0.0, 0.0)}) == 0.0
+
+
+def test_without_genai_prices_the_built_in_table_prices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "genai_prices", None)  # as if not installed
+    usage = Usage(input_tokens=1_000_000, output_tokens=1_000_000)
+    assert cost_of(usage, "gpt-4o") == 12.5
+    assert cost_of(usage, "gemini-2.5-flash") is None
+
+
+def test_an_old_log_with_cost_0_folds_as_before() -> None:
+    turn = {"text": "hi", "tool_calls": [], "usage": {"input_tokens": 3, "output_tokens": 2,
+                                                     "cost_usd": 0.0}}
+    state = fold(make_events("r", 0, 0, [(E.RUN_STARTED, {"task": "t"}), (E.MODEL_TURN, turn)]))
+    assert state.cost_usd == 0.0 and state.unpriced_turns == 0
+    assert "unpriced_turns" not in durable_fields(state)
+
+
+def test_show_and_runs_print_tokens_cost_latency_and_duration(url: str) -> None:
+    with StubServer() as stub:
+        for run_id, model in (("local", "my-local-llm"), ("listed", "gpt-4o")):
+            stub.script([Reply(text="hi", usage=StubUsage(input=20, output=7, cached=5))])
+            with openai.OpenAI(base_url=stub.url + "/v1", api_key="test") as client:
+                run_with(url, run_id, OpenAIChatModel(client, model))
+    turn = next(e for e in as_json(invoke("show", "local", "--json", "--store", url))["events"]
+                if e["type"] == "model_turn")
+    assert turn["payload"]["usage"]["cost_usd"] is None  # recorded as unknown, not 0
+
+    local = check(invoke("show", "local", "--store", url), 0).stdout
+    assert "20 in (5 cached) / 7 out, unknown price" in local
+    assert "usage: 1 turn, 20 in (5 cached) / 7 out tokens, unknown price, model " in local
+    assert "duration " in local and "$0 " not in local
+    listed = check(invoke("show", "listed", "--store", url), 0).stdout
+    assert "20 in (5 cached) / 7 out, $0.0001" in listed  # 15*2.5 + 5*1.25 + 7*10 per 1M
+
+    rows = {r["run_id"]: r for r in as_json(invoke("runs", "--json", "--store", url))}
+    assert rows["local"]["cost_usd"] is None and rows["local"]["unpriced_turns"] == 1
+    assert rows["listed"]["cost_usd"] == pytest.approx((15 * 2.5 + 5 * 1.25 + 7 * 10) / 1e6)
+    for row in rows.values():
+        assert (row["turns"], row["input_tokens"], row["output_tokens"],
+                row["cached_input_tokens"]) == (1, 20, 7, 5)
+        assert row["duration_s"] >= 0
+    table = check(invoke("runs", "--store", url), 0).stdout
+    assert "unknown price" in table and "20/7" in table

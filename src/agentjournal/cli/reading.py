@@ -51,6 +51,7 @@ from ._base import (
     table,
 )
 from ._safe import cells, echo, emit_json, json_text, visible
+from ._usage import cost_text, count, seconds_between, span, totals, turn_usage, usage_line
 from .sagas import saga_lines, saga_of
 
 # --- inspection ------------------------------------------------------------------------
@@ -63,6 +64,7 @@ def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None) -> dict[st
         "uncertain": len(state.pending), "approvals": len(state.approvals),
         "agent": state.agent, "pause_reason": state.pause_reason,
         "queue": queue_place(queued),
+        **totals(state, seconds_between(info.created_at, info.updated_at)),
     }
 
 
@@ -72,7 +74,7 @@ def queued_row(entry: QueuedRun) -> dict[str, Any]:
         "run_id": entry.run_id, "status": entry.state, "events": 0, "started": None,
         "last_activity": datetime.fromtimestamp(entry.changed_at, UTC), "uncertain": 0,
         "approvals": 0, "agent": entry.agent, "pause_reason": None,
-        "queue": queue_place(entry),
+        "queue": queue_place(entry), **totals(RunState(), None),
     }
 
 
@@ -114,10 +116,13 @@ def runs(ctx: click.Context, status: str | None, as_json: bool, store_url: str) 
         note(f"no runs{f' with status {status}' if status else ''} in {store_url}")
     else:
         out().print(table(
-            ("run", "status", "events", "started", "last activity", "uncertain", "approvals"),
+            ("run", "status", "events", "started", "last activity", "uncertain", "approvals",
+             "tokens in/out", "cost", "duration"),
             cells((r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
                    human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
-                   str(r["approvals"])) for r in rows),
+                   str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
+                   cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),
+                   span(r["duration_s"])) for r in rows),
             keep=("run", "status", "started")))
     _report_unreadable(ctx, errors)
 
@@ -141,7 +146,8 @@ def summary(event: Event, then: Event | None = None) -> str:
             asks = _calls(p.get("tool_calls", []))
             said = " → ".join(filter(None, [short(p.get("text", ""), 60), asks]))
             who = " ".join(filter(None, [p.get("model"), p.get("finish_reason")]))
-            return f"{said} [{who}]" if who else said
+            # Usage first: it has a bounded width, so a narrow terminal cuts only the text.
+            return f"{turn_usage(p)}: {said} [{who}]" if who else f"{turn_usage(p)}: {said}"
         case E.MODEL_CALL_STARTED:
             return f"turn {p.get('turn')} running at the provider as {p.get('handle')}"
         case E.MODEL_CALL_FAILED:
@@ -292,6 +298,7 @@ def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
     why = f" ({state.pause_reason})" if state.status == "paused" and state.pause_reason else ""
     console.print(Text(visible(f"run {run_id}: {state.status}{why}, {len(events)} events"),
                        style="bold"))
+    console.print(Text(usage_line(state, events)), no_wrap=True, overflow="ellipsis")
     width = max(len(e.type.value) for e in events)
     for e, said in zip(events, summaries(events), strict=True):
         line = (f"{e.seq:>5}  {local_time(e.ts, '%H:%M:%S.%f')[:-3]}  "
