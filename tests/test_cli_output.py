@@ -3,10 +3,18 @@ tokens and cost, layouts at narrow widths, --limit, help, and one exit-code conv
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import pty
+import re
+import struct
 import sys
+import termios
 from pathlib import Path
 from typing import Any
 
+import click
 import openai
 import pytest
 
@@ -22,12 +30,15 @@ from agentjournal import (
     make_events,
     open_store,
 )
+from agentjournal.cli import cli
 from agentjournal.providers import OpenAIChatModel
 from agentjournal.state import Usage, durable_fields
 from agentjournal.testing.llm_stub import Reply, StubServer
 from agentjournal.testing.llm_stub import Usage as StubUsage
 
-from .test_cli import as_json, check, invoke
+from .test_cli import agents, as_json, check, invoke
+
+__all__ = ["agents"]  # a fixture, shared with test_cli
 
 E = EventType
 
@@ -152,3 +163,118 @@ def test_show_and_runs_print_tokens_cost_latency_and_duration(url: str) -> None:
         assert row["duration_s"] >= 0
     table = check(invoke("runs", "--store", url), 0).stdout
     assert "unknown price" in table and "20/7" in table
+
+
+# --- 16. narrow terminals, --limit, bare help, exit codes ---------------------------------
+
+
+def finished_runs(url: str, n: int) -> list[str]:
+    """``n`` finished runs, oldest first (hand-made logs: a turn that cost $0.25 each)."""
+    store = open_store(url)
+    ids = [f"run-{i:03d}" for i in range(n)]
+    try:
+        for run_id in ids:
+            turn = {"text": "ok", "tool_calls": [], "latency_ms": 840.0,
+                    "usage": {"input_tokens": 1200, "output_tokens": 30, "cost_usd": 0.25}}
+            store.append(run_id, make_events(run_id, 0, 0, [
+                (E.RUN_STARTED, {"task": "t"}), (E.MODEL_TURN, turn),
+                (E.RUN_FINISHED, {"outcome": "ok"})]), expected_seq=0, epoch=0)
+    finally:
+        store.close()
+    return ids
+
+
+RUNS_HEADERS = ("run", "status", "events", "started", "last activity", "uncertain",
+                "approvals", "tokens in/out", "cost", "duration")
+
+
+def header_cells(text: str) -> list[str]:
+    """The header cells of the first table in ``text`` (rich's heavy-box header row)."""
+    row = next(line for line in text.splitlines() if line.startswith("┃"))
+    return [cell.strip() for cell in row.strip("┃").split("┃")]
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_runs_shows_fewer_whole_columns_on_a_narrow_terminal(url: str, columns: int) -> None:
+    finished_runs(url, 3)
+    text = check(invoke("runs", "--store", url, env={"COLUMNS": str(columns)}), 0).stdout
+    lines = text.splitlines()
+    assert all(len(line) <= columns for line in lines)
+    headers = header_cells(text)
+    assert set(headers) <= set(RUNS_HEADERS), headers  # none cut, none blank
+    assert {"run", "status", "cost"} <= set(headers)
+    assert len([line for line in lines if line.startswith("┃")]) == 1  # no wrapped header
+    for row in (line for line in lines if line.startswith("│")):
+        cells = [cell.strip() for cell in row.strip("│").split("│")]
+        assert all(cells) and not any("…" in cell for cell in cells), row
+        assert cells[0].startswith("run-") and "$0.25" in cells
+    wide = header_cells(check(invoke("runs", "--store", url), 0).stdout)  # COLUMNS=200
+    assert tuple(wide) == RUNS_HEADERS
+
+
+def test_runs_fits_a_real_60_column_terminal(url: str) -> None:
+    finished_runs(url, 2)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    exe = Path(sys.executable).parent / "agentjournal"
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a terminal of 24 rows, 60 columns
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+        os.execve(exe, [str(exe), "runs", "--store", url], env)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the child exited: EIO
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode())
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines and all(len(line) <= 60 for line in lines), lines
+    headers = header_cells(text)
+    assert {"run", "status", "cost"} <= set(headers) <= set(RUNS_HEADERS), headers
+
+
+def test_runs_lists_the_newest_first_up_to_a_limit(url: str) -> None:
+    ids = finished_runs(url, 60)
+    listed = check(invoke("runs", "--store", url), 0)
+    rows = [line for line in listed.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 50  # the default
+    assert "the newest 50 of 60 runs" in listed.stderr and "--all" in listed.stderr
+    newest = [r["run_id"] for r in as_json(invoke("runs", "--limit", 5, "--json",
+                                                  "--store", url))]
+    assert newest == ids[::-1][:5]
+    assert len(as_json(invoke("runs", "--all", "--json", "--store", url))) == 60
+    every = check(invoke("runs", "--all", "--store", url), 0)
+    assert every.stderr == ""
+    check(invoke("runs", "--limit", 0, "--store", url), 1, "--limit")
+
+
+def test_bare_agentjournal_prints_its_help_and_exits_0() -> None:
+    result = invoke()
+    assert result.exit_code == 0 and result.stderr == ""
+    assert "Usage: agentjournal" in result.stdout and "Exit codes" in result.stdout
+
+
+def test_every_commands_help_lists_the_exit_codes() -> None:
+    names = cli.list_commands(click.Context(cli))
+    for name in names:
+        text = check(invoke(name, "--help"), 0).stdout
+        assert "Exit codes" in text, name
+        assert "4 stopped: a person must decide" in " ".join(text.split()), name
+
+
+def test_run_resume_and_compensate_exit_4_when_a_person_must_decide(
+        url: str, agents: str) -> None:
+    stopped = invoke("run", f"{agents}:approving", "post it", "--run-id", "r1", "--store", url)
+    assert stopped.exit_code == 4 and "waiting_approval" in stopped.stdout, stopped.stderr
+    assert invoke("resume", "r1", "--store", url).exit_code == 4
+    (pending,) = as_json(invoke("approvals", "--json", "--store", url))
+    check(invoke("approve", "r1", pending["approval_id"], "--store", url), 0)
+    check(invoke("resume", "r1", "--store", url), 0, "run r1: finished")
+    flaky = invoke("run", f"{agents}:flaky", "post it", "--run-id", "r2", "--json",
+                   "--store", url)
+    assert flaky.exit_code == 4 and json.loads(flaky.stdout)["status"] == "paused"

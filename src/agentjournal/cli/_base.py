@@ -67,6 +67,36 @@ EXIT_CODES: tuple[tuple[type[JournalError], int], ...] = (
 )
 
 
+#: A run (or a saga) stopped before it was done, for a person to decide: an approval, an
+#: uncertain call, an escalation, a pause. The same code for run, resume, compensate and
+#: cancel --compensate, so a script tells "done" from "waiting for someone" the same way.
+EXIT_NEEDS_A_PERSON = 4
+
+#: Every command's --help ends with this (and `agentjournal --help`).
+EXIT_CODES_HELP = """\b
+Exit codes (the same for every command):
+  0  done: the run finished, the saga compensated, the run cancelled, the
+     decision recorded, or the output printed
+  1  usage or user error, a bad store URL, or a write the store refused
+     (a full disk, a read-only store)
+  2  run or store not found, or refused (a lease, a fence, nothing
+     pending by that id)
+  3  the store's data cannot be read (corrupt or damaged, not a store,
+     or written by a newer release)
+  4  stopped: a person must decide (an approval, an uncertain call, an
+     escalation, a pause, a saga stopped before an effect); the next
+     steps are printed on stderr
+  130  interrupted"""
+
+DONE_STATUSES = frozenset({"finished", "compensated", "cancelled"})
+
+
+def exit_for_status(ctx: click.Context, status: str) -> None:
+    """Exit 0 when the run is done; ``EXIT_NEEDS_A_PERSON`` when it stopped short."""
+    if status not in DONE_STATUSES:
+        ctx.exit(EXIT_NEEDS_A_PERSON)
+
+
 class CliError(Exception):
     """A failure the user can act on, with its exit code."""
 
@@ -97,6 +127,10 @@ class JournalGroup(click.Group):
 
     LAZY: ClassVar[dict[str, str]] = {"bench": "agentjournal.bench:bench"}
 
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.epilog = "\n\n".join(filter(None, [cmd.epilog, EXIT_CODES_HELP]))
+        super().add_command(cmd, name)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
 
@@ -125,6 +159,9 @@ class JournalGroup(click.Group):
              complete_var: str | None, **extra: Any) -> int:
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare `agentjournal`: not an error
+            click.echo(exc.ctx.get_help() if exc.ctx is not None else "")
+            return 0
         except click.UsageError as exc:  # click's default is 2; ours is 1
             return _fail(_usage_message(exc), 1)
         except CliError as exc:
@@ -311,6 +348,21 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Iterab
     return grid
 
 
+def fitted(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]], *,
+           drop: Sequence[str], keep: Iterable[str] = ()) -> Table:
+    """A table of as many whole columns as fit ``console``: the columns in ``drop`` go,
+    first to last, until every column left fits its widest cell, so a narrow terminal
+    shows fewer columns, never cut or blank ones."""
+    width = {h: max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)}
+    shown = list(headers)
+    for name in drop:
+        if sum(width[h] + 3 for h in shown) + 1 <= console.width:  # cell padding, borders
+            break
+        shown.remove(name)
+    index = [headers.index(h) for h in shown]
+    return table(shown, ([r[i] for i in index] for r in rows), keep={*keep, *shown})
+
+
 def note(message: str) -> None:
     """Progress and advice: stderr, so stdout stays data (a store URL's password masked)."""
     click.echo(visible(mask_secrets(message), multiline=True), err=True)
@@ -364,7 +416,7 @@ def _os_user() -> str:
 # --- the group -------------------------------------------------------------------------
 
 
-@click.group(name="agentjournal", cls=JournalGroup,
+@click.group(name="agentjournal", cls=JournalGroup, epilog=EXIT_CODES_HELP,
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agentjournal")
 def cli() -> None:

@@ -23,7 +23,7 @@ from .. import (
     encode,
 )
 from ..fleet import QueuedRun
-from ..snapshots import VerifyReport
+from ..snapshots import VerifyReport, load_state
 from ..snapshots import verify as verify_run
 from ..store import RunInfo, Store, mask_secrets
 from ..store.base import missing_run
@@ -35,7 +35,7 @@ from ._base import (
     age,
     cli,
     exit_code_for,
-    fold_all,
+    fitted,
     human_age,
     json_option,
     load,
@@ -78,53 +78,100 @@ def queued_row(entry: QueuedRun) -> dict[str, Any]:
     }
 
 
-def all_rows(store: Store) -> tuple[list[dict[str, Any]], list[JournalError]]:
-    """A row per run, newest first: the runs with events, and the submitted ones that
-    have none yet; runs that cannot be read as errors."""
-    states, errors = fold_all(store)
+class Listing(msgspec.Struct):
+    """The runs `runs` shows, newest first, and what it left out."""
+
+    rows: list[dict[str, Any]]
+    errors: list[JournalError]  # runs that could not be read
+    total: int  # every run in the store, shown or not
+    more: bool  # runs past the limit were not looked at
+
+
+def newest_runs(store: Store, status: str | None, limit: int | None) -> Listing:
+    """Up to ``limit`` runs with ``status``, newest first: the runs with events and the
+    submitted ones that have none yet. Only the runs shown are folded, so listing the
+    newest of many is as fast as listing a few."""
     queued = queued_runs(store)
-    rows = [run_row(i, s, queued.get(i.run_id)) for i, s in states]
-    listed = {r["run_id"] for r in rows} | {e.run_id for e in errors}
-    rows += [queued_row(q) for q in queued.values() if q.run_id not in listed]
-    rows.sort(key=lambda r: r["last_activity"] or _NEVER, reverse=True)
-    return rows, errors
+    infos = store.list_runs()
+    have_events = {i.run_id for i in infos}
+    waiting = [q for q in queued.values() if q.run_id not in have_events]
+    candidates: list[RunInfo | QueuedRun] = [*infos, *waiting]
+    candidates.sort(key=_last_activity, reverse=True)
+    listing = Listing(rows=[], errors=[], total=len(candidates), more=False)
+    for n, candidate in enumerate(candidates):
+        if limit is not None and len(listing.rows) == limit:
+            listing.more = n < len(candidates)
+            break
+        if isinstance(candidate, QueuedRun):
+            row = queued_row(candidate)
+        else:
+            try:
+                state = load_state(store, candidate.run_id).state  # snapshot + tail
+            except JournalError as exc:
+                listing.errors.append(exc)
+                continue
+            row = run_row(candidate, state, queued.get(candidate.run_id))
+        if status is None or row["status"] == status:
+            listing.rows.append(row)
+    return listing
 
 
-_NEVER = datetime.min.replace(tzinfo=UTC)
+def _last_activity(run: RunInfo | QueuedRun) -> datetime:
+    if isinstance(run, QueuedRun):
+        return datetime.fromtimestamp(run.changed_at, UTC)
+    return run.updated_at or datetime.min.replace(tzinfo=UTC)
+
+
+#: How many runs `runs` shows unless told otherwise (newest first).
+DEFAULT_LIMIT = 50
+#: Columns `runs` leaves out on a narrow terminal, first to last.
+RUNS_DROP = ("started", "events", "approvals", "uncertain", "duration", "tokens in/out",
+             "last activity")
 
 
 @cli.command()
 @click.option("--status", type=click.Choice(RUN_STATUSES),
               help="Only runs with this status (queued: submitted, not started yet).")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
+              metavar="N", help="Show the newest N runs.")
+@click.option("--all", "all_runs", is_flag=True, help="Show every run (no --limit).")
 @json_option
 @store_option
 @click.pass_context
-def runs(ctx: click.Context, status: str | None, as_json: bool, store_url: str) -> None:
-    """List runs: status, events, start, last activity, open uncertain calls and approvals.
-    Runs submitted to the queue are listed before a worker starts them (status queued).
+def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_json: bool,
+         store_url: str) -> None:
+    """List runs, newest first: status, events, start, last activity, open uncertain
+    calls and approvals, tokens, cost and duration. Runs submitted to the queue are
+    listed before a worker starts them (status queued). A narrow terminal shows fewer
+    columns; --json has every field.
 
     \b
     Example:
-      agentjournal runs --status paused --store sqlite:///runs.db
+      agentjournal runs --status paused --limit 20 --store sqlite:///runs.db
     """
     with opened(store_url) as store:
-        rows, errors = all_rows(store)
-    rows = [r for r in rows if status is None or r["status"] == status]
+        listing = newest_runs(store, status, None if all_runs else limit)
+    rows = listing.rows
     if as_json:
         emit_json(rows)
     elif not rows:
         note(f"no runs{f' with status {status}' if status else ''} in {store_url}")
     else:
-        out().print(table(
-            ("run", "status", "events", "started", "last activity", "uncertain", "approvals",
-             "tokens in/out", "cost", "duration"),
-            cells((r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
-                   human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
-                   str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
-                   cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),
-                   span(r["duration_s"])) for r in rows),
-            keep=("run", "status", "started")))
-    _report_unreadable(ctx, errors)
+        console = out()
+        console.print(fitted(console, (
+            "run", "status", "events", "started", "last activity", "uncertain", "approvals",
+            "tokens in/out", "cost", "duration"), cells(
+            (r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
+             human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
+             str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
+             cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),
+             span(r["duration_s"])) for r in rows), drop=RUNS_DROP))
+    if listing.more:
+        shown = (f"the newest {len(rows)} runs with status {status} (of {listing.total} in "
+                 "all; more may match)" if status else
+                 f"the newest {len(rows)} of {listing.total} runs")
+        note(f"{shown}; more with --limit N or --all")
+    _report_unreadable(ctx, listing.errors)
 
 
 def _calls(calls: Iterable[dict[str, Any]]) -> str:
