@@ -165,7 +165,7 @@ def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_
              human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
              str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
              cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),
-             span(r["duration_s"])) for r in rows), drop=RUNS_DROP))
+             span(r["duration_s"])) for r in rows), drop=RUNS_DROP, keep=("run",)))
     if listing.more:
         shown = (f"the newest {len(rows)} runs with status {status} (of {listing.total} in "
                  "all; more may match)" if status else
