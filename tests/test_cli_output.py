@@ -137,7 +137,8 @@ def test_an_old_log_with_cost_0_folds_as_before() -> None:
     assert "unpriced_turns" not in durable_fields(state)
 
 
-def test_show_and_runs_print_tokens_cost_latency_and_duration(url: str) -> None:
+def test_show_and_runs_print_tokens_cost_latency_and_duration(each_backend: str) -> None:
+    url = each_backend
     with StubServer() as stub:
         for run_id, model in (("local", "my-local-llm"), ("listed", "gpt-4o")):
             stub.script([Reply(text="hi", usage=StubUsage(input=20, output=7, cached=5))])
@@ -238,7 +239,8 @@ def test_runs_fits_a_real_60_column_terminal(url: str) -> None:
     assert {"run", "status", "cost"} <= set(headers) <= set(RUNS_HEADERS), headers
 
 
-def test_runs_lists_the_newest_first_up_to_a_limit(url: str) -> None:
+def test_runs_lists_the_newest_first_up_to_a_limit(each_backend: str) -> None:
+    url = each_backend
     ids = finished_runs(url, 60)
     listed = check(invoke("runs", "--store", url), 0)
     rows = [line for line in listed.stdout.splitlines() if line.startswith("│")]
