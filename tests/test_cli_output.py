@@ -144,9 +144,12 @@ def test_show_and_runs_print_tokens_cost_latency_and_duration(each_backend: str)
             stub.script([Reply(text="hi", usage=StubUsage(input=20, output=7, cached=5))])
             with openai.OpenAI(base_url=stub.url + "/v1", api_key="test") as client:
                 run_with(url, run_id, OpenAIChatModel(client, model))
-    turn = next(e for e in as_json(invoke("show", "local", "--json", "--store", url))["events"]
-                if e["type"] == "model_turn")
+    shown = as_json(invoke("show", "local", "--json", "--store", url))
+    turn = next(e for e in shown["events"] if e["type"] == "model_turn")
     assert turn["payload"]["usage"]["cost_usd"] is None  # recorded as unknown, not 0
+    assert shown["usage"]["cost_usd"] is None and shown["usage"]["unpriced_turns"] == 1
+    assert shown["usage"]["model_latency_s"] > 0 and shown["usage"]["duration_s"] >= 0
+    assert shown["usage"]["input_tokens"] == 20
 
     local = check(invoke("show", "local", "--store", url), 0).stdout
     assert "20 in (5 cached) / 7 out, unknown price" in local

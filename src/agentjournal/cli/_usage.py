@@ -81,11 +81,21 @@ def model_seconds(events: Sequence[Event]) -> float:
                      if e.type == E.MODEL_TURN) / 1000, 3)
 
 
+def duration_of(events: Sequence[Event]) -> float | None:
+    """From the first event to the last (pauses included)."""
+    return seconds_between(events[0].ts, events[-1].ts) if events else None
+
+
+def run_usage(state: RunState, events: Sequence[Event]) -> dict[str, Any]:
+    """``show --json``'s totals: those of ``runs``, and the time spent on the model."""
+    return {**totals(state, duration_of(events)), "model_latency_s": model_seconds(events)}
+
+
 def usage_line(state: RunState, events: Sequence[Event]) -> str:
     """``show``'s summary of a run's usage."""
     u = state.usage
     cached = f" ({count(u.cached_input_tokens)} cached)" if u.cached_input_tokens else ""
-    duration = seconds_between(events[0].ts, events[-1].ts) if events else None
+    duration = duration_of(events)
     turns = f"{state.turns} turn" + ("" if state.turns == 1 else "s")
     return (f"usage: {turns}, {count(u.input_tokens)} in{cached} / "
             f"{count(u.output_tokens)} out tokens, "

@@ -51,7 +51,16 @@ from ._base import (
     table,
 )
 from ._safe import cells, echo, emit_json, json_text, visible
-from ._usage import cost_text, count, seconds_between, span, totals, turn_usage, usage_line
+from ._usage import (
+    cost_text,
+    count,
+    run_usage,
+    seconds_between,
+    span,
+    totals,
+    turn_usage,
+    usage_line,
+)
 from .sagas import saga_lines, saga_of
 
 # --- inspection ------------------------------------------------------------------------
@@ -307,7 +316,7 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
     saga = saga_of(state)
     if as_json:
         emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga,
-                   "queue": queue_place(queued),
+                   "queue": queue_place(queued), "usage": run_usage(state, events),
                    "events": [{**msgspec.to_builtins(e), "summary": line}
                               for e, line in zip(events, summaries(events), strict=True)]})
     elif at is None:
