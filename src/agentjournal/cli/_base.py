@@ -349,13 +349,13 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Iterab
     return grid
 
 
-def fitted(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]], *,
-           drop: Sequence[str], keep: Iterable[str] = ()) -> Table:
+def print_fitted(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]], *,
+                 drop: Sequence[str], keep: Iterable[str] = ()) -> None:
     """A table of as many whole columns as fit ``console``: the columns in ``drop`` go,
     first to last, until every column left fits its widest cell, so a narrow terminal
-    shows fewer columns, never cut or blank ones. (Widths are set, not measured: a
-    thousand rows render in a fraction of the time.)"""
-    width = {h: max([cell_len(h), *(cell_len(visible(r[i])) for r in rows)])
+    shows fewer columns, never cut or blank ones."""
+    rows = [[visible(cell) for cell in row] for row in rows]
+    width = {h: max([cell_len(h), *(cell_len(r[i]) for r in rows)])
              for i, h in enumerate(headers)}
     shown = list(headers)
     for name in drop:
@@ -364,11 +364,24 @@ def fitted(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str
         shown.remove(name)
     index = [headers.index(h) for h in shown]
     if _table_width(width[h] for h in shown) > console.width:  # let rich squeeze the rest
-        return table(shown, ([r[i] for i in index] for r in rows), keep=keep)
-    grid = Table(*(Column(h, no_wrap=True, width=width[h]) for h in shown))
-    for row in rows:
-        grid.add_row(*(Text(visible(row[i])) for i in index))
-    return grid
+        console.print(table(shown, ([r[i] for i in index] for r in rows), keep=keep))
+        return
+    # Drawn as rich draws a table, a line at a time: a thousand rows print in a
+    # fraction of what rendering each cell costs.
+    widths = [width[h] for h in shown]
+
+    def rule(left: str, cross: str, right: str, fill: str) -> str:
+        return left + cross.join(fill * (w + 2) for w in widths) + right
+
+    def line(cells: Sequence[str], bar: str) -> str:
+        return bar + bar.join(f" {c}{' ' * (w - cell_len(c))} "
+                              for c, w in zip(cells, widths, strict=True)) + bar
+
+    console.print(Text(rule("┏", "┳", "┓", "━")), Text(line(shown, "┃"), style="bold"),
+                  Text("\n".join([rule("┡", "╇", "┩", "━"),
+                                  *(line([r[i] for i in index], "│") for r in rows),
+                                  rule("└", "┴", "┘", "─")])),
+                  sep="\n", no_wrap=True, crop=False, overflow="ignore")
 
 
 def _table_width(widths: Iterable[int]) -> int:

@@ -35,7 +35,6 @@ from ._base import (
     age,
     cli,
     exit_code_for,
-    fitted,
     human_age,
     json_option,
     load,
@@ -43,6 +42,7 @@ from ._base import (
     note,
     opened,
     out,
+    print_fitted,
     queue_place,
     queued_runs,
     short,
@@ -166,15 +166,14 @@ def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_
     elif not rows:
         note(f"no runs{f' with status {status}' if status else ''} in {store_url}")
     else:
-        console = out()
-        console.print(fitted(console, (
+        print_fitted(out(), (
             "run", "status", "events", "started", "last activity", "uncertain", "approvals",
             "tokens in/out", "cost", "duration"), cells(
             (r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
              human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
              str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
              cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),
-             span(r["duration_s"])) for r in rows), drop=RUNS_DROP, keep=("run",)))
+             span(r["duration_s"])) for r in rows), drop=RUNS_DROP, keep=("run",))
     if listing.more:
         shown = (f"the newest {len(rows)} runs with status {status} (of {listing.total} in "
                  "all; more may match)" if status else
