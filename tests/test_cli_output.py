@@ -120,6 +120,9 @@ def test_cost_comes_from_the_maintained_list_with_overrides_on_top() -> None:
     assert cost_of(usage, "gemini-2.5-flash", {"gemini-2.5": Price(1.0, 2.0)}) == 3.0
     assert cost_of(usage, "my-local-llm") is None  # unknown: never a false $0
     assert cost_of(usage, "my-local-llm", {"my-local-llm": Price(0.0, 0.0)}) == 0.0
+    # Counts genai-prices refuses (a provider's odd report) fall back to the table.
+    odd = Usage(input_tokens=10, cached_input_tokens=20, output_tokens=1)
+    assert cost_of(odd, "gpt-4o") == pytest.approx((20 * 1.25 + 1 * 10.0) / 1e6)
 
 
 def test_without_genai_prices_the_built_in_table_prices(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -222,6 +222,8 @@ def _listed_cost(usage: Usage, model: str | None) -> float | None:
         return float(genai_prices.calc_price(listed, model).total_price)
     except LookupError:  # a model it does not list (a local one, a new one)
         return None
+    except ValueError:  # counts it refuses (more cache reads than input): not for a turn
+        return None  # to fail over; the built-in table prices them if it can
 
 
 Turn = ModelResponse | Callable[[ModelRequest], ModelResponse]
