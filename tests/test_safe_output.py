@@ -110,7 +110,7 @@ def test_show_timeline_makes_escapes_visible_one_line_per_event(url: str) -> Non
     timeline = ok(invoke("show", "r1", "--store", url))
     assert "\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J" in timeline and "<U+202E>e" in timeline
     assert "[bold]x[/bold][link=https://e.test]l[/link]" in timeline  # markup is text
-    assert len(timeline.splitlines()) == 1 + 9  # a newline in a tool name made no line
+    assert len(timeline.splitlines()) == 2 + 9  # a newline in a tool name made no line
 
 
 def test_show_at_prints_state_with_escapes_visible(url: str) -> None:

@@ -145,9 +145,9 @@ class Price(msgspec.Struct, frozen=True):
     cache_write: float | None = None
 
 
-#: List prices as published by the providers (USD per million tokens), for the cost
-#: recorded with each turn. They change: pass ``prices=`` to an adapter to override
-#: or extend; a model missing from the table is recorded with cost 0.
+#: List prices (USD per million tokens) used when the ``genai-prices`` package (the
+#: ``prices`` extra, a price list kept up to date by its maintainers) is not installed.
+#: They change: pass ``prices=`` to an adapter to override or extend either source.
 PRICES: dict[str, Price] = {
     "gpt-4o": Price(2.50, 10.00, cached_input=1.25),
     "gpt-4o-mini": Price(0.15, 0.60, cached_input=0.075),
@@ -163,9 +163,13 @@ PRICES: dict[str, Price] = {
 
 
 def price_of(model: str | None, prices: Mapping[str, Price] | None = None) -> Price | None:
-    """The price of ``model``: an exact entry, else the longest entry it starts with
-    (dated snapshots such as ``gpt-4o-2024-08-06`` price as their family)."""
-    table = PRICES if prices is None else {**PRICES, **prices}
+    """The price of ``model`` in :data:`PRICES` with ``prices`` on top."""
+    return _match(model, PRICES if prices is None else {**PRICES, **prices})
+
+
+def _match(model: str | None, table: Mapping[str, Price]) -> Price | None:
+    """An exact entry, else the longest entry ``model`` starts with (dated snapshots
+    such as ``gpt-4o-2024-08-06`` price as their family)."""
     if not model:
         return None
     if model in table:
@@ -175,12 +179,23 @@ def price_of(model: str | None, prices: Mapping[str, Price] | None = None) -> Pr
 
 
 def cost_of(usage: Usage, model: str | None,
-            prices: Mapping[str, Price] | None = None) -> float:
-    """What ``usage`` cost, in USD (0 for a model with no price). Usage follows one
-    convention: ``input_tokens`` includes cache reads and writes."""
-    price = price_of(model, prices)
-    if price is None:
-        return 0.0
+            prices: Mapping[str, Price] | None = None) -> float | None:
+    """What ``usage`` cost, in USD; None when the price of ``model`` is unknown (never
+    0, which would read as free). Looked up in ``prices`` (the caller's overrides), then
+    in genai-prices' list when it is installed (the ``prices`` extra), then in
+    :data:`PRICES`. Usage follows one convention: ``input_tokens`` includes cache reads
+    and writes."""
+    own = _match(model, prices or {})
+    if own is not None:
+        return _dollars(usage, own)
+    listed = _listed_cost(usage, model)
+    if listed is not None:
+        return listed
+    price = _match(model, PRICES)
+    return None if price is None else _dollars(usage, price)
+
+
+def _dollars(usage: Usage, price: Price) -> float:
     cached = usage.cached_input_tokens
     written = usage.cache_write_tokens
     plain = max(usage.input_tokens - cached - written, 0)
@@ -189,6 +204,26 @@ def cost_of(usage: Usage, model: str | None,
                + written * (price.input if price.cache_write is None else price.cache_write)
                + usage.output_tokens * price.output)
     return dollars / 1_000_000
+
+
+def _listed_cost(usage: Usage, model: str | None) -> float | None:
+    """The cost by genai-prices' list, or None: not installed, or the model not in it."""
+    if not model:
+        return None
+    try:
+        import genai_prices
+    except ImportError:
+        return None
+    listed = genai_prices.Usage(
+        input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cached_input_tokens,
+        cache_write_tokens=usage.cache_write_tokens)
+    try:
+        return float(genai_prices.calc_price(listed, model).total_price)
+    except LookupError:  # a model it does not list (a local one, a new one)
+        return None
+    except ValueError:  # counts it refuses (more cache reads than input): not for a turn
+        return None  # to fail over; the built-in table prices them if it can
 
 
 Turn = ModelResponse | Callable[[ModelRequest], ModelResponse]

@@ -30,7 +30,8 @@ from .events import Event, EventType, render
 #: model, after the results of the calls it awaits: ``notes``). v7: a drift the workspace
 #: guards kept from being compared is told to the model too. v8: a freshness check made
 #: for a call about to run (``for_call``) is told to the model too, after the results; a
-#: tool call may stand in for arguments over the size limit (``ToolCall.too_large``).
+#: tool call may stand in for arguments over the size limit (``ToolCall.too_large``); a turn whose price
+#: was unknown (cost None) is counted in ``unpriced_turns``, not summed as $0.
 FOLD_VERSION = 8
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
@@ -80,7 +81,10 @@ class Usage(msgspec.Struct, kw_only=True, gc=False):
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
-    cost_usd: float = 0.0
+    #: USD. In a turn: None when the model's price was unknown (never a false $0). In a
+    #: run's total: the sum of the turns that had a price (``RunState.unpriced_turns``
+    #: counts the others).
+    cost_usd: float | None = 0.0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
 
@@ -199,6 +203,7 @@ class RunState(msgspec.Struct, kw_only=True):
     messages: list[Message] = msgspec.field(default_factory=list)
     turns: int = 0
     usage: Usage = msgspec.field(default_factory=Usage)
+    unpriced_turns: int = 0  # turns whose cost is unknown: not in usage.cost_usd
     #: A dict, except in a journal's state resumed from a snapshot: there it and
     #: ``attempts`` decode the snapshot's segments when a lookup needs one (keyed.py).
     #: To encode such a state, pass ``enc_hook=plain`` (below) or ``snapshots.settle`` it.
@@ -245,7 +250,8 @@ class RunState(msgspec.Struct, kw_only=True):
 
     @property
     def cost_usd(self) -> float:
-        return self.usage.cost_usd
+        """What the turns with a known price cost (see ``unpriced_turns``)."""
+        return self.usage.cost_usd or 0.0
 
     @property
     def pending_approvals(self) -> dict[str, Approval]:
@@ -291,6 +297,7 @@ def durable_fields(state: RunState) -> dict[str, Any]:
         "model_call": state.model_call,
         "model_failures": state.model_failures,
         "usage": msgspec.to_builtins(state.usage),
+        **({"unpriced_turns": state.unpriced_turns} if state.unpriced_turns else {}),
         # Only a compensated run has one: the fields fixtures recorded before stay as they were.
         **({"saga": msgspec.to_builtins(state.saga)} if state.saga is not None else {}),
         **({"observations": msgspec.to_builtins(state.observations)}
@@ -343,7 +350,11 @@ def _model_turn(st: RunState, ev: Event) -> None:
         u.cached_input_tokens += get("cached_input_tokens", 0)
         u.cache_write_tokens += get("cache_write_tokens", 0)
         u.reasoning_tokens += get("reasoning_tokens", 0)
-        u.cost_usd += get("cost_usd", 0.0)
+        cost = get("cost_usd", 0.0)
+        if cost is None:  # the model's price was unknown: not a free turn
+            st.unpriced_turns += 1
+        else:
+            u.cost_usd = (u.cost_usd or 0.0) + cost
 
 
 def _model_call_started(st: RunState, ev: Event) -> None:

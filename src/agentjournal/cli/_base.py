@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar, cast, get_args
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
@@ -41,6 +42,8 @@ from .. import (
     fold,
     open_store,
 )
+from ..errors import NoQueueError
+from ..fleet import QUEUE_STATES, QueuedRun, queue_of
 from ..snapshots import load_state
 from ..state import Status
 from ..store import ENV_VAR, RunInfo, local_path, mask_secrets
@@ -50,6 +53,9 @@ from ._safe import visible
 E = EventType
 F = TypeVar("F", bound=Callable[..., Any])
 STATUSES: tuple[str, ...] = get_args(Status)
+#: What ``runs --status`` matches: a run's status, or for a run with no events yet (a
+#: submitted one) its state in the queue.
+RUN_STATUSES: tuple[str, ...] = (*STATUSES, *(s for s in QUEUE_STATES if s not in STATUSES))
 
 # --- errors and exit codes ------------------------------------------------------------
 
@@ -60,6 +66,36 @@ EXIT_CODES: tuple[tuple[type[JournalError], int], ...] = (
     (ConflictError, 2), (InvalidRunIdError, 2), (NotCancellableError, 2), (UnsettledError, 2),
     (NotArchivedError, 2),
 )
+
+
+#: A run (or a saga) stopped before it was done, for a person to decide: an approval, an
+#: uncertain call, an escalation, a pause. The same code for run, resume, compensate and
+#: cancel --compensate, so a script tells "done" from "waiting for someone" the same way.
+EXIT_NEEDS_A_PERSON = 4
+
+#: Every command's --help ends with this (and `agentjournal --help`).
+EXIT_CODES_HELP = """\b
+Exit codes (the same for every command):
+  0  done: the run finished, the saga compensated, the run cancelled, the
+     decision recorded, or the output printed
+  1  usage or user error, a bad store URL, or a write the store refused
+     (a full disk, a read-only store)
+  2  run or store not found, or refused (a lease, a fence, nothing
+     pending by that id)
+  3  the store's data cannot be read (corrupt or damaged, not a store,
+     or written by a newer release)
+  4  stopped: a person must decide (an approval, an uncertain call, an
+     escalation, a pause, a saga stopped before an effect); the next
+     steps are printed on stderr
+  130  interrupted"""
+
+DONE_STATUSES = frozenset({"finished", "compensated", "cancelled"})
+
+
+def exit_for_status(ctx: click.Context, status: str) -> None:
+    """Exit 0 when the run is done; ``EXIT_NEEDS_A_PERSON`` when it stopped short."""
+    if status not in DONE_STATUSES:
+        ctx.exit(EXIT_NEEDS_A_PERSON)
 
 
 class CliError(Exception):
@@ -92,6 +128,10 @@ class JournalGroup(click.Group):
 
     LAZY: ClassVar[dict[str, str]] = {"bench": "agentjournal.bench:bench"}
 
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.epilog = "\n\n".join(filter(None, [cmd.epilog, EXIT_CODES_HELP]))
+        super().add_command(cmd, name)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
 
@@ -120,6 +160,9 @@ class JournalGroup(click.Group):
              complete_var: str | None, **extra: Any) -> int:
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare `agentjournal`: not an error
+            click.echo(exc.ctx.get_help() if exc.ctx is not None else "")
+            return 0
         except click.UsageError as exc:  # click's default is 2; ours is 1
             return _fail(_usage_message(exc), 1)
         except CliError as exc:
@@ -198,6 +241,10 @@ class _ReadFirst:
         self._reader = open_store(url, readonly=True)
         self._writer: Store | None = None
 
+    @property
+    def reader(self) -> Store:
+        return self._reader
+
     def __getattr__(self, name: str) -> Any:
         if name in _WRITES and self._writer is None:
             self._writer = open_store(self._url)
@@ -247,6 +294,30 @@ def fold_all(store: Store) -> tuple[list[tuple[RunInfo, RunState]], list[Journal
     return states, errors
 
 
+def queued_runs(store: Store) -> dict[str, QueuedRun]:
+    """The runs in the store's queue, by id (none for a store without one, JSONL): a
+    submitted run has no events until a worker starts it, and must not look absent."""
+    try:
+        queue = queue_of(store.reader if isinstance(store, _ReadFirst) else store)
+    except NoQueueError:
+        return {}
+    try:
+        return {r.run_id: r for r in queue.runs()}
+    except sqlite3.OperationalError as exc:
+        if "no such table: queue" in str(exc):  # read-only, from before the queue: none
+            return {}
+        raise
+    finally:
+        queue.close()
+
+
+def queue_place(entry: QueuedRun | None) -> dict[str, Any] | None:
+    """Where a run is in the queue, for --json."""
+    if entry is None:
+        return None
+    return {"name": entry.queue, "state": entry.state, "worker": entry.worker}
+
+
 def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:
     for exc in errors:
         _fail(str(exc), exit_code_for(exc))
@@ -276,6 +347,47 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Iterab
         grid.add_row(*(Text(visible(cell)) for cell in row),
                      style=styles[i] if styles else None)
     return grid
+
+
+def print_fitted(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]], *,
+                 drop: Sequence[str], keep: Iterable[str] = ()) -> None:
+    """A table of as many whole columns as fit ``console``: the columns in ``drop`` go,
+    first to last, until every column left fits its widest cell, so a narrow terminal
+    shows fewer columns, never cut or blank ones."""
+    rows = [[visible(cell) for cell in row] for row in rows]
+    width = {h: max([cell_len(h), *(cell_len(r[i]) for r in rows)])
+             for i, h in enumerate(headers)}
+    shown = list(headers)
+    for name in drop:
+        if _table_width(width[h] for h in shown) <= console.width:
+            break
+        shown.remove(name)
+    index = [headers.index(h) for h in shown]
+    if _table_width(width[h] for h in shown) > console.width:  # let rich squeeze the rest
+        console.print(table(shown, ([r[i] for i in index] for r in rows), keep=keep))
+        return
+    # Drawn as rich draws a table, a line at a time: a thousand rows print in a
+    # fraction of what rendering each cell costs.
+    widths = [width[h] for h in shown]
+
+    def rule(left: str, cross: str, right: str, fill: str) -> str:
+        return left + cross.join(fill * (w + 2) for w in widths) + right
+
+    def line(cells: Sequence[str], bar: str) -> str:
+        return bar + bar.join(f" {c}{' ' * (w - cell_len(c))} "
+                              for c, w in zip(cells, widths, strict=True)) + bar
+
+    console.print(Text(rule("┏", "┳", "┓", "━")), Text(line(shown, "┃"), style="bold"),
+                  Text("\n".join([rule("┡", "╇", "┩", "━"),
+                                  *(line([r[i] for i in index], "│") for r in rows),
+                                  rule("└", "┴", "┘", "─")])),
+                  sep="\n", no_wrap=True, crop=False, overflow="ignore")
+
+
+def _table_width(widths: Iterable[int]) -> int:
+    """The width of a table of columns this wide: a space each side, and the borders."""
+    widths = list(widths)
+    return sum(widths) + 3 * len(widths) + 1
 
 
 def note(message: str) -> None:
@@ -331,7 +443,7 @@ def _os_user() -> str:
 # --- the group -------------------------------------------------------------------------
 
 
-@click.group(name="agentjournal", cls=JournalGroup,
+@click.group(name="agentjournal", cls=JournalGroup, epilog=EXIT_CODES_HELP,
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agentjournal")
 def cli() -> None:

@@ -7,6 +7,7 @@ Everything printed for people goes through ``_safe`` (``visible``, ``cells``,
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -21,19 +22,19 @@ from .. import (
     RunState,
     encode,
 )
-from ..snapshots import VerifyReport
+from ..fleet import QueuedRun
+from ..snapshots import VerifyReport, load_state
 from ..snapshots import verify as verify_run
-from ..store import RunInfo
+from ..store import RunInfo, Store, mask_secrets
 from ..store.base import missing_run
 from ._base import (
-    STATUSES,
+    RUN_STATUSES,
     E,
     _fail,
     _report_unreadable,
     age,
     cli,
     exit_code_for,
-    fold_all,
     human_age,
     json_option,
     load,
@@ -41,60 +42,153 @@ from ._base import (
     note,
     opened,
     out,
+    print_fitted,
+    queue_place,
+    queued_runs,
     short,
+    store_hint,
     store_option,
     table,
 )
 from ._safe import cells, echo, emit_json, json_text, visible
+from ._usage import (
+    cost_text,
+    count,
+    run_usage,
+    seconds_between,
+    span,
+    totals,
+    turn_usage,
+    usage_line,
+)
 from .sagas import saga_lines, saga_of
 
 # --- inspection ------------------------------------------------------------------------
 
 
-def run_row(info: RunInfo, state: RunState) -> dict[str, Any]:
+def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None) -> dict[str, Any]:
     return {
         "run_id": info.run_id, "status": state.status, "events": info.last_seq,
         "started": info.created_at, "last_activity": info.updated_at,
         "uncertain": len(state.pending), "approvals": len(state.approvals),
         "agent": state.agent, "pause_reason": state.pause_reason,
+        "queue": queue_place(queued),
+        **totals(state, seconds_between(info.created_at, info.updated_at)),
     }
 
 
+def queued_row(entry: QueuedRun) -> dict[str, Any]:
+    """A run in the queue that has no events yet: its status is its state there."""
+    return {
+        "run_id": entry.run_id, "status": entry.state, "events": 0, "started": None,
+        "last_activity": datetime.fromtimestamp(entry.changed_at, UTC), "uncertain": 0,
+        "approvals": 0, "agent": entry.agent, "pause_reason": None,
+        "queue": queue_place(entry), **totals(RunState(), None),
+    }
+
+
+class Listing(msgspec.Struct):
+    """The runs `runs` shows, newest first, and what it left out."""
+
+    rows: list[dict[str, Any]]
+    errors: list[JournalError]  # runs that could not be read
+    total: int  # every run in the store, shown or not
+    more: bool  # runs past the limit were not looked at
+
+
+def newest_runs(store: Store, status: str | None, limit: int | None) -> Listing:
+    """Up to ``limit`` runs with ``status``, newest first: the runs with events and the
+    submitted ones that have none yet. Only the runs shown are folded, so listing the
+    newest of many is as fast as listing a few."""
+    queued = queued_runs(store)
+    infos = store.list_runs()
+    have_events = {i.run_id for i in infos}
+    waiting = [q for q in queued.values() if q.run_id not in have_events]
+    candidates: list[RunInfo | QueuedRun] = [*infos, *waiting]
+    candidates.sort(key=_last_activity, reverse=True)
+    listing = Listing(rows=[], errors=[], total=len(candidates), more=False)
+    for n, candidate in enumerate(candidates):
+        if limit is not None and len(listing.rows) == limit:
+            listing.more = n < len(candidates)
+            break
+        if isinstance(candidate, QueuedRun):
+            row = queued_row(candidate)
+        else:
+            try:
+                state = load_state(store, candidate.run_id).state  # snapshot + tail
+            except JournalError as exc:
+                listing.errors.append(exc)
+                continue
+            row = run_row(candidate, state, queued.get(candidate.run_id))
+        if status is None or row["status"] == status:
+            listing.rows.append(row)
+    return listing
+
+
+def _last_activity(run: RunInfo | QueuedRun) -> datetime:
+    if isinstance(run, QueuedRun):
+        return datetime.fromtimestamp(run.changed_at, UTC)
+    return run.updated_at or datetime.min.replace(tzinfo=UTC)
+
+
+#: How many runs `runs` shows unless told otherwise (newest first).
+DEFAULT_LIMIT = 50
+#: Columns `runs` leaves out on a narrow terminal, first to last.
+RUNS_DROP = ("started", "events", "approvals", "uncertain", "duration", "tokens in/out",
+             "last activity")
+
+
 @cli.command()
-@click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
+@click.option("--status", type=click.Choice(RUN_STATUSES),
+              help="Only runs with this status (queued: submitted, not started yet).")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
+              metavar="N", help="Show the newest N runs.")
+@click.option("--all", "all_runs", is_flag=True, help="Show every run (no --limit).")
 @json_option
 @store_option
 @click.pass_context
-def runs(ctx: click.Context, status: str | None, as_json: bool, store_url: str) -> None:
-    """List runs: status, events, start, last activity, open uncertain calls and approvals.
+def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_json: bool,
+         store_url: str) -> None:
+    """List runs, newest first: status, events, start, last activity, open uncertain
+    calls and approvals, tokens, cost and duration. Runs submitted to the queue are
+    listed before a worker starts them (status queued). A narrow terminal shows fewer
+    columns; --json has every field.
 
     \b
     Example:
-      agentjournal runs --status paused --store sqlite:///runs.db
+      agentjournal runs --status paused --limit 20 --store sqlite:///runs.db
     """
     with opened(store_url) as store:
-        states, errors = fold_all(store)
-    rows = [run_row(i, s) for i, s in states if status is None or s.status == status]
+        listing = newest_runs(store, status, None if all_runs else limit)
+    rows = listing.rows
     if as_json:
         emit_json(rows)
     elif not rows:
         note(f"no runs{f' with status {status}' if status else ''} in {store_url}")
     else:
-        out().print(table(
-            ("run", "status", "events", "started", "last activity", "uncertain", "approvals"),
-            cells((r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
-                   human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
-                   str(r["approvals"])) for r in rows),
-            keep=("run", "status", "started")))
-    _report_unreadable(ctx, errors)
+        print_fitted(out(), (
+            "run", "status", "events", "started", "last activity", "uncertain", "approvals",
+            "tokens in/out", "cost", "duration"), cells(
+            (r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
+             human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
+             str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
+             cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),
+             span(r["duration_s"])) for r in rows), drop=RUNS_DROP, keep=("run",))
+    if listing.more:
+        shown = (f"the newest {len(rows)} runs with status {status} (of {listing.total} in "
+                 "all; more may match)" if status else
+                 f"the newest {len(rows)} of {listing.total} runs")
+        note(f"{shown}; more with --limit N or --all")
+    _report_unreadable(ctx, listing.errors)
 
 
 def _calls(calls: Iterable[dict[str, Any]]) -> str:
     return ", ".join(f"{c.get('name')}({short(c.get('args', {}), 60)})" for c in calls)
 
 
-def summary(event: Event) -> str:
-    """One short line saying what ``event`` records."""
+def summary(event: Event, then: Event | None = None) -> str:
+    """One short line saying what ``event`` records (``then``: the event after it, which
+    says whether a failed model attempt was retried or the run gave up)."""
     p = event.payload
     match event.type:
         case E.RUN_STARTED:
@@ -107,13 +201,13 @@ def summary(event: Event) -> str:
             asks = _calls(p.get("tool_calls", []))
             said = " → ".join(filter(None, [short(p.get("text", ""), 60), asks]))
             who = " ".join(filter(None, [p.get("model"), p.get("finish_reason")]))
-            return f"{said} [{who}]" if who else said
+            # Usage first: it has a bounded width, so a narrow terminal cuts only the text.
+            return f"{turn_usage(p)}: {said} [{who}]" if who else f"{turn_usage(p)}: {said}"
         case E.MODEL_CALL_STARTED:
             return f"turn {p.get('turn')} running at the provider as {p.get('handle')}"
         case E.MODEL_CALL_FAILED:
-            then = ("retrying" if p.get("retryable") or p.get("lost") else "not retryable")
-            wait = f", retry after {p['retry_after']:g}s" if p.get("retry_after") else ""
-            return f"attempt {p.get('attempt')}: {short(p.get('error', ''), 90)} ({then}{wait})"
+            error = short(p.get("error", ""), 90)
+            return f"attempt {p.get('attempt')}: {error} ({_next_try(p, then)})"
         case E.INSTRUCTIONS_CHANGED:
             return f"instructions now: {short(p.get('instructions') or '')}"
         case E.TOOL_CALL_STARTED:
@@ -181,6 +275,24 @@ def summary(event: Event) -> str:
     return short(p.get("reason") or p.get("name") or p.get("key") or "")
 
 
+def _next_try(failure: dict[str, Any], then: Event | None) -> str:
+    """What came of a failed model attempt: the pause recorded with the last one means
+    the run gave up (a wait too long, or no attempts left), whatever the error was."""
+    if then is not None and then.type == E.RUN_PAUSED:
+        return "gave up: the run paused" if failure.get("retryable") or failure.get(
+            "lost") else "not retryable: the run paused"
+    if not (failure.get("retryable") or failure.get("lost")):
+        return "not retryable"
+    wait = f", retry after {failure['retry_after']:g}s" if failure.get("retry_after") else ""
+    return f"retrying{wait}"
+
+
+def summaries(events: Sequence[Event]) -> list[str]:
+    """A summary per event, each knowing the event after it."""
+    return [summary(e, events[i + 1] if i + 1 < len(events) else None)
+            for i, e in enumerate(events)]
+
+
 @cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.option("--at", type=click.IntRange(min=1), metavar="SEQ",
@@ -195,15 +307,43 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
       agentjournal show q3 --at 12    # what the run knew (and the model saw) at seq 12
     """
     with opened(store_url) as store:
+        queued = queued_runs(store).get(run_id)
+        if queued is not None and not store.last_seq(run_id):
+            print_queued(queued, store_url, as_json)  # submitted, not started yet
+            return
         events, state = load(store, run_id, at)
     saga = saga_of(state)
     if as_json:
         emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga,
-                   "events": [{**msgspec.to_builtins(e), "summary": summary(e)} for e in events]})
+                   "queue": queue_place(queued), "usage": run_usage(state, events),
+                   "events": [{**msgspec.to_builtins(e), "summary": line}
+                              for e, line in zip(events, summaries(events), strict=True)]})
     elif at is None:
         print_timeline(run_id, events, state)
+        if queued is not None:
+            echo(f"in queue {queued.queue!r}: {queued.state}{_held_by(queued)}")
     else:
         print_state(state)
+
+
+def _held_by(entry: QueuedRun) -> str:
+    return f", held by worker {entry.worker}" if entry.worker else ""
+
+
+def print_queued(entry: QueuedRun, store_url: str, as_json: bool) -> None:
+    """A submitted run no worker has started: where it waits, and for what."""
+    if as_json:
+        emit_json({"run_id": entry.run_id, "at": None, "state": None, "saga": None,
+                   "queue": {**msgspec.to_builtins(entry), "name": entry.queue},
+                   "events": []})
+        return
+    waited = human_age(age(datetime.fromtimestamp(entry.submitted_at, UTC)))
+    echo(f"run {entry.run_id}: {entry.state} in queue {entry.queue!r} of "
+         f"{mask_secrets(store_url)}, submitted {waited} ago, agent {entry.agent}"
+         f"{_held_by(entry)}; no events yet")
+    if entry.state == "queued":
+        note(f"a worker starts it: agentjournal worker --queue {entry.queue}"
+             f"{store_hint(store_url)}")
 
 
 def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
@@ -213,10 +353,11 @@ def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
     why = f" ({state.pause_reason})" if state.status == "paused" and state.pause_reason else ""
     console.print(Text(visible(f"run {run_id}: {state.status}{why}, {len(events)} events"),
                        style="bold"))
+    console.print(Text(usage_line(state, events)), no_wrap=True, overflow="ellipsis")
     width = max(len(e.type.value) for e in events)
-    for e in events:
+    for e, said in zip(events, summaries(events), strict=True):
         line = (f"{e.seq:>5}  {local_time(e.ts, '%H:%M:%S.%f')[:-3]}  "
-                f"{e.type.value:<{width}}  {summary(e)}")
+                f"{e.type.value:<{width}}  {said}")
         console.print(Text(visible(line)), no_wrap=True, overflow="ellipsis")
     _print_saga(console, state)
 

@@ -27,6 +27,7 @@ from ..workspace import WorkspaceError
 from ._base import (
     CliError,
     cli,
+    exit_for_status,
     json_option,
     load,
     note,
@@ -116,11 +117,15 @@ def next_steps(result: RunResult, hint: str) -> list[str]:
               "Omitted: a new run, whose id is printed. An empty id is refused.")
 @json_option
 @store_option
-def run(ref: str, task: str, run_id: str | None, as_json: bool, store_url: str) -> None:
+@click.pass_context
+def run(ctx: click.Context, ref: str, task: str, run_id: str | None, as_json: bool,
+        store_url: str) -> None:
     """Start a run of the agent MODULE:OBJECT, or resume it if --run-id exists.
 
     OBJECT is an Agent, or a zero-argument callable returning one; MODULE is
     imported with the current directory on the path, as `python -m` does.
+    Exit 0 when the run finished, 4 when it stopped for a person (what to do
+    next is printed on stderr).
 
     \b
     Example:
@@ -132,14 +137,17 @@ def run(ref: str, task: str, run_id: str | None, as_json: bool, store_url: str) 
     with opened(store_url, create=True) as store:
         result = drive(store, load_agent(ref), run_id, task, ref)
     print_result(result, store_url, as_json)
+    exit_for_status(ctx, result.status)
 
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
 @json_option
 @store_option
-def resume(run_id: str, as_json: bool, store_url: str) -> None:
-    """Resume a run with the agent it recorded (its MODULE:OBJECT).
+@click.pass_context
+def resume(ctx: click.Context, run_id: str, as_json: bool, store_url: str) -> None:
+    """Resume a run with the agent it recorded (its MODULE:OBJECT). Exit 0 when
+    it finished, 4 when it stopped for a person, as `run`.
 
     \b
     Example:
@@ -154,6 +162,7 @@ def resume(run_id: str, as_json: bool, store_url: str) -> None:
                 f"{shlex.quote(folded.task)} --run-id {run_id}")
         result = drive(store, load_agent(folded.agent), run_id, None, folded.agent)
     print_result(result, store_url, as_json)
+    exit_for_status(ctx, result.status)
 
 
 @cli.command(name="fork")

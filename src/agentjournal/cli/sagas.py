@@ -14,6 +14,7 @@ from ._base import (
     F,
     by_option,
     cli,
+    exit_for_status,
     json_option,
     load,
     note,
@@ -24,9 +25,6 @@ from ._base import (
 )
 from ._safe import echo, emit_json
 from .running import load_agent
-
-#: The saga stopped where a person must decide (exit code of ``compensate``).
-EXIT_SAGA_STOPPED = 4
 
 
 def saga_options(f: F) -> F:
@@ -110,8 +108,7 @@ def _report(ctx: click.Context, result: SagaResult, store_url: str, as_json: boo
         print_saga(result)
         for line in saga_next_steps(result, store_hint(store_url)):
             note(line)
-    if result.status != "compensated":
-        ctx.exit(EXIT_SAGA_STOPPED)
+    exit_for_status(ctx, result.status)
 
 
 def print_saga(result: SagaResult) -> None:
