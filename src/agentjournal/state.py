@@ -30,8 +30,9 @@ from .events import Event, EventType, render
 #: model, after the results of the calls it awaits: ``notes``). v7: a drift the workspace
 #: guards kept from being compared is told to the model too. v8: a freshness check made
 #: for a call about to run (``for_call``) is told to the model too, after the results; a
-#: tool call may stand in for arguments over the size limit (``ToolCall.too_large``); a turn whose price
-#: was unknown (cost None) is counted in ``unpriced_turns``, not summed as $0.
+#: tool call may stand in for arguments over the size limit (``ToolCall.too_large``);
+#: a turn whose price was unknown (cost None) is counted in ``unpriced_turns``, not
+#: summed as $0.
 FOLD_VERSION = 8
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
