@@ -339,6 +339,13 @@ def test_a_worker_runs_only_the_agents_it_trusts_and_parks_the_rest_at_once(
         r: runs[r].reason for r in refused}
     shown = fleet.cli("queue")
     assert shown.returncode == 0 and "not among the agents this worker trusts" in shown.stdout
+    # `show` of a refused run (it has no log to escalate in) says why it was parked.
+    run_id, ref = next(iter(refused.items()))
+    shown = fleet.cli("show", run_id)
+    assert shown.returncode == 0 and "parked" in shown.stdout, shown
+    assert REFUSED[ref] in shown.stdout, shown.stdout
+    place = json.loads(fleet.cli("show", run_id, "--json").stdout)["queue"]
+    assert REFUSED[ref] in place["reason"]
 
 
 def test_a_worker_must_be_told_which_agents_it_trusts(fleet: Fleet) -> None:

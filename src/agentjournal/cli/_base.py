@@ -315,7 +315,8 @@ def queue_place(entry: QueuedRun | None) -> dict[str, Any] | None:
     """Where a run is in the queue, for --json."""
     if entry is None:
         return None
-    return {"name": entry.queue, "state": entry.state, "worker": entry.worker}
+    return {"name": entry.queue, "state": entry.state, "worker": entry.worker,
+            "reason": entry.reason}
 
 
 def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:

@@ -327,7 +327,8 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
 
 
 def _held_by(entry: QueuedRun) -> str:
-    return f", held by worker {entry.worker}" if entry.worker else ""
+    held = f", held by worker {entry.worker}" if entry.worker else ""
+    return f"{held} (why: {entry.reason})" if entry.reason else held
 
 
 def print_queued(entry: QueuedRun, store_url: str, as_json: bool) -> None:
@@ -342,8 +343,9 @@ def print_queued(entry: QueuedRun, store_url: str, as_json: bool) -> None:
          f"{mask_secrets(store_url)}, submitted {waited} ago, agent {entry.agent}"
          f"{_held_by(entry)}; no events yet")
     if entry.state == "queued":
-        note(f"a worker starts it: agentjournal worker --queue {entry.queue}"
-             f"{store_hint(store_url)}")
+        module = entry.agent.partition(":")[0]
+        note(f"a worker that trusts its agent starts it: agentjournal worker --agents "
+             f"{module} --queue {entry.queue}{store_hint(store_url)}")
 
 
 def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
