@@ -397,7 +397,7 @@ def test_openai_cli_serves_from_script_file(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "agentjournal.testing.llm_stub", *args],
                             cwd=root)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # a hang guard
         while not port_file.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         url = f"http://127.0.0.1:{port_file.read_text()}/v1"
@@ -406,7 +406,7 @@ def test_openai_cli_serves_from_script_file(tmp_path: Path) -> None:
         assert out.choices[0].message.content == "from file"
     finally:
         proc.terminate()
-        proc.wait(timeout=5)
+        proc.wait(timeout=60)
 
 
 def test_cli_help_gives_the_script_format() -> None:
