@@ -195,15 +195,16 @@ def _takeovers_of(store: Store, victim: int, killed_at: float,
     queue = queue_of(store)
     try:
         dead = next((w for w in queue.workers() if w.pid == victim), None)
+        if dead is None:  # its row is gone: nothing to measure from
+            return []
         latencies = []
-        for run_id in dead.runs if dead is not None else ():
+        for run_id in dead.runs:
             def settled(run_id: str = run_id) -> bool:
                 done = any(r.run_id == run_id and r.state == "done" for r in queue.runs())
                 return done or _first_event_after(store, run_id, killed_at) is not None
 
             _wait(f"a successor to take {run_id} over", settled, ROUND_TIMEOUT, procs, logs)
             if (first := _first_event_after(store, run_id, killed_at)) is not None:
-                assert dead is not None
                 latencies.append(first - dead.heartbeat_at)
         return latencies
     finally:
@@ -223,6 +224,11 @@ def takeover_times(store: Store, url: str, workdir: Path, kills: int) -> list[fl
         logs.append(workdir / f"takeover-{len(logs)}.log")
         procs.append(_worker(url, name, logs[-1], TAKEOVER_TTL))
 
+    def holder() -> subprocess.Popen[bytes] | None:
+        """A live worker that held runs at its last heartbeat."""
+        held = {w.pid for w in queue.workers() if w.runs}
+        return next((p for p in procs if p.poll() is None and p.pid in held), None)
+
     try:
         for _ in range(2):
             start()
@@ -230,10 +236,6 @@ def takeover_times(store: Store, url: str, workdir: Path, kills: int) -> list[fl
             submit(store, SLOW_AGENT_REF, "bench", f"takeover-{i:04d}", queue=name)
         latencies: list[float] = []
         for _ in range(kills):
-            def holder() -> subprocess.Popen[bytes] | None:
-                held = {w.pid for w in queue.workers() if w.runs}
-                return next((p for p in procs if p.poll() is None and p.pid in held), None)
-
             _wait("a worker holding a run", lambda: holder() is not None, ROUND_TIMEOUT,
                   [p for p in procs if p.poll() is None], logs)
             victim = holder()
