@@ -326,8 +326,9 @@ def _fail(message: str) -> NoReturn:
 @click.command()
 @click.option("--quick", is_flag=True,
               help="Smaller sizes (1k and 10k events, 100 and 1,000 steps, 3 rounds): about "
-                   "4 minutes on 2 cores and a disk that syncs in ~3 ms, mostly fsyncs and "
-                   "worker start-ups; --rounds 1 halves it. The time taken is printed.")
+                   "4 minutes on 2 quiet CPUs with a disk that syncs in ~3 ms (7 when other "
+                   "work loads them), mostly syncs and worker start-ups. The time taken is "
+                   "printed.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object on stdout (progress stays on stderr).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
