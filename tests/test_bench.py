@@ -131,9 +131,9 @@ def test_plot_is_a_png(smoke: list[Figure], tmp_path: Path) -> None:
 
 
 def test_the_takeover_is_measured_against_ttl_plus_a_second(doc: dict[str, Any]) -> None:
-    """What a takeover measured: runs a killed worker held were continued, each no sooner
-    than the lease TTL allows; the target bounds p99 by TTL + 1 s (met or not: speed is
-    the bench's to judge, not a test's)."""
+    """What a takeover measured: runs a killed worker held, continued by a successor,
+    beside the lease TTL; the target bounds p99 by TTL + 1 s (met or not: speed is the
+    bench's to judge, not a test's)."""
     figures = {f["name"]: f for f in doc["figures"]}
     (target,) = [t for t in doc["targets"] if t["name"] == "takeover.p99"]
     if postgres_reason() is not None:
