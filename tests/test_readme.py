@@ -69,10 +69,10 @@ def test_the_stub_served_from_the_shell_runs_the_example(tmp_path: Path) -> None
     assert turns is not None, shell
     (tmp_path / "turns.json").write_text(turns.group(1))
     stub = subprocess.Popen([sys.executable, "-m", "agentjournal.testing.llm_stub", "--script",
-                             "turns.json"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+                             "turns.json"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
-        assert stub.stdout is not None
-        serving = re.match(r"serving (http://\S+) ", stub.stdout.readline())  # once listening
+        assert stub.stderr is not None
+        serving = re.match(r"serving (http://\S+) ", stub.stderr.readline())  # once listening
         assert serving is not None
         env = {**os.environ, "OPENAI_BASE_URL": serving.group(1) + "/v1", "OPENAI_API_KEY": "stub"}
         done = subprocess.run([sys.executable, str(ROOT / "examples" / "real_model.py")],

@@ -38,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
                      help="JSON list of script items, one per request (default: none, so "
                           'every answer is the text "done")')
     cli.add_argument("--port", type=int, default=0,
-                     help="port on 127.0.0.1 (default: a free one, printed on stdout)")
+                     help="port on 127.0.0.1 (default: a free one, printed on stderr)")
     cli.add_argument("--port-file", type=Path, metavar="FILE",
                      help="also write the port to FILE once listening (for scripts and tests)")
     return cli
@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> None:
             tmp = args.port_file.with_suffix(".tmp")
             tmp.write_text(str(stub.port))
             os.replace(tmp, args.port_file)
-        print(f"serving {stub.url} (OpenAI base URL {stub.url}/v1)", flush=True)
+        # On stderr, as a server's log: a caller's stdout (a JSON document) stays its own.
+        print(f"serving {stub.url} (OpenAI base URL {stub.url}/v1)", file=sys.stderr,
+              flush=True)
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: leave quietly
             threading.Event().wait()
 
