@@ -271,3 +271,18 @@ def test_a_missed_target_names_the_ceiling_the_run_measured_below_it() -> None:
     # A ceiling above the limit says nothing: the target may yet be met here.
     above = replay_and_group(kept=400_000, one_thread=30_000)
     assert "out of reach" not in above["replay.10000"] + above["group_commit.sqlite"]
+
+
+def test_json_on_stdout_is_the_document_alone_even_from_subprocesses(tmp_path: Path) -> None:
+    """The models section starts the stub server as a process of its own: whatever it
+    prints must not land in the JSON on stdout (a real process: CliRunner sees only
+    this one's output)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "agentjournal", "bench", "--quick", "--rounds",
+                           "1", "--only", "models", "--json", "--store-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert {family(f["name"]) for f in doc["figures"]} == {"parallel_turn", "model_step",
+                                                           "model_call"}
