@@ -88,3 +88,8 @@ def poison_after_holds() -> Agent:
     """Two holds, then a tool that kills its worker: a run that fails for good."""
     return Agent(ScriptedModel([calls(("hold", {"label": "h1"})), calls(("hold", {"label": "h2"})),
                                 calls(("explode", {})), reply("done")]), [hold, explode])
+
+
+def broken() -> Agent:
+    """A factory that raises: each claim of its run crashes."""
+    raise RuntimeError("the factory is broken")

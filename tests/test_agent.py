@@ -17,7 +17,7 @@ from agentjournal.events import Event
 from agentjournal.journal import fork
 from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
 from agentjournal.policy import Budget, Compaction, RegexGuardrail, Rules
-from agentjournal.state import PendingCall
+from agentjournal.state import PendingCall, ToolCall
 from agentjournal.store import Store
 from agentjournal.tools import (
     Absent,
@@ -657,3 +657,85 @@ def test_a_turn_is_stored_before_its_calls_wait_on_a_lookup(store: Store) -> Non
         assert Agent(model, [post]).run(store, run_id, "t", scope="s").status == "paused"
     assert logs_of_b[-1][-1] == "model_turn"
     assert receiver.applied == {"x": 1}
+
+
+# --- calls that share an id ----------------------------------------------------------------
+
+
+class SameIdModel:
+    """A plain model as several OpenAI-compatible servers answer: every call of a turn
+    with the id ``call_id`` (empty, or the same one on every turn), then an answer."""
+
+    def __init__(self, call_id: str, turns: list[list[str]]) -> None:
+        self.call_id, self.turns = call_id, turns
+        self.requests: list[ModelRequest] = []
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        self.requests.append(request)
+        if request.turn >= len(self.turns):
+            return reply("paid")
+        return ModelResponse(tool_calls=[ToolCall(id=self.call_id, name="post", args={"name": n})
+                                         for n in self.turns[request.turn]])
+
+
+@pytest.mark.parametrize("call_id", ["", "call_0"])
+def test_calls_that_share_an_id_are_each_made_and_answered_once(store: Store,
+                                                                call_id: str) -> None:
+    receiver = Receiver()
+    model = SameIdModel(call_id, [["g1", "g2", "g3"]])
+    result = Agent(model, [make_post(receiver)]).run(store, "r1", "pay g1, g2 and g3")
+
+    assert result.status == "finished"
+    assert receiver.applied == {"g1": 1, "g2": 1, "g3": 1}  # counted by the receiver
+    log = list(store.read("r1"))
+    (turn,) = [e.payload for e in log if e.type is E.MODEL_TURN and e.payload["tool_calls"]]
+    ids = [c["id"] for c in turn["tool_calls"]]
+    assert ids == ["call_0_0", "call_0_1", "call_0_2"]  # derived from turn and place
+    assert [c.get("provider_id") for c in turn["tool_calls"]] == [call_id] * 3
+    started = [e.payload for e in log if e.type is E.TOOL_CALL_STARTED]
+    assert [(p["call_id"], p["args"]["name"]) for p in started] == list(
+        zip(ids, ["g1", "g2", "g3"], strict=True))
+    # The model reads one result per call, each paired with its own call.
+    answered = model.requests[1].messages
+    (asked,) = [m for m in answered if m.tool_calls]
+    results = {m.tool_call_id: msgspec.json.decode(m.content)["name"]
+               for m in answered if m.role == "tool"}
+    assert results == {c.id: c.args["name"] for c in asked.tool_calls}
+    assert len([m for m in answered if m.role == "tool"]) == 3
+    assert fold(log).messages == result.state.messages  # replay reads the recorded ids
+
+
+def test_an_id_a_model_reuses_on_a_later_turn_gets_its_own(store: Store) -> None:
+    receiver = Receiver()
+    model = SameIdModel("call_0", [["g1"], ["g2"]])
+    assert Agent(model, [make_post(receiver)]).run(store, "r1", "t").status == "finished"
+    assert receiver.applied == {"g1": 1, "g2": 1}
+    turns = [e.payload for e in store.read("r1") if e.type is E.MODEL_TURN]
+    assert [[c["id"] for c in t["tool_calls"]] for t in turns] == [["call_0"], ["call_1_0"], []]
+    answered = model.requests[2].messages
+    assert [m.tool_call_id for m in answered if m.role == "tool"] == ["call_0", "call_1_0"]
+
+
+def test_a_turn_with_shared_ids_killed_mid_batch_makes_each_call_once(store: Store) -> None:
+    receiver = Receiver(dedupe=True)  # idempotent: a retry with the same key is safe
+
+    @tool(effect="idempotent", identity=["name"])
+    def post(ctx: ToolContext, name: str) -> dict[str, Any]:
+        """Post an entry; the process dies right after g2's."""
+        done = receiver.post(ctx.key, name)
+        if name == "g2" and ctx.attempt == 1:
+            raise Crash
+        return done
+
+    def agent() -> Agent:
+        return Agent(SameIdModel("", [["g1", "g2", "g3"]]), [post], parallel_calls=1)
+
+    with pytest.raises(Crash):
+        agent().run(store, "r1", "t")
+    assert receiver.applied == {"g1": 1, "g2": 1}
+    assert agent().run(store, "r1").status == "finished"
+    assert receiver.applied == {"g1": 1, "g2": 1, "g3": 1}
+    log = list(store.read("r1"))
+    done = [e.payload["call_id"] for e in log if e.type is E.TOOL_CALL_COMPLETED]
+    assert sorted(done) == ["call_0_0", "call_0_1", "call_0_2"]
+    assert not fold(log).pending

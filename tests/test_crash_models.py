@@ -285,3 +285,40 @@ def test_kill_mid_batch_of_parallel_calls_settles_each_call_once(
     assert {e.payload["attempt"] for e in starts[5:]} == {2}
     done = [e for e in events if e.type is E.TOOL_CALL_COMPLETED]
     assert Counter(e.payload["source"] for e in done) == {"tool": 4, "reconciliation": 1}
+
+
+# --- 4. A turn whose calls share one id, killed mid-batch -----------------------------------
+
+
+@pytest.mark.parametrize("call_id", ["", "call_0"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_kill_mid_batch_of_calls_that_share_an_id_makes_each_once(
+    store_url: str, stub: StubServer, receiver: Receiver, log: Log, provider: str, call_id: str
+) -> None:
+    labels = ["g1", "g2", "g3"]
+    stub.script([Reply(calls=[("post_effect", {"label": x}) for x in labels],
+                       call_ids=[call_id] * 3),
+                 Reply(text="all three posted")])
+    cmd = agent_cmd(store_url, stub, receiver, provider)
+    # g1 completes; g2 is applied and then blocks; g3 blocks before its request.
+    child = start([*cmd, "--block-after", "g2", "--block-before", "g3"])
+
+    def window() -> bool:
+        return log.count(E.TOOL_CALL_COMPLETED) == 1 and sum(receiver.by_label().values()) == 2
+
+    wait_for(window, "1 completion and 2 effects", child)
+    kill(child)
+
+    out = resume(cmd)
+    assert out["outcome"] == "all three posted"
+    assert receiver.by_label() == dict.fromkeys(labels, 1)  # each made once, none dropped
+    events = check_log(log, out)
+    (turn, _) = [e.payload for e in events if e.type is E.MODEL_TURN]
+    ids = [c["id"] for c in turn["tool_calls"]]
+    assert len(set(ids)) == 3 and {c["provider_id"] for c in turn["tool_calls"]} == {call_id}
+    assert verdicts_by_label(events) == {"g2": "found", "g3": "absent"}
+    # Each call answered once, under its own id; the model read the three results.
+    answers = Counter(e.payload["call_id"] for e in events if e.type in (
+        E.TOOL_CALL_COMPLETED, E.TOOL_RESULT_SERVED, E.TOOL_CALL_DENIED))
+    assert answers == dict.fromkeys(ids, 1)

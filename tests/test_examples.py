@@ -44,3 +44,18 @@ def test_example_runs_on_each_provider(provider: str, tmp_path: Path) -> None:
     assert result["status"] == "finished" and result["outcome"] == "Posted 2 corrections."
     ledger = json.loads((tmp_path / "ledger.json").read_text())
     assert sorted(ledger) == ["ledger-a", "ledger-b"]
+
+
+def test_example_runs_in_background_mode_on_a_server_without_retrieve(tmp_path: Path) -> None:
+    # Several OpenAI-compatible servers answer a background call in its create call and
+    # have no retrieve endpoint.
+    with StubServer(SCRIPT, retrieve=False) as stub:
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLE), "--provider", "openai-responses", "--run-id", "q3",
+             "--store", f"sqlite:///{tmp_path / 'runs.db'}", "--ledger",
+             str(tmp_path / "ledger.json")],
+            env={**os.environ, **env_for("openai-responses", stub)}, capture_output=True,
+            text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert stub.counts["created"] == len(SCRIPT)  # one response per turn
+    assert json.loads(done.stdout)["outcome"] == "Posted 2 corrections."

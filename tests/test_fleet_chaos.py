@@ -85,6 +85,7 @@ class Fleet:
         with open(log, "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "agentjournal", "worker", "--store", self.url,
+                 "--agents", AGENT, "--import-path", str(ROOT),
                  "--concurrency", str(CONCURRENCY), "--ttl", str(TTL), "--poll", str(POLL),
                  "--grace", str(GRACE)], cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
                 stderr=err)

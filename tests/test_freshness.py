@@ -216,14 +216,49 @@ def test_a_tool_that_requires_a_fresh_read_re_reads_first(tmp_path: Path, moved:
         if moved:  # the post is denied with what changed; the model decides again
             assert world.posted == []
             denial = next(m for m in world.requests[-1].messages if m.name == "post")
-            assert denial.is_error and 'changed to {"account":"cash","balance":40}' in (
-                denial.content)
+            assert denial.is_error and 'balance({"account":"cash"}) changed' in denial.content
         else:
             assert world.posted == [5]
         log = list(store.read("r1"))
         before_last_turn = max(e.seq for e in log if e.type is E.MODEL_TURN) - 1
         assert msgspec.json.encode(fold(log[:before_last_turn]).messages) == (
             msgspec.json.encode(world.requests[-1].messages))
+
+
+@backend_params()
+def test_a_denied_stale_call_tells_the_model_what_it_believed_and_what_holds_now(
+        store_url: str) -> None:
+    """The same note as before a turn: the old value, the new one and the age, after the
+    turn's results (never between them), and a replay gives the context the model read."""
+    world = World()
+    agent = guarded_agent(world)
+    live = Live()
+    with open_store(store_url) as store:
+        assert agent.run(store, "r1", "post", observer=live).status == "waiting_approval"
+        approve_all(store, "r1")
+        world.balance = 40
+        time.sleep(FRESH_FOR + 0.1)
+        assert agent.run(store, "r1", observer=live).status == "finished"
+        assert world.posted == []
+        messages = world.requests[-1].messages
+        denial = next(i for i, m in enumerate(messages) if m.name == "post")
+        assert messages[denial].is_error and "balance(" in messages[denial].content
+        note = messages[denial + 1]  # right after the last result, before the next turn
+        assert note.role == "user" and note.content.startswith("The world since")
+        assert 'balance({"account":"cash"}), observed 0.' in note.content
+        assert ('changed from {"account":"cash","balance":100} to '
+                '{"account":"cash","balance":40}') in note.content
+        assert len(messages) == denial + 2
+        log = list(store.read("r1"))
+        for seq, seen in live.states.items():
+            assert msgspec.json.encode(fold(log[:seq]).messages) == seen, seq
+        # A log written before the check named its call (fold v7) folds as it did: no note.
+        old = [msgspec.structs.replace(e, payload={
+            k: v for k, v in e.payload.items() if k != "for_call"})
+            if e.type is E.OBSERVATIONS_CHECKED else e for e in log]
+        then = fold(old).messages
+        assert not any(m.content.startswith("The world since") for m in then)
+        assert then[-2].name == "post" and then[-2].is_error  # the denial, then the answer
 
 
 def test_the_async_loop_re_reads_too(tmp_path: Path) -> None:

@@ -123,6 +123,19 @@ def test_openai_chat_orphan_tool_result_rejected(stub: StubServer, oai: openai.O
     assert stub.counts["rejected"] == 1
 
 
+def test_openai_chat_scripted_call_ids_and_duplicate_results(
+    stub: StubServer, oai: openai.OpenAI
+) -> None:
+    # As some OpenAI-compatible servers answer: every call of the turn with one id.
+    stub.script([Reply(calls=[("add", {"a": 1}), ("add", {"a": 2})], call_ids=["", ""])])
+    assistant, _ = chat_call_turn(oai)
+    assert [c["id"] for c in assistant["tool_calls"]] == ["", ""]
+    results = [{"role": "tool", "tool_call_id": "", "content": str(n)} for n in (1, 2)]
+    with pytest.raises(openai.BadRequestError):
+        oai.chat.completions.create(model="m", messages=[USER, assistant, *results])
+    assert "Duplicate value for 'tool_call_id'" in stub.rejections[-1].reason
+
+
 # --- OpenAI Responses ----------------------------------------------------------------------
 
 
@@ -220,6 +233,19 @@ def test_openai_responses_background(stub: StubServer, oai: openai.OpenAI) -> No
         oai.responses.retrieve("resp_unknown")
 
 
+def test_openai_responses_background_without_retrieve() -> None:
+    # As several OpenAI-compatible servers: the answer comes with the create call.
+    with StubServer([Reply(text="at once")], retrieve=False) as stub, openai.OpenAI(
+            base_url=stub.url + "/v1", api_key="test", max_retries=0) as oai:
+        created = oai.responses.create(model="m", input="add", background=True)
+        assert (created.status, created.output_text) == ("completed", "at once")
+        with pytest.raises(openai.NotFoundError):
+            oai.responses.retrieve(created.id)
+        with pytest.raises(openai.NotFoundError):
+            oai.responses.cancel(created.id)
+        assert stub.counts["created"] == 1 and stub.counts["responses_retrieve"] == 0
+
+
 def test_openai_responses_background_cancel(stub: StubServer, oai: openai.OpenAI) -> None:
     stub.script([Reply(text="never", delay=30)])
     created = oai.responses.create(model="m", input="add", background=True)
@@ -288,6 +314,29 @@ def test_anthropic_missing_and_orphan_results_rejected(
     with pytest.raises(anthropic.BadRequestError):
         claude.messages.create(model="m", max_tokens=MAX, messages=[orphan])
     assert "unexpected `tool_use_id`" in stub.rejections[-1].reason
+
+
+def test_anthropic_tool_use_ids_checked(stub: StubServer, claude: anthropic.Anthropic) -> None:
+    stub.script([Reply(calls=[("add", {}), ("add", {})], call_ids=["", ""])])
+    out = claude.messages.create(model="m", max_tokens=MAX, messages=[USER])
+    assert [b.id for b in out.content if b.type == "tool_use"] == ["", ""]
+
+    def turn(*ids: str) -> list[dict[str, Any]]:
+        uses = [{"type": "tool_use", "id": i, "name": "add", "input": {}} for i in ids]
+        results = [{"type": "tool_result", "tool_use_id": i} for i in ids]
+        return [USER, {"role": "assistant", "content": uses}, {"role": "user", "content": results}]
+
+    for ids, reason in [(("",), "should match pattern"), (("call:0",), "should match pattern"),
+                        (("a", "a"), "ids must be unique")]:
+        with pytest.raises(anthropic.BadRequestError):
+            claude.messages.create(model="m", max_tokens=MAX, messages=turn(*ids))
+        assert reason in stub.rejections[-1].reason
+    # Unique across the request, not only within a turn.
+    again = [*turn("a"), {"role": "assistant", "content": turn("a")[1]["content"]},
+             turn("a")[2]]
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model="m", max_tokens=MAX, messages=again)
+    assert "ids must be unique" in stub.rejections[-1].reason
 
 
 def test_anthropic_tampered_thinking_rejected(

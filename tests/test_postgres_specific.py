@@ -543,3 +543,16 @@ def test_a_warm_append_whose_answer_is_lost_breaks_the_handle(
         store.append("r", make_events("r", 1, 0, _facts(1)), expected_seq=1, epoch=0)
     with PostgresStore(PG_URL, schema=schema) as fresh:
         assert fresh.last_seq("r") == 2  # it had committed: the reader learns the truth
+
+
+def test_lock_timeout_comes_from_the_url_and_bounds_every_connection(schema: str) -> None:
+    from agentjournal import open_store
+
+    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={schema}"
+    with open_store(url) as store:
+        assert isinstance(store, PostgresStore) and store.lock_timeout == 30.0
+    with open_store(url + "&lock_timeout=2.5") as store, store._conn() as conn:
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("2500ms",)
+    for bad in ("soon", "-1", "nan", ""):
+        with pytest.raises(StoreUrlError, match="lock_timeout"):
+            open_store(url + f"&lock_timeout={bad}")

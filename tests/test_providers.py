@@ -8,6 +8,7 @@ import asyncio
 import email.utils
 import importlib
 import json
+import re
 import sys
 import time
 from functools import partial
@@ -327,7 +328,9 @@ def test_openai_responses_history_echoes_own_items() -> None:
         request(history("openai.responses", REASONING_ITEMS)))
     assert client.sent["input"] == [
         {"role": "user", "content": "Compare a and b"},
-        *REASONING_ITEMS,
+        # Verbatim, but for the call ids: those the loop recorded, which the results carry.
+        REASONING_ITEMS[0], {**REASONING_ITEMS[1], "call_id": "call_1"},
+        {**REASONING_ITEMS[2], "call_id": "call_2"},
         {"type": "function_call_output", "call_id": "call_1", "output": "A"},
         {"type": "function_call_output", "call_id": "call_2",
          "output": "denied: invalid arguments"},
@@ -355,7 +358,9 @@ def test_anthropic_history_echoes_own_blocks() -> None:
         request(history("anthropic", THINKING_ITEMS)))
     assert client.sent["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Compare a and b"}]},
-        {"role": "assistant", "content": THINKING_ITEMS},
+        {"role": "assistant", "content": [  # verbatim, but for the ids the loop recorded
+            *THINKING_ITEMS[:3], {**THINKING_ITEMS[3], "id": "call_1"},
+            {**THINKING_ITEMS[4], "id": "call_2"}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "call_1", "content": "A", "is_error": False},
             {"type": "tool_result", "tool_use_id": "call_2",
@@ -372,6 +377,19 @@ def test_anthropic_history_rebuilds_other_providers_turns() -> None:
     assert client.sent["messages"][1] == {"role": "assistant", "content": [
         {"type": "tool_use", "id": "call_1", "name": "read_file", "input": {"path": "a.txt"}},
         {"type": "tool_use", "id": "call_2", "name": "read_file", "input": {}}]}
+
+
+def test_anthropic_sends_ids_it_would_refuse_as_ids_it_takes() -> None:
+    # A run recorded on an OpenAI-compatible server whose ids Anthropic's pattern refuses.
+    calls = [ToolCall(id="functions.read_file:0", name="read_file", args={"path": "a"})]
+    turn = Message(role="assistant", content="", trust="assistant", seq=2, tool_calls=calls,
+                   provider="openai.chat")
+    client = FakeClient(load("anthropic_max_tokens", AnthropicMessage))
+    AnthropicModel(client, "claude-haiku-4-5").complete(
+        request([user("task", 1), turn, result("functions.read_file:0", "A", 3)]))
+    (use,) = client.sent["messages"][1]["content"]
+    (answer,) = client.sent["messages"][2]["content"]
+    assert re.fullmatch(r"[a-zA-Z0-9_-]+", use["id"]) and answer["tool_use_id"] == use["id"]
 
 
 def orphans() -> list[Message]:

@@ -172,6 +172,21 @@ def test_crashes_count_until_a_clean_hand_back(store: Store) -> None:
     assert again is not None and again.crashes == 0
 
 
+def test_a_parked_run_keeps_the_reason_until_it_is_requeued(store: Store) -> None:
+    submit(store, "m:a", "t", "r1")
+    queue = queue_of(store)
+    claim = queue.claim("w", 30, ["default"])
+    assert claim is not None and queue.hand_back(claim.lease, "parked", 0, "refused: m:a")
+    (row,) = queue.runs()
+    assert (row.state, row.reason, row.claims, row.crashes) == ("parked", "refused: m:a", 1, 0)
+    assert queue.retry("r1")
+    (row,) = queue.runs()
+    assert (row.state, row.reason) == ("queued", None)
+    again = queue.claim("w", 30, ["default"])
+    assert again is not None and queue.hand_back(again.lease, "done", 0)
+    assert queue.runs()[0].reason is None
+
+
 def test_a_crash_is_taken_back_when_the_holder_was_alive(store: Store) -> None:
     submit(store, "m:a", "t", "r1")
     queue = queue_of(store)

@@ -472,6 +472,46 @@ def test_background_lost_call_is_asked_anew(provider: str, stub: StubServer,
     assert stub.counts["created"] == 1
 
 
+@pytest.mark.parametrize("mode", ["run", "arun", "arun-sync"])
+@pytest.mark.parametrize("provider", ["openai-responses"])
+def test_background_against_a_server_that_answers_in_create(provider: str, mode: str,
+                                                            store: Store) -> None:
+    """Several OpenAI-compatible servers complete a background response inside the create
+    call and have no retrieve endpoint: the answer the create call returned is the turn's."""
+    receiver = Receiver()
+    with StubServer([Reply(calls=[("lookup", {"city": "Oslo"})]), Reply(text="mild")],
+                    retrieve=False) as stub:
+        result = drive(provider, stub, store, receiver.tools(), mode=mode,
+                       adapter_kw={"background": True, "poll_interval": 0.02})
+
+    assert result.status == "finished" and result.outcome == "mild"
+    assert stub.counts["created"] == 2  # one response per turn, each billed once
+    assert stub.counts["rejected"] == 0 and len(stub.requests) == 2  # nothing polled
+    log = read_log(store)
+    assert of(log, E.MODEL_CALL_FAILED) == []
+    started = of(log, E.MODEL_CALL_STARTED)
+    assert [t["response_id"] for t in of(log, E.MODEL_TURN)] == [s["handle"] for s in started]
+    assert receiver.lookups == {"Oslo": 1}
+
+
+@pytest.mark.parametrize("provider", ["openai-responses"])
+def test_a_lost_background_call_waits_like_any_failed_call(provider: str, stub: StubServer,
+                                                          store: Store) -> None:
+    # A backoff longer than max_retry_wait stops the run instead of asking again at once.
+    with open_journal(store, "r1") as j:
+        j.record_all([(E.RUN_STARTED, {"task": "t", "scope": "run:r1", "agent": None,
+                                       "instructions": None}),
+                      (E.USER_MESSAGE, {"content": "t"}),
+                      (E.MODEL_CALL_STARTED, {"handle": "resp_gone", "turn": 0})])
+    stub.script([Reply(text="never asked")])
+    result = drive(provider, stub, store, [], task=None, model_backoff=60, max_retry_wait=1,
+                   adapter_kw={"background": True, "poll_interval": 0.02})
+
+    assert result.status == "paused" and stub.counts["created"] == 0
+    (failed,) = of(read_log(store), E.MODEL_CALL_FAILED)
+    assert failed["lost"] is True and failed["status"] == 404
+
+
 @pytest.mark.parametrize("mode", ["run", "arun"])
 @pytest.mark.parametrize("provider", ["openai-responses"])
 def test_background_cancelled_call_is_asked_anew(provider: str, mode: str, stub: StubServer,
@@ -509,6 +549,54 @@ def test_background_cancelled_call_is_asked_anew(provider: str, mode: str, stub:
     first, second = of(log, E.MODEL_CALL_STARTED)
     assert first["handle"] in failed["error"]
     assert of(log, E.MODEL_TURN)[0]["response_id"] == second["handle"] != first["handle"]
+
+
+# --- 6b. calls that share an id ------------------------------------------------------------
+
+
+def orders(*ids: str) -> list[tuple[str, dict[str, Any]]]:
+    return [("place_order", {"order_id": i, "qty": 1}) for i in ids]
+
+
+@pytest.mark.parametrize("call_id", ["", "call_0"])
+@providers
+def test_calls_that_share_an_id_are_each_placed_and_answered_once(
+        provider: str, call_id: str, stub: StubServer, store: Store) -> None:
+    """A server that sends one id for every call of a turn: each call is made once, and
+    the next request pairs each result with its own call, in the form the provider takes."""
+    receiver = Receiver()
+    stub.script([Reply(calls=orders("g1", "g2", "g3"), call_ids=[call_id] * 3,
+                       reasoning=True, thinking=True),
+                 Reply(text="placed")])
+    result = drive(provider, stub, store, receiver.tools())
+
+    assert result.status == "finished" and result.outcome == "placed"
+    assert stub.rejections == []
+    log = read_log(store)
+    started = of(log, E.TOOL_CALL_STARTED)
+    assert sorted(p["args"]["order_id"] for p in started) == ["g1", "g2", "g3"]
+    assert receiver.effects == {p["key"]: 1 for p in started}  # counted by the receiver
+    turn = of(log, E.MODEL_TURN)[0]
+    assert [c["provider_id"] for c in turn["tool_calls"]] == [call_id] * 3
+    ids = [c["id"] for c in turn["tool_calls"]]
+    assert len(set(ids)) == 3
+    sent = tool_results(provider, model_bodies(stub, provider)[1])
+    assert {i: msgspec.json.decode(sent[i])["order_id"] for i in ids} == {
+        c["id"]: c["args"]["order_id"] for c in turn["tool_calls"]}
+
+
+@providers
+def test_an_id_reused_on_a_later_turn_is_sent_back_as_its_own(
+        provider: str, stub: StubServer, store: Store) -> None:
+    receiver = Receiver()
+    stub.script([Reply(calls=orders("g1"), call_ids=["call_0"]),
+                 Reply(calls=orders("g2"), call_ids=["call_0"]), Reply(text="placed")])
+    result = drive(provider, stub, store, receiver.tools())
+
+    assert result.status == "finished" and stub.rejections == []
+    assert len(receiver.effects) == 2 and set(receiver.effects.values()) == {1}
+    last = tool_results(provider, model_bodies(stub, provider)[2])
+    assert sorted(last) == ["call_0", "call_1_0"]
 
 
 # --- 7. a turn's calls run together --------------------------------------------------------

@@ -11,12 +11,15 @@ Needs a server (conftest's POSTGRES_URL): skipped when unreachable, a failure un
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
 import pytest
@@ -27,12 +30,15 @@ if _why := postgres_reason():
     pytest.skip(_why, allow_module_level=True)
 
 import psycopg
+from psycopg import sql
 
 from agentjournal import (
     Agent,
     EventType,
     JournalError,
     ScriptedModel,
+    StoreLockedError,
+    StoreUnavailableError,
     calls,
     make_events,
     open_store,
@@ -43,8 +49,10 @@ from agentjournal.events import seal
 from agentjournal.fleet import WorkerInfo, queue_of, submit
 from agentjournal.store import Lease, Store
 from agentjournal.store import postgres as pg_module
+from agentjournal.store.base import Tombstone
 from agentjournal.store.postgres import PostgresStore
 from agentjournal.store.tenants import (
+    CHANNELS_TABLE,
     SHARED_TABLES,
     TENANT_TABLES,
     TenantRoleError,
@@ -165,12 +173,13 @@ def test_the_tenant_roles_are_limited_by_row_level_security(shared: Shared) -> N
                     (role, shared.schema)) == [(False,)]
     tables = dict(_sql("SELECT tablename, rowsecurity FROM pg_tables WHERE schemaname = %s",
                        (shared.schema,)))
-    assert tables == {**dict.fromkeys(TENANT_TABLES, True), **dict.fromkeys(SHARED_TABLES, False)}
+    assert tables == {**dict.fromkeys(TENANT_TABLES, True), **dict.fromkeys(SHARED_TABLES, False),
+                      CHANNELS_TABLE: True}
     assert _sql("SELECT relforcerowsecurity FROM pg_class WHERE relname = 'runs' AND"
                 " relnamespace = %s::regnamespace", (shared.schema,)) == [(False,)]
     policies = _sql("SELECT tablename, cmd, qual FROM pg_policies WHERE schemaname = %s"
                     " ORDER BY tablename", (shared.schema,))
-    assert [p[0] for p in policies] == sorted(TENANT_TABLES)
+    assert [p[0] for p in policies] == sorted((*TENANT_TABLES, CHANNELS_TABLE))
     assert all(p[1] == "ALL" and p[2] == "(tenant = CURRENT_USER)" for p in policies)
 
 
@@ -349,7 +358,7 @@ def test_a_tenant_granted_before_segments_writes_them_after_the_upgrade(
     snapshots, so a tenant granted by an older release keeps its snapshots."""
     s, role = f'"{shared.schema}"', shared.roles[0]
     _sql(f"DROP TABLE {s}.segments")  # the schema as the release before left it
-    _sql(f"DELETE FROM {s}.schema_version WHERE version = 8")
+    _sql(f"DELETE FROM {s}.schema_version WHERE version >= 8")  # (later ones run again)
     open_store(shared.admin).close()  # the admin opens it: migrated
     with open_store(shared.urls[0]) as tenant:
         events = make_events("a-run", 0, 0, _facts("hello"))
@@ -357,3 +366,260 @@ def test_a_tenant_granted_before_segments_writes_them_after_the_upgrade(
         tenant.put_segments("a-run", {SEG: b"part"})
         assert tenant.segments("a-run", [SEG]) == {SEG: b"part"}
     assert _sql(f"SELECT tenant FROM {s}.segments") == [(role,)]
+
+
+# --- one tenant cannot stall the others ----------------------------------------------
+
+HANG_GUARD = 90.0  # seconds: only a hang guard, far above any lock timeout used here
+T = TypeVar("T")
+
+
+def _conninfo(url: str) -> str:
+    """A store URL as a plain libpq URL (without agentjournal's own parameters)."""
+    parts = urlsplit(url)
+    ours = ("schema=", "lock_timeout=")
+    query = "&".join(kv for kv in parts.query.split("&") if kv and not kv.startswith(ours))
+    return parts._replace(query=query).geturl()
+
+
+@contextmanager
+def _holding(url: str, *statements: str) -> Iterator[None]:
+    """Another session (as the URL's role) holding what ``statements`` lock, in an open
+    transaction, until the block ends."""
+    with psycopg.connect(_conninfo(url)) as conn:
+        for statement in statements:
+            conn.execute(statement)
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+def _unstalled(call: Callable[[], T]) -> T:
+    """``call()``'s result (or its exception), failing the test if it is still waiting
+    after HANG_GUARD: stalled by another session's lock."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD)
+    if not outcome:
+        pytest.fail(f"still waiting after {HANG_GUARD:g} s: stalled by another session's lock")
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return cast(T, value)
+
+
+def _migration_lock(schema: str) -> str:
+    return f"SELECT pg_advisory_xact_lock({pg_module._MIGRATION_LOCK}, hashtext('{schema}'))"
+
+
+def test_a_tenant_holding_the_migration_lock_stalls_no_open(shared: Shared) -> None:
+    with _holding(shared.urls[0], _migration_lock(shared.schema)):
+        for url in (shared.urls[1], shared.admin, shared.urls[0]):
+            with _unstalled(partial(open_store, url)) as store:  # up to date: no lock taken
+                assert store.list_runs() == []
+
+
+def test_a_migration_waits_for_the_migration_lock_only_until_the_lock_timeout(
+        shared: Shared) -> None:
+    fresh = f"{shared.schema}_new"  # to be created: its first open migrates
+    try:
+        with _holding(shared.urls[0], _migration_lock(fresh)), \
+                pytest.raises(StoreLockedError) as info:
+            _unstalled(partial(open_store, _url(fresh) + "&lock_timeout=1"))
+        error = info.value
+        assert isinstance(error, StoreUnavailableError) and error.retryable
+        assert error.timeout == 1.0 and "migration lock" in str(error)
+        assert "lock_timeout" in str(error) and "pg_locks" in str(error)
+        assert not _sql("SELECT 1 FROM pg_namespace WHERE nspname = %s", (fresh,))
+        open_store(_url(fresh)).close()  # the lock released: it migrates
+        assert _sql(f'SELECT count(*) FROM "{fresh}".schema_version') == [
+            (len(pg_module.MIGRATIONS),)]
+    finally:
+        _sql(f'DROP SCHEMA IF EXISTS "{fresh}" CASCADE')
+
+
+def test_an_open_waits_for_a_table_lock_only_until_the_lock_timeout(shared: Shared) -> None:
+    # Only the owner can take this lock; a tenant opening waits for it, not forever.
+    with _holding(shared.admin, f'LOCK TABLE "{shared.schema}".schema_version'), \
+            pytest.raises(StoreLockedError, match="opening the schema"):
+        _unstalled(partial(open_store, shared.urls[1] + "&lock_timeout=1"))
+    open_store(shared.urls[1]).close()
+
+
+@pytest.mark.parametrize("table", ["runs", "events", "queue", *SHARED_TABLES])
+def test_a_tenant_cannot_lock_the_tables_every_write_and_claim_uses(
+        shared: Shared, table: str) -> None:
+    name = f'"{shared.schema}"."{table}"'
+    for statement in (*(f"LOCK TABLE {name} IN {mode} MODE" for mode in (
+            "ACCESS EXCLUSIVE", "EXCLUSIVE", "SHARE ROW EXCLUSIVE", "SHARE",
+            "SHARE UPDATE EXCLUSIVE", "ROW SHARE")), f"TRUNCATE {name}"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), \
+                _holding(shared.urls[0], statement):
+            pass
+    for privilege in ("UPDATE", "DELETE", "TRUNCATE"):  # what LOCK TABLE ... EXCLUSIVE needs
+        assert _sql("SELECT has_table_privilege(%s, %s, %s)",
+                    (shared.roles[0], name, privilege)) == [(False,)]
+
+
+def test_a_tenants_log_is_append_only_to_it(shared: Shared) -> None:
+    """Without DELETE on events a tenant cannot archive (gc) its runs: the admin does."""
+    with open_store(shared.urls[0]) as a_store:
+        a = _tenant_a_work(a_store)
+        before = _rows(shared.schema)
+        tombstone = Tombstone(run_id=a.run, last_seq=2, digest="", archive="file:///x",
+                              deleted_at=datetime.now(UTC))
+        with pytest.raises(JournalError, match="permission denied"):
+            a_store.delete_run(tombstone, epoch=a.lease.epoch)
+        for statement in (f'DELETE FROM "{shared.schema}".events',
+                          f'UPDATE "{shared.schema}".events SET type = type'):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), \
+                    _holding(shared.urls[0], statement):
+                pass
+        assert _rows(shared.schema) == before
+    with open_store(shared.admin) as admin:
+        admin.delete_run(tombstone, epoch=a.lease.epoch)
+        assert admin.tombstone(a.run) is not None
+
+
+def test_a_table_lock_a_tenant_can_still_take_stalls_others_only_until_the_lock_timeout(
+        shared: Shared) -> None:
+    """A tenant keeps DELETE on workers, snapshots and segments (pruning is a delete), so
+    it can lock them: another tenant's call on them fails with StoreLockedError after
+    the lock timeout, and its appends, which never touch them, go on."""
+    with open_store(shared.urls[1] + "&lock_timeout=1") as b_store:
+        b_queue = queue_of(b_store)
+        for table in ("workers", "snapshots", "segments"):
+            with _holding(shared.urls[0], f'LOCK TABLE "{shared.schema}".{table}'):
+                with pytest.raises(StoreLockedError, match="this call needs"):
+                    _unstalled({"workers": b_queue.workers,
+                                "snapshots": partial(b_store.snapshots, "b-run"),
+                                "segments": partial(b_store.segments, "b-run", [SEG]),
+                                }[table])
+                seq = b_store.last_seq("b-run")
+                events = make_events("b-run", seq, 0, _facts(f"B appends past {table}"))
+                assert _unstalled(partial(b_store.append, "b-run", events,
+                                          expected_seq=seq, epoch=0)) == seq + 1
+        assert b_queue.workers() == [] and b_store.last_seq("b-run") == 3
+
+
+# --- what one tenant learns of another's activity ------------------------------------
+
+def _heard_before_marker(url: str, channel: str, during: Callable[[], None]) -> list[int]:
+    """The pids of every notification on ``channel`` that a session of the URL's role
+    hears while ``during`` runs, up to a marker it sends itself afterwards (notifications
+    arrive in commit order, so whatever ``during`` sent there arrives first)."""
+    with psycopg.connect(_conninfo(url), autocommit=True) as listener, \
+            psycopg.connect(_conninfo(url), autocommit=True) as marker:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        during()
+        marker.execute(sql.SQL("NOTIFY {}, 'marker'").format(sql.Identifier(channel)))
+        heard = []
+        for note in listener.notifies(timeout=HANG_GUARD):
+            if note.payload == "marker":
+                return heard
+            heard.append(note.pid)
+    pytest.fail(f"the marker on {channel} never arrived")
+
+
+def test_a_tenant_hears_nothing_of_another_tenants_submits(shared: Shared) -> None:
+    schema_channel = f"agentjournal_{shared.schema}"
+    with open_store(shared.urls[1]) as b_store:
+        b_submits = partial(submit, b_store, "tests.agents:b", "B's task")
+        assert _heard_before_marker(shared.urls[0], schema_channel,
+                                    partial(b_submits, "b-1")) == []
+        assert _heard_before_marker(shared.urls[0], schema_channel,
+                                    partial(queue_of(b_store).wake)) == []
+
+
+def test_each_tenants_workers_and_the_admins_are_woken_by_its_submits(shared: Shared) -> None:
+    with open_store(shared.urls[0]) as a_store, open_store(shared.urls[1]) as b_store, \
+            open_store(shared.admin) as admin_store:
+        a_queue, b_queue, admin_queue = (queue_of(s) for s in (a_store, b_store, admin_store))
+        for queue in (a_queue, b_queue, admin_queue):
+            queue.wait(0.0)  # listening from now on
+        submit(b_store, "tests.agents:b", "B's task", "b-1")
+        assert b_queue.wait(HANG_GUARD) and admin_queue.wait(HANG_GUARD)
+        submit(a_store, "tests.agents:a", "A's task", "a-1")
+        assert a_queue.wait(HANG_GUARD) and admin_queue.wait(HANG_GUARD)
+        # A tenant granted while the admin's worker runs wakes it once it looks again.
+        role, password = f"aj_tenant_c_{uuid.uuid4().hex[:8]}", secrets.token_hex(12)
+        try:
+            create_tenant(shared.admin, None, role, password=password)
+            admin_queue.wait(0.0)
+            with open_store(_url(shared.schema, role, password)) as c_store:
+                submit(c_store, "tests.agents:c", "C's task", "c-1")
+                assert admin_queue.wait(HANG_GUARD)
+                assert [r.run_id for r in queue_of(c_store).runs()] == ["c-1"]
+        finally:
+            _sql(f'DROP OWNED BY "{role}"')
+            _sql(f'DROP ROLE "{role}"')
+
+
+def test_a_tenants_channel_is_its_own_secret(shared: Shared) -> None:
+    """A channel anyone could name could be heard by anyone (LISTEN needs no privilege):
+    each tenant's is random, and only it and the admin can read it."""
+    channels = dict(_sql(f'SELECT tenant, channel FROM "{shared.schema}".{CHANNELS_TABLE}'))
+    assert set(channels) == set(shared.roles)
+    for role, url in zip(shared.roles, shared.urls, strict=True):
+        assert role not in channels[role] and shared.schema not in channels[role]
+        with psycopg.connect(_conninfo(url)) as conn:
+            seen = conn.execute(
+                f'SELECT tenant, channel FROM "{shared.schema}".{CHANNELS_TABLE}').fetchall()
+        assert seen == [(role, channels[role])]
+    grant_tenant(shared.admin, None, shared.roles[0])  # idempotent: the channel stays
+    revoke_tenant(shared.admin, None, shared.roles[1])  # ...and goes with the grants
+    assert dict(_sql(f'SELECT tenant, channel FROM "{shared.schema}".{CHANNELS_TABLE}')) == {
+        shared.roles[0]: channels[shared.roles[0]]}
+
+
+def test_what_row_level_security_does_not_hide(shared: Shared) -> None:
+    """What docs/tenants.md says a tenant can still observe of another: counts and sizes,
+    not contents. (If one of these starts to hold, update the page.)"""
+    s = f'"{shared.schema}"'
+    with open_store(shared.urls[1]) as b_store:
+        for i in range(5):
+            b_store.append(f"b-{i}", make_events(f"b-{i}", 0, 0, _facts("B's secret", "x")),
+                           expected_seq=0, epoch=0)
+    _sql(f"ANALYZE {s}.events")
+    with psycopg.connect(_conninfo(shared.urls[0]), autocommit=True) as a:
+        def one(query: str) -> Any:
+            return a.execute(query).fetchone()
+
+        assert one(f"SELECT count(*) FROM {s}.events") == (0,)
+        plan = "\n".join(r[0] for r in a.execute(f"EXPLAIN ANALYZE SELECT * FROM {s}.events"))
+        assert "Rows Removed by Filter: 10" in plan  # B's row count
+        assert one(f"SELECT reltuples FROM pg_class WHERE oid = '{s}.events'::regclass") == (10,)
+        assert one(f"SELECT pg_relation_size('{s}.events') > 0") == (True,)
+        assert one(f"SELECT count(*) FROM pg_stats WHERE schemaname = '{shared.schema}'") == (0,)
+        with PostgresStore(_conninfo(shared.urls[1]), schema=shared.schema) as b_store, \
+                b_store._conn() as b_conn:
+            b_conn.execute(f"SELECT 1 FROM {s}.runs")  # B inside a transaction, holding a lock
+            ((b_pid,),) = b_conn.execute("SELECT pg_backend_pid()").fetchall()
+            assert one(f"SELECT usename, query FROM pg_stat_activity WHERE pid = {b_pid}") == (
+                shared.roles[1], "<insufficient privilege>")
+            assert one(f"SELECT count(*) > 0 FROM pg_locks WHERE pid = {b_pid}"
+                       f" AND relation = '{s}.runs'::regclass") == (True,)
+
+
+def test_a_tenant_granted_before_channels_submits_on_the_schemas_channel(
+        shared: Shared) -> None:
+    """Until grant_tenant runs again for it, such a tenant has no channel of its own and
+    no access to the others': it still submits, and the admin's workers hear it."""
+    table = f'"{shared.schema}".{CHANNELS_TABLE}'
+    _sql(f'REVOKE ALL ON {table} FROM "{shared.roles[0]}"')
+    _sql(f"DELETE FROM {table} WHERE tenant = %s", (shared.roles[0],))
+    with open_store(shared.urls[0]) as a_store, open_store(shared.admin) as admin_store:
+        admin_queue = queue_of(admin_store)
+        admin_queue.wait(0.0)
+        heard = _heard_before_marker(shared.admin, f"agentjournal_{shared.schema}",
+                                     partial(submit, a_store, "tests.agents:a", "A", "a-1"))
+        assert len(heard) == 1 and admin_queue.wait(HANG_GUARD)

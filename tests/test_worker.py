@@ -55,13 +55,16 @@ class Fleet:
         listed = self.cli("workers", "--json")
         return {w["pid"] for w in json.loads(listed.stdout)} if listed.returncode == 0 else set()
 
-    def worker(self, *args: str) -> subprocess.Popen[bytes]:
+    def worker(self, *args: str, agents: str = "tests.fleet_agents",
+               cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+        """A worker trusting ``agents``; it imports them from the repository root, named
+        explicitly (its working directory is never on its import path)."""
         log = self.tmp / f"worker-{len(self.procs)}.log"
         with open(log, "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "agentjournal", "worker", "--store", self.url,
-                 "--poll", "0.2", *args], cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
-                stderr=err)
+                 "--agents", agents, "--import-path", str(ROOT), "--poll", "0.2", *args],
+                cwd=cwd, env=self.env, stdout=subprocess.DEVNULL, stderr=err)
         self.procs.append((proc, log))
         return proc
 
@@ -245,7 +248,7 @@ def test_submit_is_idempotent_through_the_cli(fleet: Fleet) -> None:
 def test_a_jsonl_store_has_no_queue_for_workers_or_submit(tmp_path: Path) -> None:
     (url,) = fresh_url("jsonl", tmp_path)
     fleet = Fleet(url, tmp_path)
-    worker = fleet.cli("worker")
+    worker = fleet.cli("worker", "--agents", "m")
     assert worker.returncode == 1 and "has no queue of runs" in worker.stderr
     submitted = fleet.cli("submit", "--agent", "m:a", "--task", "t")
     assert submitted.returncode == 1 and "has no queue of runs" in submitted.stderr
@@ -266,3 +269,130 @@ def test_a_worker_serves_its_metrics_to_a_scraper(fleet: Fleet) -> None:
     assert "agentjournal_worker_runs_done_total 1" in text.splitlines()
     assert f'agentjournal_events_replayed_total{{schema_version="{SCHEMA_VERSION}"}}' in text
     assert fleet.stop(proc) == 0, fleet.logs()
+
+
+# --- which agents a worker runs (issue 26, item 2) ------------------------------------
+
+#: A module a hostile queue writer hopes a worker imports: it leaves a marker if it is.
+SHADOW = """import pathlib
+pathlib.Path({marker!r}).write_text("imported")
+
+def agent():
+    return None
+"""
+
+#: Refs a hostile queue writer submits, and what the reason a worker parks each with says.
+REFUSED = {
+    "os:abort": "not among the agents this worker trusts",
+    "os:fork": "not among the agents this worker trusts",
+    "evil:agent": "not among the agents this worker trusts",  # a module in the worker's cwd
+    "local:agent": "cannot import module 'local'",  # trusted, but only in the worker's cwd
+    "tests.fleet_agents:os.abort": "not an Agent",  # a trusted module's attribute
+    "tests.fleet_agents:os.fork": "not an Agent",
+    "tests.fleet_agents:explode": "not an Agent",  # a Tool
+    "tests.fleet_agents:_write_line": "private",
+    "tests.fleet_agents:counter()": "not MODULE:OBJECT",
+}
+
+
+def _queue_raw(url: str, run_id: str, agent: str, task: str = "t") -> None:
+    """Submit as anyone who can write to the queue can: straight into the table."""
+    with open_store(url) as store:
+        queue_of(store).submit(run_id, agent, task)
+
+
+def test_a_worker_runs_only_the_agents_it_trusts_and_parks_the_rest_at_once(
+        fleet: Fleet) -> None:
+    cwd = fleet.tmp / "cwd"
+    cwd.mkdir()
+    marker = fleet.tmp / "imported"
+    for name in ("evil", "local"):
+        (cwd / f"{name}.py").write_text(SHADOW.format(marker=str(marker)))
+    refused = {f"bad{i}": ref for i, ref in enumerate(REFUSED)}
+    for run_id, ref in refused.items():
+        _queue_raw(fleet.url, run_id, ref)
+    proc = fleet.worker("--ttl", "300", agents="tests.fleet_agents,local", cwd=cwd)
+    fleet.until("every refused run parked", lambda: all(
+        fleet.runs()[r].state == "parked" for r in refused))
+    assert proc.poll() is None, fleet.logs()  # not killed, not forked away
+    _submit(fleet.url, "counter", "after them", "good")
+    fleet.until("a trusted run done", lambda: fleet.runs()["good"].state == "done")
+    assert fleet.effects() == {("good", "a"): 1, ("good", "b"): 1}
+    assert fleet.stop(proc) == 0, fleet.logs()
+    assert not marker.exists()  # nothing from the worker's cwd was imported
+    runs = fleet.runs()
+    for run_id, ref in refused.items():
+        row = runs[run_id]
+        # Parked on its first claim, with no crash counted (a TTL of 300 s: a crash
+        # would have left it running).
+        assert (row.claims, row.crashes, row.runnable) == (1, 0, False), (ref, row)
+        assert row.reason is not None and REFUSED[ref] in row.reason, (ref, row.reason)
+        with open_store(fleet.url) as store:
+            assert store.last_seq(run_id) == 0  # nothing was run
+    summary = json.loads(fleet.cli("queue", "--json").stdout)
+    assert {p["run_id"]: p["reason"] for p in summary["poison"]} == {
+        r: runs[r].reason for r in refused}
+    shown = fleet.cli("queue")
+    assert shown.returncode == 0 and "not among the agents this worker trusts" in shown.stdout
+
+
+def test_a_worker_must_be_told_which_agents_it_trusts(fleet: Fleet) -> None:
+    untold = subprocess.run([sys.executable, "-m", "agentjournal", "worker", "--store",
+                             fleet.url], cwd=ROOT, env=fleet.env, capture_output=True,
+                            text=True, timeout=60)
+    assert untold.returncode == 1 and "Missing option '--agents'" in untold.stderr
+    for bad in ("", "os:", "a..b", "tests.fleet_agents:", "a,,b"):
+        told = fleet.cli("worker", "--agents", bad)
+        assert told.returncode == 1 and "--agents" in told.stderr, (bad, told.stderr)
+    submitted = fleet.cli("submit", "--agent", "m:a()", "--task", "t")
+    assert submitted.returncode == 2 and "MODULE:OBJECT" in submitted.stderr
+
+
+def test_a_parked_run_with_a_log_is_escalated_with_the_reason(fleet: Fleet) -> None:
+    """A run started by a trusted agent whose ref stops being trusted (a worker of a
+    narrower fleet claims it) is escalated in its log too, where `show` finds it."""
+    _submit(fleet.url, "needs_approval", "ask first", "ask")
+    first = fleet.worker()
+    fleet.until("the run to wait", lambda: fleet.runs()["ask"].state == "waiting")
+    assert fleet.stop(first) == 0
+    assert fleet.cli("requeue", "ask").returncode == 0
+    narrow = fleet.worker(agents="tests.other_agents")
+    fleet.until("the run parked", lambda: fleet.runs()["ask"].state == "parked")
+    assert fleet.stop(narrow) == 0
+    with open_store(fleet.url) as store:
+        last = list(store.read("ask"))[-1]
+    assert last.type is EventType.RUN_ESCALATED
+    assert "not among the agents this worker trusts" in last.payload["reason"]
+    shown = fleet.cli("show", "ask")
+    assert "run_escalated       refused by a worker" in shown.stdout, shown.stdout
+
+
+# --- the worker's log (issue 26, item 7) ----------------------------------------------
+
+LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) ")
+
+
+def test_the_worker_logs_timestamped_levelled_lines_escapes_visible_one_per_error(
+        fleet: Fleet) -> None:
+    _queue_raw(fleet.url, "red", "tests.fleet_agents:\x1b[31mred")
+    _queue_raw(fleet.url, "broken", "tests.fleet_agents:broken")
+    proc = fleet.worker("--ttl", "1")
+    fleet.until("the crash logged", lambda: "crashed" in fleet.procs[-1][1].read_text())
+    fleet.until("the bad ref parked", lambda: fleet.runs()["red"].state == "parked")
+    assert fleet.stop(proc) == 0
+    raw = fleet.procs[-1][1].read_bytes()
+    assert b"\x1b" not in raw  # no terminal escape reaches the log ...
+    text = raw.decode()
+    assert "\\x1b[31mred" in text  # ... it is shown
+    lines = text.splitlines()
+    assert lines and all(LINE.match(line) for line in lines), text
+    assert "Traceback" not in text
+    (crash,) = [line for line in lines if "crashed" in line]
+    assert " ERROR " in crash and "RuntimeError: the factory is broken" in crash
+    (parked,) = [line for line in lines if "parked red" in line]
+    assert "not MODULE:OBJECT" in parked
+    # --verbose adds the traceback, at debug level (the lease lapsed: it crashes again).
+    verbose = fleet.worker("--ttl", "1", "--verbose")
+    fleet.until("the traceback", lambda: "Traceback" in fleet.procs[-1][1].read_text())
+    assert fleet.stop(verbose) == 0
+    assert re.search(r" DEBUG .*\nTraceback", fleet.procs[-1][1].read_text())

@@ -63,13 +63,13 @@ def editor(ws: Workspace, *, requests: list[ModelRequest] | None = None,
            approve: bool = False, turns: int = TURNS) -> Agent:
     root = ws.directory
 
-    @tool(effect="idempotent", identity=["path", "text"])
+    @tool(effect="idempotent", identity=["path", "text"], local=True)
     def write_file(path: str, text: str) -> str:
         """Write `text` to `path` in the workspace."""
         (root / path).write_text(text)
         return f"wrote {path}"
 
-    @tool(effect="idempotent", identity=["path"])
+    @tool(effect="idempotent", identity=["path"], local=True)
     def delete_file(path: str) -> str:
         """Delete `path`."""
         (root / path).unlink()
@@ -361,3 +361,156 @@ def test_a_file_over_the_size_limit_is_skipped_and_recorded(
         assert skipped == {"big.bin is 1,000 bytes, over the limit of 100"}
         shadow_objects = git(tmp_path / "shadow.git", "count-objects", "-v")
         assert "count: 0" in shadow_objects and "in-pack: 0" in shadow_objects  # nothing added
+
+
+def tree_of(file: Path) -> dict[str, bytes]:
+    """Every file under ``file`` (a directory), with its bytes: what must not change."""
+    return {p.relative_to(file).as_posix(): p.read_bytes() for p in sorted(file.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["cloned", "no-commit-yet"])
+def test_files_in_a_nested_repository_are_versioned_and_restored(
+        project: Path, tmp_path: Path, committed: bool) -> None:
+    """A directory holding its own .git (a vendored clone, or one with no commit yet) is
+    versioned file by file, never as a gitlink: its edits are in the turn's version, a
+    restore puts its files back, and its own .git is neither versioned nor touched."""
+    lib = project / "vendor" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "lib.c").write_text("int v = 1;\n")
+    (lib / ".gitignore").write_text("*.o\n")
+    (lib / "lib.o").write_bytes(b"\x7fELF")  # ignored by the nested repo's own rules
+    git(lib, "init", "-q")
+    if committed:
+        git(lib, "add", ".")
+        git(lib, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-qm", "v1")
+    nested_git = tree_of(lib / ".git")
+
+    @tool(effect="idempotent", identity=["path", "text"])
+    def write_file(path: str, text: str) -> str:
+        """Write `text` to `path` in the workspace."""
+        (project / path).write_text(text)
+        return f"wrote {path}"
+
+    script = [calls(("write_file", {"path": "vendor/lib/lib.c", "text": "int v = 2;\n"}),
+                    ("write_file", {"path": "vendor/lib/new.c", "text": "int w;\n"})),
+              reply("edited")]
+    ws = Workspace(project, shadow=tmp_path / "shadow.git")
+    with open_store(f"sqlite:///{tmp_path / 'j.db'}") as store:
+        agent = Agent(ScriptedModel(script), [write_file], workspace=ws, parallel_calls=1)
+        assert agent.run(store, "r1", "edit the library").status == "finished"
+        start, turn = checkpoints(store, "r1")
+        assert turn.payload["changed"] == ["vendor/lib/lib.c", "vendor/lib/new.c"]
+        stored = git(tmp_path / "shadow.git", "ls-tree", "-r", start.payload["commit"])
+        assert "vendor/lib/lib.c" in stored and "vendor/lib/.gitignore" in stored
+        assert " commit " not in stored and ".git/" not in stored and "lib.o" not in stored
+        restore_workspace(store, "r1", start.seq, by="ana")
+        assert (lib / "lib.c").read_text() == "int v = 1;\n"
+        assert not (lib / "new.c").exists() and (lib / "lib.o").exists()
+        restore_workspace(store, "r1", turn.seq, by="ana")
+        assert (lib / "lib.c").read_text() == "int v = 2;\n"
+        assert (lib / "new.c").read_text() == "int w;\n"
+    assert tree_of(lib / ".git") == nested_git
+
+
+def test_a_file_over_the_limit_in_a_nested_repository_is_skipped_and_recorded(
+        project: Path, tmp_path: Path) -> None:
+    """The guards see a nested repository's files like any others."""
+    lib = project / "vendor" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "big.bin").write_bytes(b"x" * 1000)
+    git(lib, "init", "-q")
+    git(lib, "add", ".")
+    git(lib, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-qm", "v1")
+    ws = Workspace(project, shadow=tmp_path / "shadow.git", max_file_bytes=100)
+    made = ws.checkpoint("r1", "start")
+    assert made.skipped == "vendor/lib/big.bin is 1,000 bytes, over the limit of 100"
+    assert made.commit is None
+
+def test_a_version_holding_a_gitlink_is_never_restored_over_the_nested_files(
+        project: Path, tmp_path: Path) -> None:
+    """A version made before nested repositories were versioned file by file holds a
+    gitlink where their files are: restoring it would delete them, so it is refused."""
+    lib = project / "vendor" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "lib.c").write_text("int v = 1;\n")
+    git(lib, "init", "-q")
+    git(lib, "add", ".")
+    git(lib, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-qm", "v1")
+    shadow = tmp_path / "shadow.git"
+    ws = Workspace(project, shadow=shadow)
+    assert ws.checkpoint("r1", "now").commit
+    env = {**os.environ, "GIT_DIR": str(shadow), "GIT_WORK_TREE": str(project),
+           "GIT_INDEX_FILE": str(tmp_path / "old-index")}
+
+    def old_git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=project, env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    old_git("add", "-A", ".")  # what an older version stored: vendor/lib as a gitlink
+    old = old_git("commit-tree", old_git("write-tree"), "-m", "old")
+    with pytest.raises(WorkspaceError, match="vendor/lib"):
+        ws.restore("r1", old)
+    assert (lib / "lib.c").read_text() == "int v = 1;\n"
+
+
+@backend_params()
+def test_a_resumed_fork_makes_its_file_edits_and_no_payment_again(
+        store_url: str, project: Path, tmp_path: Path) -> None:
+    """Forked after its second turn, the files are those of that turn; resumed, the fork
+    makes its own edits (they are local to the run: the origin's are not its files) and
+    every file its log says it wrote is on disk with that content. A payment the origin
+    made after the fork point is an effect of the scope: served, never made again."""
+    paid: list[str] = []
+
+    @tool(effect="idempotent", identity=["path", "text"], local=True)
+    def write_file(path: str, text: str) -> str:
+        """Write `text` to `path` in the workspace."""
+        (project / path).write_text(text)
+        return f"wrote {path}"
+
+    @tool(effect="irreversible", identity=["invoice"])
+    def pay(invoice: str, amount: int) -> str:
+        """Pay an invoice."""
+        paid.append(invoice)
+        return f"paid {invoice}"
+
+    def write(path: str, text: str) -> tuple[str, dict[str, Any]]:
+        return "write_file", {"path": path, "text": text}
+
+    script = [calls(write("a.txt", "a0\n")),
+              calls(write("a.txt", "a1\n"), write("b.txt", "b1\n")),
+              calls(write("c.txt", "c2\n"), ("pay", {"invoice": "inv-1", "amount": 10})),
+              calls(write("a.txt", "a3\n")),
+              reply("done")]
+    ws = Workspace(project, shadow=tmp_path / "shadow.git")
+
+    def agent() -> Agent:
+        return Agent(ScriptedModel(script), [write_file, pay], workspace=ws, parallel_calls=1)
+
+    with open_store(store_url) as store:
+        assert agent().run(store, "r1", "edit and pay").status == "finished"
+        assert paid == ["inv-1"]
+        log = list(store.read("r1"))
+        paying = next(e.seq for e in log if e.type is E.TOOL_CALL_STARTED
+                      and e.payload["tool"] == "pay")
+        # After the second turn's version; and inside the third turn, its calls started
+        # but not completed (the fork settles them on resume).
+        for at in (checkpoints(store, "r1")[2].seq, paying):
+            forked = fork(store, "r1", at, f"r1-fork-{at}")
+            assert (project / "a.txt").read_text() == "a1\n"
+            assert not (project / "c.txt").exists()
+            assert agent().run(store, forked).status == "finished"
+            state = fold(list(store.read(forked)))
+            said = {}  # what the fork's log says each file holds: its last write
+            for done in sorted(state.completed.values(), key=lambda c: c.seq):
+                if done.args is not None and "path" in done.args:
+                    said[done.args["path"]] = done.args["text"].encode()
+            assert said == {"a.txt": b"a3\n", "b.txt": b"b1\n", "c.txt": b"c2\n"}
+            assert {name: files(project)[name] for name in said} == said
+            writes = [c for c in state.completed.values()
+                      if c.seq > at and "path" in (c.args or {})]
+            assert writes and {c.source for c in writes} == {"tool"}  # made by the fork
+            assert paid == ["inv-1"]  # the world does not fork: the payment was served
+            (payment,) = [c for c in state.completed.values() if "invoice" in (c.args or {})]
+            assert payment.source == "scope"

@@ -26,6 +26,7 @@ from .errors import AgentRefError, InvalidRunIdError, RunMismatchError
 from .events import EventType
 from .journal import Observer, RunJournal, open_journal
 from .keys import run_scope
+from .limits import MAX_ARGS_BYTES, MAX_RESULT_BYTES, checked_limit
 from .models import Model
 from .ops import run_async, run_sync
 from .peers import peers_of
@@ -123,6 +124,8 @@ class Agent(StepMachine):
         redaction: Redaction | None = None,
         invisible: InvisibleText | None = DEFAULT_INVISIBLE,
         workspace: Workspace | str | os.PathLike[str] | None = None,
+        max_args_bytes: int | None = MAX_ARGS_BYTES,
+        max_result_bytes: int | None = MAX_RESULT_BYTES,
     ) -> None:
         """``tool_timeout``: seconds a tool call may take unless the tool says otherwise
         (None: no limit); past it the call is abandoned and uncertain. ``stuck_after``:
@@ -150,7 +153,14 @@ class Agent(StepMachine):
         its shadow store and guards). It is committed to a shadow git store when a run
         starts and after each turn whose calls changed it, the commit recorded with the
         turn's results in one batch; a change made while the run was stopped is
-        recorded, and told to the model, before it is asked anything."""
+        recorded, and told to the model, before it is asked anything.
+
+        ``max_args_bytes`` (default 1 MiB), ``max_result_bytes`` (default 4 MiB): the
+        largest arguments and result of one tool call, as JSON, that are stored (None:
+        no limit). Arguments over it are not kept and the call is denied, telling the
+        model why; the run goes on. A result over it comes after the effect: the call
+        is completed (never made again), its result's size and sha256 kept instead of
+        it, and the model told. See limits.py."""
         self.model = model
         self.tools = {t.name: t for t in tools}
         self.policy = policy or AllowAll()
@@ -176,6 +186,8 @@ class Agent(StepMachine):
         self.stuck_after = limit(stuck_after)
         self.workspace = (workspace if isinstance(workspace, Workspace) or workspace is None
                           else Workspace(workspace))
+        self.max_args_bytes = checked_limit("max_args_bytes", max_args_bytes)
+        self.max_result_bytes = checked_limit("max_result_bytes", max_result_bytes)
 
     @staticmethod
     def _redaction(given: Redaction | None, guardrails: Sequence[Guardrail]) -> Redaction:

@@ -17,6 +17,7 @@
     │   └── CorruptStoreError       damage to a store's file itself (a truncated SQLite database)
     ├── DurabilityError             an fsync or commit failed; the handle is now closed for writes
     ├── StoreUnavailableError       the store's server could not be reached; nothing was committed
+    │   └── StoreLockedError        a lock it needed was held by another session past the timeout
     ├── StoreIOError                the OS refused a store read or write (disk full, permissions)
     │   └── ReadOnlyStoreError      a write to a store opened read-only, or on a read-only mount
     ├── EncodingError               a payload that cannot be stored (NaN, infinity, unknown type)
@@ -308,6 +309,27 @@ class StoreUnavailableError(JournalError):
         )
         self.url = url
         self.detail = detail
+
+
+class StoreLockedError(StoreUnavailableError):
+    """A lock the call needed (a table, a row, the migration lock) was held by another
+    session for longer than the store's lock timeout: a long transaction, ``LOCK
+    TABLE``, an advisory lock. The call waited no longer, and committed nothing."""
+
+    def __init__(self, url: str, what: str, timeout: float, *,
+                 run_id: str | None = None) -> None:
+        JournalError.__init__(
+            self,
+            f"store {url}: {what} was held by another session for longer than the lock "
+            f"timeout ({timeout:g} s). Nothing was committed by this call; try again. If it "
+            "persists, the database's admin can find the session holding it in pg_locks "
+            "and pg_stat_activity and end it (pg_terminate_backend); ?lock_timeout=SECONDS "
+            "in the store URL sets how long a call waits for a lock.",
+            run_id=run_id,
+        )
+        self.url = url
+        self.detail = what
+        self.timeout = timeout
 
 
 class StoreIOError(JournalError):

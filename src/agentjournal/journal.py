@@ -28,7 +28,7 @@ from .errors import ConflictError, JournalError, LeaseExpiredError, LeaseHeldErr
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
 from .snapshots import Segments, load_state, write_snapshot
-from .state import RunState, apply, fold
+from .state import Message, RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 from .store.base import boot_seconds, missing_run
 from .workspace import WorkspaceError, version_at, versions
@@ -106,6 +106,10 @@ class RunJournal:
         # The arguments of calls whose recorded form was redacted, by call id, as this
         # process was given them: only this process may make such a call again.
         self.live_args: dict[str, dict[str, Any]] = {}
+        # The ids of the calls in the model's context, read from the messages once and
+        # then only from the ones added since (see call_ids_in_context).
+        self._call_ids: set[str] = set()
+        self._call_ids_read: tuple[list[Message] | None, int] = (None, 0)  # list, read up to
         self.run_id = lease.run_id
         self.observer = observer
         self.snapshot_every = snapshot_every
@@ -137,6 +141,18 @@ class RunJournal:
         """Append one fact durably, then fold it into the state."""
         (event,) = self.record_all([(kind, payload)])
         return event
+
+    def call_ids_in_context(self) -> set[str]:
+        """The ids of the tool calls in the run's messages. Messages are only appended,
+        except by a compaction, which makes a new list: then they are read again."""
+        messages = self.state.messages
+        read_in, read = self._call_ids_read
+        if read_in is not messages or read > len(messages):
+            self._call_ids, read = set(), 0
+        for m in messages[read:]:
+            self._call_ids.update(c.id for c in m.tool_calls)
+        self._call_ids_read = (messages, len(messages))
+        return self._call_ids
 
     def as_recorded(self, value: Any) -> Any:
         """``value`` as it would be recorded (redacted), to compare with what was."""
@@ -353,7 +369,8 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, 
     The fork records its origin and keeps the origin's idempotency scope, so
     it never re-executes an effect its prefix recorded, nor one its origin (or any
     run of the scope) recorded after ``at_seq``: the loop asks the scope's other
-    runs before making an effect (see peers.py). The world does not fork.
+    runs before making an effect (see peers.py). The world does not fork; the files
+    of its workspace do, so a tool declared ``local`` (one that edits them) is called.
 
     ``new_run_id`` omitted asks for a new id; an empty one is refused
     (InvalidRunIdError), never replaced by a made-up one.

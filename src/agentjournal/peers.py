@@ -4,7 +4,8 @@ Effects belong to the scope, not to one log. A fork keeps its origin's scope and
 another run of the same tenant operation shares it, so they compute the same
 idempotency key for the same action; the world does not fork with the log. Before
 a run makes an effect it asks its peers whether one of them has already made it (a
-completion there) or may have (a start without a completion there).
+completion there) or may have (a start without a completion there). A tool declared
+``local`` is not asked about: its effect stays with its run (the run's workspace).
 
 Each peer is folded once per run session (snapshot + tail, like any load) and then
 only its new events are applied, so asking again costs one scope query and one tail

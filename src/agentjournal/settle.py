@@ -6,7 +6,7 @@ worker died, the tool raised after sending, it timed out. Recovery runs these
 rules before the model is asked anything, and a call that meets an uncertain
 key on its way runs them too:
 
-    another run of the scope completed the key  -> found there
+    another run of the scope completed the key  -> found there (a tool not ``local``)
     the tool has a lookup                       -> found / absent / conflict / unknown
     read-only or idempotent, retry not blocked  -> retry with the same key
     otherwise                                   -> a person decides (the run pauses)
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import EncodingError
 from .events import EventType, now
 from .keys import canonical_args
+from .limits import result_over
 from .metrics import METRICS
 from .ops import LookUp, Steps
 from .peers import Elsewhere, peers_of
@@ -60,13 +61,18 @@ def changed_intent(tool: Tool, recorded: dict[str, Any] | None, asked: dict[str,
             f"recorded result, or use a new {identity} for a new action.")
 
 
-def as_json(value: Any) -> Any:
+def as_json(value: Any, limit: int | None = None) -> Any:
     """``value`` as plain JSON data by the result rule (results.py), for evidence kept
-    beside a verdict; a value with no JSON form is recorded as why, never as its repr."""
+    beside a verdict; a value with no JSON form, or over ``limit`` bytes, is recorded as
+    why (and its size and sha256), never as its repr."""
     try:
-        return to_json(value, "evidence")
+        plain = to_json(value, "evidence")
     except EncodingError as exc:
         return {"not_kept": str(exc)}
+    if (over := result_over(plain, limit)) is None:
+        return plain
+    why, size = over
+    return {"not_kept": why, "bytes": size["result_bytes"], "sha256": size["result_sha256"]}
 
 
 class Settling:
@@ -75,14 +81,20 @@ class Settling:
     tools: dict[str, Tool]
     max_attempts: int
     max_recoveries: int
+    max_result_bytes: int | None
 
     if TYPE_CHECKING:  # provided by StepMachine
         def _execute(self, j: RunJournal, ready: list[Ready]) -> Steps[bool]: ...
         def _completion(self, started_seq: int | None, call: ToolCall, key: str, result: Any,
                         *, source: str, args: dict[str, Any] | None = None,
-                        origin: dict[str, Any] | None = None) -> Fact: ...
+                        origin: dict[str, Any] | None = None,
+                        not_kept_why: str | None = None) -> Fact: ...
         def _guarded(self, j: RunJournal, facts: list[Fact]) -> list[Fact]: ...
         def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str) -> bool: ...
+
+    def _evidence(self, value: Any) -> Any:
+        """``value`` kept beside a verdict, within the run's result limit."""
+        return as_json(value, self.max_result_bytes)
 
     def _recover(self, j: RunJournal) -> Steps[bool]:
         METRICS.count("uncertain_checked", len(j.state.pending))
@@ -98,7 +110,7 @@ class Settling:
         tool = self.tools.get(p.tool)
         if tool is None:
             return self._verdict(j, p, "unknown", reason=f"tool {p.tool!r} is not registered")
-        if tool.effect is not Effect.READ_ONLY and self._done_in_scope(j, p):
+        if tool.effect is not Effect.READ_ONLY and not tool.local and self._done_in_scope(j, p):
             return True
         if tool.reconcile is not None:
             evidence = yield from self._look_up(tool, p)
@@ -126,9 +138,9 @@ class Settling:
             return False
         done = self._completion(p.started_seq, self._call_of(j, None, p), p.key,
                                 other.done.result, source="scope", args=p.args,
-                                origin=other.where)
+                                origin=other.where, not_kept_why=other.done.error)
         found_at: dict[str, Any] = {"from": other.where}  # this run's start, their effect
-        return self._verdict(j, p, "found", evidence=as_json(other.done.result),
+        return self._verdict(j, p, "found", evidence=self._evidence(other.done.result),
                              then=self._guarded(j, [done]), **found_at)
 
     def _apply_evidence(self, j: RunJournal, tool: Tool, p: PendingCall,
@@ -140,7 +152,7 @@ class Settling:
                 # The verdict closes the start first, so the completion carries the args.
                 done = self._completion(p.started_seq, self._call_of(j, None, p), p.key, result,
                                         source="reconciliation", args=p.args)
-                self._verdict(j, p, "found", evidence=as_json(result),
+                self._verdict(j, p, "found", evidence=self._evidence(result),
                               then=self._guarded(j, [done]))
                 return True
             case Absent(final=True):
@@ -153,8 +165,9 @@ class Settling:
             case Conflict(found=found):
                 escalation = {"reason": "conflicting effect found at the receiver",
                               "key": p.key, "tool": p.tool, "ours": p.args,
-                              "theirs": as_json(found), "started_at": p.started_at.isoformat()}
-                return self._verdict(j, p, "conflict", evidence=as_json(found),
+                              "theirs": self._evidence(found),
+                              "started_at": p.started_at.isoformat()}
+                return self._verdict(j, p, "conflict", evidence=self._evidence(found),
                                      then=[(E.RUN_ESCALATED, escalation)])
             case Unknown(reason=reason):
                 return self._verdict(j, p, "unknown", reason=reason)
@@ -256,7 +269,8 @@ class Settling:
         # A completion here (not a served copy): later calls and forks of this run
         # find the key done in this log, and it says where the effect was made.
         j.record_all(self._guarded(j, [self._completion(
-            None, call, key, done.result, source="scope", args=done.args, origin=other.where)]))
+            None, call, key, done.result, source="scope", args=done.args, origin=other.where,
+            not_kept_why=done.error)]))
 
     def _settle_elsewhere(self, j: RunJournal, call: ToolCall, tool: Tool, other: Elsewhere,
                           p: PendingCall) -> Steps[bool]:
@@ -282,11 +296,11 @@ class Settling:
             case Found(result=result) if same_intent(p.args, j.as_recorded(call.args)):
                 done = self._completion(None, call, p.key, result, source="reconciliation",
                                         args=p.args, origin=other.where)
-                self._verdict(j, p, "found", elsewhere=other, evidence=as_json(result),
+                self._verdict(j, p, "found", elsewhere=other, evidence=self._evidence(result),
                               then=self._guarded(j, [done]))
                 return False
             case Found(result=result):
-                self._verdict(j, p, "found", elsewhere=other, evidence=as_json(result))
+                self._verdict(j, p, "found", elsewhere=other, evidence=self._evidence(result))
                 self._deny(j, call, p.key, changed_intent(tool, p.args, call.args, other.run_id))
                 return False
             case Absent(final=True) if not self._retry_blocked(tool, p):
@@ -296,9 +310,9 @@ class Settling:
                     "reason": f"conflicting effect found at the receiver for a call run "
                               f"{other.run_id!r} left uncertain: settle it there (agentjournal "
                               f"resolve {other.run_id} {p.key[:16]} ...), then resume this run",
-                    "key": p.key, "tool": p.tool, "ours": p.args, "theirs": as_json(found),
+                    "key": p.key, "tool": p.tool, "ours": p.args, "theirs": self._evidence(found),
                     "started_at": p.started_at.isoformat(), "from": other.where}
-                self._verdict(j, p, "conflict", elsewhere=other, evidence=as_json(found),
+                self._verdict(j, p, "conflict", elsewhere=other, evidence=self._evidence(found),
                               then=[(E.RUN_ESCALATED, escalation)])
                 return False
             case Unknown(reason=reason):

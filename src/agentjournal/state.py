@@ -28,8 +28,10 @@ from .events import Event, EventType, render
 #: marked stale (``observations``); status cancelled; workspace checkpoints
 #: (``workspace``; a change made while the run was down, or a restore, is told to the
 #: model, after the results of the calls it awaits: ``notes``). v7: a drift the workspace
-#: guards kept from being compared is told to the model too.
-FOLD_VERSION = 7
+#: guards kept from being compared is told to the model too. v8: a freshness check made
+#: for a call about to run (``for_call``) is told to the model too, after the results; a
+#: tool call may stand in for arguments over the size limit (``ToolCall.too_large``).
+FOLD_VERSION = 8
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -50,6 +52,9 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc
     args: dict[str, Any] = msgspec.field(default_factory=dict)
     #: What the model sent when it was not a JSON object (``args`` is then empty).
     raw_arguments: str | None = None
+    #: Bytes of arguments over the run's limit, not kept (``args`` is then empty): the
+    #: call is denied, never made with the empty arguments (limits.py).
+    too_large: int | None = None
 
 
 class Message(msgspec.Struct, kw_only=True, gc=False):
@@ -320,7 +325,7 @@ def _user_message(st: RunState, ev: Event) -> None:
 def _model_turn(st: RunState, ev: Event) -> None:
     p = ev.payload
     calls = tuple(ToolCall(id=c["id"], name=c["name"], args=c.get("args") or {},
-                           raw_arguments=c.get("raw_arguments"))
+                           raw_arguments=c.get("raw_arguments"), too_large=c.get("too_large"))
                   for c in p.get("tool_calls", ()))
     st.messages.append(
         Message(
@@ -576,7 +581,8 @@ def _saga_finished(st: RunState, ev: Event) -> None:
 
 def _observations_checked(st: RunState, ev: Event) -> None:
     # Each item supersedes its result in the context (re-read) or says it may no longer
-    # hold (stale); one message tells the model what changed, before its next turn.
+    # hold (stale); one note tells the model what it read then, what holds now and how
+    # old it was, before its next turn (after the results it awaits, as every note).
     lines = []
     for item in ev.payload.get("items", ()):
         at = _tool_result(st, item["call_id"])
@@ -598,11 +604,11 @@ def _observations_checked(st: RunState, ev: Event) -> None:
         else:
             lines.append(f"{label}, may no longer hold: {item.get('why', 'not re-read')}")
             st.observations.pop(item["call_id"], None)
-    if lines and not st.awaiting:  # never between a turn's calls and their results
-        st.messages.append(Message(
-            role="user", trust=ev.payload.get("trust", "tool"), seq=ev.seq,
-            content="The world since this run last looked:\n" + "\n".join(
-                f"- {line}" for line in lines)))
+    if not lines or (st.awaiting and "for_call" not in ev.payload):
+        return  # a check for a call, written before fold v8: only its denial told the model
+    _tell(st, Message(role="user", trust=ev.payload.get("trust", "tool"), seq=ev.seq,
+                      content="The world since this run last looked:\n" + "\n".join(
+                          f"- {line}" for line in lines)))
 
 
 def _workspace_checkpoint(st: RunState, ev: Event) -> None:

@@ -6,6 +6,7 @@ is relied on. A tool call is:
     completed key  -> serve the stored result (same arguments only), do not call the tool
     uncertain key  -> recovery (settle.py: reconcile or a person), never a blind call
     key done, or left uncertain, by another run of the scope -> the same, from there
+                     (not for a tool declared ``local``: its effect stays with its run)
     otherwise      -> policy -> tool_call_started (durable) -> invoke -> completed
 
 The calls of one turn that are cleared to run start together, in one batch of
@@ -20,6 +21,7 @@ import functools
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,7 @@ from .errors import EncodingError
 from .events import EventType, render
 from .faults import fault_point
 from .keys import canonical_args, idempotency_key
+from .limits import args_refused, result_over, within_args_limit
 from .metrics import METRICS
 from .models import Model, ModelError, ModelRequest, ModelResponse, in_background, stop_kind
 from .ops import Ask, Begin, Call, Collect, Invoke, Outcome, Sleep, Steps
@@ -90,6 +93,8 @@ class StepMachine(Settling):
     tool_timeout: float | None
     stuck_after: float | None
     workspace: Workspace | None
+    max_args_bytes: int | None
+    max_result_bytes: int | None
 
     def _drive(self, j: RunJournal, stop: threading.Event | None = None) -> Steps[None]:
         """The loop, with every staged fact stored before the world is waited on."""
@@ -189,10 +194,9 @@ class StepMachine(Settling):
                 "lost": error.lost, **{k: v for k, v in detail.items() if v is not None}}
 
     def _retry_wait(self, error: ModelError, attempt: int) -> float | None:
-        """Seconds to wait before asking again, or None to stop asking."""
-        if error.lost:
-            return 0.0 if attempt <= self.model_retries else None  # the call is gone: ask anew
-        if not error.retryable or attempt > self.model_retries:
+        """Seconds to wait before asking again, or None to stop asking. A lost background
+        call (the provider no longer has it) is asked anew after the same backoff."""
+        if not (error.retryable or error.lost) or attempt > self.model_retries:
             return None
         backoff = min(self.model_backoff * 2 ** (attempt - 1), 8.0)
         wait = max(backoff, error.retry_after or 0.0)
@@ -208,8 +212,17 @@ class StepMachine(Settling):
 
     def _record_turn(self, j: RunJournal, response: ModelResponse, latency_ms: float) -> None:
         """The turn, with what it means for the run, in one batch: a final answer and
-        the finish stand together; a turn cut short pauses the run instead."""
-        turn: list[Fact] = [(E.MODEL_TURN, self._turn_payload(response, latency_ms))]
+        the finish stand together; a turn cut short pauses the run instead. Arguments
+        over the limit are recorded as their size only (limits.py), then denied."""
+        response = within_args_limit(response, self.max_args_bytes)
+        given = [c.id for c in response.tool_calls]
+        response = msgspec.structs.replace(response, tool_calls=distinct_ids(
+            response.tool_calls, j.state.turns, j.call_ids_in_context()))
+        payload = self._turn_payload(response, latency_ms)
+        for call, provider_id in zip(payload["tool_calls"], given, strict=True):
+            if call["id"] != provider_id:  # what the provider sent, for the record
+                call["provider_id"] = provider_id
+        turn: list[Fact] = [(E.MODEL_TURN, payload)]
         kind = stop_kind(response)
         if response.tool_calls or kind == "continue":
             pass  # calls to answer, or a paused turn the provider continues when asked
@@ -274,6 +287,8 @@ class StepMachine(Settling):
     def _clear(self, j: RunJournal, call: ToolCall) -> Steps[Ready | bool]:
         """The call, its tool and key when it may run now; True when it was answered
         without running (served, denied); False when the run must stop here."""
+        if call.too_large is not None:  # its arguments were not kept: never make it
+            return self._deny(j, call, None, args_refused(call.too_large, self.max_args_bytes))
         tool = self.tools.get(call.name)
         if tool is None:
             return self._deny(j, call, None, f"unknown tool {call.name!r}")
@@ -302,7 +317,7 @@ class StepMachine(Settling):
                 return False
         if key in j.state.completed:
             return (yield from self._clear(j, call))  # settled as found: serve it
-        if tool.effect is not Effect.READ_ONLY and not (
+        if tool.effect is not Effect.READ_ONLY and not tool.local and not (
                 yield from self._clear_in_scope(j, call, tool, key)):
             return j.state.status == "running"  # answered from another run, or stopped
         decision = self.policy.decide(call, tool, j.state)
@@ -438,9 +453,11 @@ class StepMachine(Settling):
 
     def _completion(self, started_seq: int | None, call: ToolCall, key: str, result: Any, *,
                     source: str, args: dict[str, Any] | None = None,
-                    origin: dict[str, Any] | None = None) -> Fact:
+                    origin: dict[str, Any] | None = None,
+                    not_kept_why: str | None = None) -> Fact:
         """A completion. ``args`` when its start is not (or no longer) open in this run,
-        so the fold can keep them; ``origin`` names the run and seq it came from."""
+        so the fold can keep them; ``origin`` names the run and seq it came from;
+        ``not_kept_why`` why the run that made it kept no result (``CompletedCall.error``)."""
         tool = self.tools[call.name]
         extra: dict[str, Any] = {"trust": "untrusted"} if tool.untrusted else {}
         if tool.fresh_for is not None:
@@ -449,16 +466,28 @@ class StepMachine(Settling):
             extra["args"] = args
         if origin is not None:
             extra["from"] = origin
-        try:
-            extra["result"] = to_json(result)
-        except EncodingError as exc:
-            # The effect happened; only its result could not be kept. The key stays, so
-            # the call is never made again; the model is told, never given a repr.
-            extra.update(result=None, is_error=True, encoding_error=str(exc),
-                         content=not_kept(str(exc)))
+        extra.update(self._result_fields(result, not_kept_why))
         return (E.TOOL_CALL_COMPLETED, {
             "started_seq": started_seq, "call_id": call.id, "tool": call.name,
             "idempotency_key": key, "source": source, **extra})
+
+    def _result_fields(self, result: Any, not_kept_why: str | None) -> dict[str, Any]:
+        """The result as a completion holds it, or why it is not kept: no JSON form, or
+        over ``max_result_bytes`` (then its size and sha256 instead). The effect happened
+        either way: the key stays, so the call is never made again, and the model is told,
+        never given a repr or a part."""
+        over: dict[str, Any] = {}
+        if not_kept_why is None:
+            try:
+                plain = to_json(result)
+            except EncodingError as exc:
+                not_kept_why = str(exc)
+            else:
+                if (found := result_over(plain, self.max_result_bytes)) is None:
+                    return {"result": plain}
+                not_kept_why, over = found
+        return {"result": None, "is_error": True, "encoding_error": not_kept_why,
+                "content": not_kept(not_kept_why), **over}
 
     @staticmethod
     def _failure_fact(started_seq: int, call: ToolCall, error: str) -> Fact:
@@ -510,22 +539,27 @@ class StepMachine(Settling):
     def _fresh_enough(self, j: RunJournal, call: ToolCall, tool: Tool) -> Steps[bool]:
         """Before ``tool`` runs, the observations it ``requires_fresh`` are re-read if
         they aged past their freshness; if one changed (or could not be re-read), the
-        call is denied with what changed, and the model decides again."""
+        call is denied naming it, and the model decides again. What it read then, what
+        holds now and the age are told as before any turn: the check's note, which the
+        fold holds until the turn's last result is in."""
         due = _due(j, [o for o in j.state.observations.values()
                        if o.tool in tool.requires_fresh])
         if not due:
             return True
-        items = yield from self._recheck(j, due)
-        moved = [i for i in items if i["verdict"] != "unchanged"]
+        items = yield from self._recheck(j, due, for_call=call.id)
+        moved = [f"{i['tool']}({render(i['args'])}) "
+                 + ("changed" if i["verdict"] == "changed" else "could not be read again")
+                 for i in items if i["verdict"] != "unchanged"]
         if not moved:
             return True
-        self._deny(j, call, None, "what it was decided on may no longer hold: " + "; ".join(
-            f"{i['tool']}({render(i['args'])}) changed to {render(i['result'])}"
-            if i["verdict"] == "changed" else f"{i['tool']}({render(i['args'])}): {i['why']}"
-            for i in moved) + "; decide again on what you read now")
+        self._deny(j, call, None, (
+            f"what it was decided on may no longer hold: {'; '.join(moved)}; the note "
+            "after these results says what you read then and what holds now; decide again "
+            "on what you read now"))
         return False
 
-    def _recheck(self, j: RunJournal, due: list[Observation]) -> Steps[list[dict[str, Any]]]:
+    def _recheck(self, j: RunJournal, due: list[Observation],
+                 for_call: str | None = None) -> Steps[list[dict[str, Any]]]:
         now = datetime.now(UTC)
         rereads = [(o, t) for o in due if (t := self.tools.get(o.tool)) is not None
                    and t.effect is Effect.READ_ONLY]
@@ -538,7 +572,8 @@ class StepMachine(Settling):
                  for o in due]
         untrusted = any(self.tools[o.tool].untrusted for o in due if o.tool in self.tools)
         j.record(E.OBSERVATIONS_CHECKED, items=items,
-                 **({"trust": "untrusted"} if untrusted else {}))
+                 **({"trust": "untrusted"} if untrusted else {}),
+                 **({"for_call": for_call} if for_call is not None else {}))
         return items
 
     def _reread(self, j: RunJournal, o: Observation, tool: Tool) -> Call:
@@ -550,8 +585,7 @@ class StepMachine(Settling):
                     timeout=self._timeout_of(tool), guard=CallGuard(), name=tool.name,
                     is_async=tool.is_async)
 
-    @staticmethod
-    def _checked(j: RunJournal, o: Observation, outcome: Outcome | None,
+    def _checked(self, j: RunJournal, o: Observation, outcome: Outcome | None,
                  age: float) -> dict[str, Any]:
         item: dict[str, Any] = {"call_id": o.call_id, "tool": o.tool, "args": o.args,
                                 "observed_seq": o.seq, "age_s": round(age, 3)}
@@ -565,6 +599,9 @@ class StepMachine(Settling):
             result = to_json(outcome.value)
         except EncodingError as exc:
             return {**item, "verdict": "stale", "why": f"the re-read result was not kept: {exc}"}
+        if (over := result_over(result, self.max_result_bytes)) is not None:
+            why, _ = over
+            return {**item, "verdict": "stale", "why": f"the re-read result was not kept: {why}"}
         before = j.state.completed.get(o.key) if o.key else None
         seen = next(m.content for m in reversed(j.state.messages) if m.tool_call_id == o.call_id)
         same = (before.result == result) if before is not None else seen == render(result)
@@ -611,6 +648,27 @@ class StepMachine(Settling):
         j.record_all([(E.BUDGET_EXCEEDED, {"budget": name, "limit": cap, "used": used}),
                       (E.RUN_PAUSED, {"reason": f"budget exceeded: {name} {used:g} of {cap:g}"})])
         return True
+
+
+def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[ToolCall]:
+    """``calls``, each with an id of its own: the provider's, unless it is empty, shared
+    by another call of the turn, or ``taken`` (by a call in the context), as some
+    OpenAI-compatible servers send them. Then ``call_{turn}_{place}`` (made unique),
+    which the turn records: a replay reads it, and results pair with their calls."""
+    given = Counter(c.id for c in calls)
+    used = set(given)  # this turn's; ``taken`` is the context's, not copied (it grows)
+    out = []
+    for place, call in enumerate(calls):
+        if call.id and given[call.id] == 1 and call.id not in taken:
+            out.append(call)
+            continue
+        derived = f"call_{turn}_{place}"
+        n = 1
+        while derived in used or derived in taken:
+            derived, n = f"call_{turn}_{place}_{n}", n + 1
+        used.add(derived)
+        out.append(msgspec.structs.replace(call, id=derived))
+    return out
 
 
 def _due(j: RunJournal, observations: Iterable[Observation]) -> list[Observation]:

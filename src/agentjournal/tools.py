@@ -234,6 +234,7 @@ class Tool:
     fresh_for: float | None = None  # seconds its results stay true (steps.py _refresh)
     requires_fresh: tuple[str, ...] = ()  # tools whose results must be fresh before it runs
     untrusted: bool = False  # its results carry outside content (web pages, emails)
+    local: bool = False  # its effect stays with the run (its workspace): not the scope's
     timeout: float | None = None  # seconds; None: the agent's default; math.inf: none
     args_type: type[msgspec.Struct] = field(default=msgspec.Struct, repr=False)
     schema: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -292,6 +293,7 @@ def tool(
     fresh_for: float | None = None,
     requires_fresh: Sequence[str] = (),
     untrusted: bool = False,
+    local: bool = False,
     timeout: float | None = None,
     description: str | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
@@ -311,6 +313,7 @@ def tool(
     fresh_for: float | None = None,
     requires_fresh: Sequence[str] = (),
     untrusted: bool = False,
+    local: bool = False,
     timeout: float | None = None,
     description: str | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
@@ -326,11 +329,23 @@ def tool(
     read-only tool is called again) or, for any other tool, marked stale with its age;
     the model is told what changed. ``requires_fresh`` names tools whose results this
     one relies on (re-read the balance before posting a correction): before it runs,
-    their aged results are re-read, and if one changed the call is denied with what
-    changed, so the model decides again.
+    their aged results are re-read, and if one changed the call is denied, so the model
+    decides again; a note after the turn's results says what it read then and what
+    holds now, as before a turn.
 
     ``untrusted=True`` labels its results ``untrusted`` in the model's context
-    (content from outside: a fetched page, an inbound email). ``timeout`` is how
+    (content from outside: a fetched page, an inbound email).
+
+    ``local=True``: the effect stays with the run, not in the world the runs of its
+    scope share: the files of its workspace (a tool that edits them), a scratch
+    directory of its own. A fork, or another run of the scope, makes such a call itself
+    rather than being answered with another run's result (a fork's files were restored
+    to its seq: the origin's later edits are not in them). A call completed in the
+    run's own log is still served. Leave it False for anything outside the run (a
+    payment, an email, a shared database): those belong to the scope and are never
+    made twice.
+
+    ``timeout`` is how
     many seconds a call may take before it is abandoned as uncertain (default: the
     agent's ``tool_timeout``; ``math.inf``: no limit).
     """
@@ -354,7 +369,8 @@ def tool(
             identity=tuple(identity), reconcile=reconcile, compensate=compensate,
             compensation_lookup=compensation_lookup,
             key_retention=key_retention, fresh_for=fresh_for,
-            requires_fresh=tuple(requires_fresh), untrusted=untrusted, timeout=timeout,
+            requires_fresh=tuple(requires_fresh), untrusted=untrusted, local=local,
+            timeout=timeout,
             args_type=args_type, schema=schema, takes_context=takes_context,
         )
 

@@ -5,7 +5,9 @@ The log makes the run recoverable; it does nothing for the files the run changed
 the directory (the user's ``.git`` and history are never touched; ``.gitignore`` is
 honoured), with one ref per run: ``refs/agentjournal/<run_id>``. Git's own plumbing does
 the work (``add``, ``write-tree``, ``commit-tree``, ``update-ref``, ``read-tree``): no
-hand-written object store, no hooks, no user config.
+hand-written object store, no hooks, no user config. A directory holding a repository
+of its own (``vendor/lib/.git``) is versioned file by file like any other; its ``.git``
+is neither versioned nor touched.
 
 Guards: a directory with more than ``max_files`` files, or holding a file larger than
 ``max_file_bytes``, is not committed; the checkpoint records why.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -28,6 +31,8 @@ from .store import Store
 MAX_FILES = 50_000
 MAX_FILE_BYTES = 100 * 1024 * 1024
 MAX_LISTED = 200  # changed paths kept in an event; the count is always whole
+EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's id of the empty file
+PLACEHOLDER = ".agentjournal-walk-in"  # an index entry that makes git walk into a directory
 _IDENTITY = {"GIT_AUTHOR_NAME": "agentjournal", "GIT_AUTHOR_EMAIL": "agentjournal@localhost",
              "GIT_COMMITTER_NAME": "agentjournal",
              "GIT_COMMITTER_EMAIL": "agentjournal@localhost"}
@@ -69,7 +74,8 @@ class Workspace:
 
     # --- git -----------------------------------------------------------------------
 
-    def _git(self, *args: str, index: Path | None = None, tree: bool = True) -> str:
+    def _git(self, *args: str, index: Path | None = None, tree: bool = True,
+             stdin: str | None = None) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         env.update(_IDENTITY, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
                    GIT_TERMINAL_PROMPT="0")
@@ -80,7 +86,7 @@ class Workspace:
         try:
             done = subprocess.run(["git", "-c", "core.autocrlf=false", "-c", "core.quotepath=off",
                                    *args], cwd=self.directory, env=env, capture_output=True,
-                                  text=True, check=False)
+                                  text=True, check=False, input=stdin)
         except FileNotFoundError:
             raise WorkspaceError("workspace checkpoints need git on the PATH (Debian: apt "
                                  "install git)") from None
@@ -114,24 +120,57 @@ class Workspace:
     # --- taking a version ----------------------------------------------------------
 
     def _stage_all(self, run_id: str) -> tuple[Path, str | None]:
-        """The run's own index holding the directory as it is now, or why it cannot."""
+        """The run's own index holding the directory as it is now, or why it cannot.
+
+        git lists a directory holding its own ``.git`` as one entry, and ``add`` would
+        store it as a gitlink (its files in no version); but it walks into any directory
+        the index has an entry under. So each one found gets a placeholder entry (the
+        ``add -A`` drops it, as a deleted file) and the directory is listed again. git
+        never lists or adds a ``.git`` itself."""
         index = self.shadow / f"index-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
-        listed = self._git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                           index=index).split("\0")
-        present = 0
-        for name in filter(None, listed):
-            try:
-                size = os.lstat(self.directory / name).st_size  # a link's own size
-            except FileNotFoundError:
-                continue  # deleted (still in the index): git records that
-            present += 1
-            if present > self.max_files:  # (stops there: a huge tree costs no more)
-                return index, f"over the limit of {self.max_files:,} files"
-            if size > self.max_file_bytes:
-                return index, (f"{name} is {size:,} bytes, over the limit of "
-                               f"{self.max_file_bytes:,}")
+        walked: set[str] = set()
+        while True:
+            listed = self._git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                               index=index).split("\0")
+            nested, skipped = self._guard(filter(None, listed))
+            if skipped is not None:
+                return index, skipped
+            if not nested - walked:
+                break
+            self._walk_into(index, nested - walked)
+            walked |= nested
         self._git("add", "-A", ".", index=index)
         return index, None
+
+    def _guard(self, listed: Iterable[str]) -> tuple[set[str], str | None]:
+        """The nested repositories git ``listed``, and why a guard stops the version."""
+        nested: set[str] = set()
+        present = 0
+        for name in listed:
+            if name.endswith("/"):  # an untracked directory holding its own .git
+                nested.add(name.rstrip("/"))
+                continue
+            try:
+                found = os.lstat(self.directory / name)  # a link's own size
+            except FileNotFoundError:
+                continue  # deleted (still in the index): git records that
+            if stat.S_ISDIR(found.st_mode):  # a gitlink an older version stored
+                nested.add(name)
+                continue
+            present += 1
+            if present > self.max_files:  # (stops there: a huge tree costs no more)
+                return nested, f"over the limit of {self.max_files:,} files"
+            if found.st_size > self.max_file_bytes:
+                return nested, (f"{name} is {found.st_size:,} bytes, over the limit of "
+                                f"{self.max_file_bytes:,}")
+        return nested, None
+
+    def _walk_into(self, index: Path, nested: set[str]) -> None:
+        """Make git list the files of ``nested`` directories: no gitlink, a placeholder."""
+        self._git("update-index", "--force-remove", "--", *nested, index=index)
+        self._git("update-index", "-z", "--index-info", index=index,
+                  stdin="".join(f"100644 {EMPTY_BLOB}\t{n}/{PLACEHOLDER}\0"
+                                for n in sorted(nested)))
 
     def checkpoint(self, run_id: str, message: str) -> Checkpoint:
         """Commit the directory on the run's ref; the commit and what changed since the
@@ -197,10 +236,21 @@ class Workspace:
         index, skipped = self._stage_all(run_id)
         if skipped is not None:
             raise WorkspaceError(f"the workspace cannot be restored: {skipped}")
+        if linked := self._gitlinks(commit):
+            raise WorkspaceError(
+                f"the version {commit[:12]} holds {', '.join(linked)} as a nested "
+                "repository's commit, not its files (an older agentjournal made it): "
+                "restoring it would delete them")
         before = self._head_and_tree(run_id)[0]
         self._git("read-tree", "-u", "--reset", commit, index=index)
         self._git("update-ref", self.ref(run_id), commit)
         return self._changed(before, self._tree(commit)) if before else []
+
+    def _gitlinks(self, commit: str) -> list[str]:
+        """The directories ``commit`` stores as gitlinks (older versions did so for a
+        directory holding its own ``.git``)."""
+        entries = self._git("ls-tree", "-r", "-z", commit).split("\0")
+        return [e.partition("\t")[2] for e in entries if e.startswith("160000 ")]
 
 
 # --- a run's versions, from its log ------------------------------------------------------

@@ -135,12 +135,14 @@ def _wait(what: str, check: Any, timeout: float, procs: Sequence[subprocess.Pope
         time.sleep(0.05)
 
 
-def _worker(url: str, queue: str, log: Path, ttl: float) -> subprocess.Popen[bytes]:
+def _worker(url: str, queue: str, log: Path, ttl: float,
+            agent: str) -> subprocess.Popen[bytes]:
+    """A worker process draining ``queue``, trusting only ``agent``."""
     with open(log, "wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "agentjournal", "worker", "--store", url, "--queue", queue,
-             "--concurrency", str(CONCURRENCY), "--poll", "0.05", "--ttl", str(ttl),
-             "--grace", "5"],
+            [sys.executable, "-m", "agentjournal", "worker", "--store", url, "--agents", agent,
+             "--queue", queue, "--concurrency", str(CONCURRENCY), "--poll", "0.05",
+             "--ttl", str(ttl), "--grace", "5"],
             env=_env(), stdout=subprocess.DEVNULL, stderr=err)
 
 
@@ -153,7 +155,7 @@ def fleet_round(store: Store, url: str, workdir: Path, workers: int,
     logs = [workdir / f"fleet-{name}-{i}.log" for i in range(workers)]
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs += [_worker(url, name, log, 30) for log in logs]
+        procs += [_worker(url, name, log, 30, AGENT_REF) for log in logs]
         pids = {p.pid for p in procs}
         _wait("the workers' first heartbeats",
               lambda: pids <= {w.pid for w in queue.workers()}, 60, procs, logs)
@@ -222,7 +224,7 @@ def takeover_times(store: Store, url: str, workdir: Path, kills: int) -> list[fl
 
     def start() -> None:
         logs.append(workdir / f"takeover-{len(logs)}.log")
-        procs.append(_worker(url, name, logs[-1], TAKEOVER_TTL))
+        procs.append(_worker(url, name, logs[-1], TAKEOVER_TTL, SLOW_AGENT_REF))
 
     def holder() -> subprocess.Popen[bytes] | None:
         """A live worker that held runs at its last heartbeat."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +20,7 @@ from ..agent import new_run_id, require_run_id
 from ..errors import NoQueueError
 from ..fleet import QUEUE_STATES, Queue, queue_of
 from ..fleet import requeue as requeue_run
+from ..fleet.trust import ref_problem
 from ..fleet.worker import Worker
 from ..metrics import serve
 from ..redaction import Redaction
@@ -34,7 +38,7 @@ from ._base import (
     store_option,
     table,
 )
-from ._safe import cells, echo, emit_json
+from ._safe import cells, echo, emit_json, visible
 
 
 @contextmanager
@@ -57,7 +61,8 @@ def queue_at(url: str, *, create: bool = False, readonly: bool = False) -> Itera
 
 @cli.command(name="submit")
 @click.option("--agent", "agent_ref", required=True, metavar="MODULE:OBJECT",
-              help="The agent a worker runs it with (an Agent or a zero-argument factory).")
+              help="The agent a worker runs it with (an Agent, or a function annotated "
+              "-> Agent); workers run only the agents they trust (worker --agents).")
 @click.option("--task", required=True, help="The run's task.")
 @click.option("--run-id", help="The run's id (default: a new one, printed). Submitting the "
               "same id with the same agent and task again changes nothing.")
@@ -80,8 +85,8 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
       agentjournal submit --agent myapp.agents:reconciler --task "Reconcile Q3" \\
           --run-id q3 --store sqlite:///runs.db
     """
-    if ":" not in agent_ref:
-        raise CliError(f"--agent must be MODULE:OBJECT, not {agent_ref!r}", 2)
+    if problem := ref_problem(agent_ref):
+        raise CliError(f"--agent {agent_ref!r}: {problem}", 2)
     # As fleet.submit does, keeping whether the run was created.
     submitted = new_run_id() if run_id is None else require_run_id(run_id)
     with queue_at(store_url, create=True) as queue:
@@ -98,10 +103,58 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
         note(f"run {submitted} was already submitted with this agent and task: nothing changed")
     else:
         note(f"submitted {submitted} to queue {queue_name!r}; start workers with: "
-             f"agentjournal worker{store_hint(store_url)}")
+             f"agentjournal worker --agents {agent_ref.partition(':')[0]}"
+             f"{store_hint(store_url)}")
+
+
+def _trusted(_ctx: click.Context, _param: click.Parameter,
+             given: tuple[str, ...]) -> list[str]:
+    prefixes = [p.strip() for value in given for p in value.split(",")]
+    if not prefixes or not all(prefixes):
+        raise click.BadParameter("give module prefixes or whole refs, comma-separated "
+                                 "(e.g. myapp.agents,reports.agents:weekly)")
+    return prefixes
+
+
+class _VisibleFormatter(logging.Formatter):
+    """Log lines for a terminal or a file: escapes from a run's content are shown, and a
+    message is one line (a traceback, at DEBUG, keeps its own lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return visible(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return visible(super().formatException(ei), multiline=True)
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_VisibleFormatter("%(asctime)s %(levelname)s %(message)s"))
+    library = logging.getLogger("agentjournal")  # the worker's lines, and the library's
+    library.addHandler(handler)
+    library.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def _set_import_path(dirs: tuple[str, ...]) -> None:
+    """Import agents only from where the worker was told to: ``python -m`` puts the
+    working directory first on sys.path, where anyone who can write a file there would
+    choose the code a trusted module name imports."""
+    here = os.getcwd()
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    sys.path[:0] = [os.path.abspath(d) for d in dirs]
 
 
 @cli.command()
+@click.option("--agents", "agents", multiple=True, required=True, callback=_trusted,
+              metavar="PREFIX,...",
+              help="The agents this worker runs (required): module prefixes "
+              "(myapp.agents trusts myapp.agents:x and myapp.agents.sub:y) or whole refs, "
+              "comma-separated or repeated. A run naming any other agent is parked at "
+              "once, nothing it names imported.")
+@click.option("--import-path", "import_path", multiple=True, metavar="DIR",
+              type=click.Path(exists=True, file_okay=False),
+              help="A directory to import agents from (repeatable). The working "
+              "directory is not on the import path unless given here.")
 @click.option("--queue", "queues", multiple=True, metavar="Q",
               help="A queue to drain (repeatable; default: default).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
@@ -125,31 +178,43 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST",
               help="Address for --metrics-port (0.0.0.0 to let a scraper on another "
               "host in).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Log at DEBUG too: a crashed run's traceback.")
 @store_option
 @click.pass_context
-def worker(ctx: click.Context, queues: tuple[str, ...], concurrency: int, ttl: float,
+def worker(ctx: click.Context, agents: list[str], import_path: tuple[str, ...],
+           queues: tuple[str, ...], concurrency: int, ttl: float,
            grace: float, max_crashes: int, compensate_parked: bool, poll: float,
-           metrics_port: int | None,
-           metrics_host: str, store_url: str) -> None:
+           metrics_port: int | None, metrics_host: str, verbose: bool,
+           store_url: str) -> None:
     """Claim runnable runs and run them until SIGTERM or SIGINT, which drains:
     nothing more is claimed, each run stops at its next step boundary and is handed
     back queued, so other workers continue it at once; then it exits 0.
 
-    A run that killed its worker --max-crashes times is parked and escalated
-    (see `agentjournal queue`; `agentjournal requeue RUN` after fixing it).
-    Needs a SQLite (one host) or PostgreSQL (many hosts) store; JSONL has no queue.
-    Logs one line per event on stderr, prefixed with the worker id.
+    It runs only the agents --agents names: a run naming another one (or anything
+    but an Agent or a function annotated -> Agent) is parked at once with the reason,
+    and what it names is never imported or called. A run that killed its worker
+    --max-crashes times is parked and escalated (see `agentjournal queue`;
+    `agentjournal requeue RUN` after fixing it). Needs a SQLite (one host) or
+    PostgreSQL (many hosts) store; JSONL has no queue. Logs one line per event on
+    stderr (time, level, the worker id), escapes shown, never executed.
 
     \b
     Example:
-      agentjournal worker --store postgresql://worker@db/agents --concurrency 4 --grace 60
+      agentjournal worker --agents myapp.agents --store postgresql://worker@db/agents \\
+          --concurrency 4 --grace 60
     """
     if store_url.strip().lower().startswith("jsonl:"):
         raise NoQueueError(store_url)
     _check_target(store_url, create=True)
-    w = Worker(store_url, queues=queues or ("default",), concurrency=concurrency, ttl=ttl,
-               poll=poll, grace=grace, max_crashes=max_crashes,
-               compensate_parked=compensate_parked)
+    try:
+        w = Worker(store_url, agents=agents, queues=queues or ("default",),
+                   concurrency=concurrency, ttl=ttl, poll=poll, grace=grace,
+                   max_crashes=max_crashes, compensate_parked=compensate_parked)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--agents") from None
+    _set_import_path(import_path)
+    _log_to_stderr(verbose)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if not w.draining:
@@ -189,7 +254,7 @@ def _queue_summary(queue: Queue) -> dict[str, Any]:
         "poison": [{"run_id": r.run_id, "queue": r.queue, "agent": r.agent,
                     "crashes": r.crashes, "claims": r.claims,
                     "parked_age_s": round(max(0.0, now - r.changed_at), 3),
-                    "runnable": r.runnable}
+                    "runnable": r.runnable, "reason": r.reason}
                    for r in runs if r.state == "parked"],
     }
 
@@ -225,6 +290,9 @@ def queue_cmd(as_json: bool, store_url: str) -> None:
             (p["run_id"], p["queue"], str(p["crashes"]), p["agent"],
              human_age(p["parked_age_s"]) + " ago") for p in summary["poison"]),
             keep=("poison run",)))
+        for p in summary["poison"]:
+            if p["reason"]:
+                echo(f"{p['run_id']}: {p['reason']}")
         note(f"see why: agentjournal show RUN{store_hint(store_url)}; after fixing the "
              f"cause: agentjournal requeue RUN{store_hint(store_url)}")
 

@@ -15,6 +15,7 @@ from ..journal import open_journal
 from ..redaction import Redaction
 from ..store import Store
 from .queue import QUEUE_STATES, Claim, Queue, QueuedRun, QueueState, WorkerInfo
+from .trust import ref_problem
 
 __all__ = ["QUEUE_STATES", "Claim", "Queue", "QueueState", "QueuedRun", "WorkerInfo",
            "queue_of", "requeue", "submit"]
@@ -41,7 +42,8 @@ def submit(store: Store, agent_ref: str, task: str, run_id: str | None = None, *
            queue: str = "default", priority: int = 0,
            redaction: Redaction | None = None) -> str:
     """Put a run in the queue for a worker to run with the agent ``agent_ref``
-    ("module:object"); returns its run id (a new one unless given).
+    ("module:object"; workers run only the agents they trust, see fleet/trust.py);
+    returns its run id (a new one unless given).
 
     Submitting a run id again with the same agent and task changes nothing and
     returns it; with another agent or task it is refused (RunMismatchError):
@@ -49,8 +51,8 @@ def submit(store: Store, agent_ref: str, task: str, run_id: str | None = None, *
     ``redaction`` (default: the common credential patterns) applied, since it
     waits on disk until a worker takes it.
     """
-    if ":" not in agent_ref:
-        raise ValueError(f"agent_ref must be 'module:object', not {agent_ref!r}")
+    if problem := ref_problem(agent_ref):
+        raise ValueError(f"agent_ref {agent_ref!r}: {problem}")
     run_id = new_run_id() if run_id is None else require_run_id(run_id)
     kept = (Redaction() if redaction is None else redaction).scrub(task)
     queue_of(store).submit(run_id, agent_ref, kept, queue=queue, priority=priority)

@@ -1,9 +1,14 @@
 """The queue on PostgreSQL: workers on many hosts, a claim is one statement.
 
-Idle workers wait on ``LISTEN`` (a channel per schema) with a poll as the
-fallback; ``NOTIFY`` is only a coalesced hint, sent in the transaction that
-made a run runnable, never the carrier of work (Postgres serialises notifying
-commits, so the work itself stays in the table).
+Idle workers wait on ``LISTEN`` with a poll as the fallback; ``NOTIFY`` is only a
+coalesced hint, sent in the transaction that made a run runnable, never the carrier
+of work (Postgres serialises notifying commits, so the work itself stays in the table).
+
+The channel: a tenant's own (store/tenants.py: a random name only it and the admin can
+read, since anyone may LISTEN on a channel they can name), so no tenant hears another's
+submits; for any other role (the admin, a tenant granted by an older release) the
+schema's. The admin's workers claim every tenant's runs, so they listen on the schema's
+channel and on every tenant's, looking for new tenants each time they wait.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from ..errors import RunMismatchError
 from ..store import Lease
 from ..store.base import validate_run_id
 from ..store.postgres import PostgresStore
+from ..store.tenants import CHANNELS_TABLE
 from .queue import Claim, QueuedRun, QueueState, WorkerInfo
 
 # Runnable: submitted or handed back; running on an expired lease (its worker died);
@@ -58,7 +64,7 @@ WITH mine AS (
 )
 UPDATE {s}.queue q SET state = %(state)s, worker = NULL, parked_seq = %(seq)s,
     crashes = CASE WHEN %(state)s IN ('done', 'waiting') THEN 0 ELSE q.crashes END,
-    changed_at = clock_timestamp()
+    reason = %(reason)s, changed_at = clock_timestamp()
 FROM mine WHERE q.run_id = mine.run_id RETURNING q.run_id
 """
 
@@ -66,8 +72,10 @@ FROM mine WHERE q.run_id = mine.run_id RETURNING q.run_id
 class PostgresQueue:
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
-        self.channel = f"agentjournal_{store.schema}"
+        self.schema_channel = f"agentjournal_{store.schema}"
+        self._own: str | None = None  # the channel this role notifies, once looked up
         self._listener: psycopg.Connection[Any] | None = None
+        self._heard: set[str] = set()  # the channels the listener is listening on
         self._claim, self._hand_back = (store._q(text) for text in (_CLAIM, _HAND_BACK))
 
     def submit(self, run_id: str, agent: str, task: str, *, queue: str = "default",
@@ -101,10 +109,11 @@ class PostgresQueue:
         return Claim(lease=Lease(run_id, owner, int(epoch), float(until)), agent=agent,
                      task=task, queue=queue, crashes=int(crashes))
 
-    def hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+    def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
+                  reason: str | None = None) -> bool:
         with self.store._write(lease.run_id) as cur:
             cur.execute(self._hand_back, {"run": lease.run_id, "epoch": lease.epoch,
-                                          "state": state, "seq": at_seq})
+                                          "state": state, "seq": at_seq, "reason": reason})
             mine = bool(cur.fetchall())
             if mine and state == "queued":
                 self._notify(cur)
@@ -119,7 +128,8 @@ class PostgresQueue:
     def retry(self, run_id: str) -> bool:
         with self.store._write(run_id) as cur:
             cur.execute(self.store._q(
-                "UPDATE {s}.queue SET state = 'queued', crashes = 0, changed_at = now()"
+                "UPDATE {s}.queue SET state = 'queued', crashes = 0, reason = NULL,"
+                " changed_at = now()"
                 " WHERE run_id = %s AND state IN ('waiting', 'parked') RETURNING run_id"),
                 (run_id,))
             changed = bool(cur.fetchall())
@@ -132,12 +142,12 @@ class PostgresQueue:
             rows = conn.execute(self.store._q(
                 "SELECT q.run_id, q.queue, q.state, q.priority, q.agent, q.worker, q.crashes,"
                 " q.claims, extract(epoch FROM q.submitted_at)::float8,"
-                " extract(epoch FROM q.changed_at)::float8, " + _RUNNABLE
+                " extract(epoch FROM q.changed_at)::float8, q.reason, " + _RUNNABLE
                 + " FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id"
                 " ORDER BY q.submitted_at, q.run_id")).fetchall()
         return [QueuedRun(run_id=r[0], queue=r[1], state=r[2], priority=r[3], agent=r[4],
                           worker=r[5], crashes=r[6], claims=r[7], submitted_at=r[8],
-                          changed_at=r[9], runnable=bool(r[10])) for r in rows]
+                          changed_at=r[9], reason=r[10], runnable=bool(r[11])) for r in rows]
 
     def beat(self, worker: WorkerInfo) -> None:
         with self.store._write(None) as cur:
@@ -160,8 +170,25 @@ class PostgresQueue:
 
     # --- wake-ups --------------------------------------------------------------------
 
+    def _channels(self, cur: psycopg.Cursor[Any]) -> tuple[str, list[str]]:
+        """(the channel this role notifies, the channels its workers listen on)."""
+        # (A tenant granted by an older release may not read the table: no channel.)
+        cur.execute("SELECT has_table_privilege(to_regclass(%s)::oid, 'SELECT')",
+                    (sql.Identifier(self.store.schema, CHANNELS_TABLE).as_string(cur),))
+        rows: list[tuple[bool, str]] = []
+        if cur.fetchone() == (True,):  # row-level security: a tenant reads its own row only
+            cur.execute(sql.SQL("SELECT tenant = current_user, channel FROM {}").format(
+                sql.Identifier(self.store.schema, CHANNELS_TABLE)))
+            rows = cur.fetchall()
+        own = [channel for mine, channel in rows if mine]
+        if own:
+            return own[0], own
+        return self.schema_channel, [self.schema_channel, *(channel for _, channel in rows)]
+
     def _notify(self, cur: psycopg.Cursor[Any]) -> None:
-        cur.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(self.channel)))
+        if self._own is None:
+            self._own = self._channels(cur)[0]
+        cur.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(self._own)))
 
     def wake(self) -> None:
         with self.store._write(None) as cur:
@@ -184,9 +211,15 @@ class PostgresQueue:
 
     def _listen(self) -> psycopg.Connection[Any]:
         if self._listener is None or self._listener.closed:
-            conn = psycopg.connect(self.store.dsn, autocommit=True)
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-            self._listener = conn
+            self._listener = psycopg.connect(self.store.dsn, autocommit=True)
+            self._heard = set()
+        if not self._heard or self._own == self.schema_channel:  # the admin: new tenants?
+            with self._listener.cursor() as cur:
+                own, channels = self._channels(cur)
+                self._own = own
+                for channel in set(channels) - self._heard:
+                    cur.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self._heard.add(channel)
         return self._listener
 
     def _drop_listener(self) -> None:
@@ -194,6 +227,7 @@ class PostgresQueue:
             with contextlib.suppress(psycopg.Error):
                 self._listener.close()
             self._listener = None
+            self._heard = set()
 
     def close(self) -> None:
         self._drop_listener()

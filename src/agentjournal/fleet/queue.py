@@ -8,8 +8,10 @@ A run is in the queue from ``submit`` on. Its state says what it waits for:
     waiting  it stopped for a person (paused, waiting for an approval, escalated);
              runnable again as soon as anything is appended to its log after that
              (a person's approval or verdict)
-    parked   it killed its worker too many times (a poison run) and was escalated;
-             like waiting, runnable again once a person has appended a decision
+    parked   it killed its worker too many times (a poison run), or a worker refused
+             its agent ref (not trusted, not an agent): the reason is kept with it,
+             and it is escalated in its log if it has one; like waiting, runnable
+             again once a person has appended a decision or requeued it
     done     finished
 
 ``claim`` takes one runnable run, its lease and the next epoch in one statement
@@ -54,6 +56,7 @@ class QueuedRun(msgspec.Struct, frozen=True, kw_only=True):
     submitted_at: float  # seconds since the epoch
     changed_at: float
     runnable: bool  # a claim would take it now
+    reason: str | None = None  # why a worker parked it
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,9 +86,11 @@ class Queue(Protocol):
         """Take the most urgent runnable run of ``queues``, with its lease, or None."""
         ...
 
-    def hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+    def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
+                  reason: str | None = None) -> bool:
         """Give the run back in ``state`` (queued, waiting, parked or done) as of its log's
-        ``at_seq``, and release the lease. False if the lease was no longer ours."""
+        ``at_seq``, and release the lease. ``reason``: why (kept with a parked run, shown
+        by ``agentjournal queue``). False if the lease was no longer ours."""
         ...
 
     def absolve(self, run_id: str) -> None:
@@ -94,7 +99,8 @@ class Queue(Protocol):
         ...
 
     def retry(self, run_id: str) -> bool:
-        """Make a parked (or waiting) run runnable again and forget its crashes."""
+        """Make a parked (or waiting) run runnable again and forget its crashes (and
+        the reason it was parked)."""
         ...
 
     def runs(self) -> list[QueuedRun]: ...

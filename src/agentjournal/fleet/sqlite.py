@@ -82,7 +82,8 @@ class SQLiteQueue:
                    (run_id, owner, epoch, *self.store._expiry(ttl, wall, boot, now)))
         return Lease(run_id, owner, epoch, wall + ttl)
 
-    def hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+    def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
+                  reason: str | None = None) -> bool:
         with self.store._tx() as db:
             if self.store._epoch(db, lease.run_id) != lease.epoch:
                 return False  # taken over: the run is another worker's now
@@ -90,8 +91,8 @@ class SQLiteQueue:
                        (lease.run_id,))
             db.execute("UPDATE queue SET state = ?, worker = NULL, parked_seq = ?, crashes ="
                        " CASE WHEN ? IN ('done', 'waiting') THEN 0 ELSE crashes END,"
-                       " changed_at = ? WHERE run_id = ?",
-                       (state, at_seq, state, time.time(), lease.run_id))
+                       " reason = ?, changed_at = ? WHERE run_id = ?",
+                       (state, at_seq, state, reason, time.time(), lease.run_id))
         return True
 
     def absolve(self, run_id: str) -> None:
@@ -101,8 +102,9 @@ class SQLiteQueue:
 
     def retry(self, run_id: str) -> bool:
         with self.store._tx() as db:
-            changed = db.execute("UPDATE queue SET state = 'queued', crashes = 0, changed_at = ?"
-                                 " WHERE run_id = ? AND state IN ('waiting', 'parked')",
+            changed = db.execute("UPDATE queue SET state = 'queued', crashes = 0, reason = NULL,"
+                                 " changed_at = ? WHERE run_id = ?"
+                                 " AND state IN ('waiting', 'parked')",
                                  (time.time(), run_id)).rowcount
         return bool(changed)
 
@@ -111,18 +113,20 @@ class SQLiteQueue:
         with self.store._reading() as db:
             rows = db.execute(
                 "SELECT q.run_id, q.queue, q.state, q.priority, q.agent, q.worker, q.crashes,"
-                " q.claims, q.submitted_at, q.changed_at, q.parked_seq, l.epoch, l.expires_at,"
+                " q.claims, q.submitted_at, q.changed_at, q.parked_seq, q.reason, l.epoch,"
+                " l.expires_at,"
                 f" l.boot_id, l.deadline, {last_seq_of('q.run_id')} FROM queue q"
                 " LEFT JOIN leases l ON l.run_id = q.run_id"
                 " ORDER BY q.submitted_at, q.run_id").fetchall()
         out = []
         for (run_id, queue, state, priority, agent, worker, crashes, claims, submitted,
-             changed, parked, epoch, expires, boot_id, deadline, last) in rows:
+             changed, parked, reason, epoch, expires, boot_id, deadline, last) in rows:
             left = lease_left(expires, boot_id, deadline, wall, boot, now) if epoch else 0
             out.append(QueuedRun(
                 run_id=run_id, queue=queue, state=state, priority=priority, agent=agent,
                 worker=worker, crashes=crashes, claims=claims, submitted_at=submitted,
-                changed_at=changed, runnable=_runnable(state, parked, last, left)))
+                changed_at=changed, runnable=_runnable(state, parked, last, left),
+                reason=reason))
         return out
 
     def beat(self, worker: WorkerInfo) -> None:

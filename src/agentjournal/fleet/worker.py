@@ -1,28 +1,33 @@
 """A worker: claims runnable runs from a store's queue and runs them, until drained.
 
-``Worker(url).run()`` is what ``agentjournal worker`` runs. It keeps one store handle
-(thread-safe; on PostgreSQL a pool of at most ``POOL`` connections) for claims,
-heartbeats and its runs, each run in its own thread; a handle broken by a failed commit is
-reopened, and the runs it interrupted are handed back.
+``Worker(url, agents=...).run()`` is what ``agentjournal worker`` runs. It runs only
+the agents it was told to trust (fleet/trust.py): a run whose agent ref it refuses is
+parked at once, with the reason, and nothing it names is imported or called.
+
+It keeps one store handle (thread-safe; on PostgreSQL a pool of at most ``POOL``
+connections) for claims, heartbeats and its runs, each run in its own thread; a handle
+broken by a failed commit is reopened, and the runs it interrupted are handed back.
 
 The lease and its epoch are the only owner of a run: a run is claimed with the
 worker's id as the lease owner, run with ``Agent.run(..., owner=worker_id,
 keep_lease=True)`` (the same owner, so the journal renews the claimed epoch), and
 handed back with the lease released in the same transaction: ``done`` when it
 finished, ``waiting`` when it stopped for a person, ``queued`` when drained.
+
+It logs through ``logging.getLogger("agentjournal.worker")``, one line per event,
+each starting with the worker id; a crash's traceback only at DEBUG.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import os
 import socket
-import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import (
@@ -43,6 +48,7 @@ from ..saga import run_saga
 from ..store import Lease, Store, open_store
 from . import queue_of
 from .queue import Claim, Queue, QueueState, WorkerInfo
+from .trust import AgentTrust, Trusted
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -58,6 +64,8 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
 #: so a default server (100 connections) serves a fleet of some 16 workers.
 POOL = 4
 
+logger = logging.getLogger("agentjournal.worker")
+
 _STATE_OF: dict[str, QueueState] = {
     "finished": "done", "paused": "waiting", "waiting_approval": "waiting",
     "escalated": "waiting", "compensated": "done", "compensating": "waiting",
@@ -68,6 +76,11 @@ _STATE_OF: dict[str, QueueState] = {
 class Worker:
     """Drains the queues of the store at ``store_url`` until :meth:`drain` is called.
 
+    ``agents`` (required): the agents it runs, as module prefixes or whole refs
+    (``["myapp.agents"]``), or a registry mapping refs to an Agent or a factory of one
+    (``{"myapp.agents:reconciler": reconciler}``): see fleet/trust.py. A run whose ref
+    it refuses is parked on its first claim, the reason in the queue (and escalated in
+    its log, if it has one); what it names is never imported or called.
     ``queues``: the queues it claims from (most urgent first across them).
     ``concurrency``: how many runs it holds at once, each in its own thread.
     ``ttl``: the lease TTL in seconds, for the claim and for the run (it overrides
@@ -92,14 +105,14 @@ class Worker:
     retried with backoff (0.2 s doubling to 5 s) and never ends the worker; a run it
     interrupted is handed back queued once the store answers. A lost lease (fenced,
     held by another, expired) lets the run go: another worker owns it. Any other
-    exception from a run is logged with its traceback and the run is left as
-    crashed: its lease expires and the next claim counts the crash.
+    exception from a run is logged (one line; its traceback at DEBUG) and the run is
+    left as crashed: its lease expires and the next claim counts the crash.
     """
 
-    def __init__(self, store_url: str, *, queues: Sequence[str] = ("default",),
-                 concurrency: int = 1, ttl: float = 30.0, poll: float = 1.0,
-                 grace: float = 30.0, max_crashes: int = 3, worker_id: str | None = None,
-                 log: Callable[[str], None] | None = None,
+    def __init__(self, store_url: str, *, agents: Trusted,
+                 queues: Sequence[str] = ("default",), concurrency: int = 1,
+                 ttl: float = 30.0, poll: float = 1.0, grace: float = 30.0,
+                 max_crashes: int = 3, worker_id: str | None = None,
                  compensate_parked: bool = False) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency!r}")
@@ -109,6 +122,7 @@ class Worker:
             raise ValueError(f"max_crashes must be at least 1, not {max_crashes!r}")
         if not queues:
             raise ValueError("give at least one queue")
+        self.trust = AgentTrust(agents)
         self.store_url = store_url
         self.queues = list(queues)
         self.concurrency = concurrency
@@ -118,7 +132,6 @@ class Worker:
         self.max_crashes = max_crashes
         self.compensate_parked = compensate_parked
         self.worker_id = worker_id or default_owner()
-        self._log_line = log
         self._draining = threading.Event()
         self._done = threading.Event()  # run() is over: the heartbeat stops
         self._beat_now = threading.Event()
@@ -134,12 +147,8 @@ class Worker:
 
     # --- logging -----------------------------------------------------------------------
 
-    def log(self, message: str) -> None:
-        line = f"{self.worker_id} {message}"
-        if self._log_line is not None:
-            self._log_line(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
+    def log(self, message: str, level: int = logging.INFO) -> None:
+        logger.log(level, "%s %s", self.worker_id, message)
 
     # --- the control handle ------------------------------------------------------------
 
@@ -194,7 +203,8 @@ class Worker:
         NoQueueError (a JSONL store) and a bad URL are raised at once."""
         self._control_queue()  # a store without a queue is refused before anything runs
         self.log(f"started: queues {','.join(self.queues)}, concurrency {self.concurrency},"
-                 f" ttl {self.ttl:g}s, max crashes {self.max_crashes}")
+                 f" ttl {self.ttl:g}s, max crashes {self.max_crashes}, trusting "
+                 f"{self.trust.describe()}")
         beats = threading.Thread(target=self._heartbeat, name="worker-heartbeat",
                                  daemon=True)
         beats.start()
@@ -223,7 +233,8 @@ class Worker:
                 claim = queue.claim(self.worker_id, self.ttl, self.queues)
             except TROUBLE as exc:
                 if not troubled:
-                    self.log(f"store unavailable, retrying claims with backoff: {exc}")
+                    self.log(f"store unavailable, retrying claims with backoff: {exc}",
+                             logging.WARNING)
                 troubled = True
                 if isinstance(exc, DurabilityError):
                     self._reopen_control()
@@ -240,7 +251,7 @@ class Worker:
 
     def _start(self, claim: Claim) -> None:
         run_id = claim.lease.run_id
-        self.log(f"claimed {run_id} (epoch {claim.lease.epoch}, agent {claim.agent}, "
+        self.log(f"claimed {run_id} (epoch {claim.lease.epoch}, agent {claim.agent!r}, "
                  f"crashes {claim.crashes})")
         thread = threading.Thread(target=self._work, args=(claim,), name=f"run:{run_id}",
                                   daemon=True)
@@ -264,7 +275,8 @@ class Worker:
         left = self.held()
         if left:
             self.log(f"grace expired with {len(left)} run(s) still busy ({', '.join(left)}); "
-                     f"their leases expire after {self.ttl:g}s and others take them over")
+                     f"their leases expire after {self.ttl:g}s and others take them over",
+                     logging.WARNING)
         else:
             self.log("drained")
 
@@ -284,12 +296,13 @@ class Worker:
                 troubled = False
             except TROUBLE as exc:
                 if not troubled:
-                    self.log(f"store unavailable for the heartbeat: {exc}")
+                    self.log(f"store unavailable for the heartbeat: {exc}", logging.WARNING)
                 troubled = True
                 if isinstance(exc, DurabilityError):
                     self._reopen_control()
-            except Exception:  # never let the heartbeat die silently
-                self.log(f"heartbeat failed:\n{traceback.format_exc().rstrip()}")
+            except Exception as exc:  # never let the heartbeat die silently
+                self.log(f"heartbeat failed: {type(exc).__name__}: {exc}", logging.ERROR)
+                logger.debug("the heartbeat's failure", exc_info=True)
             self._beat_now.wait(self.ttl / 3)
             self._beat_now.clear()
 
@@ -302,19 +315,18 @@ class Worker:
                 if isinstance(exc, DurabilityError):
                     self._reopen_control()
                 if attempt == 2:
-                    self.log(f"could not remove this worker's row: {exc}")
+                    self.log(f"could not remove this worker's row: {exc}", logging.WARNING)
                 time.sleep(BACKOFF_FIRST * 2 ** attempt)
 
     # --- one run -----------------------------------------------------------------------
 
     def _agent(self, ref: str) -> Agent:
+        """The agent ``ref`` names, if this worker trusts it (else AgentRefError)."""
         with self._lock:
             agent = self._agents.get(ref)
         if agent is None:
-            from ..agent import load_agent
-
             # A copy: the worker's TTL governs the lease, not the agent's own default.
-            agent = copy.copy(load_agent(ref))
+            agent = copy.copy(self.trust.load(ref))
             agent.lease_ttl = self.ttl
             with self._lock:
                 agent = self._agents.setdefault(ref, agent)
@@ -330,9 +342,15 @@ class Worker:
 
         try:
             if claim.crashes >= self.max_crashes:
-                self._park(claim)
+                self._park(claim, self._poison(claim), undo=self.compensate_parked)
                 return
-            agent = self._agent(claim.agent)
+            try:
+                agent = self._agent(claim.agent)
+            except AgentRefError as exc:  # it would refuse every time: park it now
+                self._park(claim, f"refused by a worker: {exc}. Submit the run again with a "
+                           "trusted agent, or start workers that trust it (--agents), then "
+                           f"run: agentjournal requeue {run_id}", undo=False)
+                return
             result = agent.run(self._run_store(), run_id, claim.task, owner=self.worker_id,
                                agent_ref=claim.agent, stop=self._draining, keep_lease=True,
                                observer=observe, settle=False)  # the status is enough
@@ -344,20 +362,22 @@ class Worker:
                          f"({result.status} at seq {result.last_seq}; now {state})")
         except LOST as exc:
             METRICS.count("worker_leases_lost")
-            self.log(f"lost the lease of {run_id}, letting it go: {type(exc).__name__}: {exc}")
+            self.log(f"lost the lease of {run_id}, letting it go: {type(exc).__name__}: {exc}",
+                     logging.WARNING)
             self._absolve(run_id)
         except TROUBLE as exc:
             self.log(f"store unavailable while running {run_id}: {exc}; handing it back "
-                     "queued once the store answers")
+                     "queued once the store answers", logging.WARNING)
             lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
             if self._hand_back(lease, "queued", seen["seq"]):
                 self.log(f"handed back {run_id} (now queued)")
             else:
                 self._absolve(run_id)
-        except Exception:
+        except Exception as exc:
             METRICS.count("worker_runs_crashed")
-            self.log(f"run {run_id} crashed; not handing it back (its lease expires and the "
-                     f"next claim counts the crash):\n{traceback.format_exc().rstrip()}")
+            self.log(f"run {run_id} crashed: {type(exc).__name__}: {exc}; not handing it back "
+                     "(its lease expires and the next claim counts the crash)", logging.ERROR)
+            logger.debug("the crash of %s", run_id, exc_info=True)
         finally:
             with self._lock:
                 self._held.pop(run_id, None)
@@ -371,7 +391,8 @@ class Worker:
         try:
             self._control_queue().absolve(run_id)
         except TROUBLE as exc:  # best effort: at worst the run parks one crash early
-            self.log(f"could not take back the crash counted for {run_id}: {exc}")
+            self.log(f"could not take back the crash counted for {run_id}: {exc}",
+                     logging.WARNING)
 
     def _run_store(self) -> Store:
         """The handle a run uses: the control handle, shared (both stores' handles are
@@ -389,21 +410,23 @@ class Worker:
             except (*TROUBLE, StoreUrlError) as exc:
                 if attempt == 7:
                     raise
-                self.log(f"opening the store failed, retrying: {exc}")
+                self.log(f"opening the store failed, retrying: {exc}", logging.WARNING)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
         raise AssertionError("unreachable")
 
-    def _hand_back(self, lease: Lease, state: QueueState, at_seq: int) -> bool:
+    def _hand_back(self, lease: Lease, state: QueueState, at_seq: int,
+                   reason: str | None = None) -> bool:
         """Hand the run back, retrying store trouble with backoff (on a reopened handle
         after a failed commit). False (logged) if the lease went to another worker."""
         backoff, troubled = BACKOFF_FIRST, False
         while True:
             try:
-                mine = self._control_queue().hand_back(lease, state, at_seq)
+                mine = self._control_queue().hand_back(lease, state, at_seq, reason)
             except TROUBLE as exc:
                 if not troubled:
-                    self.log(f"store unavailable handing back {lease.run_id}, retrying: {exc}")
+                    self.log(f"store unavailable handing back {lease.run_id}, retrying: {exc}",
+                             logging.WARNING)
                 troubled = True
                 if isinstance(exc, DurabilityError):
                     self._reopen_control()  # if it was the shared handle, it is broken
@@ -412,22 +435,25 @@ class Worker:
                 continue
             if not mine:
                 self.log(f"lost the lease of {lease.run_id} before handing it back: another "
-                         "worker owns it now")
+                         "worker owns it now", logging.WARNING)
             return mine
 
-    def _park(self, claim: Claim) -> None:
-        """A poison run: escalate it in its log, naming the count, and park it."""
+    def _poison(self, claim: Claim) -> str:
+        return (f"parked by a worker: this run was claimed {claim.crashes} times without "
+                "being handed back (it killed or crashed its worker each time; "
+                f"max crashes {self.max_crashes}). Find the cause (the workers' logs), "
+                f"fix it, then run: agentjournal requeue {claim.lease.run_id}")
+
+    def _park(self, claim: Claim, reason: str, *, undo: bool) -> None:
+        """A run not to run again until a person decides: escalate it in its log, with
+        the reason, and park it with the reason (``agentjournal queue`` shows it)."""
         run_id = claim.lease.run_id
-        reason = (f"parked by a worker: this run was claimed {claim.crashes} times without "
-                  "being handed back (it killed or crashed its worker each time; "
-                  f"max crashes {self.max_crashes}). Find the cause (the workers' logs), "
-                  f"fix it, then run: agentjournal requeue {run_id}")
         with open_journal(self._run_store(), run_id, owner=self.worker_id, ttl=self.ttl,
                           keep_lease=True) as journal:
             if journal.state.last_seq:  # an empty log has no run to escalate yet
                 journal.record(EventType.RUN_ESCALATED, reason=reason, crashes=claim.crashes,
                                by="agentjournal worker", worker=self.worker_id)
-                if self.compensate_parked:
+                if undo:
                     self._undo(journal, claim)
             epoch, seq = journal.lease.epoch, journal.state.last_seq
             undone = journal.state.status == "compensated"
@@ -436,10 +462,10 @@ class Worker:
             if self._hand_back(lease, "done", seq):
                 METRICS.count("worker_runs_compensated")
                 self.log(f"compensated {run_id} after {claim.crashes} crashes (now done)")
-        elif self._hand_back(lease, "parked", seq):
+        elif self._hand_back(lease, "parked", seq, reason):
             METRICS.count("worker_runs_parked")
-            self.log(f"parked {run_id} after {claim.crashes} crashes; requeue it with: "
-                     f"agentjournal requeue {run_id}")
+            self.log(f"parked {run_id}: {reason.removeprefix('parked by a worker: ')}",
+                     logging.WARNING)
 
     def _undo(self, journal: RunJournal, claim: Claim) -> None:
         """The saga of a failed run; where it cannot go on, the run stays parked."""
@@ -448,8 +474,9 @@ class Worker:
                               reason=f"failed: parked after {claim.crashes} crashes",
                               by="agentjournal worker")
         except (UnsettledError, AgentRefError) as exc:
-            self.log(f"cannot compensate {claim.lease.run_id}: {exc}")
+            self.log(f"cannot compensate {claim.lease.run_id}: {exc}", logging.WARNING)
             return
         if result.status != "compensated":
-            self.log(f"the saga of {claim.lease.run_id} stopped for a person: {result.status}")
+            self.log(f"the saga of {claim.lease.run_id} stopped for a person: {result.status}",
+                     logging.WARNING)
 

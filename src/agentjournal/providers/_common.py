@@ -188,6 +188,17 @@ def arguments_of(call: ToolCall) -> str:
     return msgspec.json.encode(call.args).decode()
 
 
+def with_call_ids(items: tuple[dict[str, Any], ...], ids: list[str], kind: str,
+                  field: str) -> list[dict[str, Any]]:
+    """A turn's provider items as they came, except that each call item (type ``kind``)
+    carries the id the loop recorded for its call in ``field``: the loop gives a call
+    whose id the provider repeated or left empty one of its own (steps.distinct_ids).
+    The n-th call item is the n-th call, as the adapter read them."""
+    given = iter(ids)
+    return [{**item, field: next(given, item.get(field))} if item.get("type") == kind
+            else dict(item) for item in items]
+
+
 # --- context repair ------------------------------------------------------------------
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import MissingExtraError
 from ..models import ModelRequest, ModelResponse, Price
 from ..state import Message, ToolCall, Usage
-from ._common import Adapter, close_orphans, without_retries
+from ._common import Adapter, close_orphans, with_call_ids, without_retries
 
 try:
     import anthropic
@@ -68,15 +70,17 @@ class AnthropicModel(Adapter):
 
     def _blocks(self, m: Message) -> list[dict[str, Any]]:
         if m.role == "tool":
-            return [{"type": "tool_result", "tool_use_id": m.tool_call_id,
+            return [{"type": "tool_result", "tool_use_id": tool_use_id(m.tool_call_id),
                      "content": m.content, "is_error": m.is_error}]
         if m.role == "assistant" and m.provider == self.provider and m.items:
-            return [dict(item) for item in m.items]  # thinking signatures unchanged
+            # Thinking signatures unchanged; tool_use ids as the loop recorded them.
+            ids = [tool_use_id(c.id) for c in m.tool_calls]
+            return with_call_ids(m.items, ids, "tool_use", "id")
         blocks: list[dict[str, Any]] = []
         if m.content:  # the API rejects empty text blocks
             blocks.append({"type": "text", "text": m.content})
-        blocks.extend({"type": "tool_use", "id": c.id, "name": c.name, "input": c.args}
-                      for c in m.tool_calls)
+        blocks.extend({"type": "tool_use", "id": tool_use_id(c.id), "name": c.name,
+                       "input": c.args} for c in m.tool_calls)
         return blocks
 
     def _convert(self, raw: Any) -> ModelResponse:
@@ -103,6 +107,18 @@ class AnthropicModel(Adapter):
         return self.usage(raw.model, input_tokens=u.input_tokens + read + written,
                           output_tokens=u.output_tokens, cached=read, written=written,
                           reasoning=(details and details.thinking_tokens) or 0)
+
+
+_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")
+
+
+def tool_use_id(call_id: str | None) -> str:
+    """The id to send for a call: its own when the API takes it (``^[a-zA-Z0-9_-]+$``),
+    else one derived from it, the same for the call and its result (a run recorded on
+    another provider may hold ``functions.add:0``)."""
+    if call_id and _USE_ID.fullmatch(call_id):
+        return call_id
+    return "toolu_" + hashlib.sha256((call_id or "").encode()).hexdigest()[:24]
 
 
 def _call(call_id: str, name: str, args: Any) -> ToolCall:

@@ -10,7 +10,14 @@ from typing import Any
 from ..errors import MissingExtraError
 from ..models import ModelError, ModelRequest, ModelResponse, Price
 from ..state import Message
-from ._common import Adapter, arguments_of, close_orphans, parse_call, without_retries
+from ._common import (
+    Adapter,
+    arguments_of,
+    close_orphans,
+    parse_call,
+    with_call_ids,
+    without_retries,
+)
 
 try:
     import openai
@@ -126,6 +133,9 @@ class OpenAIResponsesModel(_OpenAI):
         self.background = background
         self.store = store
         self.poll_interval = poll_interval
+        # Responses the create call returned finished, by id, until collected: some
+        # OpenAI-compatible servers answer in the create call and cannot retrieve it.
+        self._answered: dict[str, Any] = {}
 
     def _method(self) -> Callable[..., Any]:
         return untransformed(without_retries(self.client).responses.create, "input")
@@ -155,8 +165,9 @@ class OpenAIResponsesModel(_OpenAI):
             elif m.role == "tool":
                 out.append({"type": "function_call_output", "call_id": m.tool_call_id,
                             "output": m.content})
-            elif m.provider == self.provider and m.items:
-                out.extend(dict(i) for i in m.items)  # verbatim, reasoning in its place
+            elif m.provider == self.provider and m.items:  # reasoning in its place
+                out.extend(with_call_ids(m.items, [c.id for c in m.tool_calls],
+                                         "function_call", "call_id"))
             else:
                 if m.content:
                     out.append({"role": "assistant", "content": m.content})
@@ -224,12 +235,14 @@ class OpenAIResponsesModel(_OpenAI):
         """Start the call at OpenAI and return its id at once."""
         self._require_background()
         self._require_sync()
-        return str(self._call(self._method(), self._build(request, background=True)).id)
+        return self._begun(self._call(self._method(), self._build(request, background=True)))
 
     def collect(self, handle: str, request: ModelRequest) -> ModelResponse:
         """Wait for the call ``handle`` (polling) and return its answer."""
         self._require_background()
         self._require_sync()
+        if (raw := self._answered.pop(handle, None)) is not None:
+            return self._finished(raw)
         retrieve = without_retries(self.client).responses.retrieve
         while (raw := self._retrieve(retrieve, handle)).status in _PENDING:
             time.sleep(self.poll_interval)
@@ -239,17 +252,25 @@ class OpenAIResponsesModel(_OpenAI):
         self._require_background()
         if not self.is_async:
             return await asyncio.to_thread(self.begin, request)
-        raw = await self._acall(self._method(), self._build(request, background=True))
-        return str(raw.id)
+        return self._begun(await self._acall(self._method(), self._build(request, background=True)))
 
     async def acollect(self, handle: str, request: ModelRequest) -> ModelResponse:
         self._require_background()
         if not self.is_async:
             return await asyncio.to_thread(self.collect, handle, request)
+        if (raw := self._answered.pop(handle, None)) is not None:
+            return self._finished(raw)
         retrieve = without_retries(self.client).responses.retrieve
         while (raw := await self._aretrieve(retrieve, handle)).status in _PENDING:
             await asyncio.sleep(self.poll_interval)
         return self._finished(raw)
+
+    def _begun(self, raw: Any) -> str:
+        """The call's id. An answer the create call already holds is kept for ``collect``:
+        asking the server for it again could only fail where it has no retrieve."""
+        if raw.status not in _PENDING:
+            self._answered[str(raw.id)] = raw
+        return str(raw.id)
 
     def _require_background(self) -> None:
         if not self.background:

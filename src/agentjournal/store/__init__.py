@@ -94,6 +94,10 @@ def open_store(url: str | None = None, *, readonly: bool = False,
 
     ``pool_size``: PostgreSQL only, the most connections the handle opens at once
     (default 4; it opens them as threads need them).
+
+    A ``postgresql://`` URL may also say ``?lock_timeout=SECONDS``: the longest any
+    statement waits for a lock another session holds (default 30; 0 waits forever);
+    past it the call raises ``StoreLockedError``, having committed nothing.
     """
     if url is None:
         url = os.environ.get(ENV_VAR) or DEFAULT_URL
@@ -118,13 +122,16 @@ def open_store(url: str | None = None, *, readonly: bool = False,
         return JsonlStore(path, durability=durability, readonly=readonly)
     if parts.scheme in ("postgres", "postgresql"):
         try:
-            from .postgres import PostgresStore
+            from .postgres import DEFAULT_LOCK_TIMEOUT, PostgresStore, lock_timeout_of
         except ImportError as exc:
             raise MissingExtraError("postgres", exc.name or "psycopg") from None
         schema = query.pop("schema", ["agentjournal"])[-1]
+        waits = DEFAULT_LOCK_TIMEOUT  # seconds any statement waits for another session's lock
+        if "lock_timeout" in query:
+            waits = lock_timeout_of(mask_secrets(url), query.pop("lock_timeout")[-1])
         rest = "&".join(f"{k}={v}" for k, vs in query.items() for v in vs)
         conninfo = parts._replace(scheme="postgresql", query=rest).geturl()
         sized = {} if pool_size is None else {"pool_size": pool_size}
         return PostgresStore(conninfo, schema=schema, durability=durability, readonly=readonly,
-                             **sized)
+                             lock_timeout=waits, **sized)
     raise StoreUrlError(mask_secrets(url), f"unknown scheme {parts.scheme!r}")

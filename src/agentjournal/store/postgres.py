@@ -43,6 +43,12 @@ it did configure), and a call waits for a connection at most ``connect_timeout``
 (10 s unless the URL sets it). A ``release`` lost to a dropped connection is retried at once
 on a fresh one, and else on the handle's next use and on ``close``, so a
 successor does not wait out the TTL.
+
+No statement waits for a lock longer than ``lock_timeout`` (30 s unless the URL says
+``?lock_timeout=SECONDS``; 0 waits forever): another session's ``LOCK TABLE``, advisory
+lock or long transaction (a tenant's: store/tenants.py) makes the call fail with
+``StoreLockedError`` instead of stalling it. An up-to-date schema is opened without the
+migration lock, so a session holding that lock can delay a migration, never an open.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ import re
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from functools import partial
 from typing import Any, LiteralString
 from urllib.parse import quote, urlencode
 
@@ -74,6 +81,7 @@ from ..errors import (
     NotAStoreError,
     ReadOnlyStoreError,
     StoreIOError,
+    StoreLockedError,
     StoreUnavailableError,
     StoreUrlError,
     UnsupportedVersionError,
@@ -99,6 +107,7 @@ DEFAULT_SCHEMA = "agentjournal"
 # Postgres silently truncates identifiers past 63 bytes, which could alias two schemas.
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _CONNECT_TIMEOUT = 10  # seconds, unless the conninfo sets connect_timeout
+DEFAULT_LOCK_TIMEOUT = 30.0  # seconds a statement waits for a lock, unless ?lock_timeout=
 _MIGRATION_LOCK = 0x414A  # advisory lock key ("AJ"), paired with hashtext(schema)
 _PAGE = 1000  # events per read query: a long run is never held in memory at once
 _ENDS = 4096  # runs whose log end a handle remembers (the most recently used)
@@ -246,6 +255,10 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         END LOOP;
     END $$;
     """,
+    # Why a worker parked a run (a refused agent ref, a poison run): see fleet/queue.py.
+    """
+    ALTER TABLE {s}.queue ADD COLUMN IF NOT EXISTS reason text;
+    """,
 )
 
 # An append's one statement: move the run's end (its WHERE is the whole check) and,
@@ -293,15 +306,29 @@ def _oneline(exc: BaseException) -> str:
     return mask_secrets(" ".join(str(exc).split()))  # libpq's messages span lines
 
 
-def _configure(conn: Conn) -> None:
+def lock_timeout_of(url: str, text: str) -> float:
+    """The seconds of a ``?lock_timeout=`` parameter (0: wait forever); StoreUrlError if
+    it is not a number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < 86400:
+        raise StoreUrlError(url, f"lock_timeout={text!r} is not a number of seconds "
+                            "(0 waits forever)")
+    return seconds
+
+
+def _set_lock_timeout(conn: Conn, seconds: float) -> None:
+    conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{round(seconds * 1000)}ms",))
+
+
+def _configure(conn: Conn, *, lock_timeout: float, readonly: bool) -> None:
     # RunInfo datetimes come back in UTC, as from the other backends.
     conn.execute("SET TIME ZONE 'UTC'")
-    conn.commit()
-
-
-def _configure_readonly(conn: Conn) -> None:
-    _configure(conn)
-    conn.execute("SET default_transaction_read_only = on")  # the server refuses writes too
+    _set_lock_timeout(conn, lock_timeout)
+    if readonly:
+        conn.execute("SET default_transaction_read_only = on")  # the server refuses writes too
     conn.commit()
 
 
@@ -314,8 +341,10 @@ class PostgresStore:
         durability: Durability = Durability.FSYNC,
         pool_size: int = 4,
         readonly: bool = False,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         self.schema = schema
+        self.lock_timeout = lock_timeout
         self.durability = Durability(durability)
         self.readonly = readonly
         self._broken: str | None = None
@@ -344,10 +373,14 @@ class PostgresStore:
             # A direct connection first: it fails fast with libpq's reason,
             # where the pool would retry quietly until its timeout.
             with psycopg.connect(dsn) as conn:
+                _set_lock_timeout(conn, lock_timeout)
                 if readonly:
                     self._check_schema(conn)
                 else:
                     self._migrate(conn)
+        except psycopg.errors.LockNotAvailable:
+            what = "opening the schema needed a lock (the migration lock, or a table) that"
+            raise StoreLockedError(self.url, what, lock_timeout) from None
         except psycopg.OperationalError as exc:
             raise StoreUrlError(self.url, f"cannot connect: {_oneline(exc)}") from None
         except psycopg.Error as exc:
@@ -358,7 +391,7 @@ class PostgresStore:
             min_size=1,
             max_size=pool_size,
             open=False,
-            configure=_configure_readonly if readonly else _configure,
+            configure=partial(_configure, lock_timeout=lock_timeout, readonly=readonly),
             # A call waits for a connection no longer than connecting may take (not the
             # pool's 30 s): during an outage each call fails in connect_timeout.
             timeout=timeout,
@@ -407,13 +440,18 @@ class PostgresStore:
                                  "created by its first run or by `agentjournal init`")
 
     def _migrate(self, conn: Conn) -> None:
+        # Up to date (every open but an upgrade's): no DDL, so a read-only server opens
+        # too, and no lock, so a session holding the migration lock stalls no open.
+        if self._version(conn) == len(MIGRATIONS):
+            conn.commit()
+            return
         # Two processes opening a fresh schema at once would both try to create
         # it; the lock serializes them and the second finds the work done.
         conn.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK, self.schema)
         )
         found = self._version(conn)
-        if found == len(MIGRATIONS):  # up to date: no DDL, so a read-only server opens too
+        if found == len(MIGRATIONS):
             conn.commit()
             return
         if found is None:  # else skipped: it needs CREATE on the database
@@ -441,6 +479,9 @@ class PostgresStore:
         except psycopg.errors.ReadOnlySqlTransaction as exc:  # a standby, or read-only role
             raise ReadOnlyStoreError(self.url, "write", reason="the server accepts no writes "
                                      f"({_oneline(exc)})") from exc
+        except psycopg.errors.LockNotAvailable as exc:
+            raise StoreLockedError(self.url, "a table, row or lock this call needs",
+                                   self.lock_timeout, run_id=run_id) from exc
         except psycopg.errors.DiskFull as exc:
             raise StoreIOError(self.url, "write", OSError(errno.ENOSPC, _oneline(exc))) from exc
         except psycopg.errors.InsufficientPrivilege as exc:

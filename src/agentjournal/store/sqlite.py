@@ -212,6 +212,10 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE events;
     ALTER TABLE events_by_key RENAME TO events;
     """,
+    # Why a worker parked a run (a refused agent ref, a poison run): see fleet/queue.py.
+    """
+    ALTER TABLE queue ADD COLUMN reason TEXT;
+    """,
 )
 
 # A read-only handle cannot migrate a store an older release wrote: on a file from

@@ -16,24 +16,47 @@ The admin (the owner) calls these with its own URL; tenants then open the store 
 theirs, e.g. ``postgresql://tenant_a@db:5432/app?schema=agentjournal``. Opening an
 up-to-date schema runs no DDL, so a tenant needs only what :func:`grant_tenant`
 gives. A later release's migration is run by the admin first (opening the store with
-the admin's URL), then :func:`grant_tenant` again for each tenant (new tables).
+the admin's URL), then :func:`grant_tenant` again for each tenant (new tables, columns).
+
+A tenant cannot stall the others by locking the tables every write uses: it holds no
+table-wide UPDATE, DELETE or TRUNCATE on ``runs``, ``events`` or ``queue`` (UPDATE is
+granted column by column), which ``LOCK TABLE`` needs; the locks it can still take are
+bounded by the store's ``lock_timeout`` (docs/tenants.md). Its workers wait on a
+``LISTEN`` channel of its own, named at random in ``tenant_channels`` (which row-level
+security lets only it and the admin read), so no tenant hears another's submits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import psycopg
 from psycopg import sql
 
-from ..errors import JournalError
-from .postgres import DEFAULT_SCHEMA, PostgresStore
+from ..errors import JournalError, StoreLockedError
+from . import mask_secrets
+from .postgres import DEFAULT_LOCK_TIMEOUT, DEFAULT_SCHEMA, PostgresStore, lock_timeout_of
 
 #: Tables whose rows belong to a tenant: read and written under row-level security.
 TENANT_TABLES = ("runs", "events", "snapshots", "segments", "queue", "workers")
 #: Tables every tenant reads and none writes.
 SHARED_TABLES = ("quarantine", "schema_version")
+#: What a tenant may do to each table of run data, no more: ``LOCK TABLE`` in any mode
+#: that blocks another tenant's writes needs UPDATE, DELETE or TRUNCATE on the whole
+#: table, so UPDATE is granted column by column (``tenant`` excepted) and DELETE only
+#: where a tenant prunes its own rows. The log itself is append-only to a tenant, and
+#: archiving a run (gc, which deletes its events) is the admin's.
+TABLE_PRIVILEGES = {"runs": "SELECT, INSERT", "events": "SELECT, INSERT",
+                    "snapshots": "SELECT, INSERT, DELETE", "segments": "SELECT, INSERT, DELETE",
+                    "queue": "SELECT, INSERT", "workers": "SELECT, INSERT, DELETE"}
+#: Tables a tenant updates (every column but ``tenant``).
+UPDATED_TABLES = ("runs", "snapshots", "segments", "queue", "workers")
+#: Each tenant's notification channel: a random name only the tenant and the admin read.
+CHANNELS_TABLE = "tenant_channels"
 
 
 class TenantRoleError(JournalError, ValueError):
@@ -61,19 +84,73 @@ def _admin_store(admin_url: str, schema: str | None) -> PostgresStore:
     parts = urlsplit(admin_url)
     query = parse_qs(parts.query, keep_blank_values=True)
     named = query.pop("schema", [DEFAULT_SCHEMA])[-1]
+    waits = query.pop("lock_timeout", None)
+    timeout = DEFAULT_LOCK_TIMEOUT if waits is None else lock_timeout_of(
+        mask_secrets(admin_url), waits[-1])
     conninfo = parts._replace(scheme="postgresql", query=urlencode(query, doseq=True)).geturl()
-    return PostgresStore(conninfo, schema=schema or named, pool_size=1)
+    return PostgresStore(conninfo, schema=schema or named, pool_size=1, lock_timeout=timeout)
+
+
+@contextmanager
+def _admin_conn(store: PostgresStore) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    """A connection of the admin's that waits for a lock no longer than the store's calls."""
+    with psycopg.connect(store.dsn) as conn:
+        conn.execute("SELECT set_config('lock_timeout', %s, false)",
+                     (f"{round(store.lock_timeout * 1000)}ms",))
+        try:
+            yield conn
+        except psycopg.errors.LockNotAvailable:
+            raise StoreLockedError(store.url, "granting or revoking a tenant needed a lock that",
+                                   store.lock_timeout) from None
+
+
+# UPDATE on every column of a table but ``tenant``, as the columns are when it runs.
+_GRANT_COLUMNS = """DO $aj_grant$ DECLARE t text; BEGIN
+    FOREACH t IN ARRAY {tables}::text[] LOOP
+        EXECUTE format('GRANT UPDATE (%s) ON %I.%I TO %I', (
+            SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
+            WHERE attrelid = format('%I.%I', {schema}, t)::regclass AND attnum > 0
+            AND NOT attisdropped AND attname <> 'tenant'), {schema}, t, {role});
+    END LOOP;
+END $aj_grant$"""
+
+# The channels table, made by the first grant (a tenant's row: its own, as elsewhere), and
+# this role's channel: random, so no other tenant can name it to LISTEN (which needs no
+# privilege). It stays the same across grants, so running workers keep hearing it.
+_CHANNEL = """DO $aj_channels$ BEGIN
+    IF to_regclass({table}) IS NULL THEN
+        CREATE TABLE {s}.{t} (tenant text PRIMARY KEY, channel text NOT NULL UNIQUE);
+        ALTER TABLE {s}.{t} ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY tenant ON {s}.{t} USING (tenant = current_user);
+    END IF;
+END $aj_channels$;
+INSERT INTO {s}.{t} VALUES ({role}, 'aj_' || replace(gen_random_uuid()::text, '-', ''))
+    ON CONFLICT (tenant) DO NOTHING;
+GRANT SELECT ON {s}.{t} TO {r}"""
 
 
 def grant_sql(schema: str, role: str) -> sql.Composed:
-    """The statements that let ``role`` work as a tenant of ``schema`` (for a script)."""
+    """The statements that let ``role`` work as a tenant of ``schema`` (for a script).
+    Idempotent; they first take back what an older release granted (whole-table UPDATE
+    and DELETE, with which a tenant could lock every other tenant out)."""
     s, r = sql.Identifier(schema), sql.Identifier(role)
+
+    def tables(names: tuple[str, ...]) -> sql.Composable:
+        return sql.SQL(", ").join(sql.Identifier(schema, t) for t in names)
+
+    by_privileges: dict[str, tuple[str, ...]] = {}
+    for table, privileges in TABLE_PRIVILEGES.items():
+        by_privileges[privileges] = (*by_privileges.get(privileges, ()), table)
     return sql.SQL("; ").join([
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r),
-        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-            sql.SQL(", ").join(sql.Identifier(schema, t) for t in TENANT_TABLES), r),
-        sql.SQL("GRANT SELECT ON {} TO {}").format(
-            sql.SQL(", ").join(sql.Identifier(schema, t) for t in SHARED_TABLES), r),
+        sql.SQL("REVOKE ALL ON {} FROM {}").format(tables(TENANT_TABLES), r),
+        *(sql.SQL("GRANT {} ON {} TO {}").format(sql.SQL(privileges), tables(names), r)
+          for privileges, names in by_privileges.items()),
+        sql.SQL(_GRANT_COLUMNS).format(tables=sql.Literal(list(UPDATED_TABLES)),
+                                       schema=sql.Literal(schema), role=sql.Literal(role)),
+        sql.SQL("GRANT SELECT ON {} TO {}").format(tables(SHARED_TABLES), r),
+        sql.SQL(_CHANNEL).format(table=sql.Literal(f'"{schema}".{CHANNELS_TABLE}'), s=s,
+                                 t=sql.Identifier(CHANNELS_TABLE), role=sql.Literal(role), r=r),
     ])
 
 
@@ -99,14 +176,15 @@ def _check_role(conn: psycopg.Connection[tuple[object, ...]], schema: str, role:
 
 def grant_tenant(admin_url: str, schema: str | None, role: str) -> None:
     """Let the existing ``role`` use the store at ``admin_url`` as a tenant: USAGE on the
-    schema, SELECT/INSERT/UPDATE/DELETE on the tenant tables (row-level security limits
-    it to its own rows), SELECT on ``quarantine`` and ``schema_version``.
+    schema, what :data:`TABLE_PRIVILEGES` and :data:`UPDATED_TABLES` say on the tenant
+    tables (row-level security limits it to its own rows), SELECT on ``quarantine`` and
+    ``schema_version``, and a notification channel of its own.
 
     ``admin_url`` is a store URL of the tables' owner; ``schema`` overrides its
     ``?schema=`` (None: the URL's, or the default). The schema is created and migrated
     first if needed. Refuses (TenantRoleError) a role row-level security would not
     limit. Idempotent; run it again after an upgrade's migration."""
-    with _admin_store(admin_url, schema) as store, psycopg.connect(store.dsn) as conn:
+    with _admin_store(admin_url, schema) as store, _admin_conn(store) as conn:
         _check_role(conn, store.schema, role)
         conn.execute(grant_sql(store.schema, role))
         conn.commit()
@@ -117,7 +195,7 @@ def create_tenant(admin_url: str, schema: str | None, role: str, *,
     """Create ``role`` as a login role that can be a tenant (not superuser, no BYPASSRLS,
     no CREATEDB or CREATEROLE, a member of nothing) if it does not exist, then
     :func:`grant_tenant` it. The admin needs CREATEROLE (or is a superuser)."""
-    with _admin_store(admin_url, schema) as store, psycopg.connect(store.dsn) as conn:
+    with _admin_store(admin_url, schema) as store, _admin_conn(store) as conn:
         exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
         if exists is None:
             create = sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB"
@@ -133,11 +211,16 @@ def create_tenant(admin_url: str, schema: str | None, role: str, *,
 def revoke_tenant(admin_url: str, schema: str | None, role: str) -> None:
     """Take back what :func:`grant_tenant` gave ``role``; its rows stay (the owner sees
     them). Dropping the role afterwards is the admin's choice (``DROP ROLE``)."""
-    with _admin_store(admin_url, schema) as store, psycopg.connect(store.dsn) as conn:
+    with _admin_store(admin_url, schema) as store, _admin_conn(store) as conn:
         s, r = sql.Identifier(store.schema), sql.Identifier(role)
         tables = sql.SQL(", ").join(sql.Identifier(store.schema, t)
                                     for t in TENANT_TABLES + SHARED_TABLES)
         conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, r))
+        channels = sql.Identifier(store.schema, CHANNELS_TABLE)
+        found = conn.execute("SELECT to_regclass(%s)", (channels.as_string(conn),)).fetchone()
+        if found != (None,):  # its channel goes with its grants
+            conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(channels, r))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE tenant = %s").format(channels), (role,))
         conn.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(s, r))
         conn.commit()
 
@@ -145,7 +228,7 @@ def revoke_tenant(admin_url: str, schema: str | None, role: str) -> None:
 def list_tenants(admin_url: str, schema: str | None = None) -> list[TenantInfo]:
     """The tenants of the schema, by role name: every role granted USAGE on it (but the
     owner) and every role owning rows in it (the owner included, if it ran any runs)."""
-    with _admin_store(admin_url, schema) as store, psycopg.connect(store.dsn) as conn:
+    with _admin_store(admin_url, schema) as store, _admin_conn(store) as conn:
         rows = conn.execute(sql.SQL(
             "WITH granted AS ("
             "  SELECT DISTINCT a.grantee AS oid FROM pg_namespace n,"

@@ -41,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
                      help="port on 127.0.0.1 (default: a free one, printed on stderr)")
     cli.add_argument("--port-file", type=Path, metavar="FILE",
                      help="also write the port to FILE once listening (for scripts and tests)")
+    cli.add_argument("--no-retrieve", action="store_true",
+                     help="complete background responses inside create and answer 404 to "
+                          "retrieve, as several OpenAI-compatible servers do")
     return cli
 
 
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{args.script}: {exc}")
     # SIGTERM should leave through the context manager, closing the socket.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with StubServer(script, port=args.port) as stub:
+    with StubServer(script, port=args.port, retrieve=not args.no_retrieve) as stub:
         if args.port_file is not None:
             # Written then renamed, so a poller never reads a half-written port.
             tmp = args.port_file.with_suffix(".tmp")

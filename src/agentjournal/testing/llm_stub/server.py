@@ -75,8 +75,16 @@ class StubServer:
     """``with StubServer() as stub:`` then point SDK clients at ``stub.url``."""
 
     def __init__(
-        self, script: Iterable[ScriptItem] = (), host: str = "127.0.0.1", port: int = 0
+        self,
+        script: Iterable[ScriptItem] = (),
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        retrieve: bool = True,
     ) -> None:
+        #: False: as several OpenAI-compatible servers, a background response is completed
+        #: inside its create call, and there is no retrieve (or cancel) endpoint: 404.
+        self.retrieve = retrieve
         self.requests: list[tuple[str, Json, dict[str, str]]] = []
         self.counts: dict[str, int] = dict.fromkeys(COUNT_KEYS, 0)
         self.rejections: list[Rejection] = []
@@ -230,6 +238,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif (method, path) == ("POST", "/v1/responses"):
             check = lambda: check_responses(body, self.stub.memory)  # noqa: E731
             self._generate("responses_create", body, check, render_response)
+        elif not self.stub.retrieve and parts[:2] == ["v1", "responses"]:
+            self._error(404, f"Unknown route {method} {path}")
         elif method == "GET" and len(parts) == 3 and parts[:2] == ["v1", "responses"]:
             self._retrieve(parts[2])
         elif method == "POST" and len(parts) == 4 and parts[1::2] == ["responses", "cancel"]:
@@ -265,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._misbehave(outcome)
             return
         background = key == "responses_create" and bool(body.get("background"))
-        if not background and not self.stub.sleep(outcome.delay):
+        if not (background and self.stub.retrieve) and not self.stub.sleep(outcome.delay):
             self._drop()
             return
         with self.stub.lock:
@@ -280,6 +290,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.stub.store(response)
             return response
         self.stub.count("created")
+        if not self.stub.retrieve:  # answered in the create call, kept nowhere
+            return response
         self.stub.store(response, ready_at=time.monotonic() + delay)
         return {**response, "status": "queued", "output": [], "usage": None}
 

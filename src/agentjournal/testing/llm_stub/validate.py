@@ -5,6 +5,7 @@ Messages follow the real APIs' wording where known, so tests can match on them.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .wire import Json, Memory
@@ -17,12 +18,19 @@ def check_chat(body: Json) -> str | None:
     if not isinstance(messages, list) or not messages:
         return "Invalid 'messages': empty array. Expected an array with minimum length 1."
     pending: list[str] = []  # tool_call ids of the last assistant message, still unanswered
+    answered: dict[str, int] = {}  # tool_call id -> the tool message that answered it
     for i, msg in enumerate(messages):
         role = msg.get("role") if isinstance(msg, dict) else None
         if role not in ("system", "developer", "user", "assistant", "tool"):
             return f"Invalid value for 'messages[{i}].role': {role!r}."
         if role == "tool":
             call_id = msg.get("tool_call_id")
+            if call_id in answered:
+                return (
+                    f"Invalid parameter: Duplicate value for 'tool_call_id' of '{call_id}' in "
+                    f"messages[{answered[call_id]}] and messages[{i}]."
+                )
+            answered[str(call_id)] = i
             if call_id not in pending:
                 return (
                     f"Invalid parameter: messages[{i}] with role 'tool' must be a response to a "
@@ -34,6 +42,7 @@ def check_chat(body: Json) -> str | None:
             return _unanswered_chat(pending)
         if role == "assistant":
             pending = [c.get("id") for c in msg.get("tool_calls") or []]
+            answered = {}
     return _unanswered_chat(pending) if pending else None
 
 
@@ -119,6 +128,7 @@ def check_messages(body: Json, mem: Memory) -> str | None:
     if err or not isinstance(messages, list) or not messages:
         return err or "messages: at least one message is required"
     uses: list[str] = []  # tool_use ids of the previous assistant message
+    every_use: set[str] = set()  # tool_use ids of the whole request: each once
     for i, msg in enumerate(messages):
         role = msg.get("role") if isinstance(msg, dict) else None
         if role != ("user" if i % 2 == 0 else "assistant"):
@@ -131,7 +141,7 @@ def check_messages(body: Json, mem: Memory) -> str | None:
             err = _check_results(i, blocks, uses)
             uses = []
         else:
-            err = _check_assistant(i, blocks, mem)
+            err = _check_assistant(i, blocks, mem) or _check_use_ids(i, blocks, every_use)
             uses = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
         if err:
             return err
@@ -178,6 +188,25 @@ def _unanswered_uses(i: int, missing: list[str]) -> str:
         f"after: {', '.join(missing)}. Each `tool_use` block must have a corresponding "
         "`tool_result` block in the next message."
     )
+
+
+USE_ID = re.compile(r"[a-zA-Z0-9_-]+")
+
+
+def _check_use_ids(i: int, blocks: list[Json], seen: set[str]) -> str | None:
+    for j, block in enumerate(blocks):
+        if block.get("type") != "tool_use":
+            continue
+        use_id = block.get("id")
+        if not isinstance(use_id, str) or not USE_ID.fullmatch(use_id):
+            return (
+                f"messages.{i}.content.{j}.tool_use.id: String should match pattern "
+                "'^[a-zA-Z0-9_-]+$'"
+            )
+        if use_id in seen:
+            return f"messages.{i}.content.{j}: `tool_use` ids must be unique"
+        seen.add(use_id)
+    return None
 
 
 def _check_assistant(i: int, blocks: list[Json], mem: Memory) -> str | None:

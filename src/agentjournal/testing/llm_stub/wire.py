@@ -39,6 +39,8 @@ class Reply:
 
     ``reasoning`` (Responses) and ``thinking`` (Anthropic) may be True or the text to use.
     ``delay`` is slept before answering; in background mode it is the time until ready.
+    ``call_ids``: the ids to send for the calls, in order, instead of fresh unique ones, as
+    some OpenAI-compatible servers do (``["", ""]``, ``["call_0", "call_0"]``).
     """
 
     text: str = ""
@@ -49,10 +51,17 @@ class Reply:
     redacted_thinking: bool = False
     delay: float = 0.0
     usage: Usage | Mapping[str, int] | None = None
+    call_ids: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.stop not in STOPS:
             raise ValueError(f"stop must be one of {STOPS}, not {self.stop!r}")
+        if self.call_ids and len(self.call_ids) != len(self.calls):
+            raise ValueError("call_ids needs one id per call")
+
+    def call_id(self, place: int, mem: Memory, prefix: str) -> str:
+        """The id of call ``place``: the scripted one, or a fresh one."""
+        return self.call_ids[place] if self.call_ids else mem.new_id(prefix)
 
     def counts(self) -> Usage:
         if self.usage is None:
@@ -95,13 +104,16 @@ arguments of the class of the same name in agentjournal.testing.llm_stub:
   {"type": "reply", "text": "...", "calls": [[NAME, ARGS], ...], "stop": STOP,
    "reasoning": true|"text", "thinking": true|"text", "redacted_thinking": true,
    "delay": SECONDS, "usage": {"input": N, "output": N, "cached": N,
-                               "cache_write": N, "reasoning": N}}
+                               "cache_write": N, "reasoning": N},
+   "call_ids": ["", ...]}
       the model's answer, rendered in the shape of the endpoint asked: text,
       tool calls (ARGS an object, or a string sent verbatim, even bad JSON),
       STOP one of "length", "refusal", "content_filter", "pause_turn" (a turn
       cut short), reasoning items (Responses) or thinking blocks (Anthropic)
       that must be echoed back, DELAY seconds before answering (in background
-      mode: until the response is ready), token counts; every key optional
+      mode: until the response is ready), token counts, the ids sent for
+      the calls (default: fresh unique ones; "" or repeats, as some
+      servers send); every key optional
   {"type": "fail", "status": 429, "retry_after": 1, "retry_after_ms": 1000,
    "message": "...", "type_name": "rate_limit_error"}
       an HTTP error in the provider's error shape, with retry-after headers;
@@ -184,11 +196,11 @@ def json_object(args: Args) -> Json:
 def render_chat(reply: Reply, body: Json, mem: Memory) -> Json:
     calls = [
         {
-            "id": mem.new_id("call_"),
+            "id": reply.call_id(place, mem, "call_"),
             "type": "function",
             "function": {"name": name, "arguments": json_text(args)},
         }
-        for name, args in reply.calls
+        for place, (name, args) in enumerate(reply.calls)
     ]
     refused = reply.stop == "refusal"
     content = None if refused or (calls and not reply.text) else reply.text
@@ -233,8 +245,8 @@ def render_response(reply: Reply, body: Json, mem: Memory) -> Json:
     reason = INCOMPLETE.get(reply.stop or "")
     if reply.text or not reply.calls:
         output.append(_message_item(reply, reason is not None, mem))
-    for name, args in reply.calls:
-        call_id = mem.new_id("call_")
+    for place, (name, args) in enumerate(reply.calls):
+        call_id = reply.call_id(place, mem, "call_")
         output.append(
             {
                 "type": "function_call",
@@ -345,8 +357,8 @@ def render_message(reply: Reply, body: Json, mem: Memory) -> Json:
         blocks.append({"type": "redacted_thinking", "data": data})
     if reply.text:
         blocks.append({"type": "text", "text": reply.text, "citations": None})
-    for name, args in reply.calls:
-        use_id = mem.new_id("toolu_")
+    for place, (name, args) in enumerate(reply.calls):
+        use_id = reply.call_id(place, mem, "toolu_")
         blocks.append({"type": "tool_use", "id": use_id, "name": name, "input": json_object(args)})
     natural = "tool_use" if reply.calls else "end_turn"
     u = reply.counts()

@@ -1,0 +1,165 @@
+"""Which agents a worker runs: only those it was told to trust.
+
+A queued run names its agent as text (``module:object``), and whoever can write to
+the queue chooses that text; importing and calling whatever it names would let them
+choose code for every worker (``os:fork``, ``os:abort``, a module left in the
+worker's working directory). So a worker is given the agents it trusts, as either
+
+- prefixes (``agentjournal worker --agents myapp.agents,...``): a ref is trusted
+  when its module is a prefix or inside one (``myapp.agents`` trusts
+  ``myapp.agents:x`` and ``myapp.agents.billing:y``, never ``myapp.agentsx:z``), or
+  when it is given whole (``myapp.agents:reconciler`` trusts that ref only); or
+- a registry (``Worker(agents={"myapp.agents:reconciler": reconciler})``): those
+  refs, each mapped to an Agent or a factory of one; nothing is imported.
+
+A ref is checked as text first, before anything is imported: dotted identifiers,
+no private names, trusted. What a trusted ref names must then be an Agent, or a
+factory of one: a function of the trusted modules, taking no arguments, annotated
+to return an Agent; it is called, and what it returns must be an Agent. Anything
+else (a builtin such as ``os.abort`` reached through a trusted module, a function
+imported from elsewhere, a Tool) is refused without being called. Refusals are
+AgentRefError, saying why.
+
+Nothing here changes the import path: the CLI worker removes its working directory
+from it and adds only the directories given with ``--import-path``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..agent import Agent
+from ..errors import AgentRefError
+
+AgentFactory = Callable[[], Agent]
+#: What a worker is told to trust: prefixes (or whole refs), or a registry.
+Trusted = Sequence[str] | Mapping[str, Agent | AgentFactory]
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = rf"{_NAME}(?:\.{_NAME})*"
+_REF = re.compile(rf"({_DOTTED}):({_DOTTED})")
+_PREFIX = re.compile(rf"{_DOTTED}(?::{_DOTTED})?")
+_FACTORY = "a function of the trusted modules, taking no arguments, annotated -> Agent"
+
+
+def ref_problem(ref: str) -> str | None:
+    """Why ``ref`` is not a well-formed ``module:object`` (None when it is)."""
+    if _REF.fullmatch(ref) is None:
+        return "it is not MODULE:OBJECT (dotted names, e.g. myagents:reconciler)"
+    return None
+
+
+class AgentTrust:
+    """The agents a worker runs: :meth:`load` returns the Agent a ref names, or raises
+    AgentRefError saying why it is refused."""
+
+    def __init__(self, agents: Trusted) -> None:
+        if isinstance(agents, str):
+            agents = agents.split(",")
+        self.registry: dict[str, Agent | AgentFactory] | None = None
+        self.prefixes: tuple[str, ...] = ()
+        names: Sequence[str]
+        if isinstance(agents, Mapping):
+            self.registry = dict(agents)
+            names = list(self.registry)
+            for ref in names:
+                if problem := ref_problem(ref):
+                    raise ValueError(f"registry key {ref!r}: {problem}")
+        else:
+            self.prefixes = names = tuple(p.strip() for p in agents)
+            for prefix in names:
+                if _PREFIX.fullmatch(prefix) is None:
+                    raise ValueError(f"{prefix!r} is not a module prefix (myapp.agents) nor "
+                                     "a whole agent ref (myapp.agents:reconciler)")
+        if not names:
+            raise ValueError("give the agents this worker trusts: module prefixes or a "
+                             "registry of refs (a worker never runs whatever a queue names)")
+
+    def describe(self) -> str:
+        return ", ".join(self.prefixes if self.registry is None else sorted(self.registry))
+
+    def check(self, ref: str) -> None:
+        """Refuse ``ref`` as text: malformed, private, or not trusted. Imports nothing."""
+        if problem := ref_problem(ref):
+            raise AgentRefError(ref, problem)
+        if any(part.startswith("_") for part in ref.partition(":")[2].split(".")):
+            raise AgentRefError(ref, "it names a private attribute (one starting with _)")
+        if not self._trusted(ref):
+            raise AgentRefError(ref, f"not among the agents this worker trusts "
+                                f"({self.describe()})")
+
+    def load(self, ref: str) -> Agent:
+        """The Agent ``ref`` names, checked before anything is imported or called."""
+        self.check(ref)
+        if self.registry is not None:
+            return _made(ref, self.registry[ref])
+        found = _resolve(ref)
+        if isinstance(found, Agent):
+            return found
+        if problem := self._not_a_factory(found):
+            raise AgentRefError(ref, f"it is {problem}, not an Agent or a factory of one "
+                                f"({_FACTORY})")
+        return _made(ref, typing.cast(AgentFactory, found))
+
+    def _trusted(self, ref: str) -> bool:
+        if self.registry is not None:
+            return ref in self.registry
+        module = ref.partition(":")[0]
+        return any(ref == p if ":" in p else _inside(module, p) for p in self.prefixes)
+
+    def _not_a_factory(self, found: Any) -> str | None:
+        """What ``found`` is, when it is not a factory this worker may call."""
+        if not inspect.isfunction(found):
+            if inspect.isbuiltin(found):
+                return f"a builtin ({found.__module__}.{found.__qualname__})"
+            return f"a {type(found).__name__}"
+        module = getattr(found, "__module__", "") or ""
+        if not any(_inside(module, p.partition(":")[0]) for p in self.prefixes):
+            return f"a function defined in {module}, outside the trusted modules"
+        try:
+            inspect.signature(found).bind()
+        except TypeError:
+            return "a function that takes arguments"
+        if not _returns_an_agent(found):
+            return "a function not annotated to return an Agent"
+        return None
+
+
+def _inside(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _resolve(ref: str) -> object:
+    module_name, _, attr = ref.partition(":")
+    try:
+        found: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AgentRefError(ref, f"cannot import module {module_name!r} ({exc}); install it, "
+                            "or give the directory that holds it (--import-path)") from None
+    for part in attr.split("."):
+        missing = object()
+        found = getattr(found, part, missing)
+        if found is missing:
+            raise AgentRefError(ref, f"module {module_name!r} has no {attr!r}")
+    return found
+
+
+def _returns_an_agent(fn: Callable[..., Any]) -> bool:
+    try:
+        returned = typing.get_type_hints(fn).get("return")
+    except Exception:  # an annotation that does not resolve says nothing we can trust
+        return False
+    return isinstance(returned, type) and issubclass(returned, Agent)
+
+
+def _made(ref: str, factory: Agent | AgentFactory) -> Agent:
+    agent = factory if isinstance(factory, Agent) else factory()
+    if not isinstance(agent, Agent):
+        raise AgentRefError(ref, f"its factory returned a {type(agent).__name__}, not an "
+                            "Agent")
+    return agent
