@@ -11,7 +11,11 @@ standing in for a real service that keeps what it applied by correction id.
 
 The provider is picked from the key that is set (``--provider`` to choose); the
 SDKs read ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL`` too, which is how the
-tests run this file against a local stub server.
+tests run this file against a local stub server. To run it offline, serve a
+script of model turns with the bundled stub (docs/llm_stub.md)::
+
+    python -m agentjournal.testing.llm_stub --script turns.json --port 8765 &
+    OPENAI_BASE_URL=http://127.0.0.1:8765/v1 OPENAI_API_KEY=stub python examples/real_model.py
 """
 
 from __future__ import annotations

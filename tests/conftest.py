@@ -2,62 +2,46 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
-import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from agentjournal import open_store
 from agentjournal.store import Store
+
+from .pg_cluster import ThrowawayCluster, missing_tools
 
 POSTGRES_URL = os.environ.get(
     "AGENTJOURNAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
 )
 BACKENDS = ("jsonl", "sqlite", "postgres")
 
+# Property tests check what a fold or a codec gives, never how fast: on a machine loaded by
+# others a slow example is not a failure (no deadline, no "too slow" health check).
+settings.register_profile("agentjournal", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("agentjournal")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="run long soak tests at full size")
 
 
-# The suite runs in two processes, and one test restarts the PostgreSQL server
-# (test_fleet_chaos, marked ``restarts_postgres``): it holds the server alone. Every other
-# test holds it shared, and none starts while the restart waits for its turn.
-_SERVER = Path(tempfile.gettempdir()) / f"agentjournal-tests-{os.getuid()}.server.lock"
-_WANTED = _SERVER.with_suffix(".wanted")
-
-
-@contextmanager
-def _holding_the_server(alone: bool) -> Iterator[None]:
-    fd = os.open(_SERVER, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if alone:
-            _WANTED.touch()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                _WANTED.unlink(missing_ok=True)
-        else:
-            while _WANTED.exists():
-                time.sleep(0.05)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            yield
-    finally:
-        os.close(fd)  # (closing releases the flock)
-
-
-@pytest.fixture(autouse=True)
-def _server_turns(request: pytest.FixtureRequest) -> Iterator[None]:
-    with _holding_the_server(request.node.get_closest_marker("restarts_postgres") is not None):
-        yield
+@pytest.fixture
+def own_postgres() -> Iterator[ThrowawayCluster]:
+    """A PostgreSQL cluster of the test's own, for a test that restarts or stops the
+    server: the machine's server (POSTGRES_URL) is never restarted, as others use it."""
+    if reason := missing_tools():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+    with ThrowawayCluster() as cluster:
+        yield cluster
 
 
 def postgres_reason() -> str | None:

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from agentjournal.testing.llm_stub import Drop, Fail, Hang, Reply, StubServer, Usage, serve
+from agentjournal.testing.llm_stub.wire import item_from_json
 
 USER = {"role": "user", "content": "add 1 and 2"}
 MAX = 256
@@ -445,7 +446,7 @@ def test_openai_cli_serves_from_script_file(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "agentjournal.testing.llm_stub", *args],
                             cwd=root)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # a hang guard
         while not port_file.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         url = f"http://127.0.0.1:{port_file.read_text()}/v1"
@@ -454,4 +455,33 @@ def test_openai_cli_serves_from_script_file(tmp_path: Path) -> None:
         assert out.choices[0].message.content == "from file"
     finally:
         proc.terminate()
-        proc.wait(timeout=5)
+        proc.wait(timeout=60)
+
+
+def test_cli_help_gives_the_script_format() -> None:
+    done = subprocess.run([sys.executable, "-m", "agentjournal.testing.llm_stub", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for item in ('{"type": "reply"', '{"type": "fail"', '{"type": "drop"}', '{"type": "hang"'):
+        assert item in done.stdout, done.stdout
+    assert "--port-file" in done.stdout and "example:" in done.stdout
+
+
+@pytest.mark.parametrize(("item", "says"), [
+    ({"type": "nope"}, "type must be one of reply, fail, drop, hang"),
+    ({"text": "hi", "colour": "red"}, "unexpected keyword argument 'colour'"),
+    ("hi", "a script item is a JSON object"),
+])
+def test_cli_refuses_a_bad_script_item_naming_it(tmp_path: Path, item: object,
+                                                 says: str) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "fine"}, item]))
+    done = subprocess.run([sys.executable, "-m", "agentjournal.testing.llm_stub", "--script",
+                           str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and says in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_fail_item_from_json_may_name_its_error_type() -> None:
+    fail = item_from_json({"type": "fail", "status": 429, "type_name": "rate_limit_error"})
+    assert fail == Fail(429, type="rate_limit_error")

@@ -1,5 +1,6 @@
-"""The README's code blocks run as written: its Python blocks, then each of its
-`agentjournal ...` commands, in one fresh directory, as a new user would."""
+"""The README's code blocks run as written: each Python block on its own, as pasted into a
+fresh interpreter with no API key set, then each of its `agentjournal ...` commands, in one
+fresh directory, as a new user would."""
 
 from __future__ import annotations
 
@@ -11,31 +12,77 @@ from pathlib import Path
 
 import pytest
 
-from agentjournal.testing.llm_stub import StubServer
-
 README = Path(__file__).parents[1] / "README.md"
+ROOT = README.parent
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
+PROVIDER_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
 
 
 def blocks(language: str) -> list[str]:
     return [code for lang, code in BLOCK.findall(README.read_text()) if lang == language]
 
 
-def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+def section(title: str) -> str:
+    """The README's text from the heading ``## title`` to the next ``## `` heading."""
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def run_alone(code: str) -> None:
+    exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
+
+
+@pytest.fixture
+def new_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh directory and no provider key or base URL: what a new user starts with."""
     monkeypatch.chdir(tmp_path)
+    for name in PROVIDER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def test_readme_python_blocks_each_run_alone(new_user: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     python = blocks("python")
     assert python, "the README lost its quickstart"
-    with StubServer() as stub:  # the real-model block talks to a local stub of the API
-        monkeypatch.setenv("OPENAI_API_KEY", "test")
-        monkeypatch.setenv("OPENAI_BASE_URL", stub.url + "/v1")
-        namespace: dict[str, object] = {"__name__": "__readme__"}
-        for code in python:  # one namespace: later blocks use the quickstart's tools
-            exec(compile(code, str(README), "exec"), namespace)
-        assert stub.counts["chat"] >= 1 and not stub.rejections
+    for code in python:  # each block alone: a pasted block must not need an earlier one
+        run_alone(code)
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == ["finished Invoice sent.", "finished 1"]  # as its comments say
     assert "compensated 1 {}" in printed  # the saga block
+
+
+def test_the_real_model_block_runs_against_the_bundled_stub(
+    new_user: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (code,) = [c for lang, c in BLOCK.findall(section("Use a real model")) if lang == "python"]
+    run_alone(code)
+    assert capsys.readouterr().out.splitlines() == ["finished Invoiced acme for 500 cents."]
+
+
+def test_the_stub_served_from_the_shell_runs_the_example(tmp_path: Path) -> None:
+    """The README's turns.json, served by the stub's CLI, drives examples/real_model.py."""
+    (shell,) = [c for lang, c in BLOCK.findall(section("Use a real model")) if lang == "sh"]
+    turns = re.search(r"<<'EOF'\n(.*?)\nEOF\n", shell, re.S)
+    assert turns is not None, shell
+    (tmp_path / "turns.json").write_text(turns.group(1))
+    stub = subprocess.Popen([sys.executable, "-m", "agentjournal.testing.llm_stub", "--script",
+                             "turns.json"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        assert stub.stderr is not None
+        serving = re.match(r"serving (http://\S+) ", stub.stderr.readline())  # once listening
+        assert serving is not None
+        env = {**os.environ, "OPENAI_BASE_URL": serving.group(1) + "/v1", "OPENAI_API_KEY": "stub"}
+        done = subprocess.run([sys.executable, str(ROOT / "examples" / "real_model.py")],
+                              cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        stub.terminate()
+        stub.wait(timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert '"outcome": "Posted 1 correction."' in done.stdout
 
 
 def test_readme_commands_run(tmp_path: Path) -> None:

@@ -152,7 +152,8 @@ def test_crash_between_body_and_publish_leaves_previous_snapshot(
     assert as_bytes(load_state(reopened, "r1").state) == as_bytes(live)
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                 HealthCheck.too_slow])
 @given(log=run_logs(), data=st.data())
 def test_snapshot_plus_tail_equals_full_replay(tmp_path_factory: pytest.TempPathFactory,
                                                log: list[Any], data: st.DataObject) -> None:
@@ -343,7 +344,8 @@ def take_segmented(state: RunState) -> Snapshot:
     return snapshots._take(state, snapshots.SEGMENT)[0]
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                 HealthCheck.too_slow])
 @given(log=run_logs(max_events=60), data=st.data())
 def test_a_chain_of_segmented_snapshots_plus_tail_equals_full_replay(
     tmp_path_factory: pytest.TempPathFactory, log: list[Any], data: st.DataObject

@@ -380,7 +380,7 @@ def test_a_failed_commit_fails_every_append_it_held(
         calls += 1
         if calls == 1:  # hold the first commit while the others queue behind it
             entered.set()
-            gate.wait(5)
+            gate.wait(60)
             return real_sync(*statement)
         raise OSError("disk I/O error")
 
@@ -396,11 +396,14 @@ def test_a_failed_commit_fails_every_append_it_held(
 
     first = threading.Thread(target=writer, args=("first",))
     first.start()
-    entered.wait(5)
+    assert entered.wait(60)
     rest = [threading.Thread(target=writer, args=(f"r{n}",)) for n in range(5)]
     for t in rest:
         t.start()
-    time.sleep(0.2)  # let them queue behind the held commit
+    deadline = time.monotonic() + 60  # a hang guard
+    while len(store._waiting) < 5:  # all five queued behind the held commit
+        assert time.monotonic() < deadline, store._waiting
+        time.sleep(0.01)
     gate.set()
     for t in [first, *rest]:
         t.join()

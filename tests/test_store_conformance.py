@@ -293,7 +293,7 @@ class TestConformance:
         for p in procs:
             p.join(60)
             assert p.exitcode == 0
-        outcomes = dict(results.get(timeout=5) for _ in procs)
+        outcomes = dict(results.get(timeout=60) for _ in procs)
         assert sorted(outcomes.values()) == ["conflict", "won"]
         store = open_store(store_url)
         log = list(store.read("r1"))

@@ -58,9 +58,7 @@ def test_irreversible_tool_past_its_timeout_is_uncertain_and_pauses(
         hang.wait()
         return "posted"
 
-    began = time.monotonic()
-    result = Agent(one_call("post"), [post]).run(store, "r1", "t")
-    assert time.monotonic() - began < 5
+    result = Agent(one_call("post"), [post]).run(store, "r1", "t")  # hang guard: pytest's
     assert result.status == "paused" and len(result.uncertain) == 1
     (uncertain,) = [e for e in store.read("r1") if e.type is E.TOOL_CALL_UNCERTAIN]
     assert uncertain.payload["error"].startswith("ToolTimedOut: post did not return within 0.2s")
@@ -127,7 +125,7 @@ def test_an_abandoned_call_can_no_longer_remember(store: Store, hang: threading.
 
     Agent(one_call("late"), [late]).run(store, "r1", "t")
     hang.set()
-    assert returned.wait(5)
+    assert returned.wait(60)
     assert [type(e).__name__ for e in refused] == ["ToolTimedOut"]
     assert "memory_written" not in types(store, "r1")
 
@@ -162,8 +160,8 @@ def test_a_stuck_run_lets_its_lease_lapse_so_another_worker_can_take_over(
 
     worker = threading.Thread(target=run)
     worker.start()
-    assert asked.wait(10)  # the run holds its lease and waits for the model
-    deadline = time.monotonic() + 10
+    assert asked.wait(60)  # the run holds its lease and waits for the model
+    deadline = time.monotonic() + 120  # a hang guard, for a loaded machine
     while True:  # the heartbeat keeps renewing until the run counts as stuck
         try:
             lease = store.acquire("r1", "successor", 30)
@@ -173,7 +171,7 @@ def test_a_stuck_run_lets_its_lease_lapse_so_another_worker_can_take_over(
             time.sleep(0.05)
     assert lease.epoch == 2
     hang.set()
-    worker.join(10)
+    worker.join(60)
     assert [type(e) for e in errors] == [FencedError]
 
 
@@ -187,7 +185,7 @@ def test_renewals_resume_when_a_stalled_run_makes_progress(store: Store) -> None
 
     def waiting(request: ModelRequest) -> ModelResponse:
         second_turn.set()
-        release.wait(10)
+        release.wait(60)
         return reply("done")
 
     @tool(effect="read_only")
@@ -198,13 +196,13 @@ def test_renewals_resume_when_a_stalled_run_makes_progress(store: Store) -> None
     worker = threading.Thread(target=lambda: agent.run(store, "r1", "t"))
     worker.start()
     try:
-        assert second_turn.wait(10)
+        assert second_turn.wait(60)
         time.sleep(0.3)  # a heartbeat or two after the progress
         with pytest.raises(LeaseHeldError):
             store.acquire("r1", "successor", 30)
     finally:
         release.set()
-        worker.join(10)
+        worker.join(60)
     assert fold(list(store.read("r1"))).status == "finished"
 
 

@@ -62,13 +62,25 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     step_reps: int = 3  # synced steps: fsync-bound, 2,200 steps a round
     group_events: int = 30  # events each of the group commit's runs appends
     saga_effects: int = 100  # effects made, then undone, per round
+    temporal_steps: int = 200  # steps of the run timed under Temporal and directly
+    fleet_workers: tuple[int, ...] = (1, 2, 4)  # worker processes, one round each
+    fleet_runs: int = 48  # runs per fleet round
+    fleet_claims: int = 100  # claims behind the claim latency
+    takeover_kills: int = 3  # SIGKILLed workers behind the takeover latency
 
 
 QUICK = Plan(appends=240, reps=3, sizes=(1_000, 10_000), steps=(100, 1_000), cpu_events=1_500,
              agent_reps=3, step_reps=2)
 FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1_000, 10_000),
             cpu_events=4_000, agent_reps=9, step_reps=5, group_events=200,
-            saga_effects=500)
+            saga_effects=500, temporal_steps=1_000, fleet_workers=(1, 2, 4, 8), fleet_runs=160,
+            fleet_claims=400, takeover_kills=10)
+#: Every section at its smallest meaningful size, one round: for the tests, which check
+#: what each section measured, never how fast (``run_bench(plan=SMOKE)``).
+SMOKE = Plan(appends=20, reps=1, sizes=(1_000, 2_000), steps=(100, 1_000), cpu_events=300,
+             agent_steps=(20, 200), agent_reps=1, step_reps=1, group_events=5, saga_effects=10,
+             temporal_steps=20, fleet_workers=(1, 2), fleet_runs=8, fleet_claims=20,
+             takeover_kills=1)
 
 
 # --- the workload: what Agent records for a run calling one tool per turn ----------------

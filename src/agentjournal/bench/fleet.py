@@ -12,12 +12,18 @@ several connections, so the ratio may pass 1 as they are added (group commit).
 Claim latency: ``queue.claim`` + ``hand_back`` in this process on a pre-filled
 queue, p50 and p99, beside two raw commits (a claim and a hand-back are one
 transaction each).
+
+Takeover latency: two workers (lease TTL 2 s) drain slow runs; a worker holding runs is
+SIGKILLed (and replaced), K times. For each run it held: the dead worker's last heartbeat
+to the first event its successor appends, p50 and p99, beside the TTL (no takeover can
+come before the lease expires). The target: p99 at most TTL + 1 s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,17 +38,18 @@ from ..models import ScriptedModel, calls, reply
 from ..policy import Budget
 from ..store import Store, open_store
 from ..tools import tool
-from ._common import Figure, Say, _p99, figure
+from ._common import Figure, Plan, Say, _p99, figure
 from .appends import _drop_schema, postgres_problem
 
 #: Tool calls per bench run: a run records 2 + 3 x STEPS + 2 events.
 STEPS = 3
 CONCURRENCY = 4  # runs each worker holds at once
-QUICK_WORKERS, FULL_WORKERS = (1, 2, 4), (1, 2, 4, 8)
-QUICK_RUNS, FULL_RUNS = 48, 160  # runs per round
-QUICK_CLAIMS, FULL_CLAIMS = 100, 400
 FLOOR_COMMITS = 200
 ROUND_TIMEOUT = 120.0
+#: The takeover figures: the workers' lease TTL, and the slow runs' steps (each a tool
+#: call of TAKEOVER_NAP seconds: a run outlives a kill).
+TAKEOVER_TTL = 2.0
+TAKEOVER_STEPS, TAKEOVER_NAP = 40, 0.1
 
 
 @tool(effect="read_only")
@@ -59,6 +66,23 @@ def bench_agent() -> Agent:
 
 
 AGENT_REF = "agentjournal.bench.fleet:bench_agent"
+
+
+@tool(effect="read_only")
+def nap(i: int) -> dict[str, Any]:
+    """Take a moment over item `i`."""
+    time.sleep(TAKEOVER_NAP)
+    return {"item": i, "status": "ok"}
+
+
+def slow_agent() -> Agent:
+    """Runs long enough to be held when a worker is killed: ``...fleet:slow_agent``."""
+    script = [*(calls(("nap", {"i": i})) for i in range(TAKEOVER_STEPS)), reply("done")]
+    return Agent(ScriptedModel(script), [nap], snapshot_every=None,
+                 budget=Budget(max_turns=TAKEOVER_STEPS + 5, max_tool_calls=TAKEOVER_STEPS + 5))
+
+
+SLOW_AGENT_REF = "agentjournal.bench.fleet:slow_agent"
 
 
 @contextlib.contextmanager
@@ -111,6 +135,17 @@ def _wait(what: str, check: Any, timeout: float, procs: Sequence[subprocess.Pope
         time.sleep(0.05)
 
 
+def _worker(url: str, queue: str, log: Path, ttl: float,
+            agent: str) -> subprocess.Popen[bytes]:
+    """A worker process draining ``queue``, trusting only ``agent``."""
+    with open(log, "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agentjournal", "worker", "--store", url, "--agents", agent,
+             "--queue", queue, "--concurrency", str(CONCURRENCY), "--poll", "0.05",
+             "--ttl", str(ttl), "--grace", "5"],
+            env=_env(), stdout=subprocess.DEVNULL, stderr=err)
+
+
 def fleet_round(store: Store, url: str, workdir: Path, workers: int,
                 runs: int) -> tuple[float, int]:
     """(seconds from the first submit until every run is done, events recorded)."""
@@ -120,14 +155,7 @@ def fleet_round(store: Store, url: str, workdir: Path, workers: int,
     logs = [workdir / f"fleet-{name}-{i}.log" for i in range(workers)]
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for log in logs:
-            with open(log, "wb") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "agentjournal", "worker", "--store", url,
-                     "--agents", AGENT_REF, "--queue", name,
-                     "--concurrency", str(CONCURRENCY), "--poll", "0.05",
-                     "--ttl", "30", "--grace", "5"],
-                    env=_env(), stdout=subprocess.DEVNULL, stderr=err))
+        procs += [_worker(url, name, log, 30, AGENT_REF) for log in logs]
         pids = {p.pid for p in procs}
         _wait("the workers' first heartbeats",
               lambda: pids <= {w.pid for w in queue.workers()}, 60, procs, logs)
@@ -146,6 +174,81 @@ def fleet_round(store: Store, url: str, workdir: Path, workers: int,
         for proc in procs:
             proc.wait(timeout=15)
         return elapsed, sum(store.last_seq(run_id) for run_id in ids)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        queue.close()
+
+
+def _first_event_after(store: Store, run_id: str, moment: float) -> float | None:
+    """The timestamp of the run's first event written after ``moment``, if any."""
+    return next((e.ts.timestamp() for e in store.read(run_id) if e.ts.timestamp() > moment),
+                None)
+
+
+def _takeovers_of(store: Store, victim: int, killed_at: float,
+                  procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -> list[float]:
+    """Per run the killed worker held: its last heartbeat to its successor's first event.
+    A run it had finished but not yet handed back gets no new event: it is left out."""
+    from ..fleet import queue_of
+
+    queue = queue_of(store)
+    try:
+        dead = next((w for w in queue.workers() if w.pid == victim), None)
+        if dead is None:  # its row is gone: nothing to measure from
+            return []
+        latencies = []
+        for run_id in dead.runs:
+            def settled(run_id: str = run_id) -> bool:
+                done = any(r.run_id == run_id and r.state == "done" for r in queue.runs())
+                return done or _first_event_after(store, run_id, killed_at) is not None
+
+            _wait(f"a successor to take {run_id} over", settled, ROUND_TIMEOUT, procs, logs)
+            if (first := _first_event_after(store, run_id, killed_at)) is not None:
+                latencies.append(first - dead.heartbeat_at)
+        return latencies
+    finally:
+        queue.close()
+
+
+def takeover_times(store: Store, url: str, workdir: Path, kills: int) -> list[float]:
+    """Seconds from a SIGKILLed worker's last heartbeat to its successor's first event,
+    one per run it held, over ``kills`` kills (each worker killed is replaced)."""
+    from ..fleet import queue_of, submit
+
+    name, queue = "takeover", queue_of(store)
+    logs: list[Path] = []
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        logs.append(workdir / f"takeover-{len(logs)}.log")
+        procs.append(_worker(url, name, logs[-1], TAKEOVER_TTL, SLOW_AGENT_REF))
+
+    def holder() -> subprocess.Popen[bytes] | None:
+        """A live worker that held runs at its last heartbeat."""
+        held = {w.pid for w in queue.workers() if w.runs}
+        return next((p for p in procs if p.poll() is None and p.pid in held), None)
+
+    try:
+        for _ in range(2):
+            start()
+        for i in range(2 * CONCURRENCY * (kills + 1)):  # enough to keep both busy throughout
+            submit(store, SLOW_AGENT_REF, "bench", f"takeover-{i:04d}", queue=name)
+        latencies: list[float] = []
+        for _ in range(kills):
+            _wait("a worker holding a run", lambda: holder() is not None, ROUND_TIMEOUT,
+                  [p for p in procs if p.poll() is None], logs)
+            victim = holder()
+            assert victim is not None
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            killed_at = time.time()  # the dead append nothing: later events are a successor's
+            start()
+            live = [p for p in procs if p.poll() is None]
+            latencies += _takeovers_of(store, victim.pid, killed_at, live, logs)
+        return latencies
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -180,12 +283,13 @@ def _skipped(reason: str, workers: Sequence[int]) -> list[Figure]:
                 figure(f"fleet.runs_per_s.{n}", None, "runs/s", note=note),
                 figure(f"fleet.events_per_s.{n}", None, "events/s", note=note))),
             figure("claim.p50", None, "ms", note=note),
-            figure("claim.p99", None, "ms", note=note)]
+            figure("claim.p99", None, "ms", note=note),
+            figure("takeover.p50", None, "s", note=note),
+            figure("takeover.p99", None, "s", note=note)]
 
 
-def fleet_figures(workdir: Path, postgres_url: str | None, quick: bool, say: Say) -> list[Figure]:
-    workers = QUICK_WORKERS if quick else FULL_WORKERS
-    runs = QUICK_RUNS if quick else FULL_RUNS
+def fleet_figures(workdir: Path, postgres_url: str | None, plan: Plan, say: Say) -> list[Figure]:
+    workers, runs = plan.fleet_workers, plan.fleet_runs
     if (problem := postgres_problem(postgres_url)) or not postgres_url:
         return _skipped(problem or "no Postgres URL given", workers)
     figures: list[Figure] = []
@@ -206,7 +310,7 @@ def fleet_figures(workdir: Path, postgres_url: str | None, quick: bool, say: Say
                 figure(f"fleet.events_per_s.{n}", events / elapsed, "events/s", commits_per_s,
                        floor_name, f"durable events of {n} worker process(es)"),
             ]
-        claims = QUICK_CLAIMS if quick else FULL_CLAIMS
+        claims = plan.fleet_claims
         say(f"fleet: claim + hand_back latency, {claims} claims")
         times = claim_times(store, claims)
         ms, two = 1e3, 2 * statistics.median(floor) * 1e3
@@ -216,7 +320,22 @@ def fleet_figures(workdir: Path, postgres_url: str | None, quick: bool, say: Say
                            note),
                     figure("claim.p99", _p99(times) * ms, "ms", 2 * _p99(floor) * ms,
                            f"2 x p99 ({floor_name})", note)]
+        kills = plan.takeover_kills
+        say(f"fleet: takeover after a SIGKILL, {kills} kills, lease TTL {TAKEOVER_TTL:g} s")
+        figures += takeover_figures(takeover_times(store, url, workdir, kills), kills)
     return figures
+
+
+def takeover_figures(latencies: Sequence[float], kills: int) -> list[Figure]:
+    """Takeover p50 and p99 beside the lease TTL, the floor no takeover can beat."""
+    note = f"{len(latencies)} runs held by {kills} SIGKILLed workers; target p99 ≤ TTL + 1 s"
+    floor_name = "the lease TTL"
+    if not latencies:
+        return [figure(f"takeover.{p}", None, "s", note="skipped: no killed worker held a run")
+                for p in ("p50", "p99")]
+    return [figure("takeover.p50", statistics.median(latencies), "s", TAKEOVER_TTL, floor_name,
+                   note),
+            figure("takeover.p99", _p99(latencies), "s", TAKEOVER_TTL, floor_name, note)]
 
 
 def write_fleet_plot(figures: Sequence[Figure], path: Path) -> bool:

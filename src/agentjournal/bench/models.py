@@ -168,7 +168,8 @@ def _stub_process(workdir: Path, steps: int) -> Iterator[str]:
              for n in range(steps)]
     script.write_text(json.dumps([*turns, {"type": "reply", "text": "all reconciled"}]))
     proc = subprocess.Popen([sys.executable, "-m", "agentjournal.testing.llm_stub",
-                             "--port-file", str(port_file), "--script", str(script)])
+                             "--port-file", str(port_file), "--script", str(script)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not port_file.exists():

@@ -14,10 +14,12 @@ from typing import Literal
 import msgspec
 
 from ._common import Figure
+from .fleet import TAKEOVER_TTL
 
 Direction = Literal["max", "min"]
 On = Literal["ratio", "value"]
 NOT_MEASURED = "not measured in this run"
+STEP_SIZES = [200, 2000]  # the synced-step targets named when none was measured
 
 
 class Target(msgspec.Struct, frozen=True):
@@ -140,7 +142,7 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
     return [
         *(_against_floor(f"step_us.sqlite.{n}", get(f"step.sqlite.{n}"), 1.3, "max",
                          "Agent on sqlite, synced, vs 2 committed records per step")
-          for n in (200, 2000)),
+          for n in _sizes(by_name, "step.sqlite.") or STEP_SIZES),
         _against_floor("cpu_per_event.jsonl", get("cpu_per_event.jsonl"), 15, "max",
                        "µs per event with syncing off, absolute", on="value"),
         _against_floor("cpu_per_event.sqlite", get("cpu_per_event.sqlite"), 1.3, "max",
@@ -165,4 +167,7 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
                          "saga bookkeeping per effect undone vs one durable effect")
           for backend in ("sqlite", "jsonl", "postgres")),
         _group_commit(by_name),
+        _against_floor("takeover.p99", get("takeover.p99"), TAKEOVER_TTL + 1, "max",
+                       "a SIGKILLed worker's runs continued, p99, its last heartbeat to a "
+                       "successor's first event; ratio: TTLs", on="value"),
     ]

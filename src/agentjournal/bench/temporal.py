@@ -29,7 +29,6 @@ from ..store import open_store
 from ..tools import tool
 from ._common import Figure, Plan, Say, figure, medians
 
-QUICK_STEPS, FULL_STEPS = 200, 1000
 HEARTBEAT = 10.0
 
 
@@ -136,8 +135,8 @@ class _Rounds:
         return elapsed, len(events)
 
 
-def temporal_figures(workdir: Path, plan: Plan, quick: bool, say: Say) -> list[Figure]:
-    steps = QUICK_STEPS if quick else FULL_STEPS
+def temporal_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
+    steps = plan.temporal_steps
     if problem := temporal_problem():
         return [figure("temporal.step", None, "ms/step", note=problem),
                 figure("temporal.history_events", None, "events", note=problem)]

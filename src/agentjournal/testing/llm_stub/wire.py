@@ -96,15 +96,53 @@ Outcome: TypeAlias = Reply | Fail | Drop | Hang
 ScriptItem: TypeAlias = Outcome | Callable[[Json], Outcome]
 
 
+SCRIPT_FORMAT = """\
+script format: a JSON list; each item answers one request, in order, and once
+all are used every answer is the text "done". An item is an object whose
+"type" (default "reply") picks what the server does; its other keys are the
+arguments of the class of the same name in agentjournal.testing.llm_stub:
+  {"type": "reply", "text": "...", "calls": [[NAME, ARGS], ...], "stop": STOP,
+   "reasoning": true|"text", "thinking": true|"text", "redacted_thinking": true,
+   "delay": SECONDS, "usage": {"input": N, "output": N, "cached": N,
+                               "cache_write": N, "reasoning": N},
+   "call_ids": ["", ...]}
+      the model's answer, rendered in the shape of the endpoint asked: text,
+      tool calls (ARGS an object, or a string sent verbatim, even bad JSON),
+      STOP one of "length", "refusal", "content_filter", "pause_turn" (a turn
+      cut short), reasoning items (Responses) or thinking blocks (Anthropic)
+      that must be echoed back, DELAY seconds before answering (in background
+      mode: until the response is ready), token counts, the ids sent for
+      the calls (default: fresh unique ones; "" or repeats, as some
+      servers send); every key optional
+  {"type": "fail", "status": 429, "retry_after": 1, "retry_after_ms": 1000,
+   "message": "...", "type_name": "rate_limit_error"}
+      an HTTP error in the provider's error shape, with retry-after headers;
+      type_name overrides the error type the status implies
+  {"type": "drop"}
+      read the request, then close the connection without answering
+  {"type": "hang", "seconds": 30}
+      wait, then close without answering: a client timeout
+"""
+
+
 def item_from_json(obj: Json) -> Outcome:
-    """CLI script entries: ``{"type": "reply"|"fail"|"drop"|"hang", ...kwargs}``."""
-    kwargs = {k: v for k, v in obj.items() if k != "type"}
+    """A script file's item (SCRIPT_FORMAT); ValueError naming the item if it is not one."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"a script item is a JSON object, not {obj!r}")
+    kwargs = {k: v for k, v in obj.items() if k not in ("type", "type_name")}
     kind = obj.get("type", "reply")
+    factories: dict[str, type[Outcome]] = {"reply": Reply, "fail": Fail, "drop": Drop,
+                                           "hang": Hang}
+    if kind not in factories:
+        raise ValueError(f"script item {obj!r}: type must be one of {', '.join(factories)}")
     if kind == "reply":
         kwargs["calls"] = [(name, args) for name, args in kwargs.get("calls", [])]
-        return Reply(**kwargs)
-    factory: type[Fail | Drop | Hang] = {"fail": Fail, "drop": Drop, "hang": Hang}[kind]
-    return factory(**kwargs)
+    if kind == "fail" and "type_name" in obj:  # "type" already names the item's kind
+        kwargs["type"] = obj["type_name"]
+    try:
+        return factories[kind](**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"script item {obj!r}: {exc}") from None
 
 
 @dataclass

@@ -1,0 +1,58 @@
+"""The package is publishable: a built wheel carries its licence, classifiers and project
+URLs, and the repository keeps a changelog."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+from email.message import Message
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w",
+                    str(out), str(ROOT)], check=True, capture_output=True, timeout=240)
+    (built,) = out.glob("agentjournal-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def metadata(wheel: zipfile.ZipFile) -> Message:
+    (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return Parser().parsestr(wheel.read(name).decode())
+
+
+def test_the_wheel_ships_the_apache_licence_it_declares(wheel: zipfile.ZipFile) -> None:
+    assert metadata(wheel)["License-Expression"] == "Apache-2.0"
+    assert metadata(wheel).get_all("License-File") == ["LICENSE"]
+    (licence,) = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    text = wheel.read(licence).decode()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text  # the whole text, not a stub
+
+
+def test_the_wheel_has_classifiers_and_project_urls(wheel: zipfile.ZipFile) -> None:
+    meta = metadata(wheel)
+    classifiers = meta.get_all("Classifier") or []
+    assert "Programming Language :: Python :: 3.11" in classifiers
+    assert "Typing :: Typed" in classifiers
+    assert not [c for c in classifiers if c.startswith("License ::")]  # the expression says it
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
+    assert {"Homepage", "Repository", "Issues", "Changelog"} <= urls.keys()
+
+
+def test_the_changelog_keeps_an_unreleased_section_and_each_release() -> None:
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## \[([^\]]+)\]", changelog, re.M)
+    assert headings[0] == "Unreleased"
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version in headings
