@@ -403,3 +403,64 @@ def test_a_postgres_schema_from_a_newer_release_is_refused(pg: str) -> None:
                 open_store(pg + f"schema={schema}", readonly=readonly)
     finally:
         drop_schema(schema)
+
+
+# --- a writer killed with data in its -wal: reading leaves all three files as they are ---
+
+_KILLED_WRITER = """
+import sys, time
+from agentjournal import EventType, make_events, open_store
+store = open_store(sys.argv[1])
+facts = [(EventType.RUN_STARTED, {"task": "t"})]
+store.append("r1", make_events("r1", 0, 0, facts), expected_seq=0, epoch=0)
+for seq in range(1, 20):
+    facts = [(EventType.USER_MESSAGE, {"content": f"m{seq}"})]
+    store.append("r1", make_events("r1", seq, 0, facts), expected_seq=seq, epoch=0)
+print("appended", flush=True)
+time.sleep(600)
+"""
+
+
+def killed_writer(path: Path) -> None:
+    """A real writer that appended 20 events and was killed with SIGKILL, its WAL holding
+    them (never checkpointed: nobody closed the last connection)."""
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, f"sqlite:///{path}"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "appended\n"
+    finally:
+        writer.kill()
+        writer.wait(timeout=60)
+    assert Path(f"{path}-wal").stat().st_size > 0 and Path(f"{path}-shm").exists()
+
+
+@pytest.mark.parametrize("command", READS, ids=lambda c: "-".join(c))
+def test_reading_after_a_killed_writer_leaves_the_db_wal_and_shm_byte_identical(
+    tmp_path: Path, command: list[str]
+) -> None:
+    path = tmp_path / "j.db"
+    killed_writer(path)
+    before = fingerprint(tmp_path)
+    assert {"j.db", "j.db-wal", "j.db-shm"} <= set(before)
+    result = invoke(*command, "--store", f"sqlite:///{path}")
+    no_traceback(result, 0)
+    assert fingerprint(tmp_path) == before
+    store = open_store(f"sqlite:///{path}", readonly=True)
+    try:  # and it read what the WAL holds
+        assert store.last_seq("r1") == 20
+    finally:
+        store.close()
+    assert fingerprint(tmp_path) == before
+
+
+def test_a_copy_of_the_wal_without_its_shm_is_refused_unchanged_not_merged(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "j.db"
+    killed_writer(path)
+    Path(f"{path}-shm").unlink()  # a copy that missed the -shm file, in a writable directory
+    before = fingerprint(tmp_path)
+    result = invoke("runs", "--store", f"sqlite:///{path}")
+    no_traceback(result, 1, "j.db-wal holds data")
+    assert "agentjournal init" in result.stderr
+    assert fingerprint(tmp_path) == before

@@ -260,24 +260,27 @@ def _readonly_uri(path: Path) -> str:
     """How to open ``path`` for reading without creating or changing any file.
 
     A rollback-journal database is read with ``mode=ro``: that creates nothing. A
-    WAL database's readers need its ``-wal`` and ``-shm`` files, and a read-only
-    connection that creates them cannot remove them afterwards. So, in a writable
-    directory, it is opened read-write with ``query_only`` (it cannot write): the last
-    connection to close removes the files it made, as any SQLite user does. On a
-    read-only directory (a backup, a forensic mount) whose WAL is gone (checkpointed),
-    nothing can change the file, so it is opened ``immutable``: no locks, no ``-shm``.
-    A leftover WAL there is read with ``mode=ro``, which needs its ``-shm`` too.
+    WAL database whose ``-wal`` holds data or whose ``-shm`` exists (a live writer,
+    or one that was killed) is read with ``mode=ro&readonly_shm=1``: SQLite then
+    never writes the ``-shm`` (with no other connection it reads the WAL into its
+    own memory), and a read-only connection never checkpoints on close, so the
+    database, ``-wal`` and ``-shm`` stay byte-identical. (That needs the ``-shm``:
+    without it the open fails, see ``_unreadable_wal``.) A WAL database with neither
+    file, in a writable directory, is opened read-write with ``query_only`` (it cannot
+    write): the ``-wal`` and ``-shm`` it makes hold nothing and the last connection to
+    close removes them. On a read-only directory (a backup, a forensic mount) it is
+    opened ``immutable``: nothing can change the file there, so no locks, no ``-shm``.
     """
     header = _peek(path, 100)
     quoted = sqlite3_path(path)
     in_wal = header is None or (len(header) >= 20 and header[18] == 2)  # 18: read version
     if not in_wal:  # (None: open here already, by a store, and writable stores use WAL)
         return f"file:{quoted}?mode=ro"
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if shm.exists() or (wal.exists() and wal.stat().st_size):
+        return f"file:{quoted}?mode=ro&readonly_shm=1"
     if os.access(path.absolute().parent, os.W_OK):
         return f"file:{quoted}?mode=rw"
-    wal = Path(f"{path}-wal")
-    if wal.exists() and wal.stat().st_size:
-        return f"file:{quoted}?mode=ro"
     return f"file:{quoted}?mode=ro&immutable=1"
 
 
@@ -452,9 +455,11 @@ class SQLiteStore:
                     f"the file or its directory is not writable ({exc})")) from None
             if readonly and self._unreadable_wal():
                 raise StoreUrlError(where, f"its write-ahead log {self.path}-wal holds data "
-                                    "that SQLite reads only through a -shm file, which cannot "
-                                    "be made in this read-only directory: copy the store with "
-                                    "its -wal and -shm files, or to somewhere writable") from None
+                                    "that SQLite reads only through a -shm file, which is "
+                                    "missing (and reading never creates one): copy the store "
+                                    "with its -wal and -shm files, or open it once for writing "
+                                    "(e.g. `agentjournal init`), which merges the -wal into "
+                                    "the database") from None
             raise StoreUrlError(where, f"cannot open the database ({exc})") from None
         except sqlite3.DatabaseError as exc:  # SQLite's header, unreadable content: damage
             self._close_quietly()
@@ -472,8 +477,7 @@ class SQLiteStore:
 
     def _unreadable_wal(self) -> bool:
         wal, shm = Path(f"{self.path}-wal"), Path(f"{self.path}-shm")
-        return wal.exists() and wal.stat().st_size > 0 and not shm.exists() and not (
-            os.access(self.path.absolute().parent, os.W_OK))
+        return wal.exists() and wal.stat().st_size > 0 and not shm.exists()
 
     def _readonly_target(self) -> str:
         try:
