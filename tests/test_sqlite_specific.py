@@ -543,3 +543,30 @@ def test_a_warm_append_is_one_statement_and_a_stale_one_is_refused_as_ever(
     assert [e.seq for e in SQLiteStore(tmp_path / "j.db").read("r")] == list(range(1, 29))
     store.close()
     other.close()
+
+
+def test_a_zero_byte_file_is_an_empty_store_to_a_reader_and_is_completed_by_a_writer(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "z.db"
+    path.write_bytes(b"")  # what a process killed while creating the store leaves
+    reader = SQLiteStore(path, readonly=True)
+    try:
+        assert reader.unfinished
+        assert reader.list_runs() == [] and reader.last_seq("r1") == 0
+        assert list(reader.read("r1")) == [] and reader.tombstones() == []
+    finally:
+        reader.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["z.db"] and path.stat().st_size == 0
+    writer = SQLiteStore(path)
+    try:
+        writer.append("r1", make_events("r1", 0, 0, [(EventType.RUN_STARTED, {})]),
+                      expected_seq=0, epoch=0)
+    finally:
+        writer.close()
+    reader = SQLiteStore(path, readonly=True)
+    try:
+        assert not reader.unfinished
+        assert reader.last_seq("r1") == 1
+    finally:
+        reader.close()

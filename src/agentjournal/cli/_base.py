@@ -217,6 +217,11 @@ def opened(url: str, *, create: bool = False) -> Iterator[Store]:
     (see :class:`_ReadFirst`). Only ``create`` may make a new one."""
     _check_target(url, create=create)
     store = open_store(url) if create else cast(Store, _ReadFirst(url))
+    if getattr(store, "unfinished", False) and (local := local_path(url)) is not None:
+        note(f"{local[1].absolute()} is empty (0 bytes): a store whose creation did not "
+             "finish (a process stopped while creating it), so it holds no runs yet; the "
+             "next `agentjournal run` or `agentjournal init` completes it. (If it held runs, "
+             "it was truncated: restore it from a backup.)")
     try:
         yield store
     finally:

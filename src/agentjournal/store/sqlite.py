@@ -434,8 +434,13 @@ class SQLiteStore:
         if readonly and not self.path.is_file():
             raise StoreUrlError(where, "no database file there; a store is created by its "
                                 "first run or by `agentjournal init`")
+        #: A 0-byte file: a store whose creation did not finish (see _refuse_foreign_file).
+        self.unfinished = False
         try:
-            self._refuse_foreign_file()
+            self.unfinished = self._refuse_foreign_file()
+            if readonly and self.unfinished:
+                self._connect_unfinished()
+                return
             if readonly:
                 self._connect(self._readonly_target(), busy_timeout, uri=True)
                 if self._check_version(writing=False) < _KEYED_EVENTS:
@@ -508,28 +513,36 @@ class SQLiteStore:
         if getattr(self, "_db", None) is not None:
             self._disconnect()
 
-    def _refuse_foreign_file(self) -> None:
+    def _refuse_foreign_file(self) -> bool:
         """A file that exists but is no SQLite database (random bytes, text) is not ours.
-        An empty file is refused when reading (a truncated store must not read as an
-        empty one); a writer may make a store in a new empty file (mkstemp's)."""
+        True for an empty file without a WAL holding data: a store whose creation did not
+        finish (SQLite writes nothing before its first write, so a process killed in
+        between leaves 0 bytes). Every handle takes it as a store with nothing in it yet:
+        a writer completes it, a reader reads it as empty and changes nothing."""
         try:
             head = _peek(self.path, len(_HEADER))
         except FileNotFoundError:
-            return
+            return False
         except OSError as exc:
             raise StoreUrlError(self.url, f"cannot read the file ({exc.strerror})") from None
         if head is None:
-            return  # open in this process already: a store
+            return False  # open in this process already: a store
         if not head:
-            if self.readonly:
-                raise NotAStoreError(
-                    str(self.path.absolute()),
-                    "the file is empty (0 bytes); if it was a store, it was truncated: "
-                    "restore it from a backup")
-            return
+            wal = Path(f"{self.path}-wal")
+            return not (wal.exists() and wal.stat().st_size)
         if head != _HEADER:
             raise NotAStoreError(str(self.path.absolute()),
                                  "it is not an SQLite database")
+        return False
+
+    def _connect_unfinished(self) -> None:
+        """Read an unfinished store as what its creation would have made: an empty store
+        of the current schema, in memory, so the file is not even opened by SQLite."""
+        self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._ident = None
+        for script in MIGRATIONS:
+            self._db.executescript(script)
+        self._db.execute("PRAGMA query_only=ON")
 
     def _check_version(self, *, writing: bool) -> int:
         """Refuse another program's database, and one from a newer release; the
