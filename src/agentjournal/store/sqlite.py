@@ -56,14 +56,16 @@ from ..errors import (
     StoreUrlError,
     UnsupportedVersionError,
 )
-from ..events import Event, now, seal, stored_digest
+from ..events import SCHEMA_VERSION, SEALED_SINCE, Event, now, seal, stored_digest
 from .base import (
     Durability,
+    Head,
     Lease,
     RunInfo,
     Snapshot,
     Tombstone,
     check_batch,
+    check_head,
     check_records,
     decode_record,
     host_clock,
@@ -73,6 +75,14 @@ from .base import (
     scope_started,
     validate_run_id,
 )
+
+
+def _digest_of(body: str) -> str:
+    """SQL for the digest a stored record ``body`` carries ('' if unsealed): a sealed
+    record starts {"digest":"<32 hex>", so bytes 12 to 43 are its digest."""
+    return (f"CASE WHEN substr({body}, 1, 11) = CAST('{{\"digest\":\"' AS BLOB)"
+            f" THEN CAST(substr({body}, 12, 32) AS TEXT) ELSE '' END")
+
 
 # Numbered, append-only migrations; PRAGMA user_version records how many ran.
 MIGRATIONS: tuple[str, ...] = (
@@ -212,7 +222,39 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE events;
     ALTER TABLE events_by_key RENAME TO events;
     """,
+    # Each run's head (the seq and digest its log ends with), written by the statement
+    # that appends (see _HEAD_TRIGGER), computed from the log here, once; and the schema
+    # version the store was created at: in a store created sealed (v4 or later) an
+    # unsealed record is damage. (For an older store, the oldest version it holds.)
+    f"""
+    CREATE TABLE heads (
+        run_no INTEGER PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        digest TEXT NOT NULL
+    );
+    INSERT INTO heads SELECT key >> 32, key & 4294967295, {_digest_of("body")}
+        FROM events WHERE key IN (SELECT max(key) FROM events GROUP BY key >> 32);
+    CREATE TABLE store_info (
+        name TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO store_info VALUES ('created_schema', coalesce((SELECT min(CASE WHEN
+        json_valid(CAST(body AS TEXT)) THEN json_extract(CAST(body AS TEXT), '$.v') END)
+        FROM events), {SCHEMA_VERSION}));
+    """,
 )
+_HEADS = 10  # the migration that added heads
+
+# A writer's connection moves a run's head with every row it appends to the run's log,
+# in the same statement (so in the same transaction, at no extra round trip). A TEMP
+# trigger: it lives only in this process's connection, so a row inserted by anyone else
+# (the sqlite3 tool, say) moves no head, and the log no longer ends where its head says.
+_HEAD_TRIGGER = f"""
+    CREATE TEMP TRIGGER IF NOT EXISTS move_head AFTER INSERT ON main.events BEGIN
+        INSERT OR REPLACE INTO heads VALUES (NEW.key >> 32, NEW.key & {0xFFFFFFFF},
+            {_digest_of("NEW.body")});
+    END
+"""
 
 # A read-only handle cannot migrate a store an older release wrote: on a file from
 # before migration _KEYED_EVENTS, temporary views (which shadow the file's tables and
@@ -443,9 +485,11 @@ class SQLiteStore:
                 return
             if readonly:
                 self._connect(self._readonly_target(), busy_timeout, uri=True)
-                if self._check_version(writing=False) < _KEYED_EVENTS:
+                version = self._check_version(writing=False)
+                if version < _KEYED_EVENTS:
                     self._db.executescript(_KEYED_VIEWS)
                 self._db.execute("PRAGMA query_only=ON")
+                self._learn_heads(version)
                 return
             self._connect(self.path, busy_timeout)
             self._check_version(writing=True)
@@ -453,6 +497,8 @@ class SQLiteStore:
             sync = "FULL" if self.durability is Durability.FSYNC else "NORMAL"
             self._db.execute(f"PRAGMA synchronous={sync}")
             self._migrate()
+            self._db.execute(_HEAD_TRIGGER)
+            self._learn_heads(len(MIGRATIONS))
         except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
             self._close_quietly()
             if not readonly and not self._can_write():
@@ -535,6 +581,14 @@ class SQLiteStore:
                                  "it is not an SQLite database")
         return False
 
+    def _learn_heads(self, version: int) -> None:
+        """Whether the file keeps heads (a read-only handle on an older file reads without
+        them), and whether it was created sealed."""
+        self._heads = version >= _HEADS
+        self._sealed = self._heads and self._db.execute(
+            "SELECT value FROM store_info WHERE name = 'created_schema'"
+        ).fetchone()[0] >= SEALED_SINCE
+
     def _connect_unfinished(self) -> None:
         """Read an unfinished store as what its creation would have made: an empty store
         of the current schema, in memory, so the file is not even opened by SQLite."""
@@ -543,6 +597,7 @@ class SQLiteStore:
         for script in MIGRATIONS:
             self._db.executescript(script)
         self._db.execute("PRAGMA query_only=ON")
+        self._learn_heads(len(MIGRATIONS))
 
     def _check_version(self, *, writing: bool) -> int:
         """Refuse another program's database, and one from a newer release; the
@@ -776,17 +831,53 @@ class SQLiteStore:
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
-        with self._reading():
+        with self._reading(), self._snapshot():  # the log and its head, as of one instant
             rows = self._db.execute(  # from after_seq itself: its digest starts the chain
                 f"SELECT key & {MAX_SEQ}, body FROM events WHERE {in_run(after=':after')}"
                 " ORDER BY key", {"run": run_id, "after": after_seq},
             ).fetchall()
-        prev = ""
+            head = self._head(run_id)
+        prev, end = "", None
         if rows and rows[0][0] == after_seq:
             prev = stored_digest(rows.pop(0)[1])
+            end = (after_seq, prev)
+        events = []
         for seq, body in rows:
-            event, prev = decode_record(run_id, seq, body, prev)
-            yield event
+            event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed)
+            events.append(event)
+            end = (seq, prev)
+        if self._heads:
+            check_head(run_id, after_seq, end, head)
+        yield from events
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction (a consistent snapshot of the file) around what it holds."""
+        if self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if self._db.in_transaction:
+                self._db.execute("COMMIT")
+
+    def _head(self, run_id: str) -> Head | None:
+        if not self._heads:
+            return None
+        row = self._db.execute("SELECT seq, digest FROM heads WHERE run_no ="
+                               " (SELECT run_no FROM run_numbers WHERE run_id = ?)",
+                               (run_id,)).fetchone()
+        return (int(row[0]), str(row[1])) if row else None
+
+    def heads(self) -> dict[str, Head]:
+        if not self._heads:
+            return {}
+        with self._reading():
+            rows = self._db.execute("SELECT n.run_id, h.seq, h.digest FROM heads h"
+                                    " JOIN run_numbers n USING (run_no) ORDER BY n.run_id")
+            return {run_id: (int(seq), str(digest)) for run_id, seq, digest in rows}
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
@@ -955,11 +1046,15 @@ class SQLiteStore:
 
     def records(self, run_id: str) -> list[bytes]:
         validate_run_id(run_id)
-        with self._reading():
+        with self._reading(), self._snapshot():
             rows = self._db.execute(f"SELECT body FROM events WHERE {in_run()} ORDER BY key",
                                     {"run": run_id}).fetchall()
+            head = self._head(run_id)
         records = [bytes(r[0]) for r in rows]
-        check_records(run_id, records)
+        check_records(run_id, records, sealed_store=self._sealed)
+        if self._heads:
+            end = (len(records), stored_digest(records[-1])) if records else None
+            check_head(run_id, 0, end, head)
         return records
 
     def delete_run(self, tombstone: Tombstone, *, epoch: int) -> None:
@@ -972,6 +1067,8 @@ class SQLiteStore:
             if last != tombstone.last_seq:
                 raise ConflictError(run_id, tombstone.last_seq, last)
             db.execute(f"DELETE FROM events WHERE {in_run()}", {"run": run_id})
+            db.execute("DELETE FROM heads WHERE run_no = (SELECT run_no FROM run_numbers"
+                       " WHERE run_id = ?)", (run_id,))
             for table in ("snapshots", "segments", "scopes", "queue"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             db.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?)",
