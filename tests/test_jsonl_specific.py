@@ -256,7 +256,7 @@ def test_no_files_for_unknown_or_invalid_runs(tmp_path: Path) -> None:
             list(store.read(bad))
         with pytest.raises(InvalidRunIdError):
             store.acquire(bad, "w", ttl=1)
-    assert os.listdir(tmp_path / "runs") == []
+    assert os.listdir(tmp_path / "runs") == ["_store.json"]  # (the store's own record)
     assert sorted(os.listdir(tmp_path)) == ["runs"]
 
 
@@ -346,7 +346,7 @@ def test_snapshot_reads_create_no_files(tmp_path: Path) -> None:
     assert store.snapshots("ghost") == []
     assert store.delete_snapshots("ghost") == 0
     assert store.quarantined() == {}
-    assert os.listdir(tmp_path / "runs") == []
+    assert os.listdir(tmp_path / "runs") == ["_store.json"]  # (the store's own record)
 
 
 def test_quarantine_record_is_atomic_json(tmp_path: Path) -> None:
@@ -424,10 +424,12 @@ def _put_many(directory: str, worker: int) -> None:
 
 class PageCache:
     """``os`` as the JSONL store sees it, except that a power cut loses every byte
-    written since the file's last fsync: what a process kill can never show."""
+    written since the file's last fsync: what a process kill can never show. (Files
+    rewritten in place, a run's head, go back to what they held at their last sync.)"""
 
     def __init__(self) -> None:
         self.synced: dict[str, int] = {}
+        self.rewritten: dict[str, bytes] = {}
 
     def __getattr__(self, name: str) -> object:
         return getattr(os, name)
@@ -437,16 +439,33 @@ class PageCache:
         self.synced.setdefault(path, os.fstat(fd).st_size)  # what was there is durable
         return os.write(fd, data)
 
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        self.rewritten.setdefault(path, Path(path).read_bytes())  # what was there is durable
+        return os.pwrite(fd, data, offset)
+
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
+        self._synced(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+        self._synced(fd)
+
+    def _synced(self, fd: int) -> None:
         path = os.readlink(f"/proc/self/fd/{fd}")
         if os.path.isfile(path):
             self.synced[path] = os.fstat(fd).st_size
+            if path in self.rewritten:
+                self.rewritten[path] = Path(path).read_bytes()
 
     def power_cut(self) -> None:
         for path, size in self.synced.items():
             if os.path.exists(path) and os.path.getsize(path) > size:
                 os.truncate(path, size)
+        for path, data in self.rewritten.items():
+            if os.path.exists(path):
+                Path(path).write_bytes(data)
 
 
 @pytest.mark.parametrize(
@@ -480,6 +499,7 @@ def test_power_cut_tells_a_missing_fsync_from_a_real_one(
     monkeypatch.setattr(jsonl, "os", cache)
     store = JsonlStore(tmp_path / "runs")
     monkeypatch.setattr(store, "_sync", lambda fd: None)
+    monkeypatch.setattr(store, "_datasync", lambda fd: None)
     for i in range(5):
         add(store, "r1", f"event {i}")
     cache.power_cut()

@@ -272,6 +272,10 @@ class _RunLock:
             self.store._lock.release()
 
 
+def _head_line(seq: int, digest: str) -> bytes:
+    return b"%020d %-32s\n" % (seq, digest.encode("ascii"))
+
+
 def _pwrite_all(fd: int, data: bytes) -> None:
     """Write all of ``data`` at offset 0 (a file rewritten in place)."""
     done = 0
@@ -457,7 +461,10 @@ class JsonlStore:
                 fd = None if self._buried(run_id) else self._log_fd(run_id)
                 if fd is None:
                     continue
-                tail, events, _ = self._scan(run_id, fd, _EMPTY)
+                try:
+                    tail, events, _ = self._scan(run_id, fd, _EMPTY)
+                except CorruptLogError:
+                    continue  # refused by every read anyway; it gets no head
                 oldest = min([oldest, *(e.v for e in events)])
                 self._write_head(run_id, tail.last_seq, tail.digest, sync=True)
         self._publish(self.path / _STORE, msgspec.json.encode(
@@ -470,7 +477,7 @@ class JsonlStore:
     def _write_head(self, run_id: str, seq: int, digest: str, *, sync: bool) -> None:
         """Rewrite the run's head in place (one small write inside one disk sector)."""
         fd = self._head_fd(run_id)
-        _pwrite_all(fd, b"%020d %-32s\n" % (seq, digest.encode("ascii")))
+        _pwrite_all(fd, _head_line(seq, digest))
         if sync:
             self._durable(fd, run_id, datasync=True)
 
@@ -548,14 +555,19 @@ class JsonlStore:
 
     # --- durability ------------------------------------------------------------
 
-    def _sync(self, fd: int, datasync: bool = False) -> None:
+    def _sync(self, fd: int) -> None:
         """The durability point (a fault-injection seam for tests)."""
-        (os.fdatasync if datasync else os.fsync)(fd)
+        os.fsync(fd)
+
+    def _datasync(self, fd: int) -> None:
+        """The durability point of a file rewritten in place, whose size never changes
+        (a head): its data only, not its times (a seam for tests, as _sync)."""
+        os.fdatasync(fd)
 
     def _durable(self, fd: int, run_id: str | None, rollback_to: int | None = None,
                  *, datasync: bool = False) -> None:
         try:
-            self._sync(fd, datasync)
+            (self._datasync if datasync else self._sync)(fd)
         except OSError as exc:
             # Never retried: after a failed fsync the OS may have dropped the
             # dirty pages while still showing them, so this handle stops writing.
@@ -769,7 +781,8 @@ class JsonlStore:
     def _read(self, run_id: str, after_seq: int) -> list[Event]:
         with self._reading(run_id) as fd:
             if fd is None:
-                self._check_head(run_id, after_seq, _EMPTY)  # (its log was deleted?)
+                if not os.path.exists(f"{self._dir}/{run_id}{_TOMB}"):  # (archived: no head)
+                    self._check_head(run_id, after_seq, _EMPTY)  # was its log deleted?
                 return []
             start = self._resume_point(run_id, fd, after_seq) if after_seq else None
             tail, events, _ = self._scan(run_id, fd, start or _EMPTY, after_seq)
@@ -1226,9 +1239,9 @@ class JsonlStore:
                 self._register_scope(scope, run_id)
             self._drop_log(run_id)
             # The log goes back beside the tombstone; lifting the tombstone is the commit.
-            last = (b"%020d %-32s\n" % (len(records), stored_digest(records[-1]).encode()))
-            self._publish_all({self._file(run_id, ".jsonl"): _frame_batch(list(records)),
-                               self._file(run_id, _HEAD_FILE): last}, run_id)
+            self._publish(self._file(run_id, ".jsonl"), _frame_batch(list(records)), run_id)
+            self._publish(self._file(run_id, _HEAD_FILE),
+                          _head_line(len(records), stored_digest(records[-1])), run_id)
             os.unlink(self._file(run_id, _TOMB))
             self._sync_dir(run_id)
 
@@ -1267,7 +1280,7 @@ class JsonlStore:
                 for suffix in (".jsonl", _HEAD_FILE):  # the log first: never a head ahead
                     fd = os.open(self._file(run_id, suffix), os.O_RDONLY | os.O_CLOEXEC)
                     try:
-                        self._durable(fd, run_id)
+                        self._durable(fd, run_id, datasync=suffix == _HEAD_FILE)
                     except DurabilityError as exc:
                         failure = failure or exc
                     finally:
