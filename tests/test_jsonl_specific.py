@@ -566,3 +566,66 @@ def test_an_appended_log_read_from_a_mark_chains_as_a_full_read_does(tmp_path: P
     with JsonlStore(tmp_path) as fresh:
         full = list(fresh.read("r1"))
     assert full[4:6] == resumed and [e.seq for e in full] == list(range(1, 8))
+
+
+# --- heads: <run>.head, written right after the batch it ends --------------------------
+
+
+def test_a_log_one_batch_ahead_of_its_head_is_an_append_cut_off_before_its_head(
+    tmp_path: Path,
+) -> None:
+    """A crash between a batch and its head leaves the log one whole batch ahead of a head
+    that names where the batch starts: read as it is. Anything else ahead is refused."""
+    directory = tmp_path / "runs"
+    store = JsonlStore(directory)
+    add(store, "r1", "a", "b")
+    head_before = (directory / "r1.head").read_bytes()
+    add(store, "r1", "c", "d")
+    store.close()
+    (directory / "r1.head").write_bytes(head_before)  # what a SIGKILL between the two leaves
+    assert [e.seq for e in JsonlStore(directory).read("r1")] == [1, 2, 3, 4]
+    assert [e.seq for e in JsonlStore(directory, readonly=True).read("r1", after_seq=3)] == [4]
+    writer = JsonlStore(directory)
+    add(writer, "r1", "e")  # the next append writes the head again
+    writer.close()
+    assert (directory / "r1.head").read_bytes().startswith(b"%020d " % 5)
+    (directory / "r1.head").write_bytes(head_before)  # now two batches behind: damage
+    with pytest.raises(CorruptLogError, match="goes on past its head"):
+        list(JsonlStore(directory).read("r1"))
+    (directory / "r1.head").unlink()  # a head deleted: the same
+    with pytest.raises(CorruptLogError, match="past its head"):
+        list(JsonlStore(directory).read("r1"))
+
+
+def test_a_new_run_cut_off_before_its_first_head_reads(tmp_path: Path) -> None:
+    directory = tmp_path / "runs"
+    store = JsonlStore(directory)
+    add(store, "r1", "a", "b")
+    store.close()
+    (directory / "r1.head").write_bytes(b"")  # created with the log, never written
+    assert [e.seq for e in JsonlStore(directory).read("r1")] == [1, 2]
+
+
+def test_an_older_store_gets_its_heads_from_its_logs_at_its_first_writer(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "runs"
+    store = JsonlStore(directory)
+    add(store, "r1", "a", "b")
+    add(store, "r1", "c")
+    add(store, "r2", "x")
+    store.close()
+    heads = {p.name: p.read_bytes() for p in directory.glob("*.head")}
+    for path in [directory / "_store.json", *directory.glob("*.head")]:
+        path.unlink()  # as a release before heads left it
+    reader = JsonlStore(directory, readonly=True)  # reads it as it is, writes nothing
+    assert reader.heads() == {} and len(list(reader.read("r1"))) == 3
+    assert not (directory / "_store.json").exists()
+    store = JsonlStore(directory)  # the first writer computes them, once
+    assert {p.name: p.read_bytes() for p in directory.glob("*.head")} == heads
+    assert json.loads((directory / "_store.json").read_bytes()) == {"created_schema": 6}
+    assert set(store.heads()) == {"r1", "r2"}
+    store.close()
+    (directory / "r1.head").unlink()
+    with pytest.raises(CorruptLogError):
+        list(JsonlStore(directory, readonly=True).read("r1"))
