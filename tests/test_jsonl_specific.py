@@ -575,7 +575,8 @@ def test_a_log_one_batch_ahead_of_its_head_is_an_append_cut_off_before_its_head(
     tmp_path: Path,
 ) -> None:
     """A crash between a batch and its head leaves the log one whole batch ahead of a head
-    that names where the batch starts: read as it is. Anything else ahead is refused."""
+    that names where the batch starts: an append never acknowledged, which readers skip
+    and the next writer cuts (as an incomplete one). Anything else ahead is refused."""
     directory = tmp_path / "runs"
     store = JsonlStore(directory)
     add(store, "r1", "a", "b")
@@ -583,12 +584,18 @@ def test_a_log_one_batch_ahead_of_its_head_is_an_append_cut_off_before_its_head(
     add(store, "r1", "c", "d")
     store.close()
     (directory / "r1.head").write_bytes(head_before)  # what a SIGKILL between the two leaves
-    assert [e.seq for e in JsonlStore(directory).read("r1")] == [1, 2, 3, 4]
-    assert [e.seq for e in JsonlStore(directory, readonly=True).read("r1", after_seq=3)] == [4]
+    data = (directory / "r1.jsonl").read_bytes()
+    reader = JsonlStore(directory, readonly=True)
+    assert [e.seq for e in reader.read("r1")] == [1, 2] and reader.last_seq("r1") == 2
+    assert list(reader.read("r1", after_seq=2)) == [] and len(reader.records("r1")) == 2
+    assert (directory / "r1.jsonl").read_bytes() == data  # a reader never cuts
     writer = JsonlStore(directory)
-    add(writer, "r1", "e")  # the next append writes the head again
+    assert add(writer, "r1", "e") == 3  # the writer cuts the batch, then appends
+    assert [r.reason for r in writer.repairs] == [
+        "a complete batch past the run's head: a crash came between its write and its head's"]
     writer.close()
-    assert (directory / "r1.head").read_bytes().startswith(b"%020d " % 5)
+    assert [e.payload["content"] for e in JsonlStore(directory).read("r1")] == ["a", "b", "e"]
+    add(JsonlStore(directory), "r1", "f")
     (directory / "r1.head").write_bytes(head_before)  # now two batches behind: damage
     with pytest.raises(CorruptLogError, match="goes on past its head"):
         list(JsonlStore(directory).read("r1"))
@@ -597,13 +604,15 @@ def test_a_log_one_batch_ahead_of_its_head_is_an_append_cut_off_before_its_head(
         list(JsonlStore(directory).read("r1"))
 
 
-def test_a_new_run_cut_off_before_its_first_head_reads(tmp_path: Path) -> None:
+def test_a_new_run_cut_off_before_its_first_head_has_no_events_yet(tmp_path: Path) -> None:
     directory = tmp_path / "runs"
     store = JsonlStore(directory)
     add(store, "r1", "a", "b")
     store.close()
     (directory / "r1.head").write_bytes(b"")  # created with the log, never written
-    assert [e.seq for e in JsonlStore(directory).read("r1")] == [1, 2]
+    assert list(JsonlStore(directory).read("r1")) == []
+    store = JsonlStore(directory)
+    assert add(store, "r1", "c") == 1 and len(store.repairs) == 1
 
 
 def test_an_older_store_gets_its_heads_from_its_logs_at_its_first_writer(

@@ -186,7 +186,7 @@ class _Tail(NamedTuple):
     created_at: datetime | None
     updated_at: datetime | None
     digest: str = ""  # of the last record: the next one chains from it
-    before: tuple[int, str] | None = None  # (seq, digest) where the last batch starts
+    before: tuple[int, str, int] | None = None  # (seq, digest, size) before the last batch
 
 
 _EMPTY = _Tail(0, 0, None, None)
@@ -499,10 +499,28 @@ class JsonlStore:
                                   "(it was changed outside this store)")
         return int(seq), digest.decode("ascii", "replace").strip()
 
-    def _check_head(self, run_id: str, after_seq: int, tail: _Tail) -> None:
-        if self._heads:
-            end = (tail.last_seq, tail.digest) if tail.last_seq else None
-            check_head(run_id, after_seq, end, self._read_head(run_id), behind=tail.before)
+    def _check_head(self, run_id: str, after_seq: int, tail: _Tail) -> int | None:
+        """Refuse a log that disagrees with its head (see base.check_head); the head's seq
+        when the log's last batch is past it, an append a crash cut off before its head:
+        never acknowledged, so readers skip it and the next writer cuts it."""
+        if not self._heads:
+            return None
+        end = (tail.last_seq, tail.digest) if tail.last_seq else None
+        head, before = self._read_head(run_id), tail.before
+        check_head(run_id, after_seq, end, head, behind=before[:2] if before else None)
+        return head[0] if end is not None and end != head else None
+
+    def _acknowledged(self, run_id: str, tail: _Tail,
+                      torn: _Torn | None) -> tuple[_Tail, _Torn | None]:
+        """``tail`` up to the run's head, and what a writer cuts after it: an incomplete
+        final batch, or a complete one past the head (see _check_head)."""
+        if self._check_head(run_id, 0, tail) is None or tail.before is None:
+            return tail, torn
+        seq, digest, size = tail.before
+        end = torn.offset + torn.size if torn is not None else tail.size
+        return (_Tail(size, seq, tail.created_at if seq else None, tail.updated_at, digest),
+                _Torn(size, end - size, "a complete batch past the run's head: a crash came "
+                      "between its write and its head's"))
 
     @_os_errors("read the heads", write=False)
     def heads(self) -> dict[str, Head]:
@@ -628,7 +646,7 @@ class JsonlStore:
         events: list[Event] = []
         seq, prev, pos = start.last_seq, start.digest, 0
         done = (seq, prev, 0, 0)  # (seq, digest, events, bytes) up to the last complete batch
-        before = start.before  # (seq, digest) where the last complete batch starts
+        before = start.before  # (seq, digest, size) where the last complete batch starts
         while (nl := data.find(b"\n", pos)) != -1:
             at = pos + 9  # the mark (or, on an old line, the JSON)
             if data[pos:at] != b"%08x " % zlib.crc32(view[at:nl]):
@@ -654,7 +672,8 @@ class JsonlStore:
                 prev = stored_digest(body)
             pos = nl + 1
             if mark != _MORE:
-                before, done = done[:2], (seq, prev, len(events), pos)
+                before = (done[0], done[1], start.size + done[3])
+                done = (seq, prev, len(events), pos)
         last_seq, prev, kept, end = done
         torn = _torn(data, end, pos, seq - last_seq, start.size)
         del events[kept:]  # those of an incomplete final batch
@@ -688,6 +707,7 @@ class JsonlStore:
         if known is None or size < known.size:  # first touch, or shrunk under us
             known = _EMPTY
         tail, _, torn = self._scan(run_id, fd, known)
+        tail, torn = self._acknowledged(run_id, tail, torn)
         self._tails[run_id] = tail
         return tail, torn
 
@@ -757,7 +777,7 @@ class JsonlStore:
                 tail.created_at or events[0].ts,
                 events[-1].ts,
                 digest,
-                (tail.last_seq, tail.digest),
+                (tail.last_seq, tail.digest, tail.size),
             )
             self._write_head(run_id, events[-1].seq, digest, sync=synced)
         return events[-1].seq
@@ -786,7 +806,8 @@ class JsonlStore:
                 return []
             start = self._resume_point(run_id, fd, after_seq) if after_seq else None
             tail, events, _ = self._scan(run_id, fd, start or _EMPTY, after_seq)
-            self._check_head(run_id, after_seq, tail)
+            if (head_seq := self._check_head(run_id, after_seq, tail)) is not None:
+                return [e for e in events if e.seq <= head_seq]  # (see _check_head)
             # A partial scan from an unchecked start learns neither the start time nor
             # the digest; one from a resume point knows both.
             if not after_seq or start is not None:
@@ -1194,8 +1215,8 @@ class JsonlStore:
             if fd is None:
                 return []
             tail, _, _ = self._scan(run_id, fd, _EMPTY)  # checks each record, as read does
-            self._check_head(run_id, 0, tail)
-            data = os.pread(fd, tail.size, 0)
+            past = self._check_head(run_id, 0, tail) is not None and tail.before is not None
+            data = os.pread(fd, tail.before[2] if past and tail.before else tail.size, 0)
         # Every line up to the tail is a whole, checked record of a complete batch.
         return [line[10:] if line[9] != _OLD else line[9:] for line in data.split(b"\n")[:-1]]
 
