@@ -43,6 +43,15 @@ metadata) then the raw body. Each is written to a ``.tmp`` file, fsynced and
 renamed into place, so a reader sees a whole snapshot or none; ``.tmp`` files
 are never read. The store-wide quarantine record is ``_quarantine.json``.
 
+Each run's head (its last seq and digest) is ``<run_id>.head``, one fixed-size line
+rewritten in place right after each batch (and synced with it under ``FSYNC``), under
+the run's lock: the batch commits when its head is written. A complete batch past the
+head, starting where the head is, was cut off by a crash before its head: readers skip
+it and a writer cuts it, as an incomplete one; any other disagreement is
+``CorruptLogError``. ``_store.json`` records the schema version the store was created
+at (in a store created sealed, an unsealed record is damage); a writer opening an older
+store computes every run's head from its log first, once.
+
 A run gc archived and deleted (retention.py) leaves ``<run_id>.tomb``, its
 ``Tombstone`` as JSON. The tombstone is the truth: it is published (fsync, rename)
 before the log and snapshots are removed, so a crash between the two leaves a log
@@ -422,7 +431,13 @@ class JsonlStore:
             raise ReadOnlyStoreError(where, "open it for writing", reason="its directory is "
                                      "not writable (a read-only mount, or permissions)")
         if not self._learn_heads():
-            self._migrate_heads()
+            dir_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:  # one writer migrates; another opening meanwhile waits, then finds it done
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+                if not self._learn_heads():
+                    self._migrate_heads()
+            finally:
+                os.close(dir_fd)  # (closing releases the flock)
 
     # --- heads: each run's last seq and digest, in <run_id>.head beside its log ------
     #
@@ -499,14 +514,16 @@ class JsonlStore:
                                   "(it was changed outside this store)")
         return int(seq), digest.decode("ascii", "replace").strip()
 
-    def _check_head(self, run_id: str, after_seq: int, tail: _Tail) -> int | None:
+    def _check_head(self, run_id: str, after_seq: int, tail: _Tail,
+                    head: Head | None = None) -> int | None:
         """Refuse a log that disagrees with its head (see base.check_head); the head's seq
         when the log's last batch is past it, an append a crash cut off before its head:
-        never acknowledged, so readers skip it and the next writer cuts it."""
+        never acknowledged, so readers skip it and the next writer cuts it. (``head``: read
+        before the log was, by a reader without the run's lock, which a writer may pass.)"""
         if not self._heads:
             return None
         end = (tail.last_seq, tail.digest) if tail.last_seq else None
-        head, before = self._read_head(run_id), tail.before
+        head, before = head or self._read_head(run_id), tail.before
         check_head(run_id, after_seq, end, head, behind=before[:2] if before else None)
         return head[0] if end is not None and end != head else None
 
@@ -804,9 +821,10 @@ class JsonlStore:
                 if not os.path.exists(f"{self._dir}/{run_id}{_TOMB}"):  # (archived: no head)
                     self._check_head(run_id, after_seq, _EMPTY)  # was its log deleted?
                 return []
+            head = self._read_head(run_id) if self._heads else None
             start = self._resume_point(run_id, fd, after_seq) if after_seq else None
             tail, events, _ = self._scan(run_id, fd, start or _EMPTY, after_seq)
-            if (head_seq := self._check_head(run_id, after_seq, tail)) is not None:
+            if (head_seq := self._check_head(run_id, after_seq, tail, head)) is not None:
                 return [e for e in events if e.seq <= head_seq]  # (see _check_head)
             # A partial scan from an unchecked start learns neither the start time nor
             # the digest; one from a resume point knows both.
