@@ -6,6 +6,9 @@ import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -638,3 +641,38 @@ def test_an_older_store_gets_its_heads_from_its_logs_at_its_first_writer(
     (directory / "r1.head").unlink()
     with pytest.raises(CorruptLogError):
         list(JsonlStore(directory, readonly=True).read("r1"))
+
+
+_KILLED_BEFORE_ITS_HEAD = """
+import sys, time
+from agentjournal import EventType, make_events
+from agentjournal.store.jsonl import JsonlStore
+store = JsonlStore(sys.argv[1])
+for seq in (0, 2):  # two batches of two, then the third's head never gets written
+    facts = [(EventType.USER_MESSAGE, {"content": f"m{seq + i}"}) for i in (1, 2)]
+    store.append("r1", make_events("r1", seq, 0, facts), expected_seq=seq, epoch=0)
+def stop(*args, **kwargs):
+    print("logged", flush=True)  # the batch is written and synced: die here
+    time.sleep(600)
+JsonlStore._write_head = stop
+facts = [(EventType.USER_MESSAGE, {"content": "never acknowledged"})]
+store.append("r1", make_events("r1", 4, 0, facts), expected_seq=4, epoch=0)
+"""
+
+
+def test_a_writer_killed_between_a_batch_and_its_head_loses_only_that_batch(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "runs"
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_BEFORE_ITS_HEAD, str(directory)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "logged\n"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=60)
+    assert b"never acknowledged" in (directory / "r1.jsonl").read_bytes()
+    assert [e.seq for e in JsonlStore(directory, readonly=True).read("r1")] == [1, 2, 3, 4]
+    store = JsonlStore(directory)
+    assert add(store, "r1", "next") == 5 and len(store.repairs) == 1
+    assert [e.payload["content"] for e in store.read("r1")][-2:] == ["m4", "next"]
