@@ -465,3 +465,22 @@ def test_a_copy_of_the_wal_without_its_shm_is_refused_unchanged_not_merged(
     no_traceback(result, 1, "j.db-wal holds data")
     assert "agentjournal init" in result.stderr
     assert fingerprint(tmp_path) == before
+
+
+def test_a_command_that_writes_after_a_killed_writer_writes(tmp_path: Path) -> None:
+    """It reads first (read-only, the -shm untouched), then writes: SQLite shares one -shm
+    mapping per process, so the reader is closed before the writer opens."""
+    path = tmp_path / "j.db"
+    killed_writer(path)
+    no_traceback(invoke("fork", "r1", "--at", "2", "--store", f"sqlite:///{path}"), 0)
+    with open_store(f"sqlite:///{path}", readonly=True) as forked:
+        assert len(forked.list_runs()) == 2
+    path = tmp_path / "again.db"
+    killed_writer(path)
+    store = open_store(f"sqlite:///{path}", readonly=True)
+    try:
+        with pytest.raises(StoreUrlError, match="close that handle before opening one to write"):
+            open_store(f"sqlite:///{path}")  # a writer beside it, in this process
+    finally:
+        store.close()
+    open_store(f"sqlite:///{path}").close()  # once it is closed

@@ -200,15 +200,12 @@ class _ReadFirst:
 
     def __getattr__(self, name: str) -> Any:
         if name in _WRITES and self._writer is None:
+            self._reader.close()  # (SQLite: a reader's read-only -shm mapping would be shared)
             self._writer = open_store(self._url)
         return getattr(self._writer or self._reader, name)
 
     def close(self) -> None:
-        try:
-            if self._writer is not None:
-                self._writer.close()
-        finally:
-            self._reader.close()
+        (self._writer or self._reader).close()  # (the reader was closed when the writer came)
 
 
 @contextmanager

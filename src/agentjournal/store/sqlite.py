@@ -333,6 +333,10 @@ def _readonly_uri(path: Path) -> str:
 # by (device, inode); the lock also orders a header read before a connection's locks.
 _OPEN: Counter[tuple[int, int]] = Counter()
 _OPEN_LOCK = threading.Lock()
+# Files a read-only handle of this process reads with ``readonly_shm``. SQLite maps a
+# file's -shm once per process, for all its connections: a writer opened beside such a
+# reader would get that read-only mapping and could write nothing.
+_SHM_READERS: Counter[tuple[int, int]] = Counter()
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -491,6 +495,7 @@ class SQLiteStore:
                 self._db.execute("PRAGMA query_only=ON")
                 self._learn_heads(version)
                 return
+            self._refuse_beside_a_reader()
             self._connect(self.path, busy_timeout)
             self._check_version(writing=True)
             self._enable_wal(busy_timeout)
@@ -541,10 +546,12 @@ class SQLiteStore:
         can take a lock on it (see ``_peek``)."""
         self._db = sqlite3.connect(target, uri=uri, timeout=busy_timeout,
                                    isolation_level=None, check_same_thread=False)
+        self._shm_reader = "readonly_shm=1" in str(target)
         with _OPEN_LOCK:
             self._ident = _file_id(self.path)
             if self._ident is not None:
                 _OPEN[self._ident] += 1
+                _SHM_READERS[self._ident] += self._shm_reader
 
     def _disconnect(self) -> None:
         self._db.close()
@@ -554,6 +561,21 @@ class SQLiteStore:
                 _OPEN[ident] -= 1
                 if not _OPEN[ident]:
                     del _OPEN[ident]
+                if self._shm_reader:
+                    _SHM_READERS[ident] -= 1
+                    if not _SHM_READERS[ident]:
+                        del _SHM_READERS[ident]
+
+    def _refuse_beside_a_reader(self) -> None:
+        """A writer cannot share this process's read-only mapping of the -shm (see
+        _SHM_READERS): say so, rather than fail at the first write."""
+        ident = _file_id(self.path)
+        with _OPEN_LOCK:
+            if ident is not None and _SHM_READERS[ident]:
+                raise StoreUrlError(str(self.path.absolute()), "a read-only handle of this "
+                                    "process reads it (with its WAL's shared memory read-only, "
+                                    "which SQLite shares between the connections of a "
+                                    "process): close that handle before opening one to write")
 
     def _close_quietly(self) -> None:
         if getattr(self, "_db", None) is not None:
