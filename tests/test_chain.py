@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from agentjournal import EventType, fold, make_events
+from agentjournal import EventType, fold, make_events, open_store
 from agentjournal.cli import cli
 from agentjournal.errors import EncodingError
 from agentjournal.snapshots import verify, write_snapshot
@@ -110,3 +111,61 @@ def test_make_events_keeps_the_canonical_form_of_what_json_holds() -> None:
     (event,) = make_events("r", 0, 0, [(EventType.USER_MESSAGE,
                                         {"b": (1, 2.5), "a": [None, {"z": True}]})])
     assert event.payload == {"a": [None, {"z": True}], "b": [1, 2.5]}
+
+
+# --- verify --heads: the heads kept elsewhere ----------------------------------------
+
+
+@backend_params()
+def test_verify_heads_exports_then_checks_a_store_against_its_copy(
+    make_store: MakeStore, store_url: str, tmp_path: Path
+) -> None:
+    store = make_store()
+    a_log(store, "r1")
+    a_log(store, "r2")
+    heads = tmp_path / "heads.json"
+    exported = invoke("verify", "--all", "--heads", str(heads), "--store", store_url)
+    assert exported.exit_code == 0, exported.stderr
+    recorded = json.loads(heads.read_text())["heads"]
+    assert recorded == {r: {"seq": 4, "digest": list(store.read(r))[-1].digest}
+                        for r in ("r1", "r2")}
+    store.append("r2", make_events("r2", 4, 0, [(EventType.USER_MESSAGE, {"content": "d"})]),
+                  expected_seq=4, epoch=0)  # a log that grew since still holds its head
+    checked = invoke("verify", "--all", "--heads", str(heads), "--json", "--store", store_url)
+    assert checked.exit_code == 0, checked.stderr
+    assert "2 of 2 runs hold the heads" in checked.stderr
+    assert all(r["ok"] and r["head"] == "ok" for r in json.loads(checked.stdout))
+
+
+@backend_params()
+def test_verify_heads_catches_a_log_rewritten_with_its_head(
+    make_store: MakeStore, store_url: str, tmp_path: Path
+) -> None:
+    """Someone who can rewrite a whole run (every digest, its head too) passes every check
+    inside the store; only the heads kept elsewhere tell."""
+    store = make_store()
+    a_log(store, "r1")
+    heads = tmp_path / "heads.json"
+    assert invoke("verify", "--all", "--heads", str(heads), "--store", store_url).exit_code == 0
+    forged = json.loads(heads.read_text())
+    forged["heads"]["r1"]["digest"] = "0" * 32  # as good as a log rewritten after export
+    forged["heads"]["gone"] = {"seq": 3, "digest": "1" * 32}
+    heads.write_text(json.dumps(forged))
+    result = invoke("verify", "--all", "--heads", str(heads), "--store", store_url)
+    assert result.exit_code == 3, (result.stdout, result.stderr)
+    assert "r1: ok" in result.stdout  # the store alone finds nothing wrong
+    assert "error: r1: the event at seq 4 has digest" in result.stderr
+    assert "error: gone: the log no longer reaches seq 3" in result.stderr
+    (report, gone) = json.loads(invoke("verify", "--all", "--heads", str(heads), "--json",
+                                       "--store", store_url).stdout)
+    assert (report["ok"], gone["run_id"], gone["ok"]) == (False, "gone", False)
+    assert "was rewritten" in report["head"]
+
+
+def test_verify_heads_refuses_a_file_that_is_not_one(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    with open_store(url) as store:
+        a_log(store, "r1")
+    (tmp_path / "h.json").write_text("milk, eggs")
+    result = invoke("verify", "--all", "--heads", str(tmp_path / "h.json"), "--store", url)
+    assert result.exit_code == 2 and "is not a heads file" in result.stderr

@@ -303,3 +303,28 @@ def test_a_postgres_password_is_never_printed(
     assert "agentjournal approve r2" in "".join(outputs)  # a hint naming the store...
     assert "postgres:***@" in "".join(outputs)
     assert not [o for o in outputs if "hunter2" in o]  # ...without its password
+
+
+# --- a 0-byte file: a store whose creation did not finish ---------------------------------
+
+
+def test_a_zero_byte_store_is_an_unfinished_store_to_every_command(tmp_path: Path) -> None:
+    """A process killed while creating a store leaves a 0-byte file (SQLite writes nothing
+    before its first write). One rule for every command: a store with nothing in it yet.
+    A reader says so and changes nothing; a writer completes it; none calls it damage."""
+    agents = f"fault_agents_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{agents}.py").write_text(AGENTS)
+    for name, args in commands(agents, "approval-x", "abc").items():
+        (tmp_path / name).mkdir()
+        db = tmp_path / name / "j.db"
+        db.write_bytes(b"")
+        got = subprocess_cli(tmp_path, *args, "--store", f"sqlite:///{db}")
+        clean(got.returncode, got.stdout, got.stderr, {0, 2}, name)
+        if name in READING:
+            assert "creation did not finish" in got.stderr, (name, got.stderr)
+            assert sorted(p.name for p in db.parent.iterdir()) == ["j.db"], name
+            assert db.stat().st_size == 0, name
+        if name in ("run", "init"):
+            assert got.returncode == 0 and db.stat().st_size > 0, (name, got.stderr)
+    runs = subprocess_cli(tmp_path, "runs", "--store", f"sqlite:///{tmp_path / 'run' / 'j.db'}")
+    assert runs.returncode == 0 and "new" in runs.stdout, runs.stderr

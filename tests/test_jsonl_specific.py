@@ -6,6 +6,9 @@ import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -256,7 +259,7 @@ def test_no_files_for_unknown_or_invalid_runs(tmp_path: Path) -> None:
             list(store.read(bad))
         with pytest.raises(InvalidRunIdError):
             store.acquire(bad, "w", ttl=1)
-    assert os.listdir(tmp_path / "runs") == []
+    assert os.listdir(tmp_path / "runs") == ["_store.json"]  # (the store's own record)
     assert sorted(os.listdir(tmp_path)) == ["runs"]
 
 
@@ -346,7 +349,7 @@ def test_snapshot_reads_create_no_files(tmp_path: Path) -> None:
     assert store.snapshots("ghost") == []
     assert store.delete_snapshots("ghost") == 0
     assert store.quarantined() == {}
-    assert os.listdir(tmp_path / "runs") == []
+    assert os.listdir(tmp_path / "runs") == ["_store.json"]  # (the store's own record)
 
 
 def test_quarantine_record_is_atomic_json(tmp_path: Path) -> None:
@@ -424,10 +427,12 @@ def _put_many(directory: str, worker: int) -> None:
 
 class PageCache:
     """``os`` as the JSONL store sees it, except that a power cut loses every byte
-    written since the file's last fsync: what a process kill can never show."""
+    written since the file's last fsync: what a process kill can never show. (Files
+    rewritten in place, a run's head, go back to what they held at their last sync.)"""
 
     def __init__(self) -> None:
         self.synced: dict[str, int] = {}
+        self.rewritten: dict[str, bytes] = {}
 
     def __getattr__(self, name: str) -> object:
         return getattr(os, name)
@@ -437,16 +442,33 @@ class PageCache:
         self.synced.setdefault(path, os.fstat(fd).st_size)  # what was there is durable
         return os.write(fd, data)
 
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        self.rewritten.setdefault(path, Path(path).read_bytes())  # what was there is durable
+        return os.pwrite(fd, data, offset)
+
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
+        self._synced(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+        self._synced(fd)
+
+    def _synced(self, fd: int) -> None:
         path = os.readlink(f"/proc/self/fd/{fd}")
         if os.path.isfile(path):
             self.synced[path] = os.fstat(fd).st_size
+            if path in self.rewritten:
+                self.rewritten[path] = Path(path).read_bytes()
 
     def power_cut(self) -> None:
         for path, size in self.synced.items():
             if os.path.exists(path) and os.path.getsize(path) > size:
                 os.truncate(path, size)
+        for path, data in self.rewritten.items():
+            if os.path.exists(path):
+                Path(path).write_bytes(data)
 
 
 @pytest.mark.parametrize(
@@ -480,6 +502,7 @@ def test_power_cut_tells_a_missing_fsync_from_a_real_one(
     monkeypatch.setattr(jsonl, "os", cache)
     store = JsonlStore(tmp_path / "runs")
     monkeypatch.setattr(store, "_sync", lambda fd: None)
+    monkeypatch.setattr(store, "_datasync", lambda fd: None)
     for i in range(5):
         add(store, "r1", f"event {i}")
     cache.power_cut()
@@ -546,3 +569,110 @@ def test_an_appended_log_read_from_a_mark_chains_as_a_full_read_does(tmp_path: P
     with JsonlStore(tmp_path) as fresh:
         full = list(fresh.read("r1"))
     assert full[4:6] == resumed and [e.seq for e in full] == list(range(1, 8))
+
+
+# --- heads: <run>.head, written right after the batch it ends --------------------------
+
+
+def test_a_log_one_batch_ahead_of_its_head_is_an_append_cut_off_before_its_head(
+    tmp_path: Path,
+) -> None:
+    """A crash between a batch and its head leaves the log one whole batch ahead of a head
+    that names where the batch starts: an append never acknowledged, which readers skip
+    and the next writer cuts (as an incomplete one). Anything else ahead is refused."""
+    directory = tmp_path / "runs"
+    store = JsonlStore(directory)
+    add(store, "r1", "a", "b")
+    head_before = (directory / "r1.head").read_bytes()
+    add(store, "r1", "c", "d")
+    store.close()
+    (directory / "r1.head").write_bytes(head_before)  # what a SIGKILL between the two leaves
+    data = (directory / "r1.jsonl").read_bytes()
+    reader = JsonlStore(directory, readonly=True)
+    assert [e.seq for e in reader.read("r1")] == [1, 2] and reader.last_seq("r1") == 2
+    assert list(reader.read("r1", after_seq=2)) == [] and len(reader.records("r1")) == 2
+    assert (directory / "r1.jsonl").read_bytes() == data  # a reader never cuts
+    writer = JsonlStore(directory)
+    assert add(writer, "r1", "e") == 3  # the writer cuts the batch, then appends
+    assert [r.reason for r in writer.repairs] == [
+        "a complete batch past the run's head: a crash came between its write and its head's"]
+    writer.close()
+    assert [e.payload["content"] for e in JsonlStore(directory).read("r1")] == ["a", "b", "e"]
+    add(JsonlStore(directory), "r1", "f")
+    (directory / "r1.head").write_bytes(head_before)  # now two batches behind: damage
+    with pytest.raises(CorruptLogError, match="goes on past its head"):
+        list(JsonlStore(directory).read("r1"))
+    (directory / "r1.head").unlink()  # a head deleted: the same
+    with pytest.raises(CorruptLogError, match="past its head"):
+        list(JsonlStore(directory).read("r1"))
+
+
+def test_a_new_run_cut_off_before_its_first_head_has_no_events_yet(tmp_path: Path) -> None:
+    directory = tmp_path / "runs"
+    store = JsonlStore(directory)
+    add(store, "r1", "a", "b")
+    store.close()
+    (directory / "r1.head").write_bytes(b"")  # created with the log, never written
+    assert list(JsonlStore(directory).read("r1")) == []
+    store = JsonlStore(directory)
+    assert add(store, "r1", "c") == 1 and len(store.repairs) == 1
+
+
+def test_an_older_store_gets_its_heads_from_its_logs_at_its_first_writer(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "runs"
+    store = JsonlStore(directory)
+    add(store, "r1", "a", "b")
+    add(store, "r1", "c")
+    add(store, "r2", "x")
+    store.close()
+    heads = {p.name: p.read_bytes() for p in directory.glob("*.head")}
+    for path in [directory / "_store.json", *directory.glob("*.head")]:
+        path.unlink()  # as a release before heads left it
+    reader = JsonlStore(directory, readonly=True)  # reads it as it is, writes nothing
+    assert reader.heads() == {} and len(list(reader.read("r1"))) == 3
+    assert not (directory / "_store.json").exists()
+    store = JsonlStore(directory)  # the first writer computes them, once
+    assert {p.name: p.read_bytes() for p in directory.glob("*.head")} == heads
+    assert json.loads((directory / "_store.json").read_bytes()) == {"created_schema": 6}
+    assert set(store.heads()) == {"r1", "r2"}
+    store.close()
+    (directory / "r1.head").unlink()
+    with pytest.raises(CorruptLogError):
+        list(JsonlStore(directory, readonly=True).read("r1"))
+
+
+_KILLED_BEFORE_ITS_HEAD = """
+import sys, time
+from agentjournal import EventType, make_events
+from agentjournal.store.jsonl import JsonlStore
+store = JsonlStore(sys.argv[1])
+for seq in (0, 2):  # two batches of two, then the third's head never gets written
+    facts = [(EventType.USER_MESSAGE, {"content": f"m{seq + i}"}) for i in (1, 2)]
+    store.append("r1", make_events("r1", seq, 0, facts), expected_seq=seq, epoch=0)
+def stop(*args, **kwargs):
+    print("logged", flush=True)  # the batch is written and synced: die here
+    time.sleep(600)
+JsonlStore._write_head = stop
+facts = [(EventType.USER_MESSAGE, {"content": "never acknowledged"})]
+store.append("r1", make_events("r1", 4, 0, facts), expected_seq=4, epoch=0)
+"""
+
+
+def test_a_writer_killed_between_a_batch_and_its_head_loses_only_that_batch(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "runs"
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_BEFORE_ITS_HEAD, str(directory)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "logged\n"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=60)
+    assert b"never acknowledged" in (directory / "r1.jsonl").read_bytes()
+    assert [e.seq for e in JsonlStore(directory, readonly=True).read("r1")] == [1, 2, 3, 4]
+    store = JsonlStore(directory)
+    assert add(store, "r1", "next") == 5 and len(store.repairs) == 1
+    assert [e.payload["content"] for e in store.read("r1")][-2:] == ["m4", "next"]

@@ -19,6 +19,7 @@ psycopg = pytest.importorskip("psycopg")
 
 from agentjournal.errors import (  # noqa: E402
     ConflictError,
+    CorruptLogError,
     DurabilityError,
     FencedError,
     StoreUnavailableError,
@@ -125,8 +126,10 @@ def test_unique_violation_is_a_conflict(store: PostgresStore, schema: str) -> No
     with pytest.raises(ConflictError) as info:
         store.append("r", make_events("r", 0, 0, _facts(2)), expected_seq=0, epoch=0)
     assert (info.value.expected_seq, info.value.actual_seq) == (0, 1)
-    # Nothing half-written, and the handle still works.
-    assert [e.seq for e in store.read("r")] == [1]
+    # Nothing half-written, and the handle still works. (The stray row moved no head, so
+    # a read refuses it: events written around the store.)
+    with pytest.raises(CorruptLogError, match="no head record"):
+        list(store.read("r"))
     other = make_events("other", 0, 0, _facts(1))
     assert store.append("other", other, expected_seq=0, epoch=0) == 1
 
@@ -556,3 +559,30 @@ def test_lock_timeout_comes_from_the_url_and_bounds_every_connection(schema: str
     for bad in ("soon", "-1", "nan", ""):
         with pytest.raises(StoreUrlError, match="lock_timeout"):
             open_store(url + f"&lock_timeout={bad}")
+
+
+def _relabel_v3(schema: str, run_id: str) -> None:
+    """Every record of the run as a v3 writer stored it: no digest at all."""
+    for seq, body in _sql(f'SELECT seq, body FROM "{schema}".events WHERE run_id = %s',
+                          (run_id,)):
+        event = msgspec.json.decode(bytes(body))
+        event.pop("digest")
+        event["v"] = 3
+        _sql(f'UPDATE "{schema}".events SET body = %s WHERE run_id = %s AND seq = %s',
+             (msgspec.json.Encoder(order="sorted").encode(event), run_id, seq))
+
+
+def test_unsealed_records_are_damage_only_in_a_store_created_sealed(
+    store: PostgresStore, schema: str
+) -> None:
+    store.append("r", make_events("r", 0, 0, _facts(3)), expected_seq=0, epoch=0)
+    _relabel_v3(schema, "r")
+    _sql(f"""UPDATE "{schema}".runs SET last_digest = '' WHERE run_id = 'r'""")  # its head too
+    with pytest.raises(CorruptLogError, match="unsealed record in a store created") as caught:
+        list(store.read("r"))
+    assert caught.value.seq == 1
+    # A store created before sealing (migrations 1-3 ran before 4) may hold such records.
+    _sql(f"""UPDATE "{schema}".schema_version SET applied_at = applied_at - interval '1 day'
+             WHERE version < 4""")
+    with PostgresStore(PG_URL, schema=schema) as older:
+        assert [e.seq for e in older.read("r")] == [1, 2, 3]

@@ -85,7 +85,6 @@ TARGETS = {
     # name: (make it, expected exit code, expected message)
     "foreign-sqlite": (lambda p: foreign_db(p, wal=False), 3, "program, with tables invoices"),
     "foreign-wal-sqlite": (lambda p: foreign_db(p, wal=True), 3, "tables invoices"),
-    "zero-bytes": (lambda p: p.write_bytes(b""), 3, "the file is empty (0 bytes)"),
     "random-bytes": (lambda p: p.write_bytes(os.urandom(8192)), 3, "not an SQLite database"),
     "text-file": (lambda p: p.write_text("milk, eggs\n" * 40), 3, "not an SQLite database"),
     "half-truncated-store": (truncated_store, 3, "is damaged"),
@@ -114,15 +113,16 @@ def test_an_empty_store_url_is_not_a_store_and_creates_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_damaged_store_is_damage_and_an_empty_one_is_not_no_runs(tmp_path: Path) -> None:
+def test_a_damaged_store_is_damage_and_an_empty_one_says_what_it_is(tmp_path: Path) -> None:
     truncated_store(tmp_path / "t.db")
     no_traceback(invoke("verify", "--all", "--store", f"sqlite:///{tmp_path / 't.db'}"), 3,
                  "is damaged")
     (tmp_path / "z.db").write_bytes(b"")
     for command in (["runs"], ["verify", "--all"]):
         result = invoke(*command, "--store", f"sqlite:///{tmp_path / 'z.db'}")
-        no_traceback(result, 3, "if it was a store, it was truncated")
-        assert "no runs" not in result.output
+        no_traceback(result, 0)
+        assert "a store whose creation did not finish" in result.stderr
+        assert "if it held runs, it was truncated" in result.stderr.lower()
 
 
 # --- real stores: reading changes nothing -------------------------------------------
@@ -217,7 +217,8 @@ def test_a_relative_url_is_reported_with_its_absolute_path(
     no_traceback(result, 2, f"no store at {tmp_path / 'rel.db'}")
     assert "sqlite:////abs.db absolute" in result.stderr
     (tmp_path / "rel.db").write_bytes(b"")
-    no_traceback(invoke("runs", "--store", "sqlite:///rel.db"), 3, str(tmp_path / "rel.db"))
+    no_traceback(invoke("runs", "--store", "sqlite:///rel.db"), 0)
+    assert str(tmp_path / "rel.db") in invoke("runs", "--store", "sqlite:///rel.db").stderr
 
 
 # --- Postgres: a schema that is not ours is refused, nothing is created ---------------
@@ -403,3 +404,83 @@ def test_a_postgres_schema_from_a_newer_release_is_refused(pg: str) -> None:
                 open_store(pg + f"schema={schema}", readonly=readonly)
     finally:
         drop_schema(schema)
+
+
+# --- a writer killed with data in its -wal: reading leaves all three files as they are ---
+
+_KILLED_WRITER = """
+import sys, time
+from agentjournal import EventType, make_events, open_store
+store = open_store(sys.argv[1])
+facts = [(EventType.RUN_STARTED, {"task": "t"})]
+store.append("r1", make_events("r1", 0, 0, facts), expected_seq=0, epoch=0)
+for seq in range(1, 20):
+    facts = [(EventType.USER_MESSAGE, {"content": f"m{seq}"})]
+    store.append("r1", make_events("r1", seq, 0, facts), expected_seq=seq, epoch=0)
+print("appended", flush=True)
+time.sleep(600)
+"""
+
+
+def killed_writer(path: Path) -> None:
+    """A real writer that appended 20 events and was killed with SIGKILL, its WAL holding
+    them (never checkpointed: nobody closed the last connection)."""
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, f"sqlite:///{path}"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "appended\n"
+    finally:
+        writer.kill()
+        writer.wait(timeout=60)
+    assert Path(f"{path}-wal").stat().st_size > 0 and Path(f"{path}-shm").exists()
+
+
+@pytest.mark.parametrize("command", READS, ids=lambda c: "-".join(c))
+def test_reading_after_a_killed_writer_leaves_the_db_wal_and_shm_byte_identical(
+    tmp_path: Path, command: list[str]
+) -> None:
+    path = tmp_path / "j.db"
+    killed_writer(path)
+    before = fingerprint(tmp_path)
+    assert {"j.db", "j.db-wal", "j.db-shm"} <= set(before)
+    result = invoke(*command, "--store", f"sqlite:///{path}")
+    no_traceback(result, 0)
+    assert fingerprint(tmp_path) == before
+    store = open_store(f"sqlite:///{path}", readonly=True)
+    try:  # and it read what the WAL holds
+        assert store.last_seq("r1") == 20
+    finally:
+        store.close()
+    assert fingerprint(tmp_path) == before
+
+
+def test_a_copy_of_the_wal_without_its_shm_is_refused_unchanged_not_merged(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "j.db"
+    killed_writer(path)
+    Path(f"{path}-shm").unlink()  # a copy that missed the -shm file, in a writable directory
+    before = fingerprint(tmp_path)
+    result = invoke("runs", "--store", f"sqlite:///{path}")
+    no_traceback(result, 1, "j.db-wal holds data")
+    assert "agentjournal init" in result.stderr
+    assert fingerprint(tmp_path) == before
+
+
+def test_a_command_that_writes_after_a_killed_writer_writes(tmp_path: Path) -> None:
+    """It reads first (read-only, the -shm untouched), then writes: SQLite shares one -shm
+    mapping per process, so the reader is closed before the writer opens."""
+    path = tmp_path / "j.db"
+    killed_writer(path)
+    no_traceback(invoke("fork", "r1", "--at", "2", "--store", f"sqlite:///{path}"), 0)
+    with open_store(f"sqlite:///{path}", readonly=True) as forked:
+        assert len(forked.list_runs()) == 2
+    path = tmp_path / "again.db"
+    killed_writer(path)
+    store = open_store(f"sqlite:///{path}", readonly=True)
+    try:
+        with pytest.raises(StoreUrlError, match="close that handle before opening one to write"):
+            open_store(f"sqlite:///{path}")  # a writer beside it, in this process
+    finally:
+        store.close()
+    open_store(f"sqlite:///{path}").close()  # once it is closed

@@ -18,7 +18,8 @@ import pytest
 
 from agentjournal import SCHEMA_VERSION, EventType, LeaseHeldError, make_events
 from agentjournal.bench._common import workload
-from agentjournal.errors import ConflictError, DurabilityError, FencedError
+from agentjournal.errors import ConflictError, CorruptLogError, DurabilityError, FencedError
+from agentjournal.events import seal
 from agentjournal.snapshots import load_state, write_snapshot
 from agentjournal.state import durable_fields, fold
 from agentjournal.store import sqlite as sqlite_module
@@ -546,3 +547,73 @@ def test_a_warm_append_is_one_statement_and_a_stale_one_is_refused_as_ever(
     assert [e.seq for e in SQLiteStore(tmp_path / "j.db").read("r")] == list(range(1, 29))
     store.close()
     other.close()
+
+
+def test_a_zero_byte_file_is_an_empty_store_to_a_reader_and_is_completed_by_a_writer(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "z.db"
+    path.write_bytes(b"")  # what a process killed while creating the store leaves
+    reader = SQLiteStore(path, readonly=True)
+    try:
+        assert reader.unfinished
+        assert reader.list_runs() == [] and reader.last_seq("r1") == 0
+        assert list(reader.read("r1")) == [] and reader.tombstones() == []
+    finally:
+        reader.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["z.db"] and path.stat().st_size == 0
+    writer = SQLiteStore(path)
+    try:
+        writer.append("r1", make_events("r1", 0, 0, [(EventType.RUN_STARTED, {})]),
+                      expected_seq=0, epoch=0)
+    finally:
+        writer.close()
+    reader = SQLiteStore(path, readonly=True)
+    try:
+        assert not reader.unfinished
+        assert reader.last_seq("r1") == 1
+    finally:
+        reader.close()
+
+
+def test_the_heads_migration_computes_each_run_s_head_from_its_log_once(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with SQLiteStore(path) as store:
+        store.append("new", workload("new", 5), expected_seq=0, epoch=0)
+        sealed = list(store.read("new"))
+    raw(path, "DROP TABLE heads")  # as the migration before heads left it...
+    raw(path, "DROP TABLE store_info")
+    raw(path, f"PRAGMA user_version = {sqlite_module._HEADS - 1}")
+    raw(path, "INSERT INTO run_numbers (run_id) VALUES ('old')")  # ...with a v3 run in it
+    for seq in (1, 2):
+        body = v3_body("old", seq, EventType.USER_MESSAGE, {"content": f"m{seq}"})
+        raw(path, "INSERT INTO events SELECT (run_no << 32) + ?, 'ts', ? FROM run_numbers"
+            " WHERE run_id = 'old'", (seq, body))
+    with SQLiteStore(path, readonly=True) as reader:  # an older file reads without heads
+        assert reader.heads() == {} and len(list(reader.read("old"))) == 2
+    with SQLiteStore(path) as store:
+        assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
+        assert store.heads() == {"new": (5, sealed[-1].digest), "old": (2, "")}
+        # created before sealing (it holds v3 records): unsealed records are no damage
+        assert raw(path, "SELECT value FROM store_info") == [(3,)]
+        assert [e.seq for e in store.read("old")] == [1, 2]
+        assert list(store.read("new")) == sealed
+    raw(path, "DELETE FROM events WHERE key = (SELECT (run_no << 32) + 5 FROM run_numbers"
+        " WHERE run_id = 'new')")
+    with SQLiteStore(path) as store, pytest.raises(CorruptLogError, match="deleted"):
+        list(store.read("new"))
+
+
+def test_a_row_inserted_by_another_program_moves_no_head(tmp_path: Path) -> None:
+    """The head moves with our appends only (a trigger of our connections alone): a
+    forged last event, inserted after the real one was deleted, is refused."""
+    path = tmp_path / "j.db"
+    with SQLiteStore(path) as store:
+        store.append("r1", workload("r1", 3), expected_seq=0, epoch=0)
+        log = list(store.read("r1"))
+    forged = msgspec.structs.replace(log[2], payload={"content": "forged"}, digest="")
+    (body,), _ = seal([forged], log[1].digest)
+    raw(path, "DELETE FROM events WHERE key = (SELECT max(key) FROM events)")
+    raw(path, "INSERT INTO events SELECT (run_no << 32) + 3, 'ts', ? FROM run_numbers", (body,))
+    with SQLiteStore(path) as store, pytest.raises(CorruptLogError, match="newest event"):
+        list(store.read("r1"))

@@ -37,6 +37,7 @@ from agentjournal import (
     open_store,
 )
 from agentjournal.events import chain_digest
+from agentjournal.snapshots import verify
 from agentjournal.store import Store
 from agentjournal.store.base import Tombstone, records_digest
 from agentjournal.store.sqlite import in_run
@@ -145,6 +146,46 @@ def edited(event: Event, prev: str | None = None) -> bytes:
 
 
 
+def delete_stored(store: Store, run_id: str, from_seq: int) -> None:
+    """Delete the run's stored records from ``from_seq`` on, by the backend's own means,
+    touching nothing else (the run's head stays): what an edit of the log alone does."""
+    kind = type(store).__name__
+    if kind == "SQLiteStore":
+        db = sqlite3.connect(store.path)  # type: ignore[attr-defined]
+        with db:
+            db.execute(f"DELETE FROM events WHERE {in_run()} AND key & 0xFFFFFFFF >= :seq",
+                       {"run": run_id, "seq": from_seq})
+        db.close()
+    elif kind == "PostgresStore":
+        import psycopg
+
+        from .conftest import POSTGRES_URL
+
+        schema = store.schema  # type: ignore[attr-defined]
+        with psycopg.connect(POSTGRES_URL) as conn:
+            conn.execute(f'DELETE FROM "{schema}".events WHERE run_id = %s AND seq >= %s',
+                         (run_id, from_seq))
+    else:
+        log = Path(store.path) / f"{run_id}.jsonl"  # type: ignore[attr-defined]
+        lines = log.read_bytes().split(b"\n")
+        log.write_bytes(b"\n".join(lines[: from_seq - 1]) + b"\n")
+
+
+def resealed_from(log: list[Event], seq: int, change: Callable[[Event], Event]) -> list[bytes]:
+    """The stored bytes of ``log`` from ``seq`` on, each changed by ``change`` and sealed
+    again, every later digest recomputed: a forgery of the log's newest events."""
+    prev, bodies = log[seq - 2].digest if seq > 1 else "", []
+    for event in log[seq - 1:]:
+        raw = encode(msgspec.structs.replace(change(event), digest=""))
+        prev = chain_digest(prev, raw)
+        bodies.append(encode(msgspec.structs.replace(change(event), digest=prev)))
+    return bodies
+
+
+def edit_content(event: Event) -> Event:
+    return msgspec.structs.replace(event, payload={**event.payload, "content": "EDITED"})
+
+
 @backend_params()
 class TestConformance:
     def test_conformance_round_trip(self, make_store: MakeStore) -> None:
@@ -159,6 +200,82 @@ class TestConformance:
         assert got == events + more
         assert [e.seq for e in store.read("r1", after_seq=1)] == [2, 3]
         assert store.last_seq("r1") == 3
+
+    # --- the head of the chain: the seq and digest a run ends with, kept apart --------
+
+    def two_batches(self, store: Store) -> list[Event]:
+        append(store, "r1", {"content": "a"}, {"content": "b"})
+        append(store, "r1", {"content": "c"}, {"content": "d"})
+        return list(store.read("r1"))
+
+    def readers(self, make_store: MakeStore, url: str) -> list[Store]:
+        """A writer's handle and a read-only one, both opened afresh."""
+        reader = open_store(url, readonly=True)
+        self.opened.append(reader)
+        return [make_store(), reader]
+
+    @pytest.fixture(autouse=True)
+    def _close_readers(self) -> Any:
+        self.opened: list[Store] = []
+        yield
+        for store in self.opened:
+            store.close()
+
+    def test_conformance_the_newest_event_edited_with_its_digest_recomputed_is_refused(
+        self, make_store: MakeStore, store_url: str
+    ) -> None:
+        store = make_store()
+        log = self.two_batches(store)
+        (forged,) = resealed_from(log, 4, edit_content)
+        rewrite_stored(store, "r1", log[3], forged)
+        for reader in self.readers(make_store, store_url):
+            with pytest.raises(CorruptLogError, match="newest event was changed") as caught:
+                list(reader.read("r1"))
+            assert caught.value.seq == 4
+            with pytest.raises(CorruptLogError):
+                list(reader.read("r1", after_seq=2))
+        assert verify(make_store(), "r1").corrupt_seq == 4
+
+    def test_conformance_the_last_batch_deleted_is_refused(
+        self, make_store: MakeStore, store_url: str
+    ) -> None:
+        store = make_store()
+        self.two_batches(store)
+        delete_stored(store, "r1", 3)
+        for reader in self.readers(make_store, store_url):
+            with pytest.raises(CorruptLogError, match="last events were deleted") as caught:
+                list(reader.read("r1"))
+            assert caught.value.seq == 3
+        delete_stored(store, "r1", 1)  # every event: the head still says there were four
+        with pytest.raises(CorruptLogError, match="were deleted"):
+            list(make_store().read("r1"))
+
+    def test_conformance_every_record_relabelled_v3_without_digests_is_refused(
+        self, make_store: MakeStore
+    ) -> None:
+        store = make_store()
+        log = self.two_batches(store)
+        for event in log:  # no hashing needed: what v3 wrote carried no digest
+            relabelled = msgspec.structs.replace(event, v=3, digest="")
+            rewrite_stored(store, "r1", event, encode(relabelled))
+        with pytest.raises(CorruptLogError, match="unsealed record in a store created") as caught:
+            list(make_store().read("r1"))
+        assert caught.value.seq == 1
+
+    def test_conformance_heads_follow_forks_archives_and_restores(
+        self, make_store: MakeStore
+    ) -> None:
+        store = make_store()
+        log = self.two_batches(store)
+        assert store.heads() == {"r1": (4, log[-1].digest)}
+        records = store.records("r1")
+        stone = Tombstone(run_id="r1", last_seq=4, digest=records_digest(records),
+                          archive="file:///a", deleted_at=T0)
+        store.delete_run(stone, epoch=0)
+        assert make_store().heads() == {}
+        store.restore_run("r1", records)
+        assert [e.seq for e in make_store().read("r1")] == [1, 2, 3, 4]
+        assert make_store().heads() == {"r1": (4, log[-1].digest)}
 
     def test_conformance_scope_runs_lists_the_runs_started_in_a_scope(
         self, make_store: MakeStore

@@ -247,15 +247,12 @@ class _ReadFirst:
 
     def __getattr__(self, name: str) -> Any:
         if name in _WRITES and self._writer is None:
+            self._reader.close()  # (SQLite: a reader's read-only -shm mapping would be shared)
             self._writer = open_store(self._url)
         return getattr(self._writer or self._reader, name)
 
     def close(self) -> None:
-        try:
-            if self._writer is not None:
-                self._writer.close()
-        finally:
-            self._reader.close()
+        (self._writer or self._reader).close()  # (the reader was closed when the writer came)
 
 
 @contextmanager
@@ -264,6 +261,11 @@ def opened(url: str, *, create: bool = False) -> Iterator[Store]:
     (see :class:`_ReadFirst`). Only ``create`` may make a new one."""
     _check_target(url, create=create)
     store = open_store(url) if create else cast(Store, _ReadFirst(url))
+    if getattr(store, "unfinished", False) and (local := local_path(url)) is not None:
+        note(f"{local[1].absolute()} is empty (0 bytes): a store whose creation did not "
+             "finish (a process stopped while creating it), so it holds no runs yet; the "
+             "next `agentjournal run` or `agentjournal init` completes it. (If it held runs, "
+             "it was truncated: restore it from a backup.)")
     try:
         yield store
     finally:

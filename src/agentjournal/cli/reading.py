@@ -6,8 +6,10 @@ Everything printed for people goes through ``_safe`` (``visible``, ``cells``,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,6 +24,7 @@ from .. import (
     RunState,
     encode,
 )
+from ..events import now
 from ..fleet import QueuedRun
 from ..snapshots import VerifyReport, load_state
 from ..snapshots import verify as verify_run
@@ -29,6 +32,7 @@ from ..store import RunInfo, Store, mask_secrets
 from ..store.base import missing_run
 from ._base import (
     RUN_STATUSES,
+    CliError,
     E,
     _fail,
     _report_unreadable,
@@ -453,25 +457,37 @@ def state(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
 @cli.command()
 @click.argument("run_id", metavar="RUN", required=False)
 @click.option("--all", "all_runs", is_flag=True, help="Verify every run in the store.")
+@click.option("--heads", "heads_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Export each run's head (its last seq and digest) to FILE, or, when FILE "
+              "exists, check that every run still holds the head FILE recorded.")
 @json_option
 @store_option
 @click.pass_context
-def verify(ctx: click.Context, run_id: str | None, all_runs: bool, as_json: bool,
-           store_url: str) -> None:
-    """Check every event's digest chain, that the fold is deterministic at every prefix,
-    and that every snapshot plus its tail equals a full replay. A damaged log (exit 3)
-    is reported with the first seq that does not check out; a snapshot mismatch
-    quarantines that fold version (exit 3). With --all, every run is checked even
-    when one fails.
+def verify(ctx: click.Context, run_id: str | None, all_runs: bool, heads_file: str | None,
+           as_json: bool, store_url: str) -> None:
+    """Check every event's digest chain and each run's head (the seq and digest its log
+    ends with, kept apart from the log), that the fold is deterministic at every
+    prefix, and that every snapshot plus its tail equals a full replay. A damaged log
+    (exit 3) is reported with the first seq that does not check out; a snapshot
+    mismatch quarantines that fold version (exit 3). With --all, every run is checked
+    even when one fails.
+
+    The digests prove a log unchanged only up to its head: someone who rewrites a whole
+    log and its head is caught by a copy of the heads kept elsewhere. --heads FILE
+    writes one (JSON: run -> {seq, digest}); given an existing FILE, it checks that the
+    event at each recorded seq still has the recorded digest (exit 3 if not; a run
+    archived since is noted, not failed).
 
     \b
-    Example:
+    Examples:
       agentjournal verify --all --store sqlite:///runs.db
+      agentjournal verify --all --heads /backup/heads-2026-12-03.json
     """
     if (run_id is None) == (not all_runs):
         raise click.UsageError("give either a RUN or --all")
     reports: list[VerifyReport] = []
     errors: list[JournalError] = []  # runs that could not be checked at all (--all only)
+    heads: dict[str, str | None] = {}  # run -> what is wrong with its head (None: fine)
     with opened(store_url) as store:
         ids = [run_id] if run_id is not None else [i.run_id for i in store.list_runs()]
         for rid in ids:
@@ -481,18 +497,72 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, as_json: bool
                 if run_id is not None:
                     raise
                 errors.append(exc)
+        if heads_file is not None:
+            heads = _export_or_check_heads(store, Path(heads_file), run_id)
     for report in reports:
         if not report.events and report.corrupt_seq is None:
             raise RunNotFoundError(report.run_id)
     if not reports and not errors:
         note(f"no runs in {store_url}")
     if as_json:
-        emit_json([{**msgspec.to_builtins(r), "ok": r.ok} for r in reports]
-                  + [{"run_id": e.run_id, "ok": False, "error": str(e)} for e in errors])
+        emit_json([{**msgspec.to_builtins(r), "ok": r.ok and not heads.get(r.run_id),
+                    **({"head": heads.get(r.run_id) or "ok"} if r.run_id in heads else {})}
+                   for r in reports]
+                  + [{"run_id": e.run_id, "ok": False, "error": str(e)} for e in errors]
+                  + [{"run_id": rid, "ok": False, "head": problem} for rid, problem
+                     in heads.items() if problem and rid not in {r.run_id for r in reports}])
     else:
         _print_verdicts(reports)
-    if codes := _verify_failures(reports, errors):
+    codes = _verify_failures(reports, errors)
+    codes += [_fail(f"{rid}: {problem}", 3) for rid, problem in heads.items() if problem]
+    if codes:
         ctx.exit(max(codes))
+
+
+def _export_or_check_heads(store: Store, path: Path, run_id: str | None) -> dict[str, str | None]:
+    """Write the store's heads to ``path`` (a new file), or check the store against the
+    heads ``path`` holds: each run's problem, None where its head checks out."""
+    if not path.exists():
+        heads = store.heads()
+        if run_id is not None:
+            heads = {r: h for r, h in heads.items() if r == run_id}
+        path.write_text(json.dumps({"store": store.url, "exported_at": now().isoformat(),
+                                    "heads": {r: {"seq": seq, "digest": digest}
+                                              for r, (seq, digest) in heads.items()}},
+                                   indent=2) + "\n")
+        note(f"wrote the heads of {len(heads)} runs to {path}")
+        return {}
+    try:
+        recorded = json.loads(path.read_text())["heads"]
+        expected = {r: (int(h["seq"]), str(h["digest"])) for r, h in recorded.items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CliError(f"{path} is not a heads file written by `verify --heads` ({exc})",
+                       2) from None
+    if run_id is not None:
+        expected = {r: h for r, h in expected.items() if r == run_id}
+    problems = {r: _head_problem(store, r, *head) for r, head in expected.items()}
+    note(f"{sum(p is None for p in problems.values())} of {len(problems)} runs hold the "
+         f"heads {path} recorded")
+    return problems
+
+
+def _head_problem(store: Store, run_id: str, seq: int, digest: str) -> str | None:
+    """What is wrong with ``run_id`` against the head (seq, digest) recorded elsewhere:
+    the event at ``seq`` must still carry ``digest`` (the log may have grown since)."""
+    try:
+        event = next(iter(store.read(run_id, after_seq=seq - 1)), None)
+    except JournalError as exc:
+        return str(exc)
+    if event is None:
+        stone = store.tombstone(run_id)
+        if stone is not None:
+            note(f"{run_id}: archived to {stone.archive} since the heads were recorded")
+            return None
+        return f"the log no longer reaches seq {seq}, where its recorded head is"
+    if event.seq != seq or event.digest != digest:
+        return (f"the event at seq {seq} has digest {event.digest or '(none)'}, not the "
+                f"recorded {digest}: the log was rewritten since the heads were recorded")
+    return None
 
 
 def _print_verdicts(reports: Sequence[VerifyReport]) -> None:

@@ -27,7 +27,7 @@ def init(store_url: str) -> None:
     """
     _check_target(store_url, create=True)
     local = local_path(store_url)
-    existed = local is not None and local[1].exists()
+    existed = local is not None and local[1].exists() and local[1].stat().st_size > 0
     store = open_store(store_url)
     try:
         store.list_runs()  # an existing store must read: damage is reported, not "ready"

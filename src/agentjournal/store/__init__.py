@@ -89,8 +89,9 @@ def open_store(url: str | None = None, *, readonly: bool = False,
     store is created if missing (an empty URL is refused, never the default).
     Either way, what is not an agentjournal store (another program's database, a
     file that is no SQLite database, a Postgres schema holding other tables) is
-    refused with ``NotAStoreError`` and left as it was; reading also refuses an
-    empty (0-byte) file, which may be a truncated store.
+    refused with ``NotAStoreError`` and left as it was. An empty (0-byte) SQLite file
+    is a store whose creation did not finish: read, it is a store with no runs (and
+    ``.unfinished`` is true), left as it is; opened for writing, it is completed.
 
     ``pool_size``: PostgreSQL only, the most connections the handle opens at once
     (default 4; it opens them as threads need them).

@@ -172,12 +172,13 @@ def records_digest(records: Sequence[bytes]) -> str:
     return h.hexdigest()
 
 
-def check_records(run_id: str, records: Sequence[bytes]) -> list[Event]:
+def check_records(run_id: str, records: Sequence[bytes], *,
+                  sealed_store: bool = False) -> list[Event]:
     """The events of a whole log given as stored records, each checked as ``read`` checks
     it (decodes, seq in place, digest chain): what a restore writes back."""
     events, prev = [], GENESIS
     for seq, body in enumerate(records, start=1):
-        event, prev = decode_record(run_id, seq, body, prev)
+        event, prev = decode_record(run_id, seq, body, prev, sealed_store=sealed_store)
         events.append(event)
     return events
 
@@ -191,14 +192,17 @@ def missing_run(store: Store, run_id: str) -> RunNotFoundError:
 
 
 def decode_record(
-    run_id: str, seq: int, body: bytes | memoryview, prev: str = GENESIS
+    run_id: str, seq: int, body: bytes | memoryview, prev: str = GENESIS,
+    *, sealed_store: bool = False,
 ) -> tuple[Event, str]:
     """A stored record as an event, checked against the digest ``prev`` of the record
     before it; returns the event and its own digest (the next record's ``prev``).
 
     Bytes that do not decode, or do not match their digest, are corruption named
-    by seq. (An unknown event type or a newer schema version raises its own error:
-    that is a newer release's log, not damage.)
+    by seq; so is an unsealed record in a ``sealed_store`` (one created at schema v4
+    or later, whose every record was written sealed). (An unknown event type or a
+    newer schema version raises its own error: that is a newer release's log, not
+    damage.)
     """
     sealed = unseal(body, prev)
     if sealed is not None:
@@ -211,6 +215,9 @@ def decode_record(
             )
     elif prev != GENESIS:
         raise CorruptLogError(run_id, seq, "an unsealed record after sealed ones")
+    elif sealed_store:
+        raise CorruptLogError(run_id, seq, "an unsealed record in a store created at schema "
+                              f"v{SEALED_SINCE} or later, where every record is sealed")
     try:
         event = decode_stored(body)
     except (msgspec.DecodeError, EncodingError) as exc:
@@ -222,6 +229,39 @@ def decode_record(
     if event.v != SCHEMA_VERSION:
         event = upcast(event)
     return event, sealed[0] if sealed is not None else GENESIS
+
+
+#: A run's head: the seq and digest its log ends with, kept apart from the log.
+Head = tuple[int, str]
+
+
+def check_head(run_id: str, after_seq: int, end: Head | None, head: Head | None,
+               *, behind: Head | None = None) -> None:
+    """Refuse a log that does not end where its head says, read after ``after_seq``:
+    ``end`` is the seq and digest of the last record read (the one at ``after_seq``
+    included; None if none was), ``head`` what the store recorded (None: no head).
+    An edit of the newest events, or a deletion of the last batches, is caught here
+    however its digests were recomputed. ``behind``: where the log ended before its
+    last batch, for a store whose head is written after the log (JSONL): a head there
+    is an append whose head write a crash cut off, not damage."""
+    if end is None:
+        if head is not None and head[0] >= max(after_seq, 1):
+            raise CorruptLogError(run_id, max(after_seq, 1), f"its head records seq {head[0]}, "
+                                  "but the log holds no events there: its events were deleted")
+        return
+    if head is None:
+        raise CorruptLogError(run_id, end[0], "the log has no head record (the seq and digest "
+                              "it ends with, kept apart from it): the head was deleted")
+    if end == head or (behind is not None and behind == head):
+        return
+    if end[0] < head[0]:
+        raise CorruptLogError(run_id, end[0] + 1, f"the log ends at seq {end[0]} but its head "
+                              f"records seq {head[0]}: its last events were deleted")
+    if end[0] > head[0]:
+        raise CorruptLogError(run_id, head[0] + 1, f"the log goes on past its head (seq "
+                              f"{head[0]}) to seq {end[0]}: events were added around the store")
+    raise CorruptLogError(run_id, end[0], f"its digest {end[1] or '(none)'} is not the one its "
+                          f"head records ({head[1] or 'none'}): the newest event was changed")
 
 
 def check_batch(run_id: str, events: Sequence[Event], expected_seq: int, epoch: int) -> None:
@@ -335,6 +375,12 @@ class Store(Protocol):
         ...
 
     def tombstone(self, run_id: str) -> Tombstone | None: ...
+
+    def heads(self) -> dict[str, Head]:
+        """Each run's head, by run id: the seq and digest its log ends with, recorded
+        apart from the log with every append (an archived run has none). What
+        ``agentjournal verify --heads`` exports, to check the store against later."""
+        ...
 
     def tombstones(self) -> list[Tombstone]: ...
 

@@ -43,6 +43,15 @@ metadata) then the raw body. Each is written to a ``.tmp`` file, fsynced and
 renamed into place, so a reader sees a whole snapshot or none; ``.tmp`` files
 are never read. The store-wide quarantine record is ``_quarantine.json``.
 
+Each run's head (its last seq and digest) is ``<run_id>.head``, one fixed-size line
+rewritten in place right after each batch (and synced with it under ``FSYNC``), under
+the run's lock: the batch commits when its head is written. A complete batch past the
+head, starting where the head is, was cut off by a crash before its head: readers skip
+it and a writer cuts it, as an incomplete one; any other disagreement is
+``CorruptLogError``. ``_store.json`` records the schema version the store was created
+at (in a store created sealed, an unsealed record is damage); a writer opening an older
+store computes every run's head from its log first, once.
+
 A run gc archived and deleted (retention.py) leaves ``<run_id>.tomb``, its
 ``Tombstone`` as JSON. The tombstone is the truth: it is published (fsync, rename)
 before the log and snapshots are removed, so a crash between the two leaves a log
@@ -97,14 +106,16 @@ from ..errors import (
     StoreIOError,
     StoreUrlError,
 )
-from ..events import Event, decode_stored, seal, stored_digest
+from ..events import SCHEMA_VERSION, SEALED_SINCE, Event, decode_stored, seal, stored_digest
 from .base import (
     Durability,
+    Head,
     Lease,
     RunInfo,
     Snapshot,
     Tombstone,
     check_batch,
+    check_head,
     check_records,
     decode_record,
     host_clock,
@@ -184,6 +195,7 @@ class _Tail(NamedTuple):
     created_at: datetime | None
     updated_at: datetime | None
     digest: str = ""  # of the last record: the next one chains from it
+    before: tuple[int, str, int] | None = None  # (seq, digest, size) before the last batch
 
 
 _EMPTY = _Tail(0, 0, None, None)
@@ -208,6 +220,9 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 _TOMB = ".tomb"
 _SCOPES = "_scopes"
 _QUARANTINE = "_quarantine.json"  # "_" never starts a run id, so no run can collide
+_STORE = "_store.json"  # the store's own record: the schema version it was created at
+_HEAD_FILE = ".head"
+_HEAD_SIZE = 54  # "<seq: 20 digits> <digest: 32, padded>\n", rewritten in place
 _MAX_HEADER = 1 << 16
 
 
@@ -264,6 +279,17 @@ class _RunLock:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
         finally:
             self.store._lock.release()
+
+
+def _head_line(seq: int, digest: str) -> bytes:
+    return b"%020d %-32s\n" % (seq, digest.encode("ascii"))
+
+
+def _pwrite_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` at offset 0 (a file rewritten in place)."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], done)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -384,6 +410,10 @@ class JsonlStore:
         self._log_fds: OrderedDict[str, int] = OrderedDict()
         self._epochs: dict[str, tuple[tuple[int, int, int], int]] = {}
         self._unsynced: dict[str, int] = {}  # BATCHED: appends since the run's last fsync
+        self._head_fds: OrderedDict[str, int] = OrderedDict()
+        # Heads are kept (and checked) once the store's record says so: a store made by
+        # this release, or migrated to it by its first writer (_migrate_heads).
+        self._heads = self._sealed = False
         where = str(self.path.absolute())
         if self.path.exists() and not self.path.is_dir():
             raise NotAStoreError(where, "it is a file; a jsonl store is a directory")
@@ -391,6 +421,7 @@ class JsonlStore:
             if not self.path.is_dir():
                 raise StoreUrlError(where, "no directory there; a store is created by its "
                                     "first run or by `agentjournal init`")
+            self._learn_heads()
             return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -399,6 +430,127 @@ class JsonlStore:
         if not os.access(self.path, os.W_OK):  # say so now, not at the first append
             raise ReadOnlyStoreError(where, "open it for writing", reason="its directory is "
                                      "not writable (a read-only mount, or permissions)")
+        if not self._learn_heads():
+            dir_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:  # one writer migrates; another opening meanwhile waits, then finds it done
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+                if not self._learn_heads():
+                    self._migrate_heads()
+            finally:
+                os.close(dir_fd)  # (closing releases the flock)
+
+    # --- heads: each run's last seq and digest, in <run_id>.head beside its log ------
+    #
+    # Written (and, under FSYNC, synced) right after the batch it ends, under the run's
+    # lock: a crash between the two leaves the log one whole batch ahead of a head that
+    # names where that batch starts. Read under the same lock, so a reader accepts that
+    # (an append whose head write was cut off) and nothing else.
+
+    def _learn_heads(self) -> bool:
+        """Read the store's record: whether heads are kept, and whether the store was
+        created sealed. False when it has none (an older release's store)."""
+        try:
+            raw = (self.path / _STORE).read_bytes()
+        except FileNotFoundError:
+            return False
+        try:
+            created = int(msgspec.json.decode(raw)["created_schema"])
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptStoreError(str(self.path / _STORE), f"the store's record does "
+                                    f"not decode ({exc})") from None
+        self._heads, self._sealed = True, created >= SEALED_SINCE
+        return True
+
+    def _migrate_heads(self) -> None:
+        """Give every run of an older store its head, computed from its log (once), then
+        write the store's record: from then on every read checks them. The store was
+        created at the oldest schema version its logs hold (this one's, if none)."""
+        oldest = SCHEMA_VERSION
+        for path in self.path.glob("*.jsonl"):
+            run_id = path.name[: -len(".jsonl")]
+            try:
+                validate_run_id(run_id)
+            except InvalidRunIdError:
+                continue
+            with self._locked(run_id, write=True):
+                fd = None if self._buried(run_id) else self._log_fd(run_id)
+                if fd is None:
+                    continue
+                try:
+                    tail, events, _ = self._scan(run_id, fd, _EMPTY)
+                except CorruptLogError:
+                    continue  # refused by every read anyway; it gets no head
+                oldest = min([oldest, *(e.v for e in events)])
+                self._write_head(run_id, tail.last_seq, tail.digest, sync=True)
+        self._publish(self.path / _STORE, msgspec.json.encode(
+            {"created_schema": oldest}), None)
+        self._learn_heads()
+
+    def _head_fd(self, run_id: str) -> int:
+        return self._cached_fd(self._head_fds, run_id, _HEAD_FILE, os.O_RDWR | os.O_CREAT)
+
+    def _write_head(self, run_id: str, seq: int, digest: str, *, sync: bool) -> None:
+        """Rewrite the run's head in place (one small write inside one disk sector)."""
+        fd = self._head_fd(run_id)
+        _pwrite_all(fd, _head_line(seq, digest))
+        if sync:
+            self._durable(fd, run_id, datasync=True)
+
+    def _read_head(self, run_id: str) -> Head:
+        """The run's head; (0, "") when it has none yet (a new run cut off before it)."""
+        try:
+            fd = os.open(f"{self._dir}/{run_id}{_HEAD_FILE}", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return (0, "")
+        try:
+            raw = os.pread(fd, _HEAD_SIZE + 1, 0)
+        finally:
+            os.close(fd)
+        if not raw:
+            return (0, "")
+        seq, _, digest = raw.partition(b" ")
+        if len(raw) != _HEAD_SIZE or not seq.isdigit() or not raw.endswith(b"\n"):
+            raise CorruptLogError(run_id, 0, f"its head file {run_id}{_HEAD_FILE} is not one "
+                                  "(it was changed outside this store)")
+        return int(seq), digest.decode("ascii", "replace").strip()
+
+    def _check_head(self, run_id: str, after_seq: int, tail: _Tail,
+                    head: Head | None = None) -> int | None:
+        """Refuse a log that disagrees with its head (see base.check_head); the head's seq
+        when the log's last batch is past it, an append a crash cut off before its head:
+        never acknowledged, so readers skip it and the next writer cuts it. (``head``: read
+        before the log was, by a reader without the run's lock, which a writer may pass.)"""
+        if not self._heads:
+            return None
+        end = (tail.last_seq, tail.digest) if tail.last_seq else None
+        head, before = head or self._read_head(run_id), tail.before
+        check_head(run_id, after_seq, end, head, behind=before[:2] if before else None)
+        return head[0] if end is not None and end != head else None
+
+    def _acknowledged(self, run_id: str, tail: _Tail,
+                      torn: _Torn | None) -> tuple[_Tail, _Torn | None]:
+        """``tail`` up to the run's head, and what a writer cuts after it: an incomplete
+        final batch, or a complete one past the head (see _check_head)."""
+        if self._check_head(run_id, 0, tail) is None or tail.before is None:
+            return tail, torn
+        seq, digest, size = tail.before
+        end = torn.offset + torn.size if torn is not None else tail.size
+        return (_Tail(size, seq, tail.created_at if seq else None, tail.updated_at, digest),
+                _Torn(size, end - size, "a complete batch past the run's head: a crash came "
+                      "between its write and its head's"))
+
+    @_os_errors("read the heads", write=False)
+    def heads(self) -> dict[str, Head]:
+        if not self._heads:
+            return {}
+        found = {}
+        for path in self.path.glob("*" + _HEAD_FILE):
+            run_id = path.name[: -len(_HEAD_FILE)]
+            with self._reading(run_id) as fd:  # (None: archived, its head is gone)
+                head = self._read_head(run_id) if fd is not None else (0, "")
+            if head[0]:
+                found[run_id] = head
+        return dict(sorted(found.items()))
 
     def _file(self, run_id: str, suffix: str) -> Path:
         return self.path / f"{run_id}{suffix}"
@@ -442,9 +594,15 @@ class JsonlStore:
         """The durability point (a fault-injection seam for tests)."""
         os.fsync(fd)
 
-    def _durable(self, fd: int, run_id: str | None, rollback_to: int | None = None) -> None:
+    def _datasync(self, fd: int) -> None:
+        """The durability point of a file rewritten in place, whose size never changes
+        (a head): its data only, not its times (a seam for tests, as _sync)."""
+        os.fdatasync(fd)
+
+    def _durable(self, fd: int, run_id: str | None, rollback_to: int | None = None,
+                 *, datasync: bool = False) -> None:
         try:
-            self._sync(fd)
+            (self._datasync if datasync else self._sync)(fd)
         except OSError as exc:
             # Never retried: after a failed fsync the OS may have dropped the
             # dirty pages while still showing them, so this handle stops writing.
@@ -505,6 +663,7 @@ class JsonlStore:
         events: list[Event] = []
         seq, prev, pos = start.last_seq, start.digest, 0
         done = (seq, prev, 0, 0)  # (seq, digest, events, bytes) up to the last complete batch
+        before = start.before  # (seq, digest, size) where the last complete batch starts
         while (nl := data.find(b"\n", pos)) != -1:
             at = pos + 9  # the mark (or, on an old line, the JSON)
             if data[pos:at] != b"%08x " % zlib.crc32(view[at:nl]):
@@ -524,17 +683,19 @@ class JsonlStore:
             else:
                 raise CorruptLogError(run_id, seq, f"unknown record mark {chr(mark)!r}")
             if seq > after_seq:
-                event, prev = decode_record(run_id, seq, body, prev)
+                event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed)
                 events.append(event)
-            elif seq == after_seq:
+            elif seq == after_seq or mark != _MORE:  # (a batch's end: see _Tail.before)
                 prev = stored_digest(body)
             pos = nl + 1
             if mark != _MORE:
+                before = (done[0], done[1], start.size + done[3])
                 done = (seq, prev, len(events), pos)
         last_seq, prev, kept, end = done
         torn = _torn(data, end, pos, seq - last_seq, start.size)
         del events[kept:]  # those of an incomplete final batch
-        tail = _Tail(start.size + end, last_seq, start.created_at, start.updated_at, prev)
+        tail = _Tail(start.size + end, last_seq, start.created_at, start.updated_at, prev,
+                     before)
         if events:
             first_ts = events[0].ts if events[0].seq == 1 else start.created_at
             tail = tail._replace(created_at=first_ts, updated_at=events[-1].ts)
@@ -563,6 +724,7 @@ class JsonlStore:
         if known is None or size < known.size:  # first touch, or shrunk under us
             known = _EMPTY
         tail, _, torn = self._scan(run_id, fd, known)
+        tail, torn = self._acknowledged(run_id, tail, torn)
         self._tails[run_id] = tail
         return tail, torn
 
@@ -608,9 +770,10 @@ class JsonlStore:
                 self._register_scope(scope, run_id)  # before the log: never missing
             bodies, digest = seal(events, tail.digest)
             data = _frame_batch(bodies)
-            if fd is None:  # a new run: create its file, its directory entry durable
+            if fd is None:  # a new run: create its files, their directory entries durable
                 fd = self._cached_fd(self._log_fds, run_id, ".jsonl",
                                      os.O_RDWR | os.O_APPEND | os.O_CREAT)
+                self._head_fd(run_id)
                 self._sync_dir(run_id)
             elif torn is not None:  # only a writer cuts, and only right before it writes
                 self._cut(run_id, fd, torn)
@@ -624,24 +787,28 @@ class JsonlStore:
                 except OSError as exc:  # a torn record may now sit at the end
                     self._broken = f"write failed and could not be undone: {exc}"
                 raise
-            self._after_write(fd, run_id, tail.size)
+            synced = self._after_write(fd, run_id, tail.size)
             self._tails[run_id] = _Tail(
                 tail.size + len(data),
                 events[-1].seq,
                 tail.created_at or events[0].ts,
                 events[-1].ts,
                 digest,
+                (tail.last_seq, tail.digest, tail.size),
             )
+            self._write_head(run_id, events[-1].seq, digest, sync=synced)
         return events[-1].seq
 
-    def _after_write(self, fd: int, run_id: str, size_before: int) -> None:
+    def _after_write(self, fd: int, run_id: str, size_before: int) -> bool:
+        """Sync the log as the durability says; whether it did (the head then is too)."""
         if self.durability is Durability.BATCHED:
             pending = self._unsynced.get(run_id, 0) + 1
             if pending < self.batch_every:
                 self._unsynced[run_id] = pending
-                return
+                return False
             self._unsynced.pop(run_id, None)
         self._durable(fd, run_id, rollback_to=size_before)
+        return True
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
@@ -651,9 +818,14 @@ class JsonlStore:
     def _read(self, run_id: str, after_seq: int) -> list[Event]:
         with self._reading(run_id) as fd:
             if fd is None:
+                if not os.path.exists(f"{self._dir}/{run_id}{_TOMB}"):  # (archived: no head)
+                    self._check_head(run_id, after_seq, _EMPTY)  # was its log deleted?
                 return []
+            head = self._read_head(run_id) if self._heads else None
             start = self._resume_point(run_id, fd, after_seq) if after_seq else None
             tail, events, _ = self._scan(run_id, fd, start or _EMPTY, after_seq)
+            if (head_seq := self._check_head(run_id, after_seq, tail, head)) is not None:
+                return [e for e in events if e.seq <= head_seq]  # (see _check_head)
             # A partial scan from an unchecked start learns neither the start time nor
             # the digest; one from a resume point knows both.
             if not after_seq or start is not None:
@@ -1028,13 +1200,15 @@ class JsonlStore:
 
     def _drop_log(self, run_id: str) -> None:
         """Remove the run's log and snapshots, and forget what this handle knew of them."""
-        fd = self._log_fds.pop(run_id, None)
-        if fd is not None:
-            os.close(fd)
+        for cache in (self._log_fds, self._head_fds):
+            fd = cache.pop(run_id, None)
+            if fd is not None:
+                os.close(fd)
         for known in (self._tails, self._marks, self._unsynced):
             known.pop(run_id, None)
-        with suppress(FileNotFoundError):
-            os.unlink(f"{self._dir}/{run_id}.jsonl")
+        for suffix in (".jsonl", _HEAD_FILE):
+            with suppress(FileNotFoundError):
+                os.unlink(f"{self._dir}/{run_id}{suffix}")
         self._remove_snapshots(run_id)
         self._sync_dir(run_id)
 
@@ -1059,7 +1233,8 @@ class JsonlStore:
             if fd is None:
                 return []
             tail, _, _ = self._scan(run_id, fd, _EMPTY)  # checks each record, as read does
-            data = os.pread(fd, tail.size, 0)
+            past = self._check_head(run_id, 0, tail) is not None and tail.before is not None
+            data = os.pread(fd, tail.before[2] if past and tail.before else tail.size, 0)
         # Every line up to the tail is a whole, checked record of a complete batch.
         return [line[10:] if line[9] != _OLD else line[9:] for line in data.split(b"\n")[:-1]]
 
@@ -1104,6 +1279,8 @@ class JsonlStore:
             self._drop_log(run_id)
             # The log goes back beside the tombstone; lifting the tombstone is the commit.
             self._publish(self._file(run_id, ".jsonl"), _frame_batch(list(records)), run_id)
+            self._publish(self._file(run_id, _HEAD_FILE),
+                          _head_line(len(records), stored_digest(records[-1])), run_id)
             os.unlink(self._file(run_id, _TOMB))
             self._sync_dir(run_id)
 
@@ -1139,14 +1316,15 @@ class JsonlStore:
             pending, self._unsynced = list(self._unsynced), {}
             failure: DurabilityError | None = None
             for run_id in pending:
-                fd = os.open(self._file(run_id, ".jsonl"), os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    self._durable(fd, run_id)
-                except DurabilityError as exc:
-                    failure = failure or exc
-                finally:
-                    os.close(fd)
-            for cache in (self._lock_fds, self._log_fds):
+                for suffix in (".jsonl", _HEAD_FILE):  # the log first: never a head ahead
+                    fd = os.open(self._file(run_id, suffix), os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        self._durable(fd, run_id, datasync=suffix == _HEAD_FILE)
+                    except DurabilityError as exc:
+                        failure = failure or exc
+                    finally:
+                        os.close(fd)
+            for cache in (self._lock_fds, self._log_fds, self._head_fds):
                 while cache:
                     os.close(cache.popitem()[1])
             if failure:

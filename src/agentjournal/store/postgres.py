@@ -89,11 +89,13 @@ from ..errors import (
 from ..events import GENESIS, Event, seal, stored_digest
 from .base import (
     Durability,
+    Head,
     Lease,
     RunInfo,
     Snapshot,
     Tombstone,
     check_batch,
+    check_head,
     check_records,
     decode_record,
     records_digest,
@@ -378,6 +380,7 @@ class PostgresStore:
                     self._check_schema(conn)
                 else:
                     self._migrate(conn)
+                self._sealed = self._created_sealed(conn)
         except psycopg.errors.LockNotAvailable:
             what = "opening the schema needed a lock (the migration lock, or a table) that"
             raise StoreLockedError(self.url, what, lock_timeout) from None
@@ -429,6 +432,17 @@ class PostgresStore:
         if version > len(MIGRATIONS):
             raise UnsupportedVersionError(f"store {self.url}", version, len(MIGRATIONS))
         return int(version)
+
+    def _created_sealed(self, conn: Conn) -> bool:
+        """Whether the store was created at schema v4 or later, so every record in it is
+        sealed: migration 4 (``last_digest``, with sealing) ran in the transaction that
+        ran migration 1 (rows of one transaction share its ``now()``)."""
+        ((sealed,),) = conn.execute(self._q(
+            "SELECT coalesce((SELECT applied_at FROM {s}.schema_version WHERE version = 1) ="
+            " (SELECT applied_at FROM {s}.schema_version WHERE version = 4), false)"
+        )).fetchall()
+        conn.rollback()
+        return bool(sealed)
 
     def _check_schema(self, conn: Conn) -> None:
         """For a read-only open: the schema must be an agentjournal store already."""
@@ -665,28 +679,51 @@ class PostgresStore:
             raise ConflictError(run_id, expected_seq, last)
         return str(digest)
 
+    # A page of a run's log with the run's head (runs.last_seq and last_digest), in one
+    # statement, so as of one snapshot: one row with NULL seq when the page is empty.
+    _PAGE_AND_HEAD: LiteralString = (
+        "SELECT r.last_seq, r.last_digest, e.seq, e.body FROM (SELECT 1) one"
+        " LEFT JOIN {s}.runs r ON r.run_id = %(run)s"
+        " LEFT JOIN LATERAL (SELECT seq, body FROM {s}.events WHERE run_id = %(run)s"
+        " AND seq >= %(after)s ORDER BY seq LIMIT %(limit)s) e ON true ORDER BY e.seq")
+
+    def _page(self, run_id: str, after_seq: int,
+              limit: int | None) -> tuple[list[tuple[int, bytes]], Head | None]:
+        """The run's records from ``after_seq`` on (at most ``limit``), and its head."""
+        with self._conn() as conn:
+            rows = conn.execute(self._q(self._PAGE_AND_HEAD),
+                                {"run": run_id, "after": after_seq, "limit": limit}).fetchall()
+        head = (int(rows[0][0]), str(rows[0][1])) if rows[0][0] is not None else None
+        return [(int(r[2]), bytes(r[3])) for r in rows if r[2] is not None], head
+
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
-        query = self._q(
-            "SELECT seq, body FROM {s}.events WHERE run_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
-        )
-        prev, end = GENESIS, None
+        first, prev, end = after_seq, GENESIS, None
         while True:
             # A connection is held per page, never while the caller iterates. Each page
             # starts at the last record already checked: its digest starts the chain.
-            with self._conn() as conn:
-                rows = conn.execute(query, (run_id, after_seq, _PAGE + 1)).fetchall()
+            rows, head = self._page(run_id, after_seq, _PAGE + 1)
             if rows and rows[0][0] == after_seq:
                 prev, end = stored_digest(rows.pop(0)[1]), after_seq
+            events = []
             for seq, body in rows:
-                event, prev = decode_record(run_id, seq, body, prev)
+                event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed)
                 end = seq
-                yield event
-            if len(rows) < _PAGE:
+                events.append(event)
+            if len(rows) < _PAGE:  # the last page: the log must end at its head
+                check_head(run_id, first, None if end is None else (end, prev), head)
+                yield from events
                 if end is not None:  # the end of the log: the next append chains from it
                     self._remember(run_id, end, prev)
                 return
+            yield from events
             after_seq = rows[-1][0]
+
+    def heads(self) -> dict[str, Head]:
+        with self._conn() as conn:
+            rows = conn.execute(self._q("SELECT run_id, last_seq, last_digest FROM {s}.runs"
+                                        " WHERE last_seq > 0 ORDER BY run_id")).fetchall()
+        return {r[0]: (int(r[1]), str(r[2])) for r in rows}
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
@@ -919,11 +956,11 @@ class PostgresStore:
 
     def records(self, run_id: str) -> list[bytes]:
         validate_run_id(run_id)
-        with self._conn() as conn:
-            rows = conn.execute(self._q("SELECT body FROM {s}.events WHERE run_id = %s"
-                                        " ORDER BY seq"), (run_id,)).fetchall()
-        records = [bytes(r[0]) for r in rows]
-        check_records(run_id, records)
+        rows, head = self._page(run_id, 0, None)
+        records = [body for _, body in rows]
+        check_records(run_id, records, sealed_store=self._sealed)
+        check_head(run_id, 0, (len(records), stored_digest(records[-1])) if records else None,
+                   head)
         return records
 
     def delete_run(self, tombstone: Tombstone, *, epoch: int) -> None:

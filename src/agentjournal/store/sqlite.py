@@ -56,14 +56,16 @@ from ..errors import (
     StoreUrlError,
     UnsupportedVersionError,
 )
-from ..events import Event, now, seal, stored_digest
+from ..events import SCHEMA_VERSION, SEALED_SINCE, Event, now, seal, stored_digest
 from .base import (
     Durability,
+    Head,
     Lease,
     RunInfo,
     Snapshot,
     Tombstone,
     check_batch,
+    check_head,
     check_records,
     decode_record,
     host_clock,
@@ -73,6 +75,14 @@ from .base import (
     scope_started,
     validate_run_id,
 )
+
+
+def _digest_of(body: str) -> str:
+    """SQL for the digest a stored record ``body`` carries ('' if unsealed): a sealed
+    record starts {"digest":"<32 hex>", so bytes 12 to 43 are its digest."""
+    return (f"CASE WHEN substr({body}, 1, 11) = CAST('{{\"digest\":\"' AS BLOB)"
+            f" THEN CAST(substr({body}, 12, 32) AS TEXT) ELSE '' END")
+
 
 # Numbered, append-only migrations; PRAGMA user_version records how many ran.
 MIGRATIONS: tuple[str, ...] = (
@@ -216,7 +226,39 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE queue ADD COLUMN reason TEXT;
     """,
+    # Each run's head (the seq and digest its log ends with), written by the statement
+    # that appends (see _HEAD_TRIGGER), computed from the log here, once; and the schema
+    # version the store was created at: in a store created sealed (v4 or later) an
+    # unsealed record is damage. (For an older store, the oldest version it holds.)
+    f"""
+    CREATE TABLE heads (
+        run_no INTEGER PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        digest TEXT NOT NULL
+    );
+    INSERT INTO heads SELECT key >> 32, key & 4294967295, {_digest_of("body")}
+        FROM events WHERE key IN (SELECT max(key) FROM events GROUP BY key >> 32);
+    CREATE TABLE store_info (
+        name TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO store_info VALUES ('created_schema', coalesce((SELECT min(CASE WHEN
+        json_valid(CAST(body AS TEXT)) THEN json_extract(CAST(body AS TEXT), '$.v') END)
+        FROM events), {SCHEMA_VERSION}));
+    """,
 )
+_HEADS = 11  # the migration that added heads
+
+# A writer's connection moves a run's head with every row it appends to the run's log,
+# in the same statement (so in the same transaction, at no extra round trip). A TEMP
+# trigger: it lives only in this process's connection, so a row inserted by anyone else
+# (the sqlite3 tool, say) moves no head, and the log no longer ends where its head says.
+_HEAD_TRIGGER = f"""
+    CREATE TEMP TRIGGER IF NOT EXISTS move_head AFTER INSERT ON main.events BEGIN
+        INSERT OR REPLACE INTO heads VALUES (NEW.key >> 32, NEW.key & {0xFFFFFFFF},
+            {_digest_of("NEW.body")});
+    END
+"""
 
 # A read-only handle cannot migrate a store an older release wrote: on a file from
 # before migration _KEYED_EVENTS, temporary views (which shadow the file's tables and
@@ -264,24 +306,27 @@ def _readonly_uri(path: Path) -> str:
     """How to open ``path`` for reading without creating or changing any file.
 
     A rollback-journal database is read with ``mode=ro``: that creates nothing. A
-    WAL database's readers need its ``-wal`` and ``-shm`` files, and a read-only
-    connection that creates them cannot remove them afterwards. So, in a writable
-    directory, it is opened read-write with ``query_only`` (it cannot write): the last
-    connection to close removes the files it made, as any SQLite user does. On a
-    read-only directory (a backup, a forensic mount) whose WAL is gone (checkpointed),
-    nothing can change the file, so it is opened ``immutable``: no locks, no ``-shm``.
-    A leftover WAL there is read with ``mode=ro``, which needs its ``-shm`` too.
+    WAL database whose ``-wal`` holds data or whose ``-shm`` exists (a live writer,
+    or one that was killed) is read with ``mode=ro&readonly_shm=1``: SQLite then
+    never writes the ``-shm`` (with no other connection it reads the WAL into its
+    own memory), and a read-only connection never checkpoints on close, so the
+    database, ``-wal`` and ``-shm`` stay byte-identical. (That needs the ``-shm``:
+    without it the open fails, see ``_unreadable_wal``.) A WAL database with neither
+    file, in a writable directory, is opened read-write with ``query_only`` (it cannot
+    write): the ``-wal`` and ``-shm`` it makes hold nothing and the last connection to
+    close removes them. On a read-only directory (a backup, a forensic mount) it is
+    opened ``immutable``: nothing can change the file there, so no locks, no ``-shm``.
     """
     header = _peek(path, 100)
     quoted = sqlite3_path(path)
     in_wal = header is None or (len(header) >= 20 and header[18] == 2)  # 18: read version
     if not in_wal:  # (None: open here already, by a store, and writable stores use WAL)
         return f"file:{quoted}?mode=ro"
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if shm.exists() or (wal.exists() and wal.stat().st_size):
+        return f"file:{quoted}?mode=ro&readonly_shm=1"
     if os.access(path.absolute().parent, os.W_OK):
         return f"file:{quoted}?mode=rw"
-    wal = Path(f"{path}-wal")
-    if wal.exists() and wal.stat().st_size:
-        return f"file:{quoted}?mode=ro"
     return f"file:{quoted}?mode=ro&immutable=1"
 
 
@@ -292,6 +337,10 @@ def _readonly_uri(path: Path) -> str:
 # by (device, inode); the lock also orders a header read before a connection's locks.
 _OPEN: Counter[tuple[int, int]] = Counter()
 _OPEN_LOCK = threading.Lock()
+# Files a read-only handle of this process reads with ``readonly_shm``. SQLite maps a
+# file's -shm once per process, for all its connections: a writer opened beside such a
+# reader would get that read-only mapping and could write nothing.
+_SHM_READERS: Counter[tuple[int, int]] = Counter()
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -435,20 +484,30 @@ class SQLiteStore:
         if readonly and not self.path.is_file():
             raise StoreUrlError(where, "no database file there; a store is created by its "
                                 "first run or by `agentjournal init`")
+        #: A 0-byte file: a store whose creation did not finish (see _refuse_foreign_file).
+        self.unfinished = False
         try:
-            self._refuse_foreign_file()
+            self.unfinished = self._refuse_foreign_file()
+            if readonly and self.unfinished:
+                self._connect_unfinished()
+                return
             if readonly:
                 self._connect(self._readonly_target(), busy_timeout, uri=True)
-                if self._check_version(writing=False) < _KEYED_EVENTS:
+                version = self._check_version(writing=False)
+                if version < _KEYED_EVENTS:
                     self._db.executescript(_KEYED_VIEWS)
                 self._db.execute("PRAGMA query_only=ON")
+                self._learn_heads(version)
                 return
+            self._refuse_beside_a_reader()
             self._connect(self.path, busy_timeout)
             self._check_version(writing=True)
             self._enable_wal(busy_timeout)
             sync = "FULL" if self.durability is Durability.FSYNC else "NORMAL"
             self._db.execute(f"PRAGMA synchronous={sync}")
             self._migrate()
+            self._db.execute(_HEAD_TRIGGER)
+            self._learn_heads(len(MIGRATIONS))
         except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
             self._close_quietly()
             if not readonly and not self._can_write():
@@ -456,9 +515,11 @@ class SQLiteStore:
                     f"the file or its directory is not writable ({exc})")) from None
             if readonly and self._unreadable_wal():
                 raise StoreUrlError(where, f"its write-ahead log {self.path}-wal holds data "
-                                    "that SQLite reads only through a -shm file, which cannot "
-                                    "be made in this read-only directory: copy the store with "
-                                    "its -wal and -shm files, or to somewhere writable") from None
+                                    "that SQLite reads only through a -shm file, which is "
+                                    "missing (and reading never creates one): copy the store "
+                                    "with its -wal and -shm files, or open it once for writing "
+                                    "(e.g. `agentjournal init`), which merges the -wal into "
+                                    "the database") from None
             raise StoreUrlError(where, f"cannot open the database ({exc})") from None
         except sqlite3.DatabaseError as exc:  # SQLite's header, unreadable content: damage
             self._close_quietly()
@@ -476,8 +537,7 @@ class SQLiteStore:
 
     def _unreadable_wal(self) -> bool:
         wal, shm = Path(f"{self.path}-wal"), Path(f"{self.path}-shm")
-        return wal.exists() and wal.stat().st_size > 0 and not shm.exists() and not (
-            os.access(self.path.absolute().parent, os.W_OK))
+        return wal.exists() and wal.stat().st_size > 0 and not shm.exists()
 
     def _readonly_target(self) -> str:
         try:
@@ -490,10 +550,12 @@ class SQLiteStore:
         can take a lock on it (see ``_peek``)."""
         self._db = sqlite3.connect(target, uri=uri, timeout=busy_timeout,
                                    isolation_level=None, check_same_thread=False)
+        self._shm_reader = "readonly_shm=1" in str(target)
         with _OPEN_LOCK:
             self._ident = _file_id(self.path)
             if self._ident is not None:
                 _OPEN[self._ident] += 1
+                _SHM_READERS[self._ident] += self._shm_reader
 
     def _disconnect(self) -> None:
         self._db.close()
@@ -503,33 +565,65 @@ class SQLiteStore:
                 _OPEN[ident] -= 1
                 if not _OPEN[ident]:
                     del _OPEN[ident]
+                if self._shm_reader:
+                    _SHM_READERS[ident] -= 1
+                    if not _SHM_READERS[ident]:
+                        del _SHM_READERS[ident]
+
+    def _refuse_beside_a_reader(self) -> None:
+        """A writer cannot share this process's read-only mapping of the -shm (see
+        _SHM_READERS): say so, rather than fail at the first write."""
+        ident = _file_id(self.path)
+        with _OPEN_LOCK:
+            if ident is not None and _SHM_READERS[ident]:
+                raise StoreUrlError(str(self.path.absolute()), "a read-only handle of this "
+                                    "process reads it (with its WAL's shared memory read-only, "
+                                    "which SQLite shares between the connections of a "
+                                    "process): close that handle before opening one to write")
 
     def _close_quietly(self) -> None:
         if getattr(self, "_db", None) is not None:
             self._disconnect()
 
-    def _refuse_foreign_file(self) -> None:
+    def _refuse_foreign_file(self) -> bool:
         """A file that exists but is no SQLite database (random bytes, text) is not ours.
-        An empty file is refused when reading (a truncated store must not read as an
-        empty one); a writer may make a store in a new empty file (mkstemp's)."""
+        True for an empty file without a WAL holding data: a store whose creation did not
+        finish (SQLite writes nothing before its first write, so a process killed in
+        between leaves 0 bytes). Every handle takes it as a store with nothing in it yet:
+        a writer completes it, a reader reads it as empty and changes nothing."""
         try:
             head = _peek(self.path, len(_HEADER))
         except FileNotFoundError:
-            return
+            return False
         except OSError as exc:
             raise StoreUrlError(self.url, f"cannot read the file ({exc.strerror})") from None
         if head is None:
-            return  # open in this process already: a store
+            return False  # open in this process already: a store
         if not head:
-            if self.readonly:
-                raise NotAStoreError(
-                    str(self.path.absolute()),
-                    "the file is empty (0 bytes); if it was a store, it was truncated: "
-                    "restore it from a backup")
-            return
+            wal = Path(f"{self.path}-wal")
+            return not (wal.exists() and wal.stat().st_size)
         if head != _HEADER:
             raise NotAStoreError(str(self.path.absolute()),
                                  "it is not an SQLite database")
+        return False
+
+    def _learn_heads(self, version: int) -> None:
+        """Whether the file keeps heads (a read-only handle on an older file reads without
+        them), and whether it was created sealed."""
+        self._heads = version >= _HEADS
+        self._sealed = self._heads and self._db.execute(
+            "SELECT value FROM store_info WHERE name = 'created_schema'"
+        ).fetchone()[0] >= SEALED_SINCE
+
+    def _connect_unfinished(self) -> None:
+        """Read an unfinished store as what its creation would have made: an empty store
+        of the current schema, in memory, so the file is not even opened by SQLite."""
+        self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._ident = None
+        for script in MIGRATIONS:
+            self._db.executescript(script)
+        self._db.execute("PRAGMA query_only=ON")
+        self._learn_heads(len(MIGRATIONS))
 
     def _check_version(self, *, writing: bool) -> int:
         """Refuse another program's database, and one from a newer release; the
@@ -763,17 +857,53 @@ class SQLiteStore:
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
-        with self._reading():
+        with self._reading(), self._snapshot():  # the log and its head, as of one instant
             rows = self._db.execute(  # from after_seq itself: its digest starts the chain
                 f"SELECT key & {MAX_SEQ}, body FROM events WHERE {in_run(after=':after')}"
                 " ORDER BY key", {"run": run_id, "after": after_seq},
             ).fetchall()
-        prev = ""
+            head = self._head(run_id)
+        prev, end = "", None
         if rows and rows[0][0] == after_seq:
             prev = stored_digest(rows.pop(0)[1])
+            end = (after_seq, prev)
+        events = []
         for seq, body in rows:
-            event, prev = decode_record(run_id, seq, body, prev)
-            yield event
+            event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed)
+            events.append(event)
+            end = (seq, prev)
+        if self._heads:
+            check_head(run_id, after_seq, end, head)
+        yield from events
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction (a consistent snapshot of the file) around what it holds."""
+        if self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if self._db.in_transaction:
+                self._db.execute("COMMIT")
+
+    def _head(self, run_id: str) -> Head | None:
+        if not self._heads:
+            return None
+        row = self._db.execute("SELECT seq, digest FROM heads WHERE run_no ="
+                               " (SELECT run_no FROM run_numbers WHERE run_id = ?)",
+                               (run_id,)).fetchone()
+        return (int(row[0]), str(row[1])) if row else None
+
+    def heads(self) -> dict[str, Head]:
+        if not self._heads:
+            return {}
+        with self._reading():
+            rows = self._db.execute("SELECT n.run_id, h.seq, h.digest FROM heads h"
+                                    " JOIN run_numbers n USING (run_no) ORDER BY n.run_id")
+            return {run_id: (int(seq), str(digest)) for run_id, seq, digest in rows}
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
@@ -942,11 +1072,15 @@ class SQLiteStore:
 
     def records(self, run_id: str) -> list[bytes]:
         validate_run_id(run_id)
-        with self._reading():
+        with self._reading(), self._snapshot():
             rows = self._db.execute(f"SELECT body FROM events WHERE {in_run()} ORDER BY key",
                                     {"run": run_id}).fetchall()
+            head = self._head(run_id)
         records = [bytes(r[0]) for r in rows]
-        check_records(run_id, records)
+        check_records(run_id, records, sealed_store=self._sealed)
+        if self._heads:
+            end = (len(records), stored_digest(records[-1])) if records else None
+            check_head(run_id, 0, end, head)
         return records
 
     def delete_run(self, tombstone: Tombstone, *, epoch: int) -> None:
@@ -959,6 +1093,8 @@ class SQLiteStore:
             if last != tombstone.last_seq:
                 raise ConflictError(run_id, tombstone.last_seq, last)
             db.execute(f"DELETE FROM events WHERE {in_run()}", {"run": run_id})
+            db.execute("DELETE FROM heads WHERE run_no = (SELECT run_no FROM run_numbers"
+                       " WHERE run_id = ?)", (run_id,))
             for table in ("snapshots", "segments", "scopes", "queue"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             db.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?)",
