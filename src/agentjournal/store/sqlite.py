@@ -338,9 +338,12 @@ def _readonly_uri(path: Path) -> str:
 _OPEN: Counter[tuple[int, int]] = Counter()
 _OPEN_LOCK = threading.Lock()
 # Files a read-only handle of this process reads with ``readonly_shm``. SQLite maps a
-# file's -shm once per process, for all its connections: a writer opened beside such a
-# reader would get that read-only mapping and could write nothing.
+# file's -shm once per process, for all its connections, read-only when the first
+# connection to map it asked so: a writer opened beside such a reader would get that
+# read-only mapping and could write nothing. A reader opened while a writer of this
+# process holds the file shares the writer's mapping, and is not counted.
 _SHM_READERS: Counter[tuple[int, int]] = Counter()
+_WRITERS: Counter[tuple[int, int]] = Counter()
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -550,12 +553,15 @@ class SQLiteStore:
         can take a lock on it (see ``_peek``)."""
         self._db = sqlite3.connect(target, uri=uri, timeout=busy_timeout,
                                    isolation_level=None, check_same_thread=False)
-        self._shm_reader = "readonly_shm=1" in str(target)
+        self._writer = not uri
         with _OPEN_LOCK:
             self._ident = _file_id(self.path)
+            self._shm_reader = ("readonly_shm=1" in str(target) and self._ident is not None
+                                and not _WRITERS[self._ident])
             if self._ident is not None:
                 _OPEN[self._ident] += 1
                 _SHM_READERS[self._ident] += self._shm_reader
+                _WRITERS[self._ident] += self._writer
 
     def _disconnect(self) -> None:
         self._db.close()
@@ -565,10 +571,12 @@ class SQLiteStore:
                 _OPEN[ident] -= 1
                 if not _OPEN[ident]:
                     del _OPEN[ident]
-                if self._shm_reader:
-                    _SHM_READERS[ident] -= 1
-                    if not _SHM_READERS[ident]:
-                        del _SHM_READERS[ident]
+                for counted, held in ((_SHM_READERS, self._shm_reader),
+                                      (_WRITERS, self._writer)):
+                    if held:
+                        counted[ident] -= 1
+                        if not counted[ident]:
+                            del counted[ident]
 
     def _refuse_beside_a_reader(self) -> None:
         """A writer cannot share this process's read-only mapping of the -shm (see
