@@ -353,21 +353,30 @@ def load_agent(ref: str) -> Agent:
         raise AgentRefError(ref, "it is not MODULE:OBJECT (e.g. myagents:reconciler)")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise AgentRefError(ref, f"cannot import module {module_name!r} ({exc}); run from "
-                            "the directory that holds it, or install it") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise AgentRefError(ref, f"module {module_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
+    obj: Any = resolve_ref(ref, "run from the directory that holds it, or install it")
     if not isinstance(obj, Agent) and callable(obj) and _takes_no_args(obj):
         obj = obj()
     if not isinstance(obj, Agent):
         raise AgentRefError(ref, f"it is a {type(obj).__name__}, not an Agent or a "
                             "zero-argument callable returning one")
     return obj
+
+
+def resolve_ref(ref: str, hint: str) -> object:
+    """What ``MODULE:OBJECT`` names, imported (the import path as it is); AgentRefError
+    when the module cannot be imported (``hint`` says what to do) or has no such name."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        found: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AgentRefError(ref, f"cannot import module {module_name!r} ({exc}); "
+                            f"{hint}") from None
+    for part in attr.split("."):
+        missing = object()
+        found = getattr(found, part, missing)
+        if found is missing:
+            raise AgentRefError(ref, f"module {module_name!r} has no {attr!r}")
+    return found
 
 
 def _takes_no_args(fn: Callable[..., Any]) -> bool:

@@ -37,7 +37,7 @@ from ..agent import Agent
 from ..models import ScriptedModel, calls, reply
 from ..policy import Budget
 from ..store import Store, open_store
-from ..tools import tool
+from ..tools import Tool, tool
 from ._common import Figure, Plan, Say, _p99, figure
 from .appends import _drop_schema, postgres_problem
 
@@ -58,11 +58,16 @@ def lookup(i: int) -> dict[str, Any]:
     return {"item": i, "status": "ok"}
 
 
+def _scripted(step: Tool, steps: int) -> Agent:
+    """An agent that calls ``step`` once a turn, ``steps`` turns, then replies."""
+    script = [*(calls((step.name, {"i": i})) for i in range(steps)), reply("done")]
+    return Agent(ScriptedModel(script), [step], snapshot_every=None,
+                 budget=Budget(max_turns=steps + 5, max_tool_calls=steps + 5))
+
+
 def bench_agent() -> Agent:
     """The cheap scripted agent the workers run: ``agentjournal.bench.fleet:bench_agent``."""
-    script = [*(calls(("lookup", {"i": i})) for i in range(STEPS)), reply("done")]
-    return Agent(ScriptedModel(script), [lookup], snapshot_every=None,
-                 budget=Budget(max_turns=STEPS + 5, max_tool_calls=STEPS + 5))
+    return _scripted(lookup, STEPS)
 
 
 AGENT_REF = "agentjournal.bench.fleet:bench_agent"
@@ -77,9 +82,7 @@ def nap(i: int) -> dict[str, Any]:
 
 def slow_agent() -> Agent:
     """Runs long enough to be held when a worker is killed: ``...fleet:slow_agent``."""
-    script = [*(calls(("nap", {"i": i})) for i in range(TAKEOVER_STEPS)), reply("done")]
-    return Agent(ScriptedModel(script), [nap], snapshot_every=None,
-                 budget=Budget(max_turns=TAKEOVER_STEPS + 5, max_tool_calls=TAKEOVER_STEPS + 5))
+    return _scripted(nap, TAKEOVER_STEPS)
 
 
 SLOW_AGENT_REF = "agentjournal.bench.fleet:slow_agent"

@@ -26,14 +26,13 @@ from it and adds only the directories given with ``--import-path``.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..agent import Agent
+from ..agent import Agent, resolve_ref
 from ..errors import AgentRefError
 
 AgentFactory = Callable[[], Agent]
@@ -135,18 +134,7 @@ def _inside(module: str, prefix: str) -> bool:
 
 
 def _resolve(ref: str) -> object:
-    module_name, _, attr = ref.partition(":")
-    try:
-        found: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AgentRefError(ref, f"cannot import module {module_name!r} ({exc}); install it, "
-                            "or give the directory that holds it (--import-path)") from None
-    for part in attr.split("."):
-        missing = object()
-        found = getattr(found, part, missing)
-        if found is missing:
-            raise AgentRefError(ref, f"module {module_name!r} has no {attr!r}")
-    return found
+    return resolve_ref(ref, "install it, or give the directory that holds it (--import-path)")
 
 
 def _returns_an_agent(fn: Callable[..., Any]) -> bool:
