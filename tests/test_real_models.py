@@ -447,15 +447,20 @@ def test_background_run(provider: str, mode: str, stub: StubServer, store: Store
     assert receiver.lookups == {"Oslo": 1}
 
 
-@pytest.mark.parametrize("provider", ["openai-responses"])
-def test_background_lost_call_is_asked_anew(provider: str, stub: StubServer,
-                                            store: Store) -> None:
-    # As if a process began a call, recorded its id, and died; the provider has lost it.
+def begun_and_lost(store: Store) -> None:
+    """A run whose process began a background call, recorded its id, and died."""
     with open_journal(store, "r1") as j:
         j.record_all([(E.RUN_STARTED, {"task": "t", "scope": "run:r1", "agent": None,
                                        "instructions": None}),
                       (E.USER_MESSAGE, {"content": "t"}),
                       (E.MODEL_CALL_STARTED, {"handle": "resp_gone", "turn": 0})])
+
+
+@pytest.mark.parametrize("provider", ["openai-responses"])
+def test_background_lost_call_is_asked_anew(provider: str, stub: StubServer,
+                                            store: Store) -> None:
+    # As if a process began a call, recorded its id, and died; the provider has lost it.
+    begun_and_lost(store)
     stub.script([Reply(text="asked again")])
     result = drive(provider, stub, store, Receiver().tools(), task=None,
                    adapter_kw={"background": True, "poll_interval": 0.02})
@@ -498,11 +503,7 @@ def test_background_against_a_server_that_answers_in_create(provider: str, mode:
 def test_a_lost_background_call_waits_like_any_failed_call(provider: str, stub: StubServer,
                                                           store: Store) -> None:
     # A backoff longer than max_retry_wait stops the run instead of asking again at once.
-    with open_journal(store, "r1") as j:
-        j.record_all([(E.RUN_STARTED, {"task": "t", "scope": "run:r1", "agent": None,
-                                       "instructions": None}),
-                      (E.USER_MESSAGE, {"content": "t"}),
-                      (E.MODEL_CALL_STARTED, {"handle": "resp_gone", "turn": 0})])
+    begun_and_lost(store)
     stub.script([Reply(text="never asked")])
     result = drive(provider, stub, store, [], task=None, model_backoff=60, max_retry_wait=1,
                    adapter_kw={"background": True, "poll_interval": 0.02})

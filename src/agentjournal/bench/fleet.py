@@ -178,11 +178,16 @@ def fleet_round(store: Store, url: str, workdir: Path, workers: int,
             proc.wait(timeout=15)
         return elapsed, sum(store.last_seq(run_id) for run_id in ids)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_all(procs)
         queue.close()
+
+
+def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Kill the workers still alive (a round that failed part-way leaves some)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _first_event_after(store: Store, run_id: str, moment: float) -> float | None:
@@ -253,10 +258,7 @@ def takeover_times(store: Store, url: str, workdir: Path, kills: int) -> list[fl
             latencies += _takeovers_of(store, victim.pid, killed_at, live, logs)
         return latencies
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_all(procs)
         queue.close()
 
 
