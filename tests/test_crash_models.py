@@ -290,9 +290,16 @@ def test_kill_mid_batch_of_parallel_calls_settles_each_call_once(
 # --- 4. A turn whose calls share one id, killed mid-batch -----------------------------------
 
 
-@pytest.mark.parametrize("call_id", ["", "call_0"])
-@pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+# Every provider and both id forms on SQLite; each other backend with one of each form.
+SHARED_ID_CASES = [
+    *(("sqlite", p, c) for p in PROVIDERS for c in ("", "call_0")),
+    *((b, p, c) for b in ("jsonl", "postgres")
+      for p, c in (("openai-chat", ""), ("anthropic", "call_0"))),
+]
+
+
+@pytest.mark.parametrize(("store_url", "provider", "call_id"), SHARED_ID_CASES,
+                         indirect=["store_url"])
 def test_kill_mid_batch_of_calls_that_share_an_id_makes_each_once(
     store_url: str, stub: StubServer, receiver: Receiver, log: Log, provider: str, call_id: str
 ) -> None:
