@@ -698,7 +698,11 @@ FOLD_RULES: dict[EventType, Rule] = {
 }
 
 #: Deliberate no-ops: facts kept for audit that change no state.
-RECORD_ONLY: frozenset[EventType] = frozenset({EventType.BUDGET_EXCEEDED})
+RECORD_ONLY: frozenset[EventType] = frozenset({
+    EventType.BUDGET_EXCEEDED,
+    # A LangGraph thread's own records: the saver indexes them (integrations/_graphlog.py).
+    EventType.GRAPH_INPUT, EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES,
+})
 
 
 def apply(state: RunState, event: Event) -> RunState:
