@@ -20,6 +20,7 @@ chunk again, not the list. A value under ``INLINE`` bytes sits in its reference.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import zlib
 from collections.abc import Iterable, Sequence
@@ -28,7 +29,9 @@ from typing import Any
 
 import msgspec
 
+from ..errors import InvalidRunIdError
 from ..events import Event, EventType
+from ..store import Store
 
 #: Items per chunk of a list value: a step rewrites at most this many.
 CHUNK = 16
@@ -45,6 +48,49 @@ def thread_run_id(thread_id: str, generation: int = 1) -> str:
     thread deleted (``delete_thread``) starts again in the next generation."""
     digest = hashlib.sha256(thread_id.encode()).hexdigest()[:24]
     return f"lg-{digest}" if generation == 1 else f"lg-{digest}.g{generation}"
+
+
+#: What the tombstone of a thread removed by ``delete_thread`` names as its archive:
+#: none. The thread id starts again in the run of the next generation.
+DELETED = "langgraph:delete_thread"
+
+
+def thread_run(store: Store, name: str) -> str | None:
+    """The run ``name`` names: a run id, or else a LangGraph thread id (its current
+    generation); None when neither holds events."""
+    with contextlib.suppress(InvalidRunIdError):
+        if store.last_seq(name):
+            return name
+    generation = 1
+    while True:
+        run_id = thread_run_id(name, generation)
+        stone = store.tombstone(run_id)
+        if stone is None or stone.archive != DELETED:
+            return run_id if store.last_seq(run_id) or stone is not None else None
+        generation += 1
+
+
+def thread_view(events: Sequence[Event]) -> dict[str, Any] | None:
+    """What ``agentjournal show`` says of a thread (None: the run is not one)."""
+    if not events or events[0].payload.get("agent") != "langgraph":
+        return None
+    index = GraphIndex()
+    index.apply_all(events)
+    records = sorted((r for cps in index.checkpoints.values() for r in cps.values()),
+                     key=lambda r: r.seq)
+    latest = records[-1] if records else None
+    return {
+        "thread_id": index.thread_id,
+        "checkpoints": len(records),
+        "namespaces": sorted(index.checkpoints),
+        "writes": sum(len(w) for w in index.writes.values()),
+        "latest": None if latest is None else {
+            "id": latest.id, "ns": latest.ns, "step": latest.step, "source": latest.source,
+            "seq": latest.seq, "pending_writes": sorted(
+                w.channel for w in index.writes.get((latest.ns, latest.id), {}).values())},
+        "input_not_yet_checkpointed": index.pending_input is not None,
+        "stored_value_bytes": sum(len(b) for b in index.blobs.values()),
+    }
 
 
 def b64(data: bytes) -> str:

@@ -35,6 +35,7 @@ from ..store import Store
 from ..store.base import Tombstone, records_digest
 from ._graphlog import (
     CHUNK,
+    DELETED,
     Blobs,
     CheckpointRecord,
     GraphIndex,
@@ -63,9 +64,6 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
 
 __all__ = ["DELETED", "JournalSaver", "Thread", "ainvoke", "invoke", "thread_run_id"]
 
-#: What the tombstone of a thread removed by ``delete_thread`` names as its archive:
-#: none. The thread id starts again in the run of the next generation.
-DELETED = "langgraph:delete_thread"
 AGENT = "langgraph"
 
 

@@ -1,0 +1,222 @@
+"""JournalSaver under real LangGraph graphs, on every backend: growing message threads,
+interrupts and Command(resume=...), subgraphs, fencing between two savers, and a thread
+deleted, archived by gc, restored and resumed."""
+
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+
+pytest.importorskip("langgraph.graph")
+
+from click.testing import CliRunner  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
+from langgraph.types import Command, interrupt  # noqa: E402
+
+from agentjournal import (  # noqa: E402
+    ArchivedRunError,
+    EventType,
+    FencedError,
+    LeaseHeldError,
+    open_store,
+)
+from agentjournal.cli import cli  # noqa: E402
+from agentjournal.integrations.langgraph import (  # noqa: E402
+    JournalSaver,
+    invoke,
+    thread_run_id,
+)
+from agentjournal.retention import RetentionPolicy, gc, restore  # noqa: E402
+from agentjournal.store import Store  # noqa: E402
+
+from .conftest import backend_params  # noqa: E402
+
+E = EventType
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+def chat_graph(saver: JournalSaver) -> Any:
+    """A node that answers each human message, so the history grows by two a turn."""
+    def answer(state: MessagesState) -> dict[str, Any]:
+        asked = state["messages"][-1].content
+        return {"messages": [AIMessage(f"answer to {asked}: " + "x" * 200)]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("answer", answer)
+    builder.add_edge(START, "answer")
+    builder.add_edge("answer", END)
+    return builder.compile(checkpointer=saver)
+
+
+def config(thread: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread}}
+
+
+def graph_events(store: Store, thread: str, kind: EventType) -> list[Any]:
+    return [e for e in store.read(thread_run_id(thread)) if e.type is kind]
+
+
+@backend_params()
+def test_a_growing_thread_stores_each_step_in_constant_bytes(store: Store) -> None:
+    saver = JournalSaver(store)
+    graph = chat_graph(saver)
+    for turn in range(60):
+        result = invoke(graph, {"messages": [HumanMessage(f"q{turn}")]}, config("chat"))
+    assert len(result["messages"]) == 120
+    assert result["messages"][-1].content.startswith("answer to q59")
+    # A fresh saver (another process) reads the same history back from the log alone.
+    again = JournalSaver(store).get_tuple(config("chat"))
+    assert again is not None
+    assert [m.content for m in again.checkpoint["channel_values"]["messages"]] == [
+        m.content for m in result["messages"]]
+    # Only changed channels are stored, a list a chunk at a time: the bytes a late
+    # checkpoint adds are no more than an early one's (the history is 12x longer by then).
+    sizes = [len(json.dumps(e.payload.get("blobs", {})))
+             for e in graph_events(store, "chat", E.GRAPH_CHECKPOINT)]
+    early, late = max(sizes[10:40]), max(sizes[-30:])
+    assert late <= early * 1.5
+    saver.close()
+
+
+@backend_params()
+def test_an_interrupt_resumes_with_command_and_a_subgraph_shares_the_run(store: Store) -> None:
+    class S(TypedDict):
+        log: Annotated[list[str], operator.add]
+
+    def ask(state: S) -> dict[str, Any]:
+        return {"log": [f"approved:{interrupt('approve?')}"]}
+
+    sub = StateGraph(S)
+    sub.add_node("inner", lambda s: {"log": ["inner"]})
+    sub.add_edge(START, "inner")
+    sub.add_edge("inner", END)
+    builder = StateGraph(S)
+    builder.add_node("sub", sub.compile())
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "sub")
+    builder.add_edge("sub", "ask")
+    builder.add_edge("ask", END)
+    # LangGraph's own InMemorySaver gives the reference outcome.
+    memory = builder.compile(checkpointer=InMemorySaver())
+    expected_first = memory.invoke({"log": ["start"]}, config("hitl"))
+    expected_done = memory.invoke(Command(resume="yes"), config("hitl"))
+    saver = JournalSaver(store)
+    graph = builder.compile(checkpointer=saver)
+    first = invoke(graph, {"log": ["start"]}, config("hitl"))
+    assert first["log"] == expected_first["log"] and "__interrupt__" in first
+    assert not graph_events(store, "hitl", E.RUN_FINISHED)  # it waits for a person
+    done = invoke(graph, Command(resume="yes"), config("hitl"))
+    assert done == expected_done and done["log"][-1] == "approved:yes"
+    spaces = {e.payload["ns"] for e in graph_events(store, "hitl", E.GRAPH_CHECKPOINT)}
+    assert "" in spaces and any(ns.startswith("sub:") for ns in spaces)
+    assert len(graph_events(store, "hitl", E.RUN_FINISHED)) == 1
+    saver.close()
+
+
+@backend_params()
+def test_a_second_saver_is_refused_while_the_first_holds_the_thread(store_url: str) -> None:
+    first_store, second_store = open_store(store_url), open_store(store_url)
+    first = JournalSaver(first_store, owner="worker-a", ttl=60)
+    second = JournalSaver(second_store, owner="worker-b", ttl=60)
+    graph_a, graph_b = chat_graph(first), chat_graph(second)
+    graph_a.invoke({"messages": [HumanMessage("one")]}, config("shared"), durability="sync")
+    with pytest.raises(LeaseHeldError):
+        graph_b.invoke({"messages": [HumanMessage("two")]}, config("shared"),
+                       durability="sync")
+    first.release("shared")
+    graph_b.invoke({"messages": [HumanMessage("two")]}, config("shared"), durability="sync")
+    # The first saver took the lease again? No: the second holds it now, and the first's
+    # stale journal (if it kept one) would be fenced. Taking it while held is refused.
+    with pytest.raises(LeaseHeldError):
+        graph_a.invoke({"messages": [HumanMessage("three")]}, config("shared"),
+                       durability="sync")
+    events = list(first_store.read(thread_run_id("shared")))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert len({e.epoch for e in events}) == 2  # one writer at a time, each its own epoch
+    second.close()
+    first.close()
+    first_store.close()
+    second_store.close()
+
+
+@backend_params()
+def test_a_writer_whose_lease_was_taken_over_is_fenced(store_url: str) -> None:
+    a_store, b_store = open_store(store_url), open_store(store_url)
+    a = JournalSaver(a_store, owner="worker-a", ttl=60)
+    graph_a = chat_graph(a)
+    graph_a.invoke({"messages": [HumanMessage("one")]}, config("fenced"), durability="sync")
+    journal = a.hold("fenced")
+    journal.close()  # its heartbeat stops and its lease goes, but the saver still uses it
+    b = JournalSaver(b_store, owner="worker-b", ttl=60)
+    chat_graph(b).invoke({"messages": [HumanMessage("two")]}, config("fenced"),
+                         durability="sync")
+    with pytest.raises(FencedError):
+        graph_a.invoke({"messages": [HumanMessage("three")]}, config("fenced"),
+                       durability="sync")
+    b.close()
+    a_store.close()
+    b_store.close()
+
+
+@backend_params()
+def test_delete_thread_then_gc_archive_restore_and_resume(store: Store, tmp_path: Path) -> None:
+    saver = JournalSaver(store)
+    graph = chat_graph(saver)
+    invoke(graph, {"messages": [HumanMessage("gone")]}, config("deleted"))
+    saver.delete_thread("deleted")
+    assert saver.get_tuple(config("deleted")) is None
+    again = invoke(graph, {"messages": [HumanMessage("anew")]}, config("deleted"))
+    assert [m.content for m in again["messages"]][0] == "anew"  # a fresh thread
+
+    invoke(graph, {"messages": [HumanMessage("kept")]}, config("archived"))
+    archive = f"file://{tmp_path / 'archive'}"
+    report = gc(store, RetentionPolicy(finished_older_than=timedelta(0), archive=archive))
+    assert report.archived >= 1 and store.tombstone(thread_run_id("archived")) is not None
+    fresh = JournalSaver(store)
+    with pytest.raises(ArchivedRunError):
+        fresh.get_tuple(config("archived"))
+    restore(store, thread_run_id("archived"), archive)
+    resumed = invoke(chat_graph(fresh), {"messages": [HumanMessage("more")]},
+                     config("archived"))
+    assert [m.content[:9] for m in resumed["messages"]] == [
+        "kept", "answer to", "more", "answer to"]
+    kinds = [e.type for e in store.read(thread_run_id("archived"))]
+    assert kinds.count(E.RUN_FINISHED) == 2 and E.RUN_RESUMED in kinds
+    fresh.close()
+    saver.close()
+
+
+@backend_params()
+def test_show_and_events_display_a_thread(store: Store, store_url: str) -> None:
+    saver = JournalSaver(store)
+    invoke(chat_graph(saver), {"messages": [HumanMessage("hello")]}, config("shown"))
+    saver.close()
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["show", "shown", "--store", store_url, "--json"])
+    assert shown.exit_code == 0, shown.output
+    thread = json.loads(shown.output)["thread"]
+    assert thread["thread_id"] == "shown" and thread["checkpoints"] == 3
+    assert thread["latest"]["step"] == 1 and thread["input_not_yet_checkpointed"] is False
+    text = runner.invoke(cli, ["show", "shown", "--store", store_url])
+    assert "LangGraph thread shown" in text.output and "graph_checkpoint" in text.output
+    lines = runner.invoke(cli, ["events", "shown", "--store", store_url]).output.splitlines()
+    started, first = (json.loads(line) for line in lines[:2])
+    assert started["type"] == "run_started" and started["payload"]["input"][0] == "msgpack"
+    assert first["type"] == "graph_checkpoint" and first["payload"]["source"] == "input"
+    runs = runner.invoke(cli, ["runs", "--store", store_url, "--json"])
+    (row,) = json.loads(runs.output)["runs"]
+    assert row["agent"] == "langgraph" and row["status"] == "finished"
