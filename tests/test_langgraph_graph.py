@@ -218,5 +218,5 @@ def test_show_and_events_display_a_thread(store: Store, store_url: str) -> None:
     assert started["type"] == "run_started" and started["payload"]["input"][0] == "msgpack"
     assert first["type"] == "graph_checkpoint" and first["payload"]["source"] == "input"
     runs = runner.invoke(cli, ["runs", "--store", store_url, "--json"])
-    (row,) = json.loads(runs.output)["runs"]
+    (row,) = json.loads(runs.output)
     assert row["agent"] == "langgraph" and row["status"] == "finished"
