@@ -26,6 +26,7 @@ from ._common import (
     FULL,
     QUICK,
     RUN,
+    SMOKE,
     Figure,
     Plan,
     Say,
@@ -51,6 +52,7 @@ from .fleet import (
 from .group_commit import (
     group_commit_figures,
 )
+from .langgraph import langgraph_figures
 from .models import (
     model_figures,
 )
@@ -131,6 +133,8 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "models": lambda r: model_figures(r.workdir, r.plan, r.progress),
     "fleet": lambda r: fleet_figures(r.workdir, r.postgres_url, r.plan, r.progress),
     "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],
+    "langgraph": lambda r: langgraph_figures(r.workdir, r.postgres_url, r.plan, r.quick,
+                                             r.progress, smoke=r.plan == SMOKE),
 }
 SECTIONS = tuple(_SECTIONS)
 

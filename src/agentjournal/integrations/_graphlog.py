@@ -20,6 +20,7 @@ chunk again, not the list. A value under ``INLINE`` bytes sits in its reference.
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
 import hashlib
 import zlib
@@ -35,6 +36,9 @@ from ..store import Store
 
 #: Items per chunk of a list value: a step rewrites at most this many.
 CHUNK = 16
+#: A list value's reference names only the chunks changed since the channel's last
+#: version, except every DELTAS-th, which names them all (bounding a read's walk back).
+DELTAS = 64
 #: A value (or write) whose stored bytes are fewer sits in its reference, not a chunk.
 INLINE = 96
 _LEVEL = 6
@@ -89,7 +93,7 @@ def thread_view(events: Sequence[Event]) -> dict[str, Any] | None:
             "seq": latest.seq, "pending_writes": sorted(
                 w.channel for w in index.writes.get((latest.ns, latest.id), {}).values())},
         "input_not_yet_checkpointed": index.pending_input is not None,
-        "stored_value_bytes": sum(len(b) for b in index.blobs.values()),
+        "stored_value_bytes": sum(len(b) * 3 // 4 for b in index.blobs.values()),
     }
 
 
@@ -98,7 +102,7 @@ def b64(data: bytes) -> str:
 
 
 def unb64(text: str) -> bytes:
-    return base64.b64decode(text)
+    return binascii.a2b_base64(text)  # (base64.b64decode checks its input in Python: slow)
 
 
 def pack_chunk(items: Sequence[Typed]) -> bytes:
@@ -121,8 +125,8 @@ class Blobs:
     """The chunks a batch of events adds: ``add`` returns a chunk's reference, and
     keeps its bytes only if the thread's log does not hold them yet."""
 
-    def __init__(self, known: dict[str, bytes]) -> None:
-        self.known, self.new = known, {}  # type: dict[str, bytes], dict[str, str]
+    def __init__(self, known: dict[str, str]) -> None:
+        self.known, self.new = known, {}  # type: dict[str, str], dict[str, str]
 
     def add(self, stored: bytes) -> str:
         name = chunk_name(stored)
@@ -146,10 +150,18 @@ class CheckpointRecord:
     id: str
     parent_id: str | None
     seq: int
-    checkpoint: Typed  # the checkpoint without its channel values
-    metadata: Typed
+    checkpoint_b64: list[str]  # (type, base64): the checkpoint without its channel values
+    metadata_b64: list[str]  # (type, base64); decoded when read, not at every replay
     source: str | None
     step: int | None
+
+    @property
+    def checkpoint(self) -> Typed:
+        return self.checkpoint_b64[0], unb64(self.checkpoint_b64[1])
+
+    @property
+    def metadata(self) -> Typed:
+        return self.metadata_b64[0], unb64(self.metadata_b64[1])
 
 
 @dataclass
@@ -171,7 +183,7 @@ class GraphIndex:
     finished: bool = False
     #: The input of the newest invocation whose input checkpoint is not in the log yet.
     pending_input: Typed | None = None
-    blobs: dict[str, bytes] = field(default_factory=dict)
+    blobs: dict[str, str] = field(default_factory=dict)  # chunk name -> its bytes, base64
     checkpoints: dict[str, dict[str, CheckpointRecord]] = field(default_factory=dict)
     values: dict[tuple[str, str, Any], dict[str, Any]] = field(default_factory=dict)
     writes: dict[tuple[str, str], dict[tuple[str, int], WriteRecord]] = field(
@@ -199,9 +211,26 @@ class GraphIndex:
         if "i" in ref:
             return unpack_chunk(unb64(ref["i"]))
         items: list[Typed] = []
-        for name in ref["l"] if "l" in ref else ref["c"]:
-            items.extend(unpack_chunk(self.blobs[name]))
+        for name in ref["c"]:
+            items.extend(unpack_chunk(unb64(self.blobs[name])))
         return items
+
+    def list_names(self, ns: str, channel: str, ref: dict[str, Any]) -> list[str]:
+        """The chunk names of a list value: ``{"l": names}``, or ``{"d": [base, keep,
+        added]}``, the first ``keep`` names of the same channel's value at version
+        ``base`` and then ``added`` (the writer sends a whole list every DELTAS)."""
+        chain = []
+        while "d" in ref:
+            base, keep, added = ref["d"]
+            chain.append((keep, added))
+            ref = self.values[(ns, channel, base)]
+        names: list[str] = list(ref["l"])
+        for keep, added in reversed(chain):
+            names = names[:keep] + added
+        return names
+
+    def read_list(self, ns: str, channel: str, ref: dict[str, Any]) -> list[Typed]:
+        return self.read_value({"c": self.list_names(ns, channel, ref)}) or []
 
 
 def _started(ix: GraphIndex, ev: Event) -> None:
@@ -211,12 +240,12 @@ def _started(ix: GraphIndex, ev: Event) -> None:
 
 def _input(ix: GraphIndex, ev: Event) -> None:
     if (given := ev.payload.get("input")) is not None:
-        ix.pending_input = (given[0], unb64(given[1]))
+        ix.pending_input = (given[0], unb64(given[1]))  # (one per invocation: small)
 
 
 def _blobs(ix: GraphIndex, ev: Event) -> None:
     for name, text in ev.payload.get("blobs", {}).items():
-        ix.blobs[name] = unb64(text)
+        ix.blobs[name] = text
 
 
 def _checkpoint(ix: GraphIndex, ev: Event) -> None:
@@ -226,7 +255,7 @@ def _checkpoint(ix: GraphIndex, ev: Event) -> None:
     cp, md = p["checkpoint"], p["metadata"]
     ix.checkpoints.setdefault(ns, {})[p["id"]] = CheckpointRecord(
         ns=ns, id=p["id"], parent_id=p.get("parent_id"), seq=ev.seq,
-        checkpoint=(cp[0], unb64(cp[1])), metadata=(md[0], unb64(md[1])),
+        checkpoint_b64=cp, metadata_b64=md,
         source=p.get("source"), step=p.get("step"))
     for channel, (version, ref) in p.get("values", {}).items():
         ix.values[(ns, channel, version)] = ref

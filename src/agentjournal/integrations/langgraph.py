@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ArchivedRunError, FencedError, LeaseHeldError, MissingExtraError
@@ -36,6 +37,7 @@ from ..store.base import Tombstone, records_digest
 from ._graphlog import (
     CHUNK,
     DELETED,
+    DELTAS,
     Blobs,
     CheckpointRecord,
     GraphIndex,
@@ -67,6 +69,17 @@ __all__ = ["DELETED", "JournalSaver", "Thread", "ainvoke", "invoke", "thread_run
 AGENT = "langgraph"
 
 
+@dataclass
+class ListValue:
+    """A list value as last stored: its version, its chunks (serialized items and name:
+    an unchanged chunk is neither compressed nor hashed again) and how many references
+    since the last that named every chunk."""
+
+    version: Any
+    chunks: list[tuple[tuple[Typed, ...], str]]
+    deltas: int
+
+
 class Thread:
     """One thread as a saver knows it: its run, the index of its log, the run's state
     and, while this saver holds the thread's lease, its journal (the single writer)."""
@@ -77,9 +90,8 @@ class Thread:
         self.state = RunState()
         self.journal: RunJournal | None = None
         self.lock = threading.RLock()
-        # Per (namespace, channel): the last list value's chunks, as serialized items and
-        # name, so an unchanged chunk is neither compressed nor hashed again.
-        self.chunks: dict[tuple[str, str], list[tuple[tuple[Typed, ...], str]]] = {}
+        # Per (namespace, channel): the last list value this saver stored.
+        self.lists: dict[tuple[str, str], ListValue] = {}
 
     def absorb(self, events: Sequence[Event]) -> None:
         for event in events:
@@ -211,8 +223,8 @@ class JournalSaver(BaseCheckpointSaver[str]):
             self.hold(thread_id)
             values = checkpoint["channel_values"]
             blobs = Blobs(t.index.blobs)
-            refs = {channel: [version, self._ref(t, ns, channel, values[channel], blobs)
-                              if channel in values else {"e": 1}]
+            refs = {channel: [version, self._ref(t, ns, channel, version, values[channel],
+                                                 blobs) if channel in values else {"e": 1}]
                     for channel, version in new_versions.items()}
             bare = {k: v for k, v in checkpoint.items() if k != "channel_values"}
             meta = get_checkpoint_metadata(config, metadata)
@@ -230,23 +242,34 @@ class JournalSaver(BaseCheckpointSaver[str]):
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint["id"]}}
 
-    def _ref(self, t: Thread, ns: str, channel: str, value: Any, blobs: Blobs
-             ) -> dict[str, Any]:
-        """A channel value's reference; a list is cut into chunks of CHUNK items, each
-        stored once (an unchanged chunk of the last value is not even compressed)."""
+    def _ref(self, t: Thread, ns: str, channel: str, version: Any, value: Any,
+             blobs: Blobs) -> dict[str, Any]:
+        """A channel value's reference. A list is cut into chunks of CHUNK items, each
+        stored once; its reference names the chunks changed since the channel's last
+        version (an unchanged chunk is not even compressed again), every DELTAS-th all."""
         if type(value) is not list or not value:
             return blobs.value([self.serde.dumps_typed(value)])
-        before = t.chunks.get((ns, channel), [])
+        last = t.lists.get((ns, channel))
         chunks: list[tuple[tuple[Typed, ...], str]] = []
         for k, start in enumerate(range(0, len(value), CHUNK)):
             items = tuple(self.serde.dumps_typed(v) for v in value[start:start + CHUNK])
-            if k < len(before) and before[k][0] == items and (
-                    before[k][1] in t.index.blobs or before[k][1] in blobs.new):
-                chunks.append(before[k])
+            if last is not None and k < len(last.chunks) and last.chunks[k][0] == items and (
+                    last.chunks[k][1] in t.index.blobs or last.chunks[k][1] in blobs.new):
+                chunks.append(last.chunks[k])
             else:
                 chunks.append((items, blobs.add(pack_chunk(items))))
-        t.chunks[(ns, channel)] = chunks
-        return {"l": [name for _, name in chunks]}
+        names = [name for _, name in chunks]
+        based = last is not None and last.deltas < DELTAS and (
+            (ns, channel, last.version) in t.index.values)
+        if not based:
+            t.lists[(ns, channel)] = ListValue(version, chunks, 0)
+            return {"l": names}
+        assert last is not None
+        keep = 0
+        while keep < min(len(names), len(last.chunks)) and names[keep] == last.chunks[keep][1]:
+            keep += 1
+        t.lists[(ns, channel)] = ListValue(version, chunks, last.deltas + 1)
+        return {"d": [last.version, keep, names[keep:]]}
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
@@ -349,11 +372,11 @@ class JournalSaver(BaseCheckpointSaver[str]):
             ref = t.index.values.get((ns, channel, version))
             if ref is None:
                 continue
-            items = t.index.read_value(ref)
-            if items is None:
-                continue
-            loaded = [self.serde.loads_typed(item) for item in items]
-            values[channel] = loaded if "l" in ref else loaded[0]
+            if "l" in ref or "d" in ref:
+                items = t.index.read_list(ns, channel, ref)
+                values[channel] = [self.serde.loads_typed(item) for item in items]
+            elif (one := t.index.read_value(ref)) is not None:
+                values[channel] = self.serde.loads_typed(one[0])
         return values
 
     def delete_thread(self, thread_id: str) -> None:
