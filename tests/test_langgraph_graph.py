@@ -15,29 +15,29 @@ import pytest
 
 pytest.importorskip("langgraph.graph")
 
-from click.testing import CliRunner  # noqa: E402
-from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
-from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
-from langgraph.types import Command, interrupt  # noqa: E402
+from click.testing import CliRunner
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Command, interrupt
 
-from agentjournal import (  # noqa: E402
+from agentjournal import (
     ArchivedRunError,
     EventType,
     FencedError,
     LeaseHeldError,
     open_store,
 )
-from agentjournal.cli import cli  # noqa: E402
-from agentjournal.integrations.langgraph import (  # noqa: E402
+from agentjournal.cli import cli
+from agentjournal.integrations.langgraph import (
     JournalSaver,
     invoke,
     thread_run_id,
 )
-from agentjournal.retention import RetentionPolicy, gc, restore  # noqa: E402
-from agentjournal.store import Store  # noqa: E402
+from agentjournal.retention import RetentionPolicy, gc, restore
+from agentjournal.store import Store
 
-from .conftest import backend_params  # noqa: E402
+from .conftest import backend_params
 
 E = EventType
 
@@ -180,7 +180,7 @@ def test_delete_thread_then_gc_archive_restore_and_resume(store: Store, tmp_path
     saver.delete_thread("deleted")
     assert saver.get_tuple(config("deleted")) is None
     again = invoke(graph, {"messages": [HumanMessage("anew")]}, config("deleted"))
-    assert [m.content for m in again["messages"]][0] == "anew"  # a fresh thread
+    assert again["messages"][0].content == "anew"  # a fresh thread
 
     invoke(graph, {"messages": [HumanMessage("kept")]}, config("archived"))
     archive = f"file://{tmp_path / 'archive'}"

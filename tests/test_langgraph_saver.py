@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("langgraph.checkpoint.conformance")
 
-from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
-from langgraph.checkpoint.conformance.spec import (  # noqa: E402
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.spec import (
     test_delete_thread,
     test_get_tuple,
     test_list,
@@ -21,11 +21,11 @@ from langgraph.checkpoint.conformance.spec import (  # noqa: E402
     test_put_writes,
 )
 
-from agentjournal import open_store  # noqa: E402
-from agentjournal.integrations.langgraph import JournalSaver  # noqa: E402
-from agentjournal.store import Store  # noqa: E402
+from agentjournal import open_store
+from agentjournal.integrations.langgraph import JournalSaver
+from agentjournal.store import Store
 
-from .conftest import backend_params  # noqa: E402
+from .conftest import backend_params
 
 BASE = {"put", "put_writes", "get_tuple", "list", "delete_thread"}
 

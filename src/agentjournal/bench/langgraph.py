@@ -23,6 +23,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +202,8 @@ def resume_figures(workdir: Path, sizes: tuple[int, ...], say: Say) -> list[Figu
             url = f"sqlite:///{ours_path}?durability={Durability.BATCHED.value}"
             _journal_run(url, n, "sync")
             _stock_sqlite_run(stock_path, n, "exit")
-            ours_ms = _best(lambda: _journal_resume_ms(f"sqlite:///{ours_path}", n))
-            stock_ms = _best(lambda: _stock_resume_ms(stock_path, n))
+            ours_ms = _best(partial(_journal_resume_ms, f"sqlite:///{ours_path}", n))
+            stock_ms = _best(partial(_stock_resume_ms, stock_path, n))
         finally:
             _remove_db(ours_path)
             _remove_db(stock_path)

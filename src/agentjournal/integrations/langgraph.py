@@ -23,12 +23,13 @@ message history costs a chunk per step, not the history.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ArchivedRunError, FencedError, LeaseHeldError, MissingExtraError
+from ..errors import ArchivedRunError, FencedError, MissingExtraError
 from ..events import Event, EventType, now
 from ..journal import RunJournal, default_owner, take_lease
 from ..state import RunState, apply
@@ -56,11 +57,11 @@ try:
         Checkpoint,
         CheckpointMetadata,
         CheckpointTuple,
-        SerializerProtocol,
         get_checkpoint_id,
         get_checkpoint_metadata,
         writes_sort_key,
     )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     raise MissingExtraError("langgraph", "langgraph") from exc
 
@@ -318,7 +319,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 records = sorted((r for space, cps in t.index.checkpoints.items()
                                   if ns is None or space == ns for r in cps.values()),
                                  key=lambda r: r.id, reverse=True)
-                found = []
+                found: list[CheckpointTuple] = []
                 for r in records:
                     if limit is not None and len(found) >= limit:
                         break
@@ -335,7 +336,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
             if limit is not None and limit <= 0:
                 return
 
-    def _thread_ids(self) -> list[str]:
+    def _thread_ids(self) -> builtins.list[str]:
         """Every thread in the store (its run's ``run_started`` names it)."""
         ids = []
         for info in self.store.list_runs():
