@@ -98,3 +98,34 @@ def test_the_sync_methods_pass_the_same_cases(store: Store) -> None:
     saver.close()
     assert failed == []
     assert len(_cases()) == 58  # every case of the five base capabilities (0.0.2)
+
+
+@backend_params()
+def test_pending_writes_come_back_in_langgraphs_order(store: Store) -> None:
+    """The same writes, put in a scrambled order, read back as InMemorySaver orders them
+    (writes_sort_key: task path, task id, idx), special channels replaced, repeats kept
+    once."""
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+
+    batches = [
+        (("~__pregel_pull, b", "t-2"), [("x", 1), ("y", 2)]),
+        (("~__pregel_pull, a", "t-9"), [("x", 3), (INTERRUPT, "first")]),
+        (("~__pregel_push, 0", "t-1"), [("z", 4)]),
+        (("~__pregel_pull, a", "t-9"), [("x", 5), (INTERRUPT, "second")]),  # repeat
+        (("~__pregel_pull, b", "t-2"), [(ERROR, "boom")]),
+    ]
+    ours, memory = JournalSaver(store), InMemorySaver()
+    got = []
+    for saver in (ours, memory):
+        config = saver.put({"configurable": {"thread_id": "order", "checkpoint_ns": ""}},
+                           empty_checkpoint(), {"source": "loop", "step": 0}, {})
+        for (path, task), writes in batches:
+            saver.put_writes(config, writes, task, path)
+        tup = saver.get_tuple(config)
+        assert tup is not None
+        got.append(tup.pending_writes)
+    assert got[0] == got[1]
+    assert ("t-9", "x", 3) in got[0] and ("t-9", INTERRUPT, "second") in got[0]
+    ours.close()
