@@ -339,3 +339,20 @@ def test_an_uncertain_call_without_a_lookup_is_resolved_by_a_person_then_not_mad
 
 def done_text(prefix: str) -> str:
     return f"posted {prefix}a (applied), {prefix}b (applied)"
+
+
+def test_a_step_at_a_given_position_replays_that_unit(store: Store) -> None:
+    """A framework that continues a run from its history names the position itself."""
+    with open_run(store, RUN, input="hi") as run:
+        for n in range(3):
+            run.step("model.request", f"fp-{n}", lambda n=n: {"text": str(n)}, turn=turn_of)
+    ran: list[int] = []
+    with open_run(store, RUN) as run:
+        assert run.step("model.request", "fp-2", lambda: ran.append(2), turn=turn_of,
+                        position=2) == {"text": "2"}
+        assert run.step("model.request", "fp-3", lambda: ran.append(3) or {"text": "3"},
+                        turn=turn_of) == {"text": "3"}  # the next one: position 3
+        with pytest.raises(NondeterminismError):
+            run.step("model.request", "fp-other", lambda: {"text": "x"}, turn=turn_of,
+                     position=1)
+    assert ran == [3]

@@ -219,7 +219,7 @@ class BridgedRun(StepMachine):
         self.max_args_bytes = None
         self.max_result_bytes = max_result_bytes
         self._lock = threading.RLock()
-        self._units: dict[str, list[_Unit]] = {}  # recorded steps by name, in order
+        self._units: dict[str, dict[int, _Unit]] = {}  # recorded steps by name and position
         self._next: dict[str, int] = {}  # the position of the next step of each name
         self._answers: dict[str, Event] = {}  # call id -> the last event answering it
         self._start_keys: dict[int, str] = {}  # a start's seq -> its key
@@ -234,9 +234,8 @@ class BridgedRun(StepMachine):
         p = event.payload
         if event.type is E.STEP_RECORDED or (event.type is E.MODEL_TURN and "step" in p):
             step = p["step"] if event.type is E.MODEL_TURN else p
-            units = self._units.setdefault(step["name"], [])
-            if step["n"] == len(units):
-                units.append(_Unit(event.seq, step["fingerprint"], p.get("value")))
+            units = self._units.setdefault(step["name"], {})
+            units.setdefault(step["n"], _Unit(event.seq, step["fingerprint"], p.get("value")))
         elif event.type is E.RUN_STARTED:
             self._input = p.get("input")
         elif event.type is E.TOOL_CALL_STARTED:
@@ -277,13 +276,13 @@ class BridgedRun(StepMachine):
 
     # --- steps --------------------------------------------------------------------
 
-    def _claim(self, name: str, fingerprint: str) -> tuple[int, _Unit | None]:
+    def _claim(self, name: str, fingerprint: str,
+               position: int | None) -> tuple[int, _Unit | None]:
         """The position of this step of ``name``, and its recorded unit if it has one."""
         with self._lock:
-            n = self._next.get(name, 0)
+            n = self._next.get(name, 0) if position is None else position
             self._next[name] = n + 1
-            units = self._units.get(name, [])
-            unit = units[n] if n < len(units) else None
+            unit = self._units.get(name, {}).get(n)
         if unit is not None and unit.fingerprint != fingerprint:
             raise NondeterminismError(self.run_id, name, n, unit.fingerprint, fingerprint,
                                       unit.seq)
@@ -308,14 +307,18 @@ class BridgedRun(StepMachine):
     def step(self, name: str, fingerprint: str, body: Callable[[], Any], *,
              encode: Encode = _same, decode: Encode = _same,
              turn: Callable[[Any], Turn] | None = None,
-             executed: Callable[[bool], None] | None = None) -> Any:
+             executed: Callable[[bool], None] | None = None,
+             position: int | None = None) -> Any:
         """The value of the next step named ``name``: recorded, or made by ``body()``.
 
         ``encode`` turns the value into JSON data to record, ``decode`` a recorded one
         back. ``turn`` (a model step): summarises the encoded value for people; the step
         is recorded as a ``model_turn``. ``executed(bool)`` is told whether the body ran
-        (False: replayed from the log)."""
-        n, unit = self._claim(name, fingerprint)
+        (False: replayed from the log). ``position``: the step's place among the steps
+        of its name when the framework knows it (e.g. the number of model responses in
+        the history a request carries, for a framework that continues a run from a
+        history instead of replaying it); default: the one after the last asked here."""
+        n, unit = self._claim(name, fingerprint, position)
         if unit is not None:
             _tell(executed, False)
             return decode(unit.value)
@@ -331,9 +334,10 @@ class BridgedRun(StepMachine):
     async def astep(self, name: str, fingerprint: str, body: Callable[[], Awaitable[Any]], *,
                     encode: Encode = _same, decode: Encode = _same,
                     turn: Callable[[Any], Turn] | None = None,
-                    executed: Callable[[bool], None] | None = None) -> Any:
+                    executed: Callable[[bool], None] | None = None,
+                    position: int | None = None) -> Any:
         """:meth:`step` for an async body."""
-        n, unit = self._claim(name, fingerprint)
+        n, unit = self._claim(name, fingerprint, position)
         if unit is not None:
             _tell(executed, False)
             return decode(unit.value)
