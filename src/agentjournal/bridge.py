@@ -4,7 +4,7 @@ agentjournal's own loop (steps.py, settle.py) decides when to ask the model and
 which calls to make. A framework (Pydantic AI, LangGraph, the OpenAI Agents SDK)
 has a loop of its own; this module lends it the journal and the call protocol,
 so the framework keeps driving and a bridged run is still a run like any other
-(``agentjournal show / events / runs / resolve / decide`` treat it so):
+(``agentjournal show / events / runs / resolve / approve`` treat it so):
 
     with open_run(store, "order-7", agent="pydantic_ai:shop", input=prompt) as run:
         reply = run.step("model.request", fingerprint, ask_model, turn=summary_of)

@@ -494,14 +494,14 @@ class NeedsPerson(JournalError):
 
 class NeedsApproval(NeedsPerson):
     """A bridged call that needs a person's approval of its exact arguments first
-    (``agentjournal decide RUN APPROVAL_ID --approve | --deny``)."""
+    (``agentjournal approve RUN APPROVAL_ID`` or ``agentjournal deny RUN APPROVAL_ID``)."""
 
     def __init__(self, run_id: str, call_id: str, tool: str, approval_id: str,
                  key: str) -> None:
         JournalError.__init__(
             self, f"run {run_id!r}: call {call_id!r} ({tool}) waits for approval "
-            f"{approval_id!r}: `agentjournal decide {run_id} {approval_id} --approve | "
-            "--deny`, then run again", run_id=run_id)
+            f"{approval_id!r}: `agentjournal approve {run_id} {approval_id}` (or `deny`), "
+            "then run again", run_id=run_id)
         self.call_id, self.tool, self.key, self.pending = call_id, tool, key, None
         self.reason = f"it waits for approval {approval_id!r}"
         self.approval_id = approval_id
