@@ -697,9 +697,10 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.WORKSPACE_CHECKPOINT: _workspace_checkpoint,
 }
 
-#: Deliberate no-ops: facts kept for audit that change no state.
+#: Deliberate no-ops: facts kept for audit that change no state. A step_recorded is a
+#: unit of a run another framework drives (bridge.py): only that framework reads it back.
 RECORD_ONLY: frozenset[EventType] = frozenset({
-    EventType.BUDGET_EXCEEDED,
+    EventType.BUDGET_EXCEEDED, EventType.STEP_RECORDED,
     # A LangGraph thread's own records: the saver indexes them (integrations/_graphlog.py).
     EventType.GRAPH_INPUT, EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES,
 })
