@@ -81,7 +81,7 @@ def build(args: argparse.Namespace, checkpointer: Any) -> Any:
         lookup = applied_at(args.receiver) if args.lookup else None
         wrapper = exactly_once(checkpointer, {"post_effect": ToolEffect(
             "irreversible", identity=("label",), lookup=lookup)})
-        tools = ToolNode([post_effect], wrap_tool_call=wrapper)
+        tools = ToolNode([post_effect], wrap_tool_call=wrapper, awrap_tool_call=wrapper.awrap)
     else:
         tools = ToolNode([post_effect])
     builder = StateGraph(MessagesState)
@@ -95,11 +95,11 @@ def build(args: argparse.Namespace, checkpointer: Any) -> Any:
 
 def applied_at(receiver: str) -> Any:
     """The reconcile lookup: what the receiver holds under the call's key."""
-    from agentjournal.integrations.langgraph import Absent, Found, Unknown
+    from agentjournal import Absent, Found, Unknown
 
-    def lookup(key: str, args: dict[str, Any]) -> Any:
+    def lookup(call: Any) -> Any:  # a PendingCall: its key and arguments
         try:
-            status, found = http_json("GET", f"{receiver}/effects/{key}")
+            status, found = http_json("GET", f"{receiver}/effects/{call.key}")
         except OSError as exc:
             return Unknown(f"receiver unreachable: {exc}")
         if status == 404:

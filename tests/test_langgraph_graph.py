@@ -71,7 +71,10 @@ def graph_events(store: Store, thread: str, kind: EventType) -> list[Any]:
 
 
 @backend_params()
-def test_a_growing_thread_stores_each_step_in_constant_bytes(store: Store) -> None:
+def test_a_growing_thread_stores_each_step_in_constant_bytes(
+        request: pytest.FixtureRequest, store: Store, store_url: str) -> None:
+    if not store_url.startswith("sqlite") and not request.config.getoption("--slow"):
+        pytest.skip("on this backend with --slow (40 invocations; the encoding is the same)")
     saver = JournalSaver(store)
     graph = chat_graph(saver)
     for turn in range(40):
@@ -214,9 +217,9 @@ def test_show_and_events_display_a_thread(store: Store, store_url: str) -> None:
     text = runner.invoke(cli, ["show", "shown", "--store", store_url])
     assert "LangGraph thread shown" in text.output and "graph_checkpoint" in text.output
     lines = runner.invoke(cli, ["events", "shown", "--store", store_url]).output.splitlines()
-    started, first = (json.loads(line) for line in lines[:2])
-    assert started["type"] == "run_started" and started["payload"]["input"][0] == "msgpack"
-    assert first["type"] == "graph_checkpoint" and first["payload"]["source"] == "input"
+    kinds = [json.loads(line)["type"] for line in lines]
+    assert kinds[:4] == ["run_started", "user_message", "graph_input", "graph_checkpoint"]
+    assert json.loads(lines[0])["payload"]["input"] == {"thread_id": "shown"}
     runs = runner.invoke(cli, ["runs", "--store", store_url, "--json"])
     (row,) = json.loads(runs.output)
     assert row["agent"] == "langgraph" and row["status"] == "finished"

@@ -33,7 +33,7 @@ from .events import Event, EventType, render
 #: tool call may stand in for arguments over the size limit (``ToolCall.too_large``);
 #: a turn whose price was unknown (cost None) is counted in ``unpriced_turns``, not
 #: summed as $0.
-FOLD_VERSION = 8
+FOLD_VERSION = 9
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -523,7 +523,9 @@ def _run_resumed(st: RunState, ev: Event) -> None:
     st.resumes += 1
     if ev.payload.get("by"):
         st.decided_seq = ev.seq
-    if st.status in ("paused", "escalated", "new"):
+    if st.status == "finished" and ev.payload.get("reopened"):
+        st.status = "running"  # a finished run given new input (a LangGraph thread): fold v9
+    elif st.status in ("paused", "escalated", "new"):
         # A run being compensated goes on with its saga, never with its loop.
         st.status = "compensating" if st.saga is not None else "running"
         st.pause_reason = None

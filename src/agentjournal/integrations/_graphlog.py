@@ -76,7 +76,7 @@ def thread_run(store: Store, name: str) -> str | None:
 
 def thread_view(events: Sequence[Event]) -> dict[str, Any] | None:
     """What ``agentjournal show`` says of a thread (None: the run is not one)."""
-    if not events or events[0].payload.get("agent") != "langgraph":
+    if not events or thread_of(events[0]) is None:
         return None
     index = GraphIndex()
     index.apply_all(events)
@@ -233,9 +233,17 @@ class GraphIndex:
         return self.read_value({"c": self.list_names(ns, channel, ref)}) or []
 
 
+def thread_of(started: Event) -> str | None:
+    """The thread id a run's ``run_started`` names, if the run is a LangGraph thread."""
+    p = started.payload
+    given = p.get("input")
+    if p.get("agent") != "langgraph" or not isinstance(given, dict):
+        return None
+    return str(given.get("thread_id"))
+
+
 def _started(ix: GraphIndex, ev: Event) -> None:
-    ix.thread_id = ev.payload.get("thread_id", ix.thread_id)
-    _input(ix, ev)
+    ix.thread_id = thread_of(ev)
 
 
 def _input(ix: GraphIndex, ev: Event) -> None:
@@ -280,8 +288,8 @@ def _finished(ix: GraphIndex, ev: Event) -> None:
 
 
 def _resumed(ix: GraphIndex, ev: Event) -> None:
-    ix.finished = False
-    _input(ix, ev)
+    if ev.payload.get("reopened"):
+        ix.finished = False
 
 
 _RULES = {

@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import json
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ArchivedRunError, FencedError, MissingExtraError
+from ..bridge import BridgedRun, open_run
+from ..bridge import current_call as bridge_current_call
+from ..errors import ArchivedRunError, CallRefused, FencedError, MissingExtraError, NeedsPerson
 from ..events import Event, EventType, now
-from ..journal import RunJournal, default_owner, take_lease
-from ..state import RunState, apply
+from ..journal import default_owner
 from ..store import Store
 from ..store.base import Tombstone, records_digest
+from ..tools import Effect, Reconciler, ToolContext, ToolFailed
 from ._graphlog import (
     CHUNK,
     DELETED,
@@ -45,10 +48,13 @@ from ._graphlog import (
     Typed,
     b64,
     pack_chunk,
+    thread_of,
     thread_run_id,
+    unb64,
 )
 
 try:
+    from langchain_core.messages import ToolMessage
     from langchain_core.runnables import RunnableConfig
     from langgraph.checkpoint.base import (
         WRITES_IDX_MAP,
@@ -62,10 +68,13 @@ try:
         writes_sort_key,
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.types import Command, interrupt
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     raise MissingExtraError("langgraph", "langgraph") from exc
 
-__all__ = ["DELETED", "JournalSaver", "Thread", "ainvoke", "invoke", "thread_run_id"]
+__all__ = ["DELETED", "ExactlyOnce", "JournalSaver", "Thread", "ToolEffect", "ainvoke",
+           "current_call", "exactly_once", "invoke", "thread_run_id"]
 
 AGENT = "langgraph"
 
@@ -82,24 +91,22 @@ class ListValue:
 
 
 class Thread:
-    """One thread as a saver knows it: its run, the index of its log, the run's state
-    and, while this saver holds the thread's lease, its journal (the single writer)."""
+    """One thread as a saver knows it: its run id, the index of its log and, while this
+    saver holds the thread's lease, its open run (the single writer, shared by the
+    checkpoints and the tool calls)."""
 
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.thread_id, self.run_id = thread_id, run_id
         self.index = GraphIndex()
-        self.state = RunState()
-        self.journal: RunJournal | None = None
+        self.run: BridgedRun | None = None
         self.lock = threading.RLock()
         # Per (namespace, channel): the last list value this saver stored.
         self.lists: dict[tuple[str, str], ListValue] = {}
 
     def absorb(self, events: Sequence[Event]) -> None:
         for event in events:
-            if event.seq <= self.index.last_seq:
-                continue
-            apply(self.state, event)  # (a held thread's journal folds its own appends)
-            self.index.apply(event)
+            if event.seq > self.index.last_seq:
+                self.index.apply(event)
 
 
 def _conf(config: RunnableConfig) -> tuple[str, str]:
@@ -134,7 +141,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
             if t is None:
                 t = self._threads[thread_id] = Thread(thread_id, self._current_run(thread_id))
         with t.lock:
-            if t.journal is None:
+            if t.run is None:
                 t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
         return t
 
@@ -149,33 +156,35 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 raise ArchivedRunError(run_id, stone.archive, stone.last_seq)
             generation += 1
 
-    def hold(self, thread_id: str) -> RunJournal:
-        """Take the thread's lease (if this saver does not hold it yet) and return its
-        journal. ``LeaseHeldError`` when another process holds it."""
+    def hold(self, thread_id: str) -> BridgedRun:
+        """Open the thread's run (if this saver has not): take its lease, start or resume
+        it (``agentjournal.bridge.open_run``), and return it. ``LeaseHeldError`` when
+        another process holds it."""
         t = self.thread(thread_id)
         with t.lock:
-            if t.journal is None:
-                lease = take_lease(self.store, t.run_id, self.owner, self.ttl)
+            if t.run is None:
+                run = open_run(self.store, t.run_id, agent=AGENT, owner=self.owner,
+                               ttl=self.ttl, input={"thread_id": thread_id},
+                               task=f"LangGraph thread {thread_id}")
                 try:  # the log as it is now that nobody else may write it
                     t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
                 except BaseException:
-                    self.store.release(lease)
+                    run.close()
                     raise
-                t.journal = RunJournal(self.store, lease, t.state, ttl=self.ttl)
-                t.journal.keep_alive()
-            return t.journal
+                t.run = run
+            return t.run
 
     def release(self, thread_id: str) -> None:
-        """Release the thread's lease, if this saver holds it."""
+        """Close the thread's run and release its lease, if this saver holds it."""
         t = self._threads.get(thread_id)
         if t is not None:
             with t.lock:
                 self._drop(t)
 
     def _drop(self, t: Thread) -> None:
-        if t.journal is not None:
-            t.journal.close()
-            t.journal = None
+        if t.run is not None:
+            run, t.run = t.run, None
+            run.close()
 
     def close(self) -> None:
         """Release every lease this saver holds (the store stays open: it is the caller's)."""
@@ -189,26 +198,16 @@ class JournalSaver(BaseCheckpointSaver[str]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def append(self, thread_id: str, facts: list[tuple[EventType, dict[str, Any]]], *,
-               input: list[str] | None = None) -> None:
-        """Append ``facts`` to the thread's run in one atomic batch under its lease; the
-        run is started (with ``input``) or resumed (after a finish) in the same batch."""
+    def append(self, thread_id: str, facts: list[tuple[EventType, dict[str, Any]]]) -> None:
+        """Append ``facts`` to the thread's run in one atomic batch under its lease (a
+        finished thread is reopened in the same batch)."""
         t = self.thread(thread_id)
         with t.lock:
-            journal = self.hold(thread_id)
-            first: list[tuple[EventType, dict[str, Any]]] = []
-            if t.index.last_seq == 0:
-                start = {"agent": AGENT, "task": "", "thread_id": thread_id}
-                first.append((EventType.RUN_STARTED, {**start, **({"input": input} if input
-                                                                  else {})}))
-                input = None
-            elif t.index.finished:
-                first.append((EventType.RUN_RESUMED, {}))
-            if input is not None:
-                first.append((EventType.GRAPH_INPUT, {"input": input}))
-            facts = [*first, *facts]
+            run = self.hold(thread_id)
+            if t.index.finished:
+                facts = [(EventType.RUN_RESUMED, {"reopened": True}), *facts]
             try:
-                events = journal.record_all(facts, redact=False)
+                events = run.record(facts, redact=False)
             except FencedError:
                 self._drop(t)  # another process took the thread over: let go of it
                 raise
@@ -338,13 +337,13 @@ class JournalSaver(BaseCheckpointSaver[str]):
 
     def _thread_ids(self) -> builtins.list[str]:
         """Every thread in the store (its run's ``run_started`` names it)."""
-        ids = []
+        ids = set()
         for info in self.store.list_runs():
             if info.run_id.startswith("lg-"):
                 first = next(iter(self.store.read(info.run_id)), None)
-                if first is not None and first.payload.get("agent") == AGENT:
-                    ids.append(str(first.payload["thread_id"]))
-        return sorted(set(ids))
+                if first is not None and (thread_id := thread_of(first)) is not None:
+                    ids.add(thread_id)
+        return sorted(ids)
 
     def _tuple(self, t: Thread, r: CheckpointRecord) -> CheckpointTuple:
         checkpoint = self.serde.loads_typed(r.checkpoint)
@@ -388,12 +387,12 @@ class JournalSaver(BaseCheckpointSaver[str]):
         with t.lock:
             if not self.store.last_seq(t.run_id):
                 return
-            journal = self.hold(thread_id)
+            run = self.hold(thread_id)
             records = self.store.records(t.run_id)
             stone = Tombstone(run_id=t.run_id, last_seq=len(records),
                               digest=records_digest(records), archive=DELETED,
                               deleted_at=now())
-            self.store.delete_run(stone, epoch=journal.lease.epoch)
+            self.store.delete_run(stone, epoch=run.journal.lease.epoch)
             self._drop(t)
         with self._lock:
             self._threads.pop(thread_id, None)
@@ -437,17 +436,183 @@ class JournalSaver(BaseCheckpointSaver[str]):
         if input is None:
             pending = t.index.pending_input
             return None if pending is None else self.serde.loads_typed(pending)
-        if type(input).__name__ != "Command":
-            self.append(thread_id, [], input=_typed(self.serde.dumps_typed(input)))
+        if not isinstance(input, Command):
+            typed = _typed(self.serde.dumps_typed(input))
+            self.append(thread_id, [(EventType.GRAPH_INPUT, {"input": typed})])
         return input
 
     def finish(self, config: RunnableConfig, outcome: str = "done") -> None:
         """Record that the thread's graph ran to its end (``run_finished``): gc may then
-        archive the thread; a later invocation resumes the run."""
+        archive the thread; a later input reopens it."""
         thread_id, _ = _conf(config)
         t = self.thread(thread_id)
-        if not t.index.finished and t.index.last_seq:
-            self.append(thread_id, [(EventType.RUN_FINISHED, {"outcome": outcome})])
+        with t.lock:
+            if not t.index.finished and t.index.last_seq:
+                self.hold(thread_id).finish(outcome)
+                t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
+
+
+# --- exactly-once tools: a ToolNode wrapper over the call protocol -----------------------
+
+
+@dataclass(frozen=True)
+class ToolEffect:
+    """How a tool's calls are made: ``effect`` (``read_only``, ``idempotent``,
+    ``reversible``, ``irreversible``: what a retry may do), ``identity`` (the argument
+    fields naming the action; default all), ``lookup`` (a reconcile lookup settling an
+    uncertain call: ``PendingCall -> Found | Absent | Conflict | Unknown``)."""
+
+    effect: Effect | str = Effect.IRREVERSIBLE
+    identity: tuple[str, ...] = ()
+    lookup: Reconciler | None = None
+
+
+class ExactlyOnce:
+    """A ``ToolNode`` wrapper (``wrap_tool_call=``; ``.awrap`` for ``awrap_tool_call=``)
+    running each tool call through agentjournal's call protocol, on the thread's run:
+    ``tool_call_started`` durable before the tool runs, the completion after; a call
+    answered before (this very call id) is answered from the log, the tool not run; one
+    left uncertain by a crash is settled by its lookup, retried with the same key when
+    its effect allows, else handed to a person through LangGraph's own ``interrupt()``
+    (the evidence as its value). ``Command(resume={"verdict": "happened" |
+    "did_not_happen", "by": ..., "reason": ..., "result": ...})`` answers it, and the
+    answer is recorded in the journal. Made by :func:`exactly_once`."""
+
+    def __init__(self, saver: JournalSaver, effects: Mapping[str, ToolEffect],
+                 default: ToolEffect) -> None:
+        self.saver, self.effects, self.default = saver, dict(effects), default
+
+    def __call__(self, request: ToolCallRequest,
+                 execute: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
+                 ) -> ToolMessage | Command[Any]:
+        call, run, spec = self._begin(request)
+        for _ in range(3):  # (a verdict, then the call it settles)
+            try:
+                value = run.call(call["name"], dict(call["args"]), call_id=call["id"],
+                                 body=lambda ctx: self._encode(execute(request)),
+                                 effect=spec.effect, identity=spec.identity,
+                                 lookup=spec.lookup)
+            except (ToolFailed, CallRefused) as exc:
+                return _error_message(call, exc)
+            except NeedsPerson as need:
+                self._decide(run, call, need)
+                continue
+            return self._decode(value, call)
+        raise RuntimeError(f"call {call['id']} was decided but not answered")
+
+    async def awrap(self, request: ToolCallRequest,
+                       execute: Callable[[ToolCallRequest],
+                                      Awaitable[ToolMessage | Command[Any]]]
+                    ) -> ToolMessage | Command[Any]:
+        call, run, spec = await asyncio.to_thread(self._begin, request)
+
+        async def body(ctx: Any) -> Any:
+            return self._encode(await execute(request))
+
+        for _ in range(3):
+            try:
+                value = await run.acall(call["name"], dict(call["args"]), call_id=call["id"],
+                                        body=body, effect=spec.effect,
+                                        identity=spec.identity, lookup=spec.lookup)
+            except (ToolFailed, CallRefused) as exc:
+                return _error_message(call, exc)
+            except NeedsPerson as need:
+                self._decide(run, call, need)
+                continue
+            return self._decode(value, call)
+        raise RuntimeError(f"call {call['id']} was decided but not answered")
+
+    def _begin(self, request: ToolCallRequest) -> tuple[Any, BridgedRun, ToolEffect]:
+        thread_id = str(request.runtime.config["configurable"]["thread_id"])
+        call = request.tool_call
+        return call, self.saver.hold(thread_id), self.effects.get(call["name"], self.default)
+
+    def _decide(self, run: BridgedRun, call: Any, need: NeedsPerson) -> None:
+        """Ask the person through LangGraph's interrupt (the first time this raises and
+        the graph stops; on ``Command(resume=...)`` it returns the answer), then record
+        the answer as the call's verdict."""
+        pending = need.pending
+        evidence = {"agentjournal": "uncertain", "run_id": run.run_id, "tool": call["name"],
+                    "call_id": call["id"], "args": call["args"], "key": need.key,
+                    "reason": need.reason,
+                    "started_at": str(getattr(pending, "started_at", "") or ""),
+                    "attempt": getattr(pending, "attempt", None),
+                    "last_error": getattr(pending, "last_error", None),
+                    "answer_with": {"verdict": "happened | did_not_happen",
+                                    "by": "who decided", "reason": "why",
+                                    "result": "what it returned (happened only)"}}
+        answer = interrupt(evidence)
+        verdict = _verdict(answer)
+        if verdict is None:
+            raise ValueError(f"the answer to call {call['id']!r} ({call['name']}) must say "
+                             "whether it happened: Command(resume={'verdict': 'happened'} or "
+                             f"{{'verdict': 'did_not_happen'}}), not {answer!r}")
+        happened, by, reason, result = verdict
+        run.resolve(call["id"], happened=happened, by=by, reason=reason, result=result)
+
+    def _encode(self, result: ToolMessage | Command[Any]) -> dict[str, Any]:
+        if isinstance(result, ToolMessage):
+            return {"tool_message": {"content": result.content, "status": result.status}}
+        return {"command": _typed(self.saver.serde.dumps_typed(result))}
+
+    def _decode(self, value: Any, call: Any) -> ToolMessage | Command[Any]:
+        if isinstance(value, dict) and "tool_message" in value:
+            message = value["tool_message"]
+            return ToolMessage(content=message["content"], status=message["status"],
+                               tool_call_id=call["id"], name=call["name"])
+        if isinstance(value, dict) and "command" in value:
+            command: Command[Any] = self.saver.serde.loads_typed(
+                (value["command"][0], unb64(value["command"][1])))
+            return command
+        # A lookup's finding or a person's word: the result as the receiver gave it.
+        content = ("The call was made (settled without its result)." if value is None
+                   else value if isinstance(value, str) else json.dumps(value, default=str))
+        return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"])
+
+
+def exactly_once(saver: JournalSaver, effects: Mapping[str, ToolEffect] | None = None, *,
+                 default: ToolEffect | None = None) -> ExactlyOnce:
+    """A ``ToolNode`` wrapper making each tool call by agentjournal's call protocol on the
+    thread's run (see :class:`ExactlyOnce`). ``effects``: per tool name; ``default``:
+    for the others (irreversible unless given)::
+
+        calls = exactly_once(saver, {"refund": ToolEffect("irreversible",
+                                                          identity=("order",),
+                                                          lookup=find_refund)})
+        ToolNode(tools, wrap_tool_call=calls, awrap_tool_call=calls.awrap)
+
+    A tool reads its call's idempotency key (to send to its receiver) and lease epoch
+    with ``current_call()``."""
+    return ExactlyOnce(saver, effects or {}, default or ToolEffect())
+
+
+def current_call() -> ToolContext:
+    """The running tool call's context (``key``: the idempotency key to send to the
+    receiver; ``epoch``: the lease epoch), inside a tool run by :func:`exactly_once`."""
+    ctx = bridge_current_call()
+    if ctx is None:
+        raise RuntimeError("current_call() is only set inside a tool run by exactly_once")
+    return ctx
+
+
+def _verdict(answer: Any) -> tuple[bool, str, str, Any] | None:
+    """(happened, by, reason, result) from a resume value: a dict with ``verdict`` (or
+    ``happened``: bool), or the bare verdict; None when it says neither."""
+    if isinstance(answer, str | bool):
+        answer = {"verdict": answer}
+    if not isinstance(answer, dict):
+        return None
+    said = answer.get("verdict", answer.get("happened"))
+    happened = {"happened": True, "did_not_happen": False, True: True, False: False}.get(said)
+    if happened is None:
+        return None
+    return (happened, str(answer.get("by") or "langgraph resume"),
+            str(answer.get("reason") or ""), answer.get("result"))
+
+
+def _error_message(call: Any, exc: Exception) -> ToolMessage:
+    return ToolMessage(content=f"Error: {exc}", tool_call_id=call["id"], name=call["name"],
+                       status="error")
 
 
 def _typed(pair: tuple[str, bytes]) -> list[str]:
