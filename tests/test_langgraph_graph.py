@@ -223,3 +223,63 @@ def test_show_and_events_display_a_thread(store: Store, store_url: str) -> None:
     runs = runner.invoke(cli, ["runs", "--store", store_url, "--json"])
     (row,) = json.loads(runs.output)
     assert row["agent"] == "langgraph" and row["status"] == "finished"
+
+
+@backend_params()
+def test_async_graph_tools_run_once_through_the_call_protocol(store: Store) -> None:
+    """ainvoke, awrap_tool_call: an async ToolNode's call is started durably, completed,
+    and when LangGraph runs the node again (a replay from an earlier checkpoint) answered
+    from the log, the tool not called."""
+    import asyncio
+
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    from agentjournal.integrations.langgraph import (
+        ToolEffect,
+        ainvoke,
+        current_call,
+        exactly_once,
+    )
+
+    made: list[str] = []
+
+    @tool
+    async def charge(order: str) -> str:
+        """Charge an order."""
+        made.append(current_call().key)
+        return f"charged {order}"
+
+    script = [AIMessage("", tool_calls=[{"id": "c-1", "name": "charge",
+                                         "args": {"order": "o-9"}}]), AIMessage("done")]
+
+    async def model(state: MessagesState) -> dict[str, Any]:
+        answered = sum(isinstance(m, AIMessage) for m in state["messages"])
+        chat = GenericFakeChatModel(messages=iter([script[answered]]))
+        return {"messages": [await chat.ainvoke(state["messages"])]}
+
+    saver = JournalSaver(store)
+    calls = exactly_once(saver, {"charge": ToolEffect("irreversible", identity=("order",))})
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", model)
+    builder.add_node("tools", ToolNode([charge], wrap_tool_call=calls,
+                                       awrap_tool_call=calls.awrap))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition, ["tools", END])
+    builder.add_edge("tools", "model")
+    graph = builder.compile(checkpointer=saver)
+    out = asyncio.run(ainvoke(graph, {"messages": [HumanMessage("charge o-9")]},
+                              config("async")))
+    assert [m.content for m in out["messages"]][-2:] == ["charged o-9", "done"]
+    assert len(made) == 1 and len(made[0]) == 64  # the idempotency key the tool sent
+    # Time travel: replaying from the checkpoint before the tools node runs the node
+    # again with the same call (LangGraph re-executes it); the journal serves it.
+    before_tools = next(s for s in graph.get_state_history(config("async"))
+                        if s.next == ("tools",))
+    replayed = asyncio.run(ainvoke(graph, None, before_tools.config))
+    assert [m.content for m in replayed["messages"]][-2:] == ["charged o-9", "done"]
+    assert len(made) == 1
+    kinds = [e.type for e in store.read(thread_run_id("async"))]
+    assert kinds.count(E.TOOL_CALL_STARTED) == 1 and kinds.count(E.TOOL_CALL_COMPLETED) == 1
+    saver.close()
