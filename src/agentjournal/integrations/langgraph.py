@@ -45,7 +45,6 @@ from ._graphlog import (
     Blobs,
     CheckpointRecord,
     GraphIndex,
-    Typed,
     b64,
     pack_chunk,
     thread_of,
@@ -81,12 +80,12 @@ AGENT = "langgraph"
 
 @dataclass
 class ListValue:
-    """A list value as last stored: its version, its chunks (serialized items and name:
-    an unchanged chunk is neither compressed nor hashed again) and how many references
-    since the last that named every chunk."""
+    """A list value as last stored: its version, its chunks (the items, held so their
+    identity stands, and the chunk's name) and how many references since the last that
+    named every chunk."""
 
     version: Any
-    chunks: list[tuple[tuple[Typed, ...], str]]
+    chunks: list[tuple[tuple[Any, ...], str]]
     deltas: int
 
 
@@ -107,6 +106,11 @@ class Thread:
         for event in events:
             if event.seq > self.index.last_seq:
                 self.index.apply(event)
+
+
+def _same_full_chunk(before: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    return len(now) == CHUNK == len(before) and all(
+        a is b for a, b in zip(before, now, strict=True))
 
 
 def _conf(config: RunnableConfig) -> tuple[str, str]:
@@ -246,18 +250,23 @@ class JournalSaver(BaseCheckpointSaver[str]):
              blobs: Blobs) -> dict[str, Any]:
         """A channel value's reference. A list is cut into chunks of CHUNK items, each
         stored once; its reference names the chunks changed since the channel's last
-        version (an unchanged chunk is not even compressed again), every DELTAS-th all."""
+        version, every DELTAS-th all. A full chunk holding the very objects it held at
+        the channel's last version is not serialized again: LangGraph's reducers make a
+        new list of the same message objects and never change one in place (a message
+        changed in place, in a chunk already stored, is not stored again)."""
         if type(value) is not list or not value:
             return blobs.value([self.serde.dumps_typed(value)])
         last = t.lists.get((ns, channel))
-        chunks: list[tuple[tuple[Typed, ...], str]] = []
+        chunks: list[tuple[tuple[Any, ...], str]] = []
         for k, start in enumerate(range(0, len(value), CHUNK)):
-            items = tuple(self.serde.dumps_typed(v) for v in value[start:start + CHUNK])
-            if last is not None and k < len(last.chunks) and last.chunks[k][0] == items and (
+            objects = tuple(value[start:start + CHUNK])
+            if last is not None and k < len(last.chunks) and _same_full_chunk(
+                    last.chunks[k][0], objects) and (
                     last.chunks[k][1] in t.index.blobs or last.chunks[k][1] in blobs.new):
-                chunks.append(last.chunks[k])
+                chunks.append(last.chunks[k])  # the very same items: not serialized again
             else:
-                chunks.append((items, blobs.add(pack_chunk(items))))
+                items = [self.serde.dumps_typed(v) for v in objects]
+                chunks.append((objects, blobs.add(pack_chunk(items))))
         names = [name for _, name in chunks]
         based = last is not None and last.deltas < DELTAS and (
             (ns, channel, last.version) in t.index.values)
