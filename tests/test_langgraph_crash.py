@@ -20,7 +20,10 @@ import pytest
 
 pytest.importorskip("langgraph.prebuilt")
 
+from click.testing import CliRunner
+
 from agentjournal import EventType, open_store
+from agentjournal.cli import cli
 from agentjournal.integrations.langgraph import thread_run_id
 
 from .conftest import backend_params
@@ -141,6 +144,16 @@ def test_an_uncertain_irreversible_call_interrupts_and_a_person_decides(
     verdicts = [e for e in log_of(store_url) if e.type is EventType.TOOL_CALL_RECONCILED]
     assert [v.payload["verdict"] for v in verdicts] == ["found"]  # as `resolve --happened`
     assert verdicts[0].payload["by"] == "test"
+    # `agentjournal show THREAD` tells the whole story: checkpoints, the call, the verdict.
+    shown = CliRunner().invoke(cli, ["show", THREAD, "--store", store_url, "--json"])
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.output)
+    lines = {e["type"]: e["summary"] for e in doc["events"]}
+    assert "post_effect" in lines["tool_call_started"] and "irreversible" in lines[
+        "tool_call_started"]
+    assert "(by test)" in lines["tool_call_reconciled"]
+    assert doc["thread"]["thread_id"] == THREAD and doc["thread"]["checkpoints"] >= 4
+    assert doc["state"]["status"] == "finished"
 
 
 @backend_params()
