@@ -149,7 +149,7 @@ class Guard:
                 headers = message.setdefault("headers", [])
                 headers += [(b"content-security-policy", CSP.encode()),
                             (b"x-content-type-options", b"nosniff"),
-                            (b"referrer-policy", b"no-referrer"),
+                            (b"referrer-policy", b"same-origin"),
                             (b"x-frame-options", b"DENY")]
             await send(message)
 
