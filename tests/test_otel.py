@@ -17,19 +17,19 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
-from agentjournal import EventType, open_store  # noqa: E402
-from agentjournal.demo.ledger import LedgerService  # noqa: E402
-from agentjournal.demo.reconcile import TASK, reconciliation_agent  # noqa: E402
-from agentjournal.faults import ENV_VAR  # noqa: E402
-from agentjournal.otel import GenAITracer  # noqa: E402
+from agentjournal import EventType, open_store
+from agentjournal.demo.ledger import LedgerService
+from agentjournal.demo.reconcile import TASK, reconciliation_agent
+from agentjournal.faults import ENV_VAR
+from agentjournal.otel import GenAITracer
 
-from .otel_agent import as_dict  # noqa: E402
+from .otel_agent import as_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "q3-traced"

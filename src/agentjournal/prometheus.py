@@ -105,13 +105,9 @@ def _from_snapshot(snapshot: dict[str, Any]) -> Iterator[Metric]:
         labels = sorted({k for lab, _ in series for k in lab})
         if isinstance(series[0][1], dict):
             yield from _timing(name, labels, series)
-        elif name not in _GAUGES:
-            family: Metric = CounterMetricFamily(PREFIX + name, _help(name), labels=labels)
-            for lab, value in series:
-                family.add_metric([lab.get(k, "") for k in labels], float(value))
-            yield family
         else:
-            family = GaugeMetricFamily(PREFIX + name, _help(name), labels=labels)
+            kind = GaugeMetricFamily if name in _GAUGES else CounterMetricFamily
+            family = kind(PREFIX + name, _help(name), labels=labels)
             for lab, value in series:
                 family.add_metric([lab.get(k, "") for k in labels], float(value))
             yield family
@@ -199,5 +195,5 @@ def _from_store(counts: dict[str, Any]) -> Iterator[Metric]:
 def exposition(collector: JournalCollector) -> bytes:
     """The collector's families in Prometheus' text format (what ``/metrics`` serves)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # type: ignore[arg-type]
+    registry.register(collector)
     return generate_latest(registry)
