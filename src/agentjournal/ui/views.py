@@ -58,7 +58,9 @@ class States:
             cached = self._states.get(run_id)
         if cached is not None and cached.last_seq == last_seq:
             return cached
-        state = load_state(self.store, run_id).state  # snapshot + tail
+        # Snapshot + tail; the completed calls a snapshot keeps in segments stay undecoded
+        # (no page lists them all).
+        state = load_state(self.store, run_id, lazy=True).state
         with self._lock:
             self._states[run_id] = state
         return state
@@ -144,9 +146,13 @@ def runs_page(store: Store, states: States, *, status: str | None = None,
               page: int = 1, per_page: int = PAGE_RUNS) -> dict[str, Any]:
     """One page of runs, newest activity first, filtered by status and age."""
     now = datetime.now(UTC)
-    infos = [i for i in store.list_runs() if _age_fits(i, now, older_than_s, newer_than_s)]
-    rows: list[dict[str, Any]] = []
     skip = (page - 1) * per_page
+    filtered = status is not None or older_than_s is not None or newer_than_s is not None
+    # Unfiltered, the store lists only the runs up to this page's end (and one more,
+    # to know there are more); a filter looks at every run, newest first.
+    listed = store.list_runs() if filtered else store.list_runs(limit=skip + per_page + 1)
+    infos = [i for i in listed if _age_fits(i, now, older_than_s, newer_than_s)]
+    rows: list[dict[str, Any]] = []
     more = False
     for info in infos:  # newest first, as the store lists them
         row = _run_row(states, info, now)
@@ -160,7 +166,7 @@ def runs_page(store: Store, states: States, *, status: str | None = None,
             break
         rows.append(row)
     return {"runs": rows, "page": page, "per_page": per_page, "more": more,
-            "total": len(infos), "status": status}
+            "matched": len(infos) if filtered else None, "status": status}
 
 
 def _age_fits(info: RunInfo, now: datetime, older: float | None, newer: float | None) -> bool:
