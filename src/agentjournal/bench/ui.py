@@ -1,8 +1,9 @@
 """15. The viewer (`agentjournal ui`): pages at scale, and the live tail's latency.
 
-One SQLite store holds ``RUNS`` short runs and one run of ``LONG`` events (snapshotted
-at its end, as a long run is); the viewer serves it from a uvicorn thread and is asked
-over loopback HTTP, as a browser would.
+One SQLite store holds 10,000 short runs and one run of 100,000 events, snapshotted at
+its end as a long run is (``Plan.ui_runs``, ``Plan.ui_events``: the same in --quick);
+the viewer serves it from a uvicorn thread and is asked over loopback HTTP, as a
+browser would.
 
 - ``ui.runs_page``: the first page of ``/runs`` (50 runs of 10,000, HTML), warm (the
   viewer keeps each run's state while its log does not move) and cold (the first
@@ -34,19 +35,19 @@ from ..state import fold
 from ..store import Store, open_store
 from ._common import Figure, Plan, Say, figure, medians, run_facts, workload
 
-RUNS, LONG, TAIL_ROUNDS = 10_000, 100_000, 20
+TAIL_ROUNDS = 20
 LONG_RUN, TAIL_RUN = "bench-long", "bench-tail"
 LIST_FLOOR = "store.list_runs(limit=51) alone"
 
 
-def _fill(store: Store, say: Say) -> None:
-    say(f"ui: writing {RUNS:,} runs and one of {LONG:,} events")
-    for r in range(RUNS):
+def _fill(store: Store, runs: int, long: int, say: Say) -> None:
+    say(f"ui: writing {runs:,} runs and one of {long:,} events")
+    for r in range(runs):
         run_id = f"run-{r:05d}"
         events = make_events(run_id, 0, 0, itertools.islice(run_facts(run_id), 5))
         store.append(run_id, events, expected_seq=0, epoch=0)
-    events = workload(LONG_RUN, LONG)
-    for start in range(0, LONG, 1000):
+    events = workload(LONG_RUN, long)
+    for start in range(0, long, 1000):
         batch = events[start:start + 1000]
         store.append(LONG_RUN, batch, expected_seq=start, epoch=0)
     write_snapshot(store, fold(events))
@@ -133,10 +134,10 @@ def ui_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
         from ..ui import Viewer
         from ..ui.server import serve_in_thread
     except ImportError as exc:
-        return [figure("ui.runs_page", None, "ms", note=f"not measured: {exc}")]
+        return [figure("ui.runs_page", None, "ms", note=f"skipped: {exc} (the ui extra)")]
     url = f"sqlite:///{workdir / 'ui.db'}?durability=batched"
     with closing(open_store(url)) as store:
-        _fill(store, say)
+        _fill(store, plan.ui_runs, plan.ui_events, say)
         viewer = Viewer(url)
         server, thread, port = serve_in_thread(viewer)
         try:
@@ -147,7 +148,7 @@ def ui_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
                 lambda: _get_ms(port, "/runs"), lambda: _get_ms(port, long_path),
                 lambda: _timed_ms(lambda: store.list_runs(limit=51)),
                 lambda: _timed_ms(lambda: list(itertools.islice(
-                    store.read(LONG_RUN, after_seq=LONG - 100), 100))),
+                    store.read(LONG_RUN, after_seq=plan.ui_events - 100), 100))),
                 lambda: _get_ms(port, "/static/ui.css")])
             tail = _tail_ms(store, port)
         finally:
@@ -155,8 +156,8 @@ def ui_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
             thread.join(10)
             viewer.close()
     (workdir / "ui.db").unlink(missing_ok=True)
-    runs_note = f"/runs, first page of {RUNS + 2:,} runs, HTML"
-    run_note = f"/runs/{LONG_RUN}: state and the latest 100 of {LONG:,} events, HTML"
+    runs_note = f"/runs, first page of {plan.ui_runs + 2:,} runs, HTML"
+    run_note = f"/runs/{LONG_RUN}: state and the latest 100 of {plan.ui_events:,} events, HTML"
     return [
         figure("ui.runs_page", runs_warm, "ms", list_floor, LIST_FLOOR, f"{runs_note}, warm"),
         figure("ui.runs_page_cold", runs_cold, "ms", list_floor, LIST_FLOOR,
