@@ -131,6 +131,13 @@ def test_a_decision_needs_its_csrf_token_and_records_who(viewer: tuple[str, Test
 def test_resolving_an_uncertain_call_over_json(viewer: tuple[str, TestClient]) -> None:
     url, client = viewer
     key = client.get("/index.json").json()["items"][1]["id"]
+    conflict = client.post(f"/runs/wire-w1/calls/{key[:12]}/resolve",
+                           data={"outcome": "conflict", "reason": "another transfer there",
+                                 "csrf": csrf_of(client)})
+    assert conflict.status_code == 303
+    item = client.get("/index.json").json()["items"][1]
+    assert item["conflict"]["ours"] == {"ref": "w-1"}  # ours, beside theirs, for a person
+    assert [(v["verdict"], v["by"]) for v in item["evidence"]] == [("conflict", "ops")]
     answer = client.post(f"/runs/wire-w1/calls/{key}/resolve",
                          headers={"accept": "application/json"},
                          data={"outcome": "happened", "result": '{"wired": 1}',
@@ -260,3 +267,20 @@ def test_the_ui_command_explains_itself() -> None:
     result = CliRunner().invoke(cli, ["ui", "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0 and "--allow-decisions" in result.output
     assert os.environ.get("AGENTJOURNAL_UI_TOKEN") is None
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_fork_from_a_seq_and_cancel(viewer: tuple[str, TestClient]) -> None:
+    url, client = viewer
+    forked = client.post("/runs/pay-bob/fork", data={"seq": "2", "new_run_id": "pay-bob-2",
+                                                      "csrf": csrf_of(client)})
+    assert (forked.status_code, forked.headers["location"]) == (303, "/runs/pay-bob-2")
+    run = client.get("/runs/pay-bob-2.json").json()["run"]
+    assert run["origin"] == {"run_id": "pay-bob", "at_seq": 2} and run["events"] == 2
+    cancelled = client.post("/runs/pay-bob/cancel", data={"reason": "wrong payee",
+                                                          "csrf": csrf_of(client)})
+    assert cancelled.status_code == 303
+    last = log_of(url, "pay-bob")[-1]
+    assert (last.type, last.payload["by"], last.payload["reason"]) == (
+        EventType.RUN_CANCELLED, "ops", "wrong payee")
+    assert client.get("/runs/pay-bob.json").json()["run"]["status"] == "cancelled"

@@ -111,7 +111,17 @@ def _uncertain(store: Store, state: RunState, now: datetime) -> Iterator[dict[st
                "tool": p.tool, "args": p.args, "effect": p.effect, "attempts": p.attempt,
                "last_error": p.last_error, "seq": p.started_seq,
                "since": p.started_at.isoformat(), "age_s": age_s(p.started_at, now),
-               "evidence": verdicts_on(store, state.run_id, p.key, p.started_seq)}
+               "evidence": verdicts_on(store, state.run_id, p.key, p.started_seq),
+               "conflict": _conflict(state, p.key, p.args)}
+
+
+def _conflict(state: RunState, key: str, ours: Any) -> dict[str, Any] | None:
+    """Ours against theirs, when the run was escalated over this call."""
+    esc = state.escalation
+    if not state.waits_for_a_person or esc is None or esc.get("key") != key:
+        return None
+    return {"reason": esc.get("reason"), "ours": esc.get("ours", ours),
+            "theirs": esc.get("theirs")}
 
 
 def _escalation(state: RunState, now: datetime) -> Iterator[dict[str, Any]]:
