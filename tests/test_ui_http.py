@@ -7,6 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -263,10 +269,32 @@ def test_metrics_parse_and_carry_the_uncertain_queue(viewer: tuple[str, TestClie
     assert not [s for f in families.values() for s in f.samples if "run_id" in s.labels]
 
 
-def test_the_ui_command_explains_itself() -> None:
+def test_the_ui_command_serves_the_store_read_only(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["ui", "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0 and "--allow-decisions" in result.output
-    assert os.environ.get("AGENTJOURNAL_UI_TOKEN") is None
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    made(url)
+    with socket.socket() as probe:  # a free port, for the server to take
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "AGENTJOURNAL_UI_TOKEN"}
+    server = subprocess.Popen([sys.executable, "-m", "agentjournal", "ui", "--store", url,
+                               "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        runs = None
+        for _ in range(600):  # a loaded machine starts it slowly
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/runs.json") as answer:
+                    runs = json.load(answer)
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert runs is not None and {r["run_id"] for r in runs["runs"]} == {
+            "pay-bob", "wire-w1", "markup", "long"}
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, stderr = server.communicate(timeout=60)
+    assert "(read only)" in stderr and "127.0.0.1" in stderr
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

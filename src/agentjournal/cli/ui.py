@@ -54,6 +54,7 @@ def ui(store_url: str, host: str, port: int, allow_decisions: bool, token: str |
          f"{' (decisions on)' if allow_decisions else ' (read only)'}; Ctrl-C stops it")
     try:
         uvicorn.run(viewer.app, host=host, port=port, log_level="warning",
-                    proxy_headers=False, server_header=False)
+                    proxy_headers=False, server_header=False,
+                    timeout_graceful_shutdown=2)  # live tails never end by themselves
     finally:
         viewer.close()

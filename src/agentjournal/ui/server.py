@@ -57,7 +57,8 @@ def serve_in_thread(viewer: Viewer, host: str = "127.0.0.1",
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
-    config = uvicorn.Config(viewer.app, log_level="warning", lifespan="off")
+    config = uvicorn.Config(viewer.app, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                               name="agentjournal-ui")
