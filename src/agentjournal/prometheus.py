@@ -27,7 +27,8 @@ from typing import Any
 
 from .errors import MissingExtraError
 from .metrics import METRICS, Metrics
-from .store import Store
+from .state import RunState
+from .store import RunInfo, Store
 
 try:
     from prometheus_client import CollectorRegistry, generate_latest
@@ -154,15 +155,18 @@ _HELP = {
 # --- what waits in a store ---------------------------------------------------------------
 
 
-def store_counts(store: Store) -> dict[str, Any]:
-    """What waits in ``store`` now, folded from each run (snapshot + tail)."""
+def store_counts(store: Store,
+                 state_of: Callable[[RunInfo], RunState] | None = None) -> dict[str, Any]:
+    """What waits in ``store`` now, from each run's state: ``state_of`` (a cache, as the
+    viewer keeps), else folded from the store (snapshot + tail)."""
     from .snapshots import load_state
 
     by_status: Counter[str] = Counter()
     uncertain: Counter[str] = Counter()
     approvals = escalations = events = 0
     for info in store.list_runs():
-        state = load_state(store, info.run_id).state
+        state = (state_of(info) if state_of is not None
+                 else load_state(store, info.run_id, lazy=True).state)
         events += info.last_seq
         by_status[state.status] += 1
         uncertain.update(p.effect for p in state.pending.values())

@@ -70,18 +70,19 @@ class Config:
 
     def __init__(self, store: Store, store_url: str, *, writer: Callable[[], Store],
                  allow_decisions: bool, token: str | None, by: str,
-                 metrics: Callable[[], bytes] | None) -> None:
+                 metrics: Callable[[], bytes] | None, states: States | None) -> None:
         self.store, self.store_url, self.writer = store, store_url, writer
         self.allow_decisions, self.token, self.by = allow_decisions, token, by
         self.metrics = metrics
         self.csrf = secrets.token_urlsafe(32)
-        self.states = States(store)
+        self.states = states or States(store)
 
 
 def create_app(store: Store, store_url: str, *, allow_decisions: bool = False,
                token: str | None = None, host: str = "127.0.0.1", by: str = "ui",
                writer: Callable[[], Store] | None = None,
-               metrics: Callable[[], bytes] | None = None) -> Starlette:
+               metrics: Callable[[], bytes] | None = None,
+               states: States | None = None) -> Starlette:
     """The viewer over ``store`` (opened read-only by the caller, or a writer).
 
     ``host``: where it will be bound; anything but a loopback address needs ``token``
@@ -89,12 +90,14 @@ def create_app(store: Store, store_url: str, *, allow_decisions: bool = False,
     Bearer``, the cookie a first ``?token=`` visit sets). Decisions (approve, deny,
     resolve, fork, cancel) are refused unless ``allow_decisions``; each POST must carry
     the page's CSRF token. ``writer`` opens the store for a decision (default: ``store``
-    itself). ``metrics``: the body of ``/metrics`` (absent: 404)."""
+    itself). ``metrics``: the body of ``/metrics`` (absent: 404). ``states``: the cache
+    of folded states (default: a new one)."""
     if not is_loopback(host) and not token:
         raise ValueError(f"binding {host!r} serves other machines: give a token (--token "
                          "or AGENTJOURNAL_UI_TOKEN), or bind 127.0.0.1")
     config = Config(store, store_url, writer=writer or (lambda: store),
-                    allow_decisions=allow_decisions, token=token, by=by, metrics=metrics)
+                    allow_decisions=allow_decisions, token=token, by=by, metrics=metrics,
+                    states=states)
     pages = Pages(config)
     routes = [
         Route("/", pages.queue), Route("/index.json", pages.queue),

@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 
 from ..store import Store, open_store
 from .app import create_app
+from .views import States
 
 
 class Viewer:
@@ -23,21 +24,25 @@ class Viewer:
         # opened before a writer of the same process would keep it from writing).
         # Without decisions, nothing can write: the store is opened read-only.
         self.store = open_store(store_url, readonly=not allow_decisions)
+        self.states = States(self.store)
         self.app: Starlette = create_app(
             self.store, store_url, allow_decisions=allow_decisions, token=token, host=host,
-            by=by, metrics=_metrics(self.store) if metrics else None)
+            by=by, states=self.states,
+            metrics=_metrics(self.store, self.states) if metrics else None)
 
     def close(self) -> None:
         self.store.close()
 
 
-def _metrics(store: Store) -> Callable[[], bytes] | None:
-    """``/metrics`` when prometheus_client is installed (the ``[prometheus]`` extra)."""
+def _metrics(store: Store, states: States) -> Callable[[], bytes] | None:
+    """``/metrics`` when prometheus_client is installed (the ``[prometheus]`` extra),
+    its store gauges from the states the pages keep."""
     try:
-        from ..prometheus import JournalCollector, exposition
+        from ..prometheus import JournalCollector, exposition, store_counts
     except ImportError:
         return None
-    collector = JournalCollector(store=store)
+    collector = JournalCollector(counts=lambda: store_counts(
+        store, lambda info: states.of(info.run_id, info.last_seq)))
     return lambda: exposition(collector)
 
 
