@@ -275,7 +275,9 @@ class Pages:
         limit = min(1000, _int(request, "limit", views.PAGE_EVENTS, 1))
         after = _int(request, "after", max(0, last - limit))
         page = await self._call(views.events_page, self.config.store, run_id, after, limit)
-        data = {"run": summary, **page, "live": after + limit >= last}
+        # The latest page of a run that may still move streams its new events.
+        live = after + limit >= last and summary["status"] not in views.DONE
+        data = {"run": summary, **page, "live": live}
         if as_json:
             return JSONResponse(json.loads(json.dumps(data, default=str)))
         return self.render(request, "run.html", data)
