@@ -90,6 +90,9 @@ def test_every_page_answers_as_json(viewer: tuple[str, TestClient]) -> None:
     paused = client.get("/runs.json?status=paused").json()["runs"]
     assert [r["run_id"] for r in paused] == ["wire-w1"]
     assert client.get("/runs.json?newer_than=1h&per_page=2").json()["more"] is True
+    pages = [client.get(f"/runs.json?per_page=3&page={n}").json() for n in (1, 2)]
+    assert [r["run_id"] for p in pages for r in p["runs"]] == [r["run_id"] for r in runs["runs"]]
+    assert [p["more"] for p in pages] == [True, False]
     assert client.get("/runs.json?older_than=1h").json()["runs"] == []
 
     log = log_of(url, "long")

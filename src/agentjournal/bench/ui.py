@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import itertools
+import random
 import statistics
 import threading
 import time
@@ -116,8 +117,12 @@ def _tail_ms(store: Store, port: int) -> list[float]:
     last = store.last_seq(TAIL_RUN)
     tail = _Tail(port, last)
     latencies = []
+    pause = random.Random(29)
     try:
         for _ in range(TAIL_ROUNDS):
+            # At a random moment, not right after the last delivery (the stream polls
+            # again at once then, which would flatter the figure).
+            time.sleep(pause.uniform(0, 0.05))
             (event,) = make_events(TAIL_RUN, last, 0, [(EventType.USER_MESSAGE,
                                                         {"content": "more"})])
             store.append(TAIL_RUN, [event], expected_seq=last, epoch=0)

@@ -29,6 +29,8 @@ DONE = frozenset({"finished", "cancelled", "compensated"})
 #: Events per page of a run's timeline, and runs per page of the list.
 PAGE_EVENTS = 100
 PAGE_RUNS = 50
+#: Runs this short are folded from their log without looking for a snapshot.
+SHORT_RUN = 200
 
 
 class NotFound(Exception):
@@ -58,9 +60,10 @@ class States:
             cached = self._states.get(run_id)
         if cached is not None and cached.last_seq == last_seq:
             return cached
-        # Snapshot + tail; the completed calls a snapshot keeps in segments stay undecoded
-        # (no page lists them all).
-        state = load_state(self.store, run_id, lazy=True).state
+        if last_seq <= SHORT_RUN:  # one read: cheaper than looking for a snapshot first
+            state = fold(self.store.read(run_id))
+        else:  # snapshot + tail; the completed calls in its segments stay undecoded
+            state = load_state(self.store, run_id, lazy=True).state
         with self._lock:
             self._states[run_id] = state
         return state
@@ -164,6 +167,9 @@ def runs_page(store: Store, states: States, *, status: str | None = None,
     infos = [i for i in listed if _age_fits(i, now, older_than_s, newer_than_s)]
     rows: list[dict[str, Any]] = []
     more = False
+    matched = len(infos) if filtered and status is None else None  # (ages only)
+    if status is None:  # the earlier pages need no fold to be skipped
+        infos, skip = infos[skip:], 0
     for info in infos:  # newest first, as the store lists them
         row = _run_row(states, info, now)
         if status is not None and row["status"] != status:
@@ -176,7 +182,7 @@ def runs_page(store: Store, states: States, *, status: str | None = None,
             break
         rows.append(row)
     return {"runs": rows, "page": page, "per_page": per_page, "more": more,
-            "matched": len(infos) if filtered else None, "status": status}
+            "matched": matched, "status": status}
 
 
 def _age_fits(info: RunInfo, now: datetime, older: float | None, newer: float | None) -> bool:
