@@ -18,14 +18,14 @@ import pytest
 if os.environ.get("CI") != "true":  # in CI the dev extra has them: a missing one fails
     pytest.importorskip("starlette")
     pytest.importorskip("playwright.sync_api")
-from playwright import sync_api  # noqa: E402
+from playwright import sync_api
 
-from agentjournal import Agent, EventType, ScriptedModel, calls, open_store, reply  # noqa: E402
-from agentjournal.demo.run_demo import RUN_ID, run_demo  # noqa: E402
-from agentjournal.ui import Viewer  # noqa: E402
-from agentjournal.ui.server import serve_in_thread  # noqa: E402
+from agentjournal import Agent, EventType, ScriptedModel, calls, open_store, reply
+from agentjournal.demo.run_demo import RUN_ID, run_demo
+from agentjournal.ui import Viewer
+from agentjournal.ui.server import serve_in_thread
 
-from .ui_runs import HOSTILE, approval_run, fetch_page, markup_run, uncertain_run  # noqa: E402
+from .ui_runs import HOSTILE, approval_run, fetch_page, markup_run, uncertain_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
