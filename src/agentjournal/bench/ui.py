@@ -23,6 +23,7 @@ import contextlib
 import http.client
 import itertools
 import random
+import socket
 import statistics
 import threading
 import time
@@ -82,6 +83,7 @@ class _Tail:
     def __init__(self, port: int, after: int) -> None:
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         self.conn.request("GET", f"/runs/{TAIL_RUN}/tail?after={after}")
+        self.sock = self.conn.sock  # the stream's socket: shut down to end the reader
         self.answer = self.conn.getresponse()
         self.arrived: dict[int, float] = {}
         self.changed = threading.Condition()
@@ -110,6 +112,10 @@ class _Tail:
             return self.arrived[seq]
 
     def close(self) -> None:
+        # The reader holds the response's buffer while it waits for the next line: the
+        # socket is shut down first, so that wait ends now, not at the next keepalive.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.conn.close()
 
 
