@@ -32,8 +32,10 @@ from .events import Event, EventType, render
 #: for a call about to run (``for_call``) is told to the model too, after the results; a
 #: tool call may stand in for arguments over the size limit (``ToolCall.too_large``);
 #: a turn whose price was unknown (cost None) is counted in ``unpriced_turns``, not
-#: summed as $0.
-FOLD_VERSION = 9
+#: summed as $0. v9: the trace context a run_started / run_resumed records (``trace``).
+#: v10: a finished run's run_resumed with ``reopened`` (a LangGraph thread given new
+#: input) runs it again.
+FOLD_VERSION = 10
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -233,6 +235,10 @@ class RunState(msgspec.Struct, kw_only=True):
     workspace: WorkspaceVersion | None = None
     #: Messages for the model that wait until it has every result it awaits.
     notes: list[Message] = msgspec.field(default_factory=list)
+    #: The trace context (W3C ``traceparent``) of the newest process segment that
+    #: recorded one in its run_started / run_resumed: the next segment's span links to
+    #: it across a crash (otel.py). None when no tracer was attached.
+    trace: dict[str, str] | None = None
 
     @property
     def waits_for_a_person(self) -> bool:
@@ -305,6 +311,7 @@ def durable_fields(state: RunState) -> dict[str, Any]:
            if state.observations else {}),
         **({"workspace": msgspec.to_builtins(state.workspace)} if state.workspace else {}),
         **({"notes": msgspec.to_builtins(state.notes)} if state.notes else {}),
+        **({"trace": state.trace} if state.trace else {}),
     }
 
 
@@ -321,6 +328,7 @@ def _run_started(st: RunState, ev: Event) -> None:
     st.instructions = p.get("instructions")
     st.agent = p.get("agent")
     st.started_at = ev.ts
+    st.trace = p.get("trace", st.trace)
 
 
 def _user_message(st: RunState, ev: Event) -> None:
@@ -521,10 +529,11 @@ def _run_resumed(st: RunState, ev: Event) -> None:
     # live again; it pauses again if nothing new settles its calls. One a person
     # recorded (``by``: a requeue) is their decision to go on.
     st.resumes += 1
+    st.trace = ev.payload.get("trace", st.trace)
     if ev.payload.get("by"):
         st.decided_seq = ev.seq
     if st.status == "finished" and ev.payload.get("reopened"):
-        st.status = "running"  # a finished run given new input (a LangGraph thread): fold v9
+        st.status = "running"  # a finished run given new input (a LangGraph thread): fold v10
     elif st.status in ("paused", "escalated", "new"):
         # A run being compensated goes on with its saga, never with its loop.
         st.status = "compensating" if st.saga is not None else "running"
