@@ -35,12 +35,20 @@ THREAD = "refunds/order-42"  # a thread id is any string, not a run id
 HANG = 120  # seconds: a hang guard, never a timing assertion
 
 
-def sqlite_unless_slow(request: pytest.FixtureRequest, store_url: str) -> None:
-    """Each child imports LangGraph (2-3 s of CPU): the default suite kills on SQLite;
-    --slow kills on every backend (the saver's appends are the same code on each, which
-    the conformance and graph tests run on all three)."""
-    if not store_url.startswith("sqlite") and not request.config.getoption("--slow"):
-        pytest.skip("on this backend with --slow (the default suite runs it on sqlite)")
+@pytest.fixture(autouse=True)
+def default_size(request: pytest.FixtureRequest) -> None:
+    """Each child imports LangGraph (2-3 s of CPU): the default suite kills on SQLite and
+    after the effect (the window LangGraph repeats); --slow kills in every window on
+    every backend (the saver's appends are the same code on each, which the conformance
+    and graph tests run on all three). Decided before the receiver starts."""
+    params = getattr(request.node, "callspec", None)
+    given = params.params if params is not None else {}
+    if request.config.getoption("--slow"):
+        return
+    if given.get("store_url", "sqlite") != "sqlite":
+        pytest.skip("on this backend with --slow (the default suite kills on sqlite)")
+    if given.get("window", "after") != "after":
+        pytest.skip("in this window with --slow (the default suite kills after the effect)")
 
 
 @pytest.fixture
@@ -87,10 +95,7 @@ def stock_count(tmp_path: Path, receiver: Receiver, window: str) -> int:
 
 @pytest.mark.parametrize("window", ["model", "before", "after"])
 def test_stock_sqlitesaver_and_toolnode_repeat_the_effect_after_it(
-        request: pytest.FixtureRequest, tmp_path: Path, receiver: Receiver, window: str
-) -> None:
-    if window != "after" and not request.config.getoption("--slow"):
-        pytest.skip("with --slow (the default suite kills the stock run after the effect)")
+        tmp_path: Path, receiver: Receiver, window: str) -> None:
     count = stock_count(tmp_path, receiver, window)
     print(f"stock SqliteSaver + ToolNode, killed in window {window!r}: receiver count {count}")
     assert count == (2 if window == "after" else 1)
@@ -112,11 +117,7 @@ def log_of(store_url: str) -> list[Any]:
 @backend_params()
 @pytest.mark.parametrize("window", ["model", "before", "after"])
 def test_killed_in_each_window_the_effect_happens_once(
-        request: pytest.FixtureRequest, store_url: str, receiver: Receiver, window: str) -> None:
-    sqlite_unless_slow(request, store_url)
-    if window != "after" and not request.config.getoption("--slow"):
-        pytest.skip("with --slow (the default suite kills after the effect, the window "
-                    "LangGraph repeats)")
+        store_url: str, receiver: Receiver, window: str) -> None:
     kill_in(journal(store_url, receiver, "--lookup", "--block", window), window)
     out = finish(journal(store_url, receiver, "--lookup", "--resume"))
     assert out["messages"][-1] == ["AIMessage", "Refunded order 42."], out
@@ -130,8 +131,7 @@ def test_killed_in_each_window_the_effect_happens_once(
 
 @backend_params()
 def test_an_uncertain_irreversible_call_interrupts_and_a_person_decides(
-        request: pytest.FixtureRequest, store_url: str, receiver: Receiver) -> None:
-    sqlite_unless_slow(request, store_url)
+        store_url: str, receiver: Receiver) -> None:
     kill_in(journal(store_url, receiver, "--block", "after"), "after")
     paused = finish(journal(store_url, receiver, "--resume"))
     (question,) = paused["interrupts"]
@@ -158,8 +158,7 @@ def test_an_uncertain_irreversible_call_interrupts_and_a_person_decides(
 
 @backend_params()
 def test_a_crash_before_the_first_checkpoint_keeps_the_input(
-        request: pytest.FixtureRequest, store_url: str, receiver: Receiver) -> None:
-    sqlite_unless_slow(request, store_url)
+        store_url: str, receiver: Receiver) -> None:
     # durability="exit": LangGraph itself writes nothing before the run ends.
     kill_in(journal(store_url, receiver, "--lookup", "--durability", "exit",
                     "--block", "model"), "model")
@@ -173,8 +172,7 @@ def test_a_crash_before_the_first_checkpoint_keeps_the_input(
 
 @backend_params()
 def test_two_processes_resuming_one_thread_one_proceeds_one_is_refused(
-        request: pytest.FixtureRequest, store_url: str, receiver: Receiver, tmp_path: Path) -> None:
-    sqlite_unless_slow(request, store_url)
+        store_url: str, receiver: Receiver, tmp_path: Path) -> None:
     kill_in(journal(store_url, receiver, "--lookup", "--block", "before"), "before")
     gate = tmp_path / "go"
     first = subprocess.Popen(
