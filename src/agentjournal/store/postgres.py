@@ -59,6 +59,7 @@ import re
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, LiteralString
 from urllib.parse import quote, urlencode
@@ -102,6 +103,7 @@ from .base import (
     scope_started,
     validate_run_id,
 )
+from .group import GroupCommit, Grouper, Pending
 
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())  # see the docstring
 
@@ -281,6 +283,17 @@ _ONE_ROW = "SELECT %(run)s, %(last)s, %(type)s, %(last_ts)s, %(body)s"
 _ROWS = ("SELECT * FROM unnest(%(runs)s::text[], %(seqs)s::bigint[], %(types)s::text[],"
          " %(stamps)s::timestamptz[], %(bodies)s::bytea[])")
 
+
+@dataclass(slots=True)
+class _Claim:
+    """A warm append waiting for its group: the claim's parameters and sealed bodies."""
+
+    run_id: str
+    params: dict[str, Any]
+    events: Sequence[Event]
+    bodies: list[bytes]
+
+
 Conn = psycopg.Connection[tuple[Any, ...]]
 Cursor = psycopg.Cursor[tuple[Any, ...]]
 
@@ -344,8 +357,12 @@ class PostgresStore:
         pool_size: int = 4,
         readonly: bool = False,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        group_commit: GroupCommit = GroupCommit.ON,
     ) -> None:
         self.schema = schema
+        # Warm appends of concurrent runs claimed in one transaction (see _commit_group).
+        self.group_commit = GroupCommit(group_commit)
+        self._grouper = Grouper(self._commit_group, alone=self.group_commit is GroupCommit.OFF)
         self.lock_timeout = lock_timeout
         self.durability = Durability(durability)
         self.readonly = readonly
@@ -570,6 +587,39 @@ class PostgresStore:
         """The durability point (a fault-injection seam for tests)."""
         conn.commit()
 
+    def _commit_group(self, group: list[Pending]) -> None:
+        """Claim every warm append of ``group`` (each a :class:`_Claim`) in one
+        transaction: each one's result is whether it was claimed. Alone (unless
+        ``group_commit=always``) it is one statement in autocommit, as ever.
+
+        A claim refused by its WHERE changed nothing, so its neighbours commit and it
+        takes the locked way after, which says why (a conflict, a fence) or appends (a
+        stale guess). A statement the server refused (a unique violation) aborts the
+        transaction: nothing of the group was committed, and every claim takes the locked
+        way on its own. An error the server did not answer leaves the commit's outcome
+        unknown: the handle breaks, and every append of the group fails with it."""
+        if len(group) == 1 and self.group_commit is not GroupCommit.ALWAYS:
+            one: _Claim = group[0].item
+            group[0].result = self._claim_alone(one.run_id, one.params, one.events, one.bodies)
+            return
+        self._writable(group[0].item.run_id)
+        with self._conn() as conn:
+            try:
+                with conn.pipeline():  # every claim and the commit: one round trip
+                    cursors = [conn.cursor() for _ in group]
+                    for cur, pending in zip(cursors, group, strict=True):
+                        one = pending.item
+                        self._send_claim(cur, one.params, one.events, one.bodies)
+                    self._sync(conn)
+                claimed = [bool(cur.fetchone()[0]) for cur in cursors]  # type: ignore[index]
+            except psycopg.Error as exc:
+                if exc.sqlstate is None:
+                    raise self._commit_failed(exc, None) from exc
+                conn.rollback()
+                claimed = [False] * len(group)  # nothing committed: each on its own
+        for pending, was in zip(group, claimed, strict=True):
+            pending.result = was
+
     def _lock_run(self, cur: Cursor, run_id: str) -> tuple[Any, ...]:
         """Lock the run's row, creating it if missing, and read it with the server's clock.
 
@@ -609,7 +659,7 @@ class PostgresStore:
             if expected_seq and prev is not None and self.durability is Durability.FSYNC:
                 bodies, digest = seal(events, prev)
                 params.update(prev=prev, digest=digest)
-                if self._claim_alone(run_id, params, events, bodies):
+                if self._grouper.submit(_Claim(run_id, params, events, bodies)):
                     self._remember(run_id, events[-1].seq, digest)
                     return events[-1].seq
                 prev = None  # a stale guess, a fence or a conflict: lock, and see which
@@ -647,6 +697,18 @@ class PostgresStore:
             if len(self._ends) > _ENDS:
                 del self._ends[next(iter(self._ends))]  # the least recently used
 
+    def _send_claim(self, cur: Cursor, params: dict[str, Any], events: Sequence[Event],
+                    bodies: list[bytes]) -> None:
+        """Execute the claim statement (see :meth:`_claim_and_insert`)."""
+        if len(events) == 1:
+            params.update(type=events[0].type.value, body=bodies[0])
+            cur.execute(self._claim_one, params)
+        else:
+            params.update(runs=[e.run_id for e in events], seqs=[e.seq for e in events],
+                          types=[e.type.value for e in events], stamps=[e.ts for e in events],
+                          bodies=bodies)
+            cur.execute(self._claim_many, params)
+
     def _claim_and_insert(self, cur: Cursor, params: dict[str, Any], events: Sequence[Event],
                           bodies: list[bytes]) -> bool:
         """Move the run's end from expected to last and insert the events, in one round trip.
@@ -656,14 +718,7 @@ class PostgresStore:
         two writers at the same expected seq and epoch claims it; and only a batch
         sealed from the digest the log really ends with is claimed. False: not claimed.
         """
-        if len(events) == 1:
-            params.update(type=events[0].type.value, body=bodies[0])
-            cur.execute(self._claim_one, params)
-        else:
-            params.update(runs=[e.run_id for e in events], seqs=[e.seq for e in events],
-                          types=[e.type.value for e in events], stamps=[e.ts for e in events],
-                          bodies=bodies)
-            cur.execute(self._claim_many, params)
+        self._send_claim(cur, params, events, bodies)
         (row,) = cur.fetchall()
         return bool(row[0])
 

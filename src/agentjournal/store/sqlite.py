@@ -75,6 +75,7 @@ from .base import (
     scope_started,
     validate_run_id,
 )
+from .group import GroupCommit
 
 
 def _digest_of(body: str) -> str:
@@ -468,8 +469,10 @@ class SQLiteStore:
         durability: Durability = Durability.FSYNC,
         busy_timeout: float = 30.0,
         readonly: bool = False,
+        group_commit: GroupCommit = GroupCommit.ON,
     ) -> None:
         self.path = Path(path)
+        self.group_commit = GroupCommit(group_commit)  # see store/group.py
         self.url = f"sqlite:///{self.path}"
         self.durability = Durability(durability)
         self.readonly = readonly
@@ -769,7 +772,10 @@ class SQLiteStore:
         """Commit every append waiting now (``mine`` among them) as one group, hand the
         lead to the first that arrived meanwhile, then wake the group."""
         with self._group:
-            group, self._waiting = self._waiting, []
+            if self.group_commit is GroupCommit.OFF:  # each append its own transaction
+                group, self._waiting = [mine], [w for w in self._waiting if w is not mine]
+            else:
+                group, self._waiting = self._waiting, []
         try:
             self._commit_group(group)
         finally:
@@ -787,7 +793,8 @@ class SQLiteStore:
         (all of them with the commit's error: then nothing of the group was committed).
         A lone warm append tries one statement first (see _append_alone)."""
         try:
-            if len(group) == 1 and self._append_alone(group[0]):
+            if (len(group) == 1 and self.group_commit is not GroupCommit.ALWAYS
+                    and self._append_alone(group[0])):
                 return
             with self._tx() as db:
                 if not (ends := self._insert(db, group)):

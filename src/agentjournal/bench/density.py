@@ -1,0 +1,170 @@
+"""11. Density: many runs held by one process, on one event loop, sharing one store.
+
+An agent run waits on its model almost all its life, so one process should hold
+hundreds of them, as an async server holds connections. N runs (``Agent.arun``), each
+of ``turns`` turns, each turn an async model that answers after ``latency`` seconds
+asking for one read-only async tool call, all started together on one loop sharing one
+store. The ideal wall time is ``turns * latency`` (the models' waits alone, the
+final answer's turn included); the figure is wall / ideal, beside LangGraph's async
+savers running the same workload in the same run (``durability="sync"``; the
+``peers`` extra). On PostgreSQL the commits are counted by the server in the
+bench's own database (``pg_stat_database.xact_commit`` of a database created for it),
+per step (a model turn and its tool call). Resident memory per held run is the
+process's growth while the runs are held, over N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import resource
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..agent import Agent
+from ..models import ModelRequest, ModelResponse, reply
+from ..policy import Budget
+from ..state import ToolCall
+from ..store import Store, open_store
+from ..tools import Tool, tool
+from ._common import Figure, Plan, Say, figure, store_url
+
+TURN_TEXT = "Looking the order up."
+
+
+class SlowAsyncModel:
+    """An async model that answers each turn after ``latency`` seconds: a tool call for
+    turns before ``turns - 1``, then the final answer (so a run makes ``turns`` model
+    calls and ``turns - 1`` tool calls)."""
+
+    def __init__(self, latency: float, turns: int) -> None:
+        self.latency, self.turns = latency, turns
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        await asyncio.sleep(self.latency)
+        n = request.turn
+        if n >= self.turns - 1:
+            return reply("all reconciled")
+        call = ToolCall(id=f"call_{n}_0", name="lookup", args={"order": f"ord-{n:06d}"})
+        return ModelResponse(text=TURN_TEXT, tool_calls=[call])
+
+
+def async_lookup() -> Tool:
+    @tool(effect="read_only")
+    async def lookup(order: str) -> dict[str, Any]:
+        """Look an order up in the carrier's manifest."""
+        return {"order": order, "status": "delivered"}
+
+    return lookup
+
+
+def density_agent(latency: float, turns: int) -> Agent:
+    return Agent(SlowAsyncModel(latency, turns), [async_lookup()], budget=Budget.unlimited())
+
+
+async def run_many(agent: Agent, store: Store, n: int, prefix: str,
+                   while_running: Callable[[], Awaitable[None]] | None = None) -> list[str]:
+    """Run ``n`` runs of ``agent`` at once on this loop; their statuses. ``while_running``
+    (a coroutine function) runs beside them and is cancelled when they are done."""
+    beside = asyncio.ensure_future(while_running()) if while_running is not None else None
+    try:
+        results = await asyncio.gather(*(agent.arun(store, f"{prefix}-{i:05d}", "reconcile")
+                                         for i in range(n)))
+    finally:
+        if beside is not None:
+            beside.cancel()
+    return [r.status for r in results]
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+@dataclass
+class Measured:
+    wall: float
+    rss_growth_mb: float
+    commits: int | None = None
+
+
+def _ours(url: str, n: int, latency: float, turns: int,
+          commits: Callable[[], int] | None) -> Measured:
+    store = open_store(url)
+    agent = density_agent(latency, turns)
+    try:
+        gc.collect()
+        before, peak = _rss_mb(), [0.0]
+
+        async def sample() -> None:
+            while True:
+                peak[0] = max(peak[0], _rss_mb())
+                await asyncio.sleep(latency / 2)
+
+        committed = commits() if commits else None
+        began = time.perf_counter()
+        statuses = asyncio.run(run_many(agent, store, n, f"d{uuid.uuid4().hex[:6]}", sample))
+        wall = time.perf_counter() - began
+        if set(statuses) != {"finished"}:
+            raise RuntimeError(f"density runs ended {sorted(set(statuses))}")
+        spent = commits() - committed if commits and committed is not None else None
+        return Measured(wall, max(0.0, peak[0] - before), spent)
+    finally:
+        store.close()
+
+
+# --- PostgreSQL: a database of the bench's own, so its commits are ours alone -------------
+
+
+def _admin_url(url: str) -> str:
+    return url.split("?")[0]
+
+
+def _own_database(url: str) -> tuple[str, str]:
+    """(a URL to a fresh database of the bench's own, its name)."""
+    import psycopg
+
+    name = f"aj_density_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(_admin_url(url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = _admin_url(url).rsplit("/", 1)[0]
+    return f"{base}/{name}", name
+
+
+def _drop_database(url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_admin_url(url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _commit_counter(url: str, name: str) -> Callable[[], int]:
+    """The server's count of commits in database ``name`` (stats flushed first)."""
+    import psycopg
+
+    def count() -> int:
+        time.sleep(1.1)  # backends flush their counters at most once a second
+        with psycopg.connect(_admin_url(url), autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            (row,) = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s",
+                                  (name,)).fetchall()
+        return int(row[0])
+
+    return count
+
+
+def measure(backend: str, workdir: Path, n: int, latency: float, turns: int,
+            postgres_url: str | None) -> Measured:
+    if backend == "sqlite":
+        return _ours(store_url("sqlite", workdir / f"density-{uuid.uuid4().hex[:8]}"), n,
+                     latency, turns, None)
+    assert postgres_url is not None
+    url, name = _own_database(postgres_url)
+    try:
+        return _ours(f"{url}?schema=density", n, latency, turns, _commit_counter(url, name))
+    finally:
+        _drop_database(postgres_url, name)
