@@ -31,7 +31,7 @@ from ..policy import Budget
 from ..state import ToolCall
 from ..store import Store, open_store
 from ..tools import Tool, tool
-from ._common import Figure, Plan, Say, figure, store_url
+from ._common import store_url
 
 TURN_TEXT = "Looking the order up."
 
