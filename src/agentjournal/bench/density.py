@@ -31,7 +31,8 @@ from ..policy import Budget
 from ..state import ToolCall
 from ..store import Store, open_store
 from ..tools import Tool, tool
-from ._common import store_url
+from ._common import Figure, Plan, Say, figure, store_url
+from .peers import Conversation
 
 TURN_TEXT = "Looking the order up."
 
@@ -168,3 +169,148 @@ def measure(backend: str, workdir: Path, n: int, latency: float, turns: int,
         return _ours(f"{url}?schema=density", n, latency, turns, _commit_counter(url, name))
     finally:
         _drop_database(postgres_url, name)
+
+
+# --- LangGraph's async savers on the same workload ------------------------------------------
+
+
+def _async_graph(latency: float, turns: int) -> Any:
+    """Model node (an async wait of ``latency``) -> tool node -> model ... for ``turns``
+    model turns, each message appended to a messages list."""
+    from langgraph.graph import END, START, StateGraph
+
+    async def model(state: Conversation) -> dict[str, Any]:
+        await asyncio.sleep(latency)
+        n = (len(state["messages"]) - 1) // 2  # the task, then 2 messages per turn
+        if n >= turns - 1:
+            return {"messages": [{"role": "assistant", "content": "all reconciled"}]}
+        call = {"id": f"call_{n}_0", "name": "lookup", "args": {"order": f"ord-{n:06d}"}}
+        return {"messages": [{"role": "assistant", "content": TURN_TEXT, "tool_calls": [call]}]}
+
+    async def tools(state: Conversation) -> dict[str, Any]:
+        call = state["messages"][-1]["tool_calls"][0]
+        result = {"order": call["args"]["order"], "status": "delivered"}
+        return {"messages": [{"role": "tool", "tool_call_id": call["id"], "content": result}]}
+
+    def route(state: Conversation) -> str:
+        return "tools" if state["messages"][-1].get("tool_calls") else END
+
+    builder = StateGraph(Conversation)
+    builder.add_node("model", model)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", route, ["tools", END])
+    builder.add_edge("tools", "model")
+    return builder
+
+
+async def _graph_runs(saver: Any, n: int, latency: float, turns: int) -> None:
+    graph = _async_graph(latency, turns).compile(checkpointer=saver)
+    prefix = uuid.uuid4().hex[:6]
+
+    async def one(i: int) -> None:
+        config = {"configurable": {"thread_id": f"{prefix}-{i}"}, "recursion_limit": 4 * turns}
+        out = await graph.ainvoke({"messages": [{"role": "user", "content": "reconcile"}]},
+                                  config, durability="sync")
+        if len(out["messages"]) != 2 * turns:
+            raise RuntimeError(f"a LangGraph run ended after {len(out['messages'])} messages")
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def _langgraph_sqlite(path: Path, n: int, latency: float, turns: int) -> float:
+    import aiosqlite
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    async with aiosqlite.connect(path) as conn:
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA synchronous=FULL")
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        began = time.perf_counter()
+        await _graph_runs(saver, n, latency, turns)
+        return time.perf_counter() - began
+
+
+async def _langgraph_postgres(url: str, n: int, latency: float, turns: int,
+                              commits: Callable[[], int]) -> tuple[float, int]:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    async with AsyncConnectionPool(url, max_size=10, kwargs=kwargs, open=False) as pool:
+        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        await saver.setup()
+        committed = await asyncio.to_thread(commits)
+        began = time.perf_counter()
+        await _graph_runs(saver, n, latency, turns)
+        wall = time.perf_counter() - began
+        return wall, await asyncio.to_thread(commits) - committed
+
+
+def langgraph_measure(backend: str, workdir: Path, n: int, latency: float, turns: int,
+                      postgres_url: str | None) -> Measured:
+    if backend == "sqlite":
+        path = workdir / f"density-langgraph-{uuid.uuid4().hex[:8]}.db"
+        return Measured(asyncio.run(_langgraph_sqlite(path, n, latency, turns)), 0.0)
+    assert postgres_url is not None
+    url, name = _own_database(postgres_url)
+    try:
+        wall, spent = asyncio.run(_langgraph_postgres(url, n, latency, turns,
+                                                      _commit_counter(url, name)))
+        return Measured(wall, 0.0, spent)
+    finally:
+        _drop_database(postgres_url, name)
+
+
+def langgraph_problem(backend: str) -> str | None:
+    """Why LangGraph's async saver for ``backend`` cannot run here, or None."""
+    module = ("langgraph.checkpoint.sqlite.aio" if backend == "sqlite"
+              else "langgraph.checkpoint.postgres.aio")
+    try:
+        __import__(module)
+    except ImportError as exc:
+        return f"{module} is not installed ({exc.name}): pip install 'agentjournal[peers]'"
+    return None
+
+
+# --- the figures ------------------------------------------------------------------------------
+
+
+def density_figures(workdir: Path, postgres_url: str | None, plan: Plan,
+                    say: Say) -> list[Figure]:
+    latency, turns = plan.density_latency, plan.density_turns
+    ideal = latency * turns
+    steps_per_run = turns - 1  # a model turn and its tool call (the last turn answers)
+    backends = ["sqlite", *(["postgres"] if postgres_url else [])]
+    figures = []
+    for n in plan.density_runs:
+        for backend in backends:
+            say(f"density: {n} runs x {turns} turns of {latency:g} s on one loop, {backend}")
+            ours = measure(backend, workdir, n, latency, turns, postgres_url)
+            name = f"density.{backend}.{n}"
+            figures.append(figure(f"{name}.wall", ours.wall / ideal, "x ideal", note=(
+                f"wall {ours.wall:.2f} s for {n} runs; ideal {ideal:g} s = {turns} turns "
+                f"x {latency:g} s; target ≤ 1.15")))
+            events = n * (4 + 3 * steps_per_run)  # start, task, steps, final turn + finish
+            figures.append(figure(f"{name}.events_per_s", events / ours.wall, "events/s"))
+            figures.append(figure(f"{name}.rss_per_run", ours.rss_growth_mb * 1024 / n,
+                                  "KiB/run", note="resident growth while held, over N"))
+            if ours.commits is not None:
+                figures.append(figure(
+                    f"{name}.commits_per_step", ours.commits / (n * steps_per_run),
+                    "commits/step", note="pg_stat_database.xact_commit of the bench's own "
+                    "database; target ≤ 1"))
+            if langgraph_problem(backend) is not None:
+                continue
+            theirs = langgraph_measure(backend, workdir, n, latency, turns, postgres_url)
+            figures.append(figure(f"{name}.langgraph.wall", theirs.wall / ideal, "x ideal",
+                                  ours.wall / ideal, "agentjournal arun, same run",
+                                  note="LangGraph async saver, durability='sync'"))
+            if theirs.commits is not None and ours.commits is not None:
+                figures.append(figure(
+                    f"{name}.langgraph.commits_per_step", theirs.commits / (n * steps_per_run),
+                    "commits/step", ours.commits / (n * steps_per_run),
+                    "agentjournal arun, same run"))
+    return figures

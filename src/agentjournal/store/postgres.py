@@ -655,8 +655,10 @@ class PostgresStore:
         }
         prev = self._guess_prev(run_id, expected_seq)
         try:
-            # (A new run has no row to claim yet: it takes the locked way at once.)
-            if expected_seq and prev is not None and self.durability is Durability.FSYNC:
+            # (A new run may have no row to claim yet: it takes the locked way at once,
+            # unless this handle saw its row, as a lease's acquire does.)
+            if prev is not None and self.durability is Durability.FSYNC and (
+                    expected_seq or self._ends.get(run_id) == (0, GENESIS)):
                 bodies, digest = seal(events, prev)
                 params.update(prev=prev, digest=digest)
                 if self._grouper.submit(_Claim(run_id, params, events, bodies)):
@@ -824,7 +826,8 @@ class PostgresStore:
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
         with self._write(run_id) as cur:
-            _, current, holder, expires, now, *_ = self._lock_run(cur, run_id)
+            last, current, holder, expires, now, digest, archived_to, _ = self._lock_run(
+                cur, run_id)
             if holder is None or current == 0:
                 epoch = 1
             elif holder == owner and expires > now:
@@ -834,6 +837,8 @@ class PostgresStore:
             else:
                 epoch = current + 1  # takeover of an expired or released lease
             expires_at = self._set_expiry(cur, run_id, owner, epoch, ttl)
+        if archived_to is None:  # the row exists now: even a new run's first append is warm
+            self._remember(run_id, int(last), str(digest))
         return Lease(run_id, owner, epoch, expires_at)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -858,7 +863,9 @@ class PostgresStore:
                 raise
 
     def _release(self, lease: Lease) -> None:
-        with self._write(lease.run_id) as cur:
+        # Not waited for on disk: a release a server crash loses only leaves the lease to
+        # expire by its TTL.
+        with self._write(lease.run_id, batched=True) as cur:
             cur.execute(
                 self._q(
                     "UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)"
