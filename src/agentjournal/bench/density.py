@@ -64,7 +64,8 @@ def async_lookup() -> Tool:
 
 
 def density_agent(latency: float, turns: int) -> Agent:
-    return Agent(SlowAsyncModel(latency, turns), [async_lookup()], budget=Budget.unlimited())
+    model = SlowAsyncModel(latency, turns)  # an AsyncModel: arun only
+    return Agent(model, [async_lookup()], budget=Budget.unlimited())  # type: ignore[arg-type]
 
 
 async def run_many(agent: Agent, store: Store, n: int, prefix: str,

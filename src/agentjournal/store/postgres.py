@@ -849,6 +849,28 @@ class PostgresStore:
             expires_at = self._set_expiry(cur, lease.run_id, lease.owner, lease.epoch, ttl)
         return Lease(lease.run_id, lease.owner, lease.epoch, expires_at)
 
+    def renew_all(self, leases: Sequence[Lease], ttl: float) -> dict[str, Lease]:
+        """Renew many leases in one statement (a worker's heartbeat for every run it
+        holds); the ones renewed, by run id. A lease whose epoch moved on (another worker
+        took the run) is not renewed, and is missing from the answer."""
+        if not leases:
+            return {}
+        with self._write(None) as cur:
+            cur.execute(self._q(
+                "UPDATE {s}.runs r SET lease_expires_at = clock_timestamp()"
+                " + make_interval(secs => %(ttl)s::float8), lease_owner = h.owner"
+                " FROM unnest(%(runs)s::text[], %(epochs)s::bigint[], %(owners)s::text[])"
+                " AS h(run_id, epoch, owner)"
+                " WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch"
+                " RETURNING r.run_id, extract(epoch FROM r.lease_expires_at)::float8"),
+                {"ttl": ttl, "runs": [lease.run_id for lease in leases],
+                 "epochs": [lease.epoch for lease in leases],
+                 "owners": [lease.owner for lease in leases]})
+            renewed = dict(cur.fetchall())
+        return {lease.run_id: Lease(lease.run_id, lease.owner, lease.epoch,
+                                    float(renewed[lease.run_id]))
+                for lease in leases if lease.run_id in renewed}
+
     def release(self, lease: Lease) -> None:
         """Release ``lease``. A connection dropped under it is retried at once on a fresh
         one (the pool discards the dead one); if the server is still away, the release is

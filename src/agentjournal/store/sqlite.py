@@ -1012,6 +1012,24 @@ class SQLiteStore:
             )
         return Lease(lease.run_id, lease.owner, lease.epoch, wall + ttl)
 
+    def renew_all(self, leases: Sequence[Lease], ttl: float) -> dict[str, Lease]:
+        """Renew many leases in one transaction (a worker's heartbeat for every run it
+        holds); the ones renewed, by run id. A lease whose epoch moved on is not."""
+        if not leases:
+            return {}
+        renewed: dict[str, Lease] = {}
+        with self._tx(light=True) as db:
+            wall, (boot, now) = time.time(), host_clock()
+            expiry = self._expiry(ttl, wall, boot, now)
+            for lease in leases:
+                moved = db.execute(
+                    "UPDATE leases SET expires_at = ?, boot_id = ?, deadline = ?"
+                    " WHERE run_id = ? AND epoch = ?", (*expiry, lease.run_id, lease.epoch))
+                if moved.rowcount:
+                    renewed[lease.run_id] = Lease(lease.run_id, lease.owner, lease.epoch,
+                                                  wall + ttl)
+        return renewed
+
     def release(self, lease: Lease) -> None:
         with self._tx(light=True) as db:
             db.execute(  # over on both clocks
