@@ -31,7 +31,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,9 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
 #: (an append holds one for milliseconds): with the LISTEN connection, five a worker,
 #: so a default server (100 connections) serves a fleet of some 16 workers.
 POOL = 4
+#: With on_loop: runs claimed whose journal is not open yet (their lease not yet renewed
+#: by its heartbeat), at most; the claims wait for them.
+OPENING = 8
 
 logger = logging.getLogger("agentjournal.worker")
 
@@ -142,6 +145,7 @@ class Worker:
         self.compensate_parked = compensate_parked
         self.on_loop = on_loop
         self._loop: asyncio.AbstractEventLoop | None = None  # on_loop: the runs' loop
+        self._opening = threading.BoundedSemaphore(OPENING)  # on_loop: claimed, not open
         self.worker_id = worker_id or default_owner()
         self._draining = threading.Event()
         self._done = threading.Event()  # run() is over: the heartbeat stops
@@ -257,10 +261,15 @@ class Worker:
             if full:
                 self._slot_free.wait(self.poll)
                 continue
+            # On the loop, a claimed run waits for a stepper thread to open it; claims
+            # wait while OPENING runs do, so none waits past its lease's TTL unrenewed.
+            if self.on_loop and not self._opening.acquire(timeout=self.poll):
+                continue
             try:
                 queue = self._control_queue()
                 claim = queue.claim(self.worker_id, self.ttl, self.queues)
             except TROUBLE as exc:
+                self._opened_one()
                 if not troubled:
                     self.log(f"store unavailable, retrying claims with backoff: {exc}",
                              logging.WARNING)
@@ -274,9 +283,16 @@ class Worker:
                 self.log("store answers again")
             backoff, troubled = BACKOFF_FIRST, False
             if claim is None:
+                self._opened_one()
                 queue.wait(self.poll)
                 continue
             self._start(claim)
+
+    def _opened_one(self) -> None:
+        """A claimed run's journal is open (its lease now renewed by the heartbeat), or a
+        claim came to nothing: the next claim may go ahead (on_loop)."""
+        if self.on_loop:
+            self._opening.release()
 
     def _start(self, claim: Claim) -> None:
         run_id = claim.lease.run_id
@@ -387,25 +403,36 @@ class Worker:
         """:meth:`_work` as a task on the runs' loop: the run is ``Agent.arun``; what
         waits on the store before and after it waits on a stepper thread."""
         seen = {"epoch": claim.lease.epoch, "seq": 0}
+        opening = [True]
+
+        def opened() -> None:
+            if opening.pop() if opening else False:
+                self._opened_one()
+
         try:
             agent = await in_thread(self._prepared, claim)
             result = None if agent is None else await agent.arun(
-                self._run_store(), claim.lease.run_id, claim.task, **self._run_args(claim, seen))
+                self._run_store(), claim.lease.run_id, claim.task,
+                **self._run_args(claim, seen, opened))
         except Exception as exc:
             await in_thread(self._ended, claim, seen, None, exc)
         else:
             await in_thread(self._ended, claim, seen, result, None)
         finally:
+            opened()  # a run that appended nothing (it waits for a person), or failed
             self._let_go(claim.lease.run_id)
 
-    def _run_args(self, claim: Claim, seen: dict[str, int]) -> dict[str, Any]:
+    def _run_args(self, claim: Claim, seen: dict[str, int],
+                  first: Callable[[], None] | None = None) -> dict[str, Any]:
         """What the worker passes ``Agent.run``/``arun``: its id as the lease owner, the
         lease kept for the hand-back, the drain as the stop, and an observer keeping the
-        newest epoch and seq in ``seen``."""
+        newest epoch and seq in ``seen`` (and calling ``first`` at each event)."""
 
         def observe(event: Event, _state: RunState) -> None:
             seen["epoch"] = max(seen["epoch"], event.epoch)
             seen["seq"] = event.seq
+            if first is not None:
+                first()
 
         return {"owner": self.worker_id, "agent_ref": claim.agent, "stop": self._draining,
                 "keep_lease": True, "observer": observe,
