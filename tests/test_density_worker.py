@@ -3,13 +3,13 @@ a second one takes every run over (issue 31).
 
 One ``agentjournal worker --on-loop`` process holds 300 runs (``--slow``: 1,000) of the
 ledger agent with an async model (tests/density_agents.py), whose corrections go to ONE
-LedgerService process. Once a third of the corrections have landed it is SIGKILLed; a
-second worker takes every run over once their leases expire. Judged by the ledger's own
-counts: every correction applied exactly once, every run finished, every log contiguous
-with epochs that never go back. The takeover latency (the killed worker's last heartbeat
-to its successor's first event in each run it held) is printed beside TTL + 1 s, not
-asserted: on a loaded machine it says more about the load than the worker
-(`agentjournal bench` measures takeover.p99 against that target).
+LedgerService process. Once it holds most runs and a tenth of the corrections have
+landed it is SIGKILLed; a second worker takes every run over once their leases expire.
+Judged by the ledger's own counts: every correction applied exactly once, every run
+finished, every log contiguous, its epochs never going back. The takeover latency (the
+killed worker's last heartbeat to its successor's first event in each run it held) is
+printed beside TTL + 1 s, not asserted: on a loaded machine it says more about the load
+than the worker (`agentjournal bench` measures takeover.p99 against that target).
 """
 
 from __future__ import annotations
@@ -88,8 +88,13 @@ def test_a_worker_holding_hundreds_of_runs_on_one_loop_is_killed_and_taken_over(
         logs = [tmp_path / "first.log", tmp_path / "second.log"]
         first = start_worker(store_url, ledger.url, runs, logs[0])
         workers.append(first)
-        wait_until(lambda: len(ledger.effects()["corrections"]) >= len(expected) // 3,
-                   "a third of the corrections", logs)
+
+        def mid_flight() -> bool:  # holding most runs, a tenth of the effects made
+            beats = [w for w in queue.workers() if w.pid == first.pid]
+            return (bool(beats) and len(beats[0].runs) > runs // 2
+                    and len(ledger.effects()["corrections"]) >= len(expected) // 10)
+
+        wait_until(mid_flight, "the worker holding most runs, mid-flight", logs)
         held = next(w for w in queue.workers() if w.pid == first.pid)
         first.kill()  # mid-flight: runs in model calls, in tool calls, in appends
         first.wait()
@@ -105,7 +110,6 @@ def test_a_worker_holding_hundreds_of_runs_on_one_loop_is_killed_and_taken_over(
     assert set(counts) == set(expected), set(expected) ^ set(counts)
     assert all(n == 1 for n in counts.values()), {c: n for c, n in counts.items() if n != 1}
     assert set(statuses.values()) == {"done"}
-    assert len(kill.held) > runs // 2, "the killed worker held few runs"
     for run, log in event_logs.items():
         assert [e.seq for e in log] == list(range(1, len(log) + 1)), run
         epochs = [e.epoch for e in log]
