@@ -211,3 +211,32 @@ def test_every_acknowledged_append_survives_a_kill_mid_group_on_postgres(
         assert store.last_seq(run_id) >= seq, run_id
         assert [e.seq for e in store.read(run_id)] == list(range(1, store.last_seq(run_id) + 1))
     store.close()
+
+
+def test_the_density_bench_measures_ours_beside_langgraph(tmp_path: Path) -> None:
+    """`agentjournal bench --density` at its smallest: each backend's wall over the ideal,
+    events/s and memory per run; on PostgreSQL the commits per step the server counted;
+    LangGraph's async savers beside (what each measured, never how fast)."""
+    from agentjournal.bench._common import SMOKE
+    from agentjournal.bench.command import run_bench
+
+    from .conftest import POSTGRES_URL, postgres_reason
+
+    postgres = None if postgres_reason() else POSTGRES_URL
+    figures = {f.name: f for f in run_bench(quick=True, postgres_url=postgres,
+                                             workdir=tmp_path, plan=SMOKE, density=True,
+                                             only=["density"], progress=lambda _: None)}
+    backends = ["sqlite", *(["postgres"] if postgres else [])]
+    for backend in backends:
+        name = f"density.{backend}.20"
+        assert figures[f"{name}.wall"].value >= 1.0  # never faster than its model waits
+        assert figures[f"{name}.events_per_s"].value > 0
+        assert figures[f"{name}.rss_per_run"].value is not None
+        theirs = figures[f"{name}.langgraph.wall"]
+        assert theirs.value >= 1.0 and theirs.floor == figures[f"{name}.wall"].value
+    if postgres:
+        ours = figures["density.postgres.20.commits_per_step"].value
+        # At least the steps' own appends grouped: a step is two appends, made durable
+        # by no more than a handful of commits; and every commit was counted.
+        assert 0 < ours < 10
+        assert figures["density.postgres.20.langgraph.commits_per_step"].value > 0
