@@ -32,7 +32,9 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: saga_finished; run_cancelled; workspace_checkpoint; observations_checked
 #: (freshness); tool_call_completed may carry fresh_for, tool_call_started
 #: key_retention (no older payload changed).
-SCHEMA_VERSION = 6
+#: v7: step_recorded (a unit of a run another framework drives: agentjournal.bridge);
+#: model_turn may carry that unit's ``step`` and ``value`` (no older payload changed).
+SCHEMA_VERSION = 7
 
 #: The first schema version whose events are stored sealed (with a chained digest).
 SEALED_SINCE = 4
@@ -68,6 +70,7 @@ class EventType(StrEnum):
     OBSERVATIONS_CHECKED = "observations_checked"
     RUN_CANCELLED = "run_cancelled"
     WORKSPACE_CHECKPOINT = "workspace_checkpoint"
+    STEP_RECORDED = "step_recorded"
 
     @classmethod
     def parse(cls, name: str) -> EventType:

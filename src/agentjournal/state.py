@@ -697,8 +697,10 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.WORKSPACE_CHECKPOINT: _workspace_checkpoint,
 }
 
-#: Deliberate no-ops: facts kept for audit that change no state.
-RECORD_ONLY: frozenset[EventType] = frozenset({EventType.BUDGET_EXCEEDED})
+#: Deliberate no-ops: facts kept for audit that change no state. A step_recorded is a
+#: unit of a run another framework drives (bridge.py): only that framework reads it back.
+RECORD_ONLY: frozenset[EventType] = frozenset({EventType.BUDGET_EXCEEDED,
+                                               EventType.STEP_RECORDED})
 
 
 def apply(state: RunState, event: Event) -> RunState:
