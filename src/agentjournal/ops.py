@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import os
 import threading
@@ -198,8 +199,11 @@ def _stepper_pool() -> ThreadPoolExecutor:
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on a stepper thread, awaited without blocking the loop. Cancelled,
     it still waits for ``fn`` to return (a generator cannot be closed while another
-    thread advances it, nor a journal while it appends), then raises CancelledError."""
-    future: Future[T] = _stepper_pool().submit(fn, *args)
+    thread advances it, nor a journal while it appends), then raises CancelledError. It
+    runs in a copy of the caller's context, as ``asyncio.to_thread`` does."""
+    # In the caller's context (as asyncio.to_thread): a context variable the loop's code
+    # set (a tracing span, the current call) is seen by what runs there.
+    future: Future[T] = _stepper_pool().submit(contextvars.copy_context().run, fn, *args)
     waiting = asyncio.wrap_future(future)
     try:
         return await asyncio.shield(waiting)
