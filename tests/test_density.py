@@ -240,3 +240,21 @@ def test_the_density_bench_measures_ours_beside_langgraph(tmp_path: Path) -> Non
         # by no more than a handful of commits; and every commit was counted.
         assert 0 < ours < 10
         assert figures["density.postgres.20.langgraph.commits_per_step"].value > 0
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_claim_many_takes_several_runs_in_one_statement_most_urgent_first(
+        store_url: str) -> None:
+    from agentjournal.fleet import queue_of, submit
+
+    with open_store(store_url) as store:
+        for i in range(5):
+            submit(store, "m:agent", f"t{i}", f"q{i}", priority=1 if i == 3 else 0)
+        queue = queue_of(store)
+        claims = queue.claim_many("w", 30, ["default"], 3)  # type: ignore[attr-defined]
+        assert [c.lease.run_id for c in claims] == ["q3", "q0", "q1"]
+        assert all(c.lease.epoch == 1 and c.lease.owner == "w" for c in claims)
+        rest = queue.claim_many("w2", 30, ["default"], 10)  # type: ignore[attr-defined]
+        assert [c.lease.run_id for c in rest] == ["q2", "q4"]
+        assert {r.run_id: r.state for r in queue.runs()} == dict.fromkeys(
+            ["q0", "q1", "q2", "q3", "q4"], "running")

@@ -256,20 +256,21 @@ class Worker:
         backoff, troubled = BACKOFF_FIRST, False
         while not self._draining.is_set():
             with self._lock:
-                full = len(self._held) >= self.concurrency
+                free = self.concurrency - len(self._held)
                 self._slot_free.clear()
-            if full:
+            if free <= 0:
                 self._slot_free.wait(self.poll)
                 continue
             # On the loop, a claimed run waits for a stepper thread to open it; claims
             # wait while OPENING runs do, so none waits past its lease's TTL unrenewed.
             if self.on_loop and not self._opening.acquire(timeout=self.poll):
                 continue
+            many = self._more_to_open(free) if self.on_loop else 1
             try:
                 queue = self._control_queue()
-                claim = queue.claim(self.worker_id, self.ttl, self.queues)
+                claims = self._claim(queue, many)
             except TROUBLE as exc:
-                self._opened_one()
+                self._opened_one(many)
                 if not troubled:
                     self.log(f"store unavailable, retrying claims with backoff: {exc}",
                              logging.WARNING)
@@ -282,17 +283,36 @@ class Worker:
             if troubled:
                 self.log("store answers again")
             backoff, troubled = BACKOFF_FIRST, False
-            if claim is None:
-                self._opened_one()
+            self._opened_one(many - len(claims))
+            if not claims:
                 queue.wait(self.poll)
                 continue
-            self._start(claim)
+            for claim in claims:
+                self._start(claim)
 
-    def _opened_one(self) -> None:
-        """A claimed run's journal is open (its lease now renewed by the heartbeat), or a
-        claim came to nothing: the next claim may go ahead (on_loop)."""
+    def _claim(self, queue: Queue, n: int) -> list[Claim]:
+        """Up to ``n`` runs, in one statement where the queue can (PostgreSQL)."""
+        claim_many = getattr(queue, "claim_many", None)
+        if n > 1 and claim_many is not None:
+            claims: list[Claim] = claim_many(self.worker_id, self.ttl, self.queues, n)
+            return claims
+        claim = queue.claim(self.worker_id, self.ttl, self.queues)
+        return [claim] if claim is not None else []
+
+    def _more_to_open(self, free: int) -> int:
+        """How many runs to claim at once (on_loop): one opening slot is held already;
+        take more of them, up to the free slots."""
+        taken = 1
+        while taken < free and self._opening.acquire(blocking=False):
+            taken += 1
+        return taken
+
+    def _opened_one(self, n: int = 1) -> None:
+        """A claimed run's journal is open (its lease now renewed by the heartbeat), or
+        ``n`` claims came to nothing: claims may go ahead (on_loop)."""
         if self.on_loop:
-            self._opening.release()
+            for _ in range(n):
+                self._opening.release()
 
     def _start(self, claim: Claim) -> None:
         run_id = claim.lease.run_id
