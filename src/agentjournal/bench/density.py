@@ -10,17 +10,20 @@ savers running the same workload in the same run (``durability="sync"``; the
 ``peers`` extra). On PostgreSQL the commits are counted by the server in the
 bench's own database (``pg_stat_database.xact_commit`` of a database created for it),
 per step (a model turn and its tool call). Resident memory per held run is the
-process's growth while the runs are held, over N.
+process's growth while the runs are held, over N; each measurement runs in a fresh
+process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import multiprocessing
 import resource
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -279,6 +282,13 @@ def langgraph_problem(backend: str) -> str | None:
 # --- the figures ------------------------------------------------------------------------------
 
 
+def _fresh(fn: Callable[..., Measured], *args: Any) -> Measured:
+    """``fn(*args)`` in a fresh process: its resident memory is the runs' alone (a process
+    reuses the memory an earlier measurement freed, which would hide the growth)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def density_figures(workdir: Path, postgres_url: str | None, plan: Plan,
                     say: Say) -> list[Figure]:
     latency, turns = plan.density_latency, plan.density_turns
@@ -289,7 +299,7 @@ def density_figures(workdir: Path, postgres_url: str | None, plan: Plan,
     for n in plan.density_runs:
         for backend in backends:
             say(f"density: {n} runs x {turns} turns of {latency:g} s on one loop, {backend}")
-            ours = measure(backend, workdir, n, latency, turns, postgres_url)
+            ours = _fresh(measure, backend, workdir, n, latency, turns, postgres_url)
             name = f"density.{backend}.{n}"
             figures.append(figure(f"{name}.wall", ours.wall / ideal, "x ideal", note=(
                 f"wall {ours.wall:.2f} s for {n} runs; ideal {ideal:g} s = {turns} turns "
@@ -305,7 +315,8 @@ def density_figures(workdir: Path, postgres_url: str | None, plan: Plan,
                     "database; target ≤ 1"))
             if langgraph_problem(backend) is not None:
                 continue
-            theirs = langgraph_measure(backend, workdir, n, latency, turns, postgres_url)
+            theirs = _fresh(langgraph_measure, backend, workdir, n, latency, turns,
+                            postgres_url)
             figures.append(figure(f"{name}.langgraph.wall", theirs.wall / ideal, "x ideal",
                                   ours.wall / ideal, "agentjournal arun, same run",
                                   note="LangGraph async saver, durability='sync'"))
