@@ -37,17 +37,19 @@ HANG = 120  # seconds: a hang guard, never a timing assertion
 
 @pytest.fixture(autouse=True)
 def default_size(request: pytest.FixtureRequest) -> None:
-    """Each child imports LangGraph (2-3 s of CPU): the default suite kills on SQLite and
-    after the effect (the window LangGraph repeats); --slow kills in every window on
-    every backend (the saver's appends are the same code on each, which the conformance
-    and graph tests run on all three). Decided before the receiver starts."""
+    """Each child imports LangGraph (2-3 s of CPU): the default suite kills ours in every
+    window on SQLite, and the stock saver after the effect (the window LangGraph
+    repeats); --slow kills in every window on every backend (the saver's appends are the
+    same code on each, which the conformance and graph tests run on all three). Decided
+    before the receiver starts."""
     params = getattr(request.node, "callspec", None)
     given = params.params if params is not None else {}
     if request.config.getoption("--slow"):
         return
     if given.get("store_url", "sqlite") != "sqlite":
         pytest.skip("on this backend with --slow (the default suite kills on sqlite)")
-    if given.get("window", "after") != "after":
+    stock = request.node.name.startswith("test_stock")
+    if stock and given.get("window", "after") != "after":
         pytest.skip("in this window with --slow (the default suite kills after the effect)")
 
 
