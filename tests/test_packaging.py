@@ -56,3 +56,22 @@ def test_the_changelog_keeps_an_unreleased_section_and_each_release() -> None:
     assert headings[0] == "Unreleased"
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert version in headings
+
+
+#: The frameworks the integrations (agentjournal.integrations) drive: optional extras.
+FRAMEWORKS = ("pydantic_ai", "dbos", "mcp", "langgraph", "agents", "temporalio")
+
+
+def test_importing_agentjournal_imports_no_framework() -> None:
+    probe = ("import sys, agentjournal, agentjournal.bridge, agentjournal.integrations; "
+             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({FRAMEWORKS!r})))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_pydantic_ai_extra_pins_the_framework(wheel: zipfile.ZipFile) -> None:
+    required = metadata(wheel).get_all("Requires-Dist") or []
+    pinned = [r for r in required if r.startswith("pydantic-ai-slim")]
+    assert pinned and all('extra == "pydantic-ai"' in r for r in pinned)
+    assert any("<3" in r and ">=2.68" in r for r in pinned), pinned
