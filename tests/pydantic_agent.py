@@ -9,9 +9,9 @@ first answer asks for ``post_effect(Pa)`` and ``post_effect(Pb)`` in one turn (p
 calls), its second says what was posted. ``post_effect`` is irreversible: it POSTs to the
 receiver (tests/crash_agent.py), which counts what it is sent. Mode ``lookup`` declares the
 receiver's lookup in the tool's metadata; ``none`` declares none. Prints one JSON line.
-``AGENTJOURNAL_FAULT`` kills it in a window (agentjournal.faults); with ``--dbos``,
-``KILL_AFTER_POST=1`` kills it right after the first POST (the same window, for an engine
-that has no fault points of ours). A test resumes runs in its own process with
+``AGENTJOURNAL_FAULT`` kills it in a window (agentjournal.faults); ``KILL_AFTER_POST=1``
+kills it inside the tool right after its POST, the same window for either engine (DBOS has
+no fault points of ours). A test resumes runs in its own process with
 :func:`drive`.
 """
 
@@ -97,13 +97,14 @@ def make_agent(url: str, model: CountingModel, capability: Any, mode: str,
 
 
 def drive(store_url: str, run_id: str, url: str, mode: str = "lookup",
-          prefix: str = "") -> dict[str, Any]:
+          prefix: str = "", *, kill_after_post: bool = False) -> dict[str, Any]:
     """Run (or resume) the run once, durable on agentjournal; what it did."""
     from agentjournal.integrations.pydantic_ai import JournalDurability
 
     model = CountingModel([prefix + label for label in LABELS])
     durability = JournalDurability(store_url, run_id)
-    result = make_agent(url, model, durability, mode).run_sync(
+    agent = make_agent(url, model, durability, mode, kill_after_post=kill_after_post)
+    result = agent.run_sync(
         f"post {', '.join(model.labels)}")
     output = result.output
     deferred = ([c.tool_call_id for c in output.calls]
@@ -161,11 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["lookup", "none"], default="lookup")
     parser.add_argument("--dbos", default="", help="run under DBOSDurability on this SQLite file")
     args = parser.parse_args(argv)
+    kill = os.environ.get("KILL_AFTER_POST") == "1"
     if args.dbos:
         out = drive_dbos(args.dbos, args.run_id, args.receiver, args.prefix,
-                         kill_after_post=os.environ.get("KILL_AFTER_POST") == "1")
+                         kill_after_post=kill)
     else:
-        out = drive(args.store, args.run_id, args.receiver, args.mode, args.prefix)
+        out = drive(args.store, args.run_id, args.receiver, args.mode, args.prefix,
+                    kill_after_post=kill)
     print(json.dumps(out))
     return 0
 
