@@ -75,6 +75,13 @@ def done_text(prefix: str) -> str:
 # --- crashes ----------------------------------------------------------------------------
 
 
+#: Each window runs on one backend by default and the after-POST one on all three (the
+#: suite's time budget); --slow runs every pair.
+DEFAULT_PAIRS = {("model_call:1", "sqlite"), ("before_effect:1", "postgres"),
+                 ("after_effect:1", "jsonl"), ("after_effect:1", "sqlite"),
+                 ("after_effect:1", "postgres")}
+
+
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
 @pytest.mark.parametrize("fault, asked", [
     ("model_call:1", 2), ("before_effect:1", 1), ("after_effect:1", 1)],
@@ -82,6 +89,9 @@ def done_text(prefix: str) -> str:
 def test_killed_in_each_window_then_resumed_each_effect_happens_once(
         request: pytest.FixtureRequest, store_url: str, module_receiver: Any, fault: str,
         asked: int) -> None:
+    backend = request.node.callspec.params["store_url"]
+    if (fault, backend) not in DEFAULT_PAIRS and not request.config.getoption("--slow"):
+        pytest.skip("this window runs on another backend by default (--slow: all)")
     prefix = f"{request.node.callspec.id}-"
     killed_child("--store", store_url, "--run-id", RUN, "--receiver", module_receiver.url,
                  "--prefix", prefix, env={"AGENTJOURNAL_FAULT": fault})
@@ -290,8 +300,9 @@ def test_an_mcp_stdio_servers_tools_are_journaled_with_their_annotations(
                       toolsets=[MCPToolset(server, id="bank")],
                       capabilities=[JournalDurability(url, RUN)])
         assert agent.run_sync("look, limit, move").output == "done"
-    assert counted(module_receiver, "") == {
-        "read_balance:mcp-acct": 1, "set_limit:mcp-acct": 1, "transfer:mcp-acct": 1}
+    calls = {k: v for k, v in module_receiver.by_label().items() if k.endswith(":mcp-acct")}
+    assert calls == {"read_balance:mcp-acct": 1, "set_limit:mcp-acct": 1,
+                     "transfer:mcp-acct": 1}
     log = log_of(url)
     effects = {e.payload["tool"]: e.payload["effect"] for e in log
                if e.type is E.TOOL_CALL_STARTED}
