@@ -413,3 +413,38 @@ def test_the_after_post_kill_under_dbos_durability_and_under_ours(
           f"JournalDurability {mine}")
     assert mine == {"a": 1, "b": 1}
     assert min(theirs.values()) >= 1  # the effect happened (how often is what we measure)
+
+
+# --- the fleet --------------------------------------------------------------------------
+
+
+def test_workers_drive_a_pydantic_ai_agent_and_take_over_after_a_kill(
+        tmp_path: Path, module_receiver: Any) -> None:
+    """agentjournal submit names a factory of a DurableAgent; a worker hangs right after a
+    POST and is killed with SIGKILL; another worker takes the run over, settles the call
+    by its lookup and finishes it. The receiver counts each effect once."""
+    from .test_worker import Fleet
+
+    fleet = Fleet(f"sqlite:///{tmp_path / 'fleet.db'}", tmp_path)
+    fleet.env["FLEET_RECEIVER"] = module_receiver.url
+    try:
+        submitted = fleet.cli("submit", "--agent", "tests.pydantic_fleet_agents:poster",
+                              "--task", "fleet", "--run-id", "f1", "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        fleet.env["FLEET_HANG"] = "fleet-a"
+        first = fleet.worker("--ttl", "2", agents="tests.pydantic_fleet_agents")
+        fleet.until("the first effect", lambda: counted(module_receiver, "fleet-") == {"a": 1})
+        first.kill()
+        first.wait()
+        fleet.env.pop("FLEET_HANG")
+        fleet.worker("--ttl", "2", agents="tests.pydantic_fleet_agents")
+        fleet.until("the run done", lambda: fleet.runs()["f1"].state == "done")
+    finally:
+        fleet.close()
+    assert counted(module_receiver, "fleet-") == {"a": 1, "b": 1}, fleet.logs()
+    log = log_of(fleet.url, "f1")
+    assert [e.payload["verdict"] for e in log if e.type is E.TOOL_CALL_RECONCILED] == ["found"]
+    state = fold(log)
+    assert state.status == "finished" and state.outcome == "posted fleet-a, fleet-b"
+    assert state.agent == "tests.pydantic_fleet_agents:poster"
+    assert len({e.epoch for e in log}) == 2  # two workers, two epochs: fenced takeover

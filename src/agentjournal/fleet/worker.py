@@ -27,9 +27,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from ..agent import Agent
 from ..errors import (
     AgentRefError,
     DurabilityError,
@@ -48,10 +49,10 @@ from ..saga import run_saga
 from ..store import Lease, Store, open_store
 from . import queue_of
 from .queue import Claim, Queue, QueueState, WorkerInfo
-from .trust import AgentTrust, Trusted
+from .runnable import Stopped
+from .trust import AgentTrust, Driven, Trusted
 
 if TYPE_CHECKING:
-    from ..agent import Agent
     from ..state import RunState
 
 #: Store trouble that is retried with backoff: the server is away, a commit failed
@@ -138,7 +139,7 @@ class Worker:
         self._slot_free = threading.Event()
         self._lock = threading.Lock()
         self._held: dict[str, threading.Thread] = {}
-        self._agents: dict[str, Agent] = {}
+        self._agents: dict[str, Driven] = {}
         self._started_at = time.time()
         self._store: Store | None = None
         self._queue: Queue | None = None
@@ -320,17 +321,33 @@ class Worker:
 
     # --- one run -----------------------------------------------------------------------
 
-    def _agent(self, ref: str) -> Agent:
-        """The agent ``ref`` names, if this worker trusts it (else AgentRefError)."""
+    def _agent(self, ref: str) -> Driven:
+        """The agent ``ref`` names, if this worker trusts it (else AgentRefError): an
+        Agent, or another framework's agent (a Runnable, fleet/runnable.py)."""
         with self._lock:
             agent = self._agents.get(ref)
         if agent is None:
-            # A copy: the worker's TTL governs the lease, not the agent's own default.
-            agent = copy.copy(self.trust.load(ref))
-            agent.lease_ttl = self.ttl
+            agent = self.trust.load(ref)
+            if isinstance(agent, Agent):
+                # A copy: the worker's TTL governs the lease, not the agent's own default.
+                agent = copy.copy(agent)
+                agent.lease_ttl = self.ttl
             with self._lock:
                 agent = self._agents.setdefault(ref, agent)
         return agent
+
+    def _drive(self, agent: Driven, claim: Claim,
+               observe: Callable[[Event, RunState], None]) -> Stopped:
+        """Run the claimed run with ``agent``, keeping the lease; where it stopped."""
+        run_id = claim.lease.run_id
+        if not isinstance(agent, Agent):  # another framework's: it reports where it stopped
+            return agent.run_claimed(self._run_store(), run_id, claim.task,
+                                     agent_ref=claim.agent, owner=self.worker_id,
+                                     ttl=self.ttl, stop=self._draining)
+        result = agent.run(self._run_store(), run_id, claim.task, owner=self.worker_id,
+                           agent_ref=claim.agent, stop=self._draining, keep_lease=True,
+                           observer=observe, settle=False)  # the status is enough
+        return Stopped(result.status, result.last_seq, claim.lease.epoch)
 
     def _work(self, claim: Claim) -> None:
         run_id = claim.lease.run_id
@@ -351,11 +368,9 @@ class Worker:
                            "trusted agent, or start workers that trust it (--agents), then "
                            f"run: agentjournal requeue {run_id}", undo=False)
                 return
-            result = agent.run(self._run_store(), run_id, claim.task, owner=self.worker_id,
-                               agent_ref=claim.agent, stop=self._draining, keep_lease=True,
-                               observer=observe, settle=False)  # the status is enough
+            result = self._drive(agent, claim, observe)
             state = _STATE_OF.get(result.status, "queued")
-            lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
+            lease = Lease(run_id, self.worker_id, max(seen["epoch"], result.epoch), 0.0)
             if self._hand_back(lease, state, result.last_seq):
                 METRICS.count("worker_runs_done" if state == "done" else "worker_hand_backs")
                 self.log(f"{'finished' if state == 'done' else 'handed back'} {run_id} "
@@ -469,8 +484,15 @@ class Worker:
 
     def _undo(self, journal: RunJournal, claim: Claim) -> None:
         """The saga of a failed run; where it cannot go on, the run stays parked."""
+        agent = None
+        with contextlib.suppress(AgentRefError):
+            agent = self._agent(claim.agent)
+        if not isinstance(agent, Agent):
+            self.log(f"cannot compensate {claim.lease.run_id}: its agent is not an "
+                     "agentjournal Agent with the tools that undo its effects", logging.WARNING)
+            return
         try:
-            result = run_saga(journal, self._agent(claim.agent).tools,
+            result = run_saga(journal, agent.tools,
                               reason=f"failed: parked after {claim.crashes} crashes",
                               by="agentjournal worker")
         except (UnsettledError, AgentRefError) as exc:

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
@@ -84,6 +86,7 @@ from agentjournal import (
     BridgedRun,
     CallRefused,
     Effect,
+    JournalError,
     NeedsApproval,
     NeedsPerson,
     PendingCall,
@@ -96,8 +99,10 @@ from agentjournal import (
     open_run,
     open_store,
 )
+from agentjournal.agent import require_run_id
+from agentjournal.fleet import Stopped
 
-__all__ = ["JournalDurability", "ToolEffect", "effect_of_annotations"]
+__all__ = ["DurableAgent", "JournalDurability", "ToolEffect", "effect_of_annotations"]
 
 #: Where a tool's metadata holds its declaration, and the capability's engine name.
 METADATA_KEY = "agentjournal"
@@ -165,7 +170,7 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
         toolset_lifecycles={"function": "enter-always", "mcp": "enter-in-durable-unit",
                             "dynamic": "enter-never"})
 
-    def __init__(self, store: Store | str, run_id: str, *,
+    def __init__(self, store: Store | str | None = None, run_id: str | None = None, *,
                  effects: Mapping[str, Effect | str | ToolEffect] | None = None,
                  scope: str | None = None, owner: str | None = None, ttl: float = 30.0,
                  keep_lease: bool = False, models: Mapping[str, Model] | None = None,
@@ -177,6 +182,9 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                         for tool, given in (effects or {}).items()}
         self._active: ContextVar[BridgedRun | None] = ContextVar(
             f"agentjournal.pydantic_ai.{run_id}", default=None)
+        # A worker's run: the store, run id and lease it gives (see bound()).
+        self._bound: ContextVar[_Binding | None] = ContextVar(
+            f"agentjournal.pydantic_ai.bound.{run_id}", default=None)
         #: Tools that wait for a person's approval (``requires_approval=True``).
         self._approval_tools: set[str] = set()
         #: What each tool called so far declared (an approval's id depends on it).
@@ -198,16 +206,39 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
 
     # --- the run ---------------------------------------------------------------------
 
+    @contextmanager
+    def bound(self, *, store: Store, run_id: str, owner: str, ttl: float, agent_ref: str,
+              keep_lease: bool = True) -> Iterator[_Binding]:
+        """Runs of the agent in this context use ``store`` and ``run_id``, hold the lease
+        as ``owner`` and keep it: how a worker drives the agent (:class:`DurableAgent`).
+        The binding's ``run`` is the run once it was opened."""
+        binding = _Binding(store=store, run_id=run_id, owner=owner, ttl=ttl,
+                           agent_ref=agent_ref, keep_lease=keep_lease)
+        token = self._bound.set(binding)
+        try:
+            yield binding
+        finally:
+            self._bound.reset(token)
+
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: Any) -> Any:
         if self._active.get() is not None:  # a nested run of the same agent: the same run
             return await super().wrap_run(ctx, handler=handler)
-        store = open_store(self.store) if isinstance(self.store, str) else self.store
+        binding = self._bound.get()
+        given = binding.store if binding is not None else self.store
+        if given is None:
+            raise ValueError("JournalDurability has no store: give one (a Store or a URL)")
+        store = open_store(given) if isinstance(given, str) else given
         try:
-            with open_run(store, self.run_id, agent=f"pydantic_ai:{self.name}",
+            run_id = binding.run_id if binding is not None else self.run_id
+            with open_run(store, require_run_id(run_id),
+                          agent=binding.agent_ref if binding else f"pydantic_ai:{self.name}",
                           input=_plain(ctx.prompt) if ctx.prompt is not None else None,
-                          scope=self.scope, owner=self.owner, ttl=self.ttl,
-                          keep_lease=self.keep_lease) as run:
+                          scope=self.scope, owner=binding.owner if binding else self.owner,
+                          ttl=binding.ttl if binding else self.ttl,
+                          keep_lease=binding.keep_lease if binding else self.keep_lease) as run:
                 self._last[:] = [run]
+                if binding is not None:
+                    binding.run = run
                 token = self._active.set(run)
                 try:
                     with replay_scope():
@@ -217,7 +248,7 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                 self._record_outcome(run, result.output)
                 return result
         finally:
-            if store is not self.store:
+            if store is not given:
                 store.close()
 
     def _record_outcome(self, run: BridgedRun, output: Any) -> None:
@@ -265,6 +296,53 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
         annotations = metadata.get("annotations")
         return ToolEffect(effect=effect_of_annotations(
             annotations if isinstance(annotations, Mapping) else None))
+
+
+@dataclass(kw_only=True)
+class _Binding:
+    store: Store
+    run_id: str
+    owner: str
+    ttl: float
+    agent_ref: str
+    keep_lease: bool
+    run: BridgedRun | None = None
+
+
+class DurableAgent:
+    """A Pydantic AI agent that ``agentjournal worker`` can drive: a fleet Runnable
+    (agentjournal.fleet.Runnable). Name a trusted factory of it in the run's agent ref:
+
+        durability = JournalDurability()          # the worker gives store and run id
+        shop = Agent(model, name="shop", capabilities=[durability], tools=[...])
+
+        def shop_runnable() -> DurableAgent:       # agentjournal submit myapp:shop_runnable
+            return DurableAgent(shop, durability)
+
+    A worker's run holds the lease the worker claimed and hands it back when the agent's
+    run ends (finished, or waiting for a person with DeferredToolRequests). A Pydantic
+    AI run cannot stop mid-way, so a draining worker lets it finish first.
+    """
+
+    def __init__(self, agent: Any, durability: JournalDurability[Any]) -> None:
+        self.agent, self.durability = agent, durability
+
+    def run_claimed(self, store: Store, run_id: str, task: str | None, *, agent_ref: str,
+                    owner: str, ttl: float, stop: threading.Event) -> Stopped:
+        """Start or resume ``run_id`` with ``task`` as the prompt (see Runnable)."""
+        with self.durability.bound(store=store, run_id=run_id, owner=owner, ttl=ttl,
+                                   agent_ref=agent_ref) as binding:
+            try:
+                self.agent.run_sync(task)
+            except JournalError:
+                raise  # the lease was lost, the store is away: the worker knows what to do
+            except Exception:
+                if binding.run is None:
+                    raise
+                # Recorded as the run's pause (its reason the error): handed back waiting.
+        run = binding.run
+        assert run is not None
+        return Stopped(run.status, run.state.last_seq, run.journal.lease.epoch)
 
 
 class _JournalBackend(JournalCallableOperationBackend[None]):
