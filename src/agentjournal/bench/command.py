@@ -58,6 +58,9 @@ from .peers import (
     peer_figures,
     peers_problem,
 )
+from .pydantic_ai import (
+    pydantic_ai_figures,
+)
 from .replay import (
     recovery_figures,
     replay_figures,
@@ -128,6 +131,7 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "workspace": lambda r: workspace_figures(r.workdir, r.plan, r.progress),
     "retention": lambda r: retention_figures(r.workdir, r.plan, r.progress),
     "temporal": lambda r: temporal_figures(r.workdir, r.plan, r.progress),
+    "pydantic-ai": lambda r: pydantic_ai_figures(r.workdir, r.plan, r.progress),
     "models": lambda r: model_figures(r.workdir, r.plan, r.progress),
     "fleet": lambda r: fleet_figures(r.workdir, r.postgres_url, r.plan, r.progress),
     "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],

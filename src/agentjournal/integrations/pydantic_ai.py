@@ -111,6 +111,9 @@ _ANSWERED = frozenset({"tool_return", "tool_content_result"})
 #: How a control-flow answer (ModelRetry, ToolFailed, ...) is kept in a failure's message.
 _FLOW = "pydantic_ai:"
 Reconciler = Callable[[PendingCall], Any]
+#: The digests of a run's messages, by message object (see request_fingerprint).
+_DIGESTS: ContextVar[dict[int, tuple[Any, str]] | None] = ContextVar(
+    "agentjournal.pydantic_ai.digests", default=None)
 #: Message keys Pydantic AI makes anew on every run: not part of what a request asks.
 _VOLATILE = ("timestamp", "run_id", "conversation_id")
 
@@ -239,12 +242,13 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                 self._last[:] = [run]
                 if binding is not None:
                     binding.run = run
-                token = self._active.set(run)
+                token, digests = self._active.set(run), _DIGESTS.set({})
                 try:
                     with replay_scope():
                         result = await super().wrap_run(ctx, handler=handler)
                 finally:
                     self._active.reset(token)
+                    _DIGESTS.reset(digests)
                 self._record_outcome(run, result.output)
                 return result
         finally:
@@ -379,7 +383,7 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
         _record_callers_answers(run, history)
         fingerprint = request_fingerprint(
             cast("str | None", model_id), history, cast("Mapping[str, Any] | None", settings),
-            cast(ModelRequestParameters, parameters))
+            cast(ModelRequestParameters, parameters), _DIGESTS.get())
         # The n-th request of a run follows its n-th response, replayed or continued.
         position = sum(isinstance(m, ModelResponse) for m in history)
         return await run.astep(name, fingerprint, body, turn=turn_of, executed=_report,
@@ -473,23 +477,45 @@ def _record_callers_answers(run: BridgedRun, history: Sequence[ModelMessage]) ->
 
 def request_fingerprint(model_id: str | None, messages: Sequence[ModelMessage],
                         settings: Mapping[str, Any] | None,
-                        parameters: ModelRequestParameters) -> str:
+                        parameters: ModelRequestParameters,
+                        digests: dict[int, tuple[ModelMessage, str]] | None = None) -> str:
     """What a model request asks, as a digest: the model, the messages (without the
     timestamps and ids Pydantic AI makes anew on each run), the settings that shape the
-    answer, and the request parameters (tool definitions, output mode)."""
-    dumped = ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
-    stripped = [{**{k: v for k, v in m.items() if k not in _VOLATILE},
-                 "parts": [{k: v for k, v in p.items() if k != "timestamp"}
-                           for p in m.get("parts", [])]} for m in dumped]
-    content_settings = {k: v for k, v in (settings or {}).items() if k != "timeout"}
-    # A tool's metadata is not sent to the model (and may hold its lookup, a function).
+    answer, and the request parameters (tool definitions without their metadata, which
+    is not sent, output mode).
+
+    ``digests`` caches each message's digest by the message object, for one run: a
+    request carries the whole history, and digesting it anew at every step would cost
+    the square of the run's length. A replay makes the same objects in the same order,
+    so it digests them as the live run did."""
     shown = _plain(parameters, opaque=True)
     for kind in ("function_tools", "output_tools"):
         for tool_def in shown.get(kind) or ():
             tool_def.pop("metadata", None)
-    request = {"model": model_id, "messages": stripped,
-               "settings": _plain(content_settings, opaque=True), "parameters": shown}
-    return hashlib.sha256(canonical_args(request)).hexdigest()[:32]
+    content_settings = {k: v for k, v in (settings or {}).items() if k != "timeout"}
+    head = {"model": model_id, "settings": _plain(content_settings, opaque=True),
+            "parameters": shown}
+    digest = hashlib.sha256(_canonical_json(head))
+    cache = {} if digests is None else digests
+    for message in messages:
+        known = cache.get(id(message))
+        if known is None or known[0] is not message:
+            known = cache[id(message)] = (message, _message_digest(message))
+        digest.update(known[1].encode())
+    return digest.hexdigest()[:32]
+
+
+def _message_digest(message: ModelMessage) -> str:
+    (dumped,) = ModelMessagesTypeAdapter.dump_python([message], mode="json")
+    kept = {k: v for k, v in dumped.items() if k not in _VOLATILE}
+    kept["parts"] = [{k: v for k, v in part.items() if k != "timestamp"}
+                     for part in dumped.get("parts", [])]
+    return hashlib.sha256(_canonical_json(kept)).hexdigest()
+
+
+def _canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=lambda v: f"<{type(v).__qualname__}>").encode()
 
 
 def turn_of(value: Any) -> Turn:
