@@ -283,15 +283,15 @@ def counted(receiver: Any, prefix: str) -> dict[str, int]:
 #: (window, model requests the resume asks, verdicts): the after-POST window on every
 #: backend by default (test_pydantic_ai.py kills the same bridge in the other windows);
 #: every pair with --slow.
-WINDOWS = [("model_call:1", 2, []), ("before_effect:1", 1, ["absent"]),
-           ("after_effect:1", 1, ["found"])]
+WINDOWS = [("model_call:1", 2, []), ("turn_staged:1", 2, []),
+           ("before_effect:1", 1, ["absent"]), ("after_effect:1", 1, ["found"])]
 DEFAULT_PAIRS = {("after_effect:1", "jsonl"), ("after_effect:1", "sqlite"),
-                 ("after_effect:1", "postgres")}
+                 ("after_effect:1", "postgres"), ("turn_staged:1", "sqlite")}
 
 
 @pytest.mark.parametrize("fault, asked, verdicts", WINDOWS,
-                         ids=["during-model-request", "start-durable-before-post",
-                              "after-post-before-completion"])
+                         ids=["during-model-request", "turn-not-yet-stored",
+                              "start-durable-before-post", "after-post-before-completion"])
 def test_killed_in_a_window_and_resumed_each_effect_happens_once(
         request: pytest.FixtureRequest, store_url: str, module_receiver: Any, fault: str,
         asked: int, verdicts: list[str]) -> None:

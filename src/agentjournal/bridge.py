@@ -22,7 +22,9 @@ Recorded with another fingerprint: :class:`NondeterminismError`, naming both.
 Otherwise the body runs and its value is appended, durably, before it is used:
 as a ``model_turn`` when ``turn`` summarises it (text, tool calls, usage: shown
 like a native turn; the framework's own JSON stored beside it), else as a
-record-only ``step_recorded``.
+record-only ``step_recorded``. A turn that asks for calls is stored with the first
+fact about them (their starts, in one append), as the loop does: a crash before
+that asks the model again.
 
 **Calls** (``call`` / ``acall`` / ``call_batch`` / ``acall_batch``): the loop's
 own rules, run by the loop's own code (a ``StepMachine`` whose tools are the
@@ -302,7 +304,13 @@ class BridgedRun(StepMachine):
                     summary[label] = given
             fact = (E.MODEL_TURN, {**summary, "step": step, "value": value})
         with self._lock:
-            self.journal.record_all([fact])
+            if turn is not None and turn.tool_calls:
+                # Stored with the first fact about its calls (their starts): one sync, not
+                # two, as the loop does. A crash before that asks the model again.
+                self.journal.stage([fact])
+                fault_point("turn_staged")
+            else:
+                self.journal.record_all([fact])
 
     def step(self, name: str, fingerprint: str, body: Callable[[], Any], *,
              encode: Encode = _same, decode: Encode = _same,
@@ -624,11 +632,16 @@ class BridgedRun(StepMachine):
         self.pause(f"error: {type(error).__name__}: {error}")
 
     def close(self) -> None:
-        """Release the lease (unless kept) and stop renewing it. Idempotent."""
+        """Store what is staged (a model turn whose calls were not made), release the
+        lease (unless kept) and stop renewing it. Idempotent."""
         if not self._closed:
             self._closed = True
-            self.journal.at_rest()
-            self.journal.close()
+            try:
+                with self._lock:
+                    self.journal.flush()
+                self.journal.at_rest()
+            finally:
+                self.journal.close()
 
     def __enter__(self) -> BridgedRun:
         return self
