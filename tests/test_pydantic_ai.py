@@ -158,6 +158,33 @@ def test_an_uncertain_irreversible_call_is_deferred_then_resolved_by_a_person(
     assert state.status == "finished" and not state.pending
 
 
+def test_a_kill_after_the_post_with_no_lookup_defers_then_resolve_finishes(
+        tmp_path: Path, module_receiver: Any) -> None:
+    """SIGKILL after the POST, no lookup: the resume yields DeferredToolRequests naming the
+    uncertain call (its effect is never guessed); after `agentjournal resolve --happened`
+    the same call finishes without calling the tool again."""
+    url, prefix = f"sqlite:///{tmp_path / 'j.db'}", "nolookup-"
+    killed_child("--store", url, "--run-id", RUN, "--receiver", module_receiver.url,
+                 "--prefix", prefix, "--mode", "none", env={"KILL_AFTER_POST": "1"})
+    out = drive(url, RUN, module_receiver.url, "none", prefix)
+    assert out["status"] == "paused" and out["deferred"] and out["model_calls"] == 0
+    posted = counted(module_receiver, prefix)
+    for key in out["uncertain"]:  # each call the kill left uncertain, as a person saw it
+        label = next(e.payload["args"]["label"] for e in log_of(url)
+                     if e.type is E.TOOL_CALL_STARTED and e.payload["key"] == key)
+        happened = posted.get(label.removeprefix(prefix), 0) > 0
+        outcome = (["--happened", "--result", json.dumps({"label": label,
+                                                          "status": "applied"})]
+                   if happened else ["--did-not-happen"])
+        result = CliRunner().invoke(cli, ["resolve", RUN, key[:16], *outcome, "--by", "ana",
+                                          "--store", url])
+        assert result.exit_code == 0, result.output
+    done = drive(url, RUN, module_receiver.url, "none", prefix)
+    assert done["status"] == "finished" and done["output"] == done_text(prefix)
+    assert counted(module_receiver, prefix) == {"a": 1, "b": 1}
+    assert done["model_calls"] == 1  # only the turn after the calls
+
+
 def test_the_callers_deferred_result_is_recorded_as_its_decision(
         tmp_path: Path, module_receiver: Any) -> None:
     url, prefix = f"sqlite:///{tmp_path / 'j.db'}", "caller-"
