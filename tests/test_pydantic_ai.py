@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
+from pydantic_ai import (
+    Agent,
+    ApprovalRequired,
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+)
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -476,3 +482,34 @@ def test_workers_drive_a_pydantic_ai_agent_and_take_over_after_a_kill(
     assert state.status == "finished" and state.outcome == "posted fleet-a, fleet-b"
     assert state.agent == "tests.pydantic_fleet_agents:poster"
     assert len({e.epoch for e in log}) == 2  # two workers, two epochs: fenced takeover
+
+
+def test_a_tool_that_asks_for_approval_itself_runs_once_approved(tmp_path: Path) -> None:
+    url, made = f"sqlite:///{tmp_path / 'j.db'}", []
+
+    def pay(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("wire", {"cents": 900},
+                                                     tool_call_id="w1")])
+        return ModelResponse(parts=[TextPart(f"wire: {messages[-1].parts[0].content}")])
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(pay), name="wires", output_type=[str, DeferredToolRequests],
+        capabilities=[JournalDurability(url, RUN)])
+
+    @agent.tool
+    def wire(ctx: RunContext[None], cents: int) -> str:
+        if cents > 500 and not ctx.tool_call_approved:
+            raise ApprovalRequired  # the tool's own rule: large wires need a person
+        made.append(cents)
+        return f"sent {cents}"
+
+    first = agent.run_sync("wire 900")
+    assert isinstance(first.output, DeferredToolRequests)
+    assert [c.tool_call_id for c in first.output.approvals] == ["w1"]
+    done = agent.run_sync(message_history=first.all_messages(),
+                          deferred_tool_results=DeferredToolResults(approvals={"w1": True}))
+    assert done.output == "wire: sent 900" and made == [900]
+    again = agent.run_sync(message_history=first.all_messages(),
+                           deferred_tool_results=DeferredToolResults(approvals={"w1": True}))
+    assert again.output == "wire: sent 900" and made == [900]  # replayed, not sent again

@@ -190,8 +190,7 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
             f"agentjournal.pydantic_ai.bound.{run_id}", default=None)
         #: Tools that wait for a person's approval (``requires_approval=True``).
         self._approval_tools: set[str] = set()
-        #: What each tool called so far declared (an approval's id depends on it).
-        self._seen: dict[str, ToolEffect] = {}
+
         # The run last driven; shared with the copies Pydantic AI binds to each agent.
         self._last: list[BridgedRun] = []
 
@@ -259,11 +258,8 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
         if not isinstance(output, DeferredToolRequests):
             run.finish(_plain(output))
             return
-        for call in output.approvals:  # bound to the exact arguments, decided once
-            run.request_approval(call.tool_name, call.args_as_dict(),
-                                 call_id=call.tool_call_id,
-                                 identity=self._seen.get(call.tool_name, ToolEffect()).identity,
-                                 reason="requires_approval")
+        # An approval the journal holds was recorded when its call asked (NeedsApproval);
+        # one a tool asks for itself (it raised ApprovalRequired) is the tool's to judge.
         names = ", ".join(f"{c.tool_name} ({c.tool_call_id})"
                           for c in [*output.calls, *output.approvals])
         run.pause(f"deferred tool calls wait for a person: {names}")
@@ -396,10 +392,13 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
         tool_def = getattr(tool, "tool_def", tool)
         declared = self._durability._declared(
             tool_name, tool_def if isinstance(tool_def, ToolDefinition) else None)
-        self._durability._seen[tool_name] = declared
         call_args = cast(dict[str, Any], _plain(args))
         call_id = ctx.tool_call_id or f"{tool_name}:{canonical_args(call_args).decode()}"
         approval = tool_name in self._durability._approval_tools
+        if ctx.tool_call_approved and not approval:
+            # A tool that asked for approval itself (ApprovalRequired, recorded as this
+            # call's answer) is called again once approved: that is another call.
+            call_id += "#approved"
         if approval and ctx.tool_call_approved:  # the caller's DeferredToolResults approved it
             approval_id = run.request_approval(tool_name, call_args, call_id=call_id,
                                                identity=declared.identity)
