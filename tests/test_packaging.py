@@ -58,6 +58,27 @@ def test_the_changelog_keeps_an_unreleased_section_and_each_release() -> None:
     assert version in headings
 
 
+def test_the_wheel_ships_the_viewer_with_htmx_vendored(wheel: zipfile.ZipFile) -> None:
+    names = set(wheel.namelist())
+    assert {"agentjournal/ui/static/htmx.min.js", "agentjournal/ui/static/sse.min.js",
+            "agentjournal/ui/static/ui.css", "agentjournal/ui/templates/base.html",
+            "agentjournal/ui/templates/queue.html", "agentjournal/ui/templates/run.html"} <= names
+    htmx = wheel.read("agentjournal/ui/static/htmx.min.js").decode()
+    assert "htmx" in htmx and len(htmx) > 40_000  # the library itself, not a stub or a link
+    for name in (n for n in names if n.startswith("agentjournal/ui/templates/")):
+        assert "://" not in wheel.read(name).decode().replace("http://x", "")  # no CDN
+
+
+def test_importing_agentjournal_imports_no_extra() -> None:
+    """The viewer, tracing and metrics extras load only when asked for."""
+    code = ("import sys, agentjournal, agentjournal.cli; "
+            "print(sorted(m for m in ('starlette', 'uvicorn', 'jinja2', 'opentelemetry', "
+            "'prometheus_client', 'playwright') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.strip() == "[]"
+
+
 #: The frameworks the integrations (agentjournal.integrations) drive: optional extras.
 FRAMEWORKS = ("pydantic_ai", "dbos", "mcp", "langgraph", "agents", "temporalio")
 

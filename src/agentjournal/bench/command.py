@@ -81,6 +81,9 @@ from .targets import (
 from .temporal import (
     temporal_figures,
 )
+from .ui import (
+    ui_figures,
+)
 from .workspace import (
     workspace_figures,
 )
@@ -134,6 +137,7 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "pydantic-ai": lambda r: pydantic_ai_figures(r.workdir, r.plan, r.progress),
     "models": lambda r: model_figures(r.workdir, r.plan, r.progress),
     "fleet": lambda r: fleet_figures(r.workdir, r.postgres_url, r.plan, r.progress),
+    "ui": lambda r: ui_figures(r.workdir, r.plan, r.progress),
     "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],
 }
 SECTIONS = tuple(_SECTIONS)
