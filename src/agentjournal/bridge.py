@@ -46,9 +46,10 @@ receiver that fences). Code that the framework calls and that cannot take it as
 an argument reads it with :func:`current_call`.
 
 Concurrency: the sync methods may be called from several threads (the framework's
-tool threads); the async ones from several tasks of one event loop. Calls started
-together by ``call_batch`` are appended in one batch, in the order given (sort
-them by call id for a deterministic log).
+tool threads), the async ones from several tasks: the rules run under one lock,
+released while a body or a lookup runs (async appends wait on a stepper thread,
+never on the loop). Calls started together by ``call_batch`` are appended in one
+batch, in the order given (sort them by call id for a deterministic log).
 """
 
 from __future__ import annotations
@@ -77,7 +78,16 @@ from .faults import fault_point
 from .journal import RunJournal, open_journal
 from .keys import run_scope
 from .models import cost_of
-from .ops import Invoke, Op, Outcome, Steps, _perform_sync, run_async
+from .ops import (
+    Invoke,
+    Op,
+    Outcome,
+    Steps,
+    _advance,
+    _perform_async,
+    _perform_sync,
+    in_thread,
+)
 from .policy import Allow, Decision, RequireApproval
 from .redaction import Redaction
 from .settle import Ready, changed_intent, same_intent
@@ -353,8 +363,9 @@ class BridgedRun(StepMachine):
             fault_point("model_call")
         began = time.monotonic()
         value = encode(await body())
-        self._record_step(name, n, fingerprint, value,
-                          turn(value) if turn else None, (time.monotonic() - began) * 1000)
+        # The append waits on a stepper thread, never on the loop (as ops.run_async does).
+        await in_thread(self._record_step, name, n, fingerprint, value,
+                        turn(value) if turn else None, (time.monotonic() - began) * 1000)
         _tell(executed, True)
         return decode(value)
 
@@ -404,7 +415,8 @@ class BridgedRun(StepMachine):
     async def acall_batch(self, specs: Sequence[CallSpec], *,
                           executed: Callable[[bool], None] | None = None) -> list[Outcome]:
         """:meth:`call_batch` for async bodies (run at once as tasks)."""
-        return await run_async(self._calls(specs, executed))
+        outcomes: list[Outcome] = await _pump_async(self._calls(specs, executed), self._lock)
+        return outcomes
 
     def _calls(self, specs: Sequence[CallSpec],
                executed: Callable[[bool], None] | None) -> Steps[list[Outcome]]:
@@ -761,6 +773,28 @@ def _pump_sync(steps: Steps[Any], lock: threading.RLock) -> Any:
                 error = exc
             finally:
                 lock.acquire()
+
+
+async def _pump_async(steps: Steps[Any], lock: threading.RLock) -> Any:
+    """ops.run_async with each advance of the rules under ``lock`` (advances run on
+    stepper threads, so the calls of concurrent tasks take turns, as threads do in
+    :func:`_pump_sync`); the calls and lookups themselves are awaited on the loop."""
+    value: Any = None
+    error: BaseException | None = None
+
+    def advance(sent: Any, thrown: BaseException | None) -> tuple[bool, Any]:
+        with lock:
+            return _advance(steps, sent, thrown)
+
+    while True:
+        finished, op = await in_thread(advance, value, error)
+        if finished:
+            return op
+        value, error = None, None
+        try:
+            value = await _perform_async(_locked(op, lock))
+        except Exception as exc:
+            error = exc
 
 
 def _locked(op: Op, lock: threading.RLock) -> Op:
