@@ -360,3 +360,40 @@ def test_a_step_at_a_given_position_replays_that_unit(store: Store) -> None:
             run.step("model.request", "fp-other", lambda: {"text": "x"}, turn=turn_of,
                      position=1)
     assert ran == [3]
+
+
+def test_concurrent_calls_of_one_action_make_it_once(store: Store) -> None:
+    """Two tasks (a framework's parallel calls) asking for the same action at once: the
+    second waits for the first, in flight, and is served its result; a start in flight is
+    not an uncertain call, so nobody is asked to decide anything."""
+    made: list[str] = []
+
+    async def charge(ctx: ToolContext) -> str:
+        made.append(ctx.call_id)
+        await asyncio.sleep(0.05)  # still in flight when the second call arrives
+        return "charged"
+
+    async def main() -> list[Any]:
+        async with open_run(store, RUN, input="hi") as run:
+            return list(await asyncio.gather(*(
+                run.acall("charge", {"order": 7}, call_id=f"c{i}", body=charge)
+                for i in range(2))))
+
+    assert asyncio.run(main()) == ["charged", "charged"]
+    assert len(made) == 1
+    kinds = [e.type for e in store.read(RUN)]
+    assert kinds.count(E.TOOL_CALL_STARTED) == 1 and E.TOOL_RESULT_SERVED in kinds
+    assert fold(store.read(RUN)).status == "running"
+
+
+def test_one_action_twice_in_a_batch_is_made_once(store: Store) -> None:
+    made: list[str] = []
+
+    def charge(ctx: ToolContext) -> str:
+        made.append(ctx.call_id)
+        return "charged"
+
+    with open_run(store, RUN, input="hi") as run:
+        outcomes = run.call_batch([CallSpec(tool="charge", args={"order": 7}, call_id=f"c{i}",
+                                            body=charge) for i in range(2)])
+    assert [o.value for o in outcomes] == ["charged", "charged"] and made == ["c0"]

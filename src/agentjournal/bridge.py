@@ -82,6 +82,7 @@ from .ops import (
     Invoke,
     Op,
     Outcome,
+    Sleep,
     Steps,
     _advance,
     _perform_async,
@@ -101,6 +102,8 @@ __all__ = ["Answer", "BridgedRun", "CallSpec", "Turn", "aopen_run", "current_cal
 
 E = EventType
 _ANSWERS = (E.TOOL_CALL_COMPLETED, E.TOOL_RESULT_SERVED, E.TOOL_CALL_DENIED)
+#: Seconds between looks at a call in flight that another call of the run waits for.
+IN_FLIGHT_POLL = 0.005
 Encode = Callable[[Any], Any]
 
 _CURRENT: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
@@ -237,6 +240,7 @@ class BridgedRun(StepMachine):
         self._start_keys: dict[int, str] = {}  # a start's seq -> its key
         self._live: dict[str, tuple[bool, Any]] = {}  # call id -> (ok, value or error)
         self._input: Any = None  # the input recorded when the run started
+        self._in_flight: set[str] = set()  # keys of calls this run is making now
         self._closed = False
 
     # --- reading the log ----------------------------------------------------------
@@ -422,24 +426,44 @@ class BridgedRun(StepMachine):
                executed: Callable[[bool], None] | None) -> Steps[list[Outcome]]:
         outcomes: dict[int, Outcome] = {}
         ready: list[tuple[int, Ready]] = []
+        later: list[int] = []  # the same key as a call before it in the batch: after it
         for i, spec in enumerate(specs):
             tool = self._register(spec)
             key = tool.key(self.journal.state.scope, spec.args)
-            if (replayed := self._replayed(spec, key)) is not None:
-                _tell(executed, False)
-                outcomes[i] = replayed
+            if any(key == r[2] for _, r in ready):
+                later.append(i)
                 continue
-            cleared = yield from self._cleared(spec, tool, key)
-            if isinstance(cleared, Outcome):
-                outcomes[i] = cleared
+            outcome = yield from self._one(spec, tool, key, executed)
+            if isinstance(outcome, Outcome):
+                outcomes[i] = outcome
             else:
-                ready.append((i, cleared))
+                ready.append((i, outcome))
         if ready:
             _tell(executed, True)
-            yield from self._execute(self.journal, [r for _, r in ready])
+            keys = {r[2] for _, r in ready}
+            self._in_flight |= keys
+            try:
+                yield from self._execute(self.journal, [r for _, r in ready])
+            finally:
+                self._in_flight -= keys
             for i, (_, _, key) in ready:
                 outcomes[i] = self._outcome(specs[i], key)
+        for i in later:  # now answered from the call before it (served), or made
+            (outcomes[i],) = yield from self._calls([specs[i]], executed)
         return [outcomes[i] for i in range(len(specs))]
+
+    def _one(self, spec: CallSpec, tool: Tool, key: str,
+             executed: Callable[[bool], None] | None) -> Steps[Ready | Outcome]:
+        """One call of a batch: its recorded answer, how the rules answered or stopped it,
+        or the call ready to run. A call whose key another call of this run is making
+        right now waits for it (a start in flight is not an uncertain one)."""
+        while key in self._in_flight:
+            yield Sleep(IN_FLIGHT_POLL)
+        if (replayed := self._replayed(spec, key)) is not None:
+            _tell(executed, False)
+            return replayed
+        cleared = yield from self._cleared(spec, tool, key)
+        return cleared
 
     def _register(self, spec: CallSpec) -> Tool:
         """The call as a tool of this run's rules: its body, effect, identity, lookup."""
