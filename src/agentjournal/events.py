@@ -71,6 +71,10 @@ class EventType(StrEnum):
     RUN_CANCELLED = "run_cancelled"
     WORKSPACE_CHECKPOINT = "workspace_checkpoint"
     STEP_RECORDED = "step_recorded"
+    # A LangGraph thread (integrations/langgraph.py); record-only, indexed by the saver.
+    GRAPH_INPUT = "graph_input"
+    GRAPH_CHECKPOINT = "graph_checkpoint"
+    GRAPH_WRITES = "graph_writes"
 
     @classmethod
     def parse(cls, name: str) -> EventType:
