@@ -11,12 +11,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agentjournal import Agent, ScriptedModel, open_store, reply
 from agentjournal.errors import AgentRefError
-from agentjournal.fleet import queue_of, submit
+from agentjournal.fleet import Runnable, Stopped, queue_of, submit
 from agentjournal.fleet.trust import AgentTrust
 from agentjournal.fleet.worker import Worker
 
@@ -145,3 +146,54 @@ def test_a_worker_with_a_registry_runs_its_agents_and_parks_the_rest(
     assert bad.reason is not None and "not among the agents this worker trusts" in bad.reason
     lines = (tmp_path / "effects.txt").read_text().split("\n")
     assert [line.split()[:2] for line in lines if line] == [["good", "a"], ["good", "b"]]
+
+
+# --- another framework's agent: a Runnable (fleet/runnable.py) ---------------------------
+
+
+class OtherFramework:
+    """A Runnable: an agent of another framework, which a worker drives by run_claimed."""
+
+    def run_claimed(self, store: Any, run_id: str, task: str | None, *, agent_ref: str,
+                    owner: str, ttl: float, stop: threading.Event) -> Stopped:
+        return Stopped("finished", 1, 1)
+
+
+A_RUNNABLE = OtherFramework()
+
+
+def runnable_factory() -> OtherFramework:
+    return OtherFramework()
+
+
+def runnable_liar() -> OtherFramework:
+    return "not runnable"  # type: ignore[return-value]
+
+
+def test_a_runnable_or_a_factory_annotated_to_return_its_class_is_trusted() -> None:
+    trust = AgentTrust(["tests.test_agent_trust"])
+    assert trust.load("tests.test_agent_trust:A_RUNNABLE") is A_RUNNABLE
+    assert isinstance(trust.load("tests.test_agent_trust:runnable_factory"), OtherFramework)
+    assert isinstance(OtherFramework(), Runnable)
+    with pytest.raises(AgentRefError, match="returned a str, not an Agent or a Runnable"):
+        trust.load("tests.test_agent_trust:runnable_liar")
+    # The class itself has a run_claimed attribute but is no Runnable: a call would make
+    # one, so it is refused like any other callable that is not a factory.
+    with pytest.raises(AgentRefError, match="not an Agent, a Runnable"):
+        trust.load("tests.test_agent_trust:OtherFramework")
+
+
+def test_a_runnable_ref_is_still_checked_as_text_before_any_import() -> None:
+    trust = AgentTrust(["tests.test_agent_trust"])
+    before = set(sys.modules)
+    for ref in ("tests.test_agent_trustx:A_RUNNABLE", "tests.test_agent_trust:_private",
+                "os:abort"):
+        with pytest.raises(AgentRefError):
+            trust.load(ref)
+    assert set(sys.modules) == before
+
+
+def test_a_registry_may_map_a_ref_to_a_runnable() -> None:
+    trust = AgentTrust({"made:runnable": A_RUNNABLE, "made:factory": OtherFramework})
+    assert trust.load("made:runnable") is A_RUNNABLE
+    assert isinstance(trust.load("made:factory"), OtherFramework)

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(900)
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
               "claim", "step", "group_commit", "saga", "workspace", "gc", "temporal",
-              "takeover", "ui", "langgraph"}
+              "takeover", "ui", "langgraph", "pydantic_ai"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
                  "model_call", "snapshot_bytes", "snapshot_bytes_growth", "snapshot_next",
                  "group_commit_ceiling"}

@@ -81,9 +81,10 @@ def test_importing_agentjournal_imports_no_extra() -> None:
 
 def test_importing_agentjournal_imports_no_framework() -> None:
     """The integrations are extras: the package and its CLI load without them."""
-    code = ("import sys, agentjournal, agentjournal.cli, agentjournal.integrations; "
+    code = ("import sys, agentjournal, agentjournal.cli, agentjournal.bridge, "
+            "agentjournal.integrations; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'langgraph', 'langchain_core', 'pydantic_ai', 'agents'}))")
+            "{'langgraph', 'langchain_core', 'pydantic_ai', 'agents', 'dbos', 'mcp'}))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True, timeout=120).stdout
     assert out.strip() == "[]"
@@ -96,3 +97,10 @@ def test_the_langgraph_extra_pins_the_versions_tested() -> None:
                                    "langgraph-prebuilt==1.1.3"]
     assert "langgraph==1.2.24" in extras["peers"]  # the bench's peer is the version tested
     assert "langgraph-checkpoint-conformance==0.0.2" in extras["dev"]
+
+
+def test_the_pydantic_ai_extra_pins_the_framework(wheel: zipfile.ZipFile) -> None:
+    required = metadata(wheel).get_all("Requires-Dist") or []
+    pinned = [r for r in required if r.startswith("pydantic-ai-slim")
+              and 'extra == "pydantic-ai"' in r]
+    assert len(pinned) == 1 and "<3" in pinned[0] and ">=2.68" in pinned[0], required

@@ -113,3 +113,17 @@ def test_readme_commands_run(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=120,
                               env={**os.environ, "TMPDIR": str(tmp_path)})  # demo's dir
         assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+
+
+def test_the_pydantic_ai_block_runs_and_resumes(new_user: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (code,) = [c for lang, c in BLOCK.findall(section("Make a Pydantic AI agent durable"))
+               if lang == "python"]
+    run_alone(code)
+    assert capsys.readouterr().out.splitlines() == ["Refunded 500 cents on order 7."] * 2
+    from agentjournal import fold, open_store
+
+    with open_store("sqlite:///refunds.db") as store:
+        log = list(store.read("order-7"))
+    assert fold(log).status == "finished"
+    assert sum(e.type == "tool_call_started" for e in log) == 1  # made once, replayed once

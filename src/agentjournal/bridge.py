@@ -22,7 +22,9 @@ Recorded with another fingerprint: :class:`NondeterminismError`, naming both.
 Otherwise the body runs and its value is appended, durably, before it is used:
 as a ``model_turn`` when ``turn`` summarises it (text, tool calls, usage: shown
 like a native turn; the framework's own JSON stored beside it), else as a
-record-only ``step_recorded``.
+record-only ``step_recorded``. A turn that asks for calls is stored with the first
+fact about them (their starts, in one append), as the loop does: a crash before
+that asks the model again.
 
 **Calls** (``call`` / ``acall`` / ``call_batch`` / ``acall_batch``): the loop's
 own rules, run by the loop's own code (a ``StepMachine`` whose tools are the
@@ -44,9 +46,10 @@ receiver that fences). Code that the framework calls and that cannot take it as
 an argument reads it with :func:`current_call`.
 
 Concurrency: the sync methods may be called from several threads (the framework's
-tool threads); the async ones from several tasks of one event loop. Calls started
-together by ``call_batch`` are appended in one batch, in the order given (sort
-them by call id for a deterministic log).
+tool threads), the async ones from several tasks: the rules run under one lock,
+released while a body or a lookup runs (async appends wait on a stepper thread,
+never on the loop). Calls started together by ``call_batch`` are appended in one
+batch, in the order given (sort them by call id for a deterministic log).
 """
 
 from __future__ import annotations
@@ -75,7 +78,17 @@ from .faults import fault_point
 from .journal import RunJournal, open_journal
 from .keys import run_scope
 from .models import cost_of
-from .ops import Invoke, Op, Outcome, Steps, _perform_sync, run_async
+from .ops import (
+    Invoke,
+    Op,
+    Outcome,
+    Sleep,
+    Steps,
+    _advance,
+    _perform_async,
+    _perform_sync,
+    in_thread,
+)
 from .policy import Allow, Decision, RequireApproval
 from .redaction import Redaction
 from .settle import Ready, changed_intent, same_intent
@@ -89,6 +102,8 @@ __all__ = ["Answer", "BridgedRun", "CallSpec", "Turn", "aopen_run", "current_cal
 
 E = EventType
 _ANSWERS = (E.TOOL_CALL_COMPLETED, E.TOOL_RESULT_SERVED, E.TOOL_CALL_DENIED)
+#: Seconds between looks at a call in flight that another call of the run waits for.
+IN_FLIGHT_POLL = 0.005
 Encode = Callable[[Any], Any]
 
 _CURRENT: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
@@ -225,6 +240,7 @@ class BridgedRun(StepMachine):
         self._start_keys: dict[int, str] = {}  # a start's seq -> its key
         self._live: dict[str, tuple[bool, Any]] = {}  # call id -> (ok, value or error)
         self._input: Any = None  # the input recorded when the run started
+        self._in_flight: set[str] = set()  # keys of calls this run is making now
         self._closed = False
 
     # --- reading the log ----------------------------------------------------------
@@ -302,7 +318,13 @@ class BridgedRun(StepMachine):
                     summary[label] = given
             fact = (E.MODEL_TURN, {**summary, "step": step, "value": value})
         with self._lock:
-            self.journal.record_all([fact])
+            if turn is not None and turn.tool_calls:
+                # Stored with the first fact about its calls (their starts): one sync, not
+                # two, as the loop does. A crash before that asks the model again.
+                self.journal.stage([fact])
+                fault_point("turn_staged")
+            else:
+                self.journal.record_all([fact])
 
     def step(self, name: str, fingerprint: str, body: Callable[[], Any], *,
              encode: Encode = _same, decode: Encode = _same,
@@ -345,8 +367,9 @@ class BridgedRun(StepMachine):
             fault_point("model_call")
         began = time.monotonic()
         value = encode(await body())
-        self._record_step(name, n, fingerprint, value,
-                          turn(value) if turn else None, (time.monotonic() - began) * 1000)
+        # The append waits on a stepper thread, never on the loop (as ops.run_async does).
+        await in_thread(self._record_step, name, n, fingerprint, value,
+                        turn(value) if turn else None, (time.monotonic() - began) * 1000)
         _tell(executed, True)
         return decode(value)
 
@@ -396,30 +419,51 @@ class BridgedRun(StepMachine):
     async def acall_batch(self, specs: Sequence[CallSpec], *,
                           executed: Callable[[bool], None] | None = None) -> list[Outcome]:
         """:meth:`call_batch` for async bodies (run at once as tasks)."""
-        return await run_async(self._calls(specs, executed))
+        outcomes: list[Outcome] = await _pump_async(self._calls(specs, executed), self._lock)
+        return outcomes
 
     def _calls(self, specs: Sequence[CallSpec],
                executed: Callable[[bool], None] | None) -> Steps[list[Outcome]]:
         outcomes: dict[int, Outcome] = {}
         ready: list[tuple[int, Ready]] = []
+        later: list[int] = []  # the same key as a call before it in the batch: after it
         for i, spec in enumerate(specs):
             tool = self._register(spec)
             key = tool.key(self.journal.state.scope, spec.args)
-            if (replayed := self._replayed(spec, key)) is not None:
-                _tell(executed, False)
-                outcomes[i] = replayed
+            if any(key == r[2] for _, r in ready):
+                later.append(i)
                 continue
-            cleared = yield from self._cleared(spec, tool, key)
-            if isinstance(cleared, Outcome):
-                outcomes[i] = cleared
+            outcome = yield from self._one(spec, tool, key, executed)
+            if isinstance(outcome, Outcome):
+                outcomes[i] = outcome
             else:
-                ready.append((i, cleared))
+                ready.append((i, outcome))
         if ready:
             _tell(executed, True)
-            yield from self._execute(self.journal, [r for _, r in ready])
+            keys = {r[2] for _, r in ready}
+            self._in_flight |= keys
+            try:
+                yield from self._execute(self.journal, [r for _, r in ready])
+            finally:
+                self._in_flight -= keys
             for i, (_, _, key) in ready:
                 outcomes[i] = self._outcome(specs[i], key)
+        for i in later:  # now answered from the call before it (served), or made
+            (outcomes[i],) = yield from self._calls([specs[i]], executed)
         return [outcomes[i] for i in range(len(specs))]
+
+    def _one(self, spec: CallSpec, tool: Tool, key: str,
+             executed: Callable[[bool], None] | None) -> Steps[Ready | Outcome]:
+        """One call of a batch: its recorded answer, how the rules answered or stopped it,
+        or the call ready to run. A call whose key another call of this run is making
+        right now waits for it (a start in flight is not an uncertain one)."""
+        while key in self._in_flight:
+            yield Sleep(IN_FLIGHT_POLL)
+        if (replayed := self._replayed(spec, key)) is not None:
+            _tell(executed, False)
+            return replayed
+        cleared = yield from self._cleared(spec, tool, key)
+        return cleared
 
     def _register(self, spec: CallSpec) -> Tool:
         """The call as a tool of this run's rules: its body, effect, identity, lookup."""
@@ -632,11 +676,16 @@ class BridgedRun(StepMachine):
         self.pause(f"error: {type(error).__name__}: {error}")
 
     def close(self) -> None:
-        """Release the lease (unless kept) and stop renewing it. Idempotent."""
+        """Store what is staged (a model turn whose calls were not made), release the
+        lease (unless kept) and stop renewing it. Idempotent."""
         if not self._closed:
             self._closed = True
-            self.journal.at_rest()
-            self.journal.close()
+            try:
+                with self._lock:
+                    self.journal.flush()
+                self.journal.at_rest()
+            finally:
+                self.journal.close()
 
     def __enter__(self) -> BridgedRun:
         return self
@@ -756,6 +805,28 @@ def _pump_sync(steps: Steps[Any], lock: threading.RLock) -> Any:
                 error = exc
             finally:
                 lock.acquire()
+
+
+async def _pump_async(steps: Steps[Any], lock: threading.RLock) -> Any:
+    """ops.run_async with each advance of the rules under ``lock`` (advances run on
+    stepper threads, so the calls of concurrent tasks take turns, as threads do in
+    :func:`_pump_sync`); the calls and lookups themselves are awaited on the loop."""
+    value: Any = None
+    error: BaseException | None = None
+
+    def advance(sent: Any, thrown: BaseException | None) -> tuple[bool, Any]:
+        with lock:
+            return _advance(steps, sent, thrown)
+
+    while True:
+        finished, op = await in_thread(advance, value, error)
+        if finished:
+            return op
+        value, error = None, None
+        try:
+            value = await _perform_async(_locked(op, lock))
+        except Exception as exc:
+            error = exc
 
 
 def _locked(op: Op, lock: threading.RLock) -> Op:

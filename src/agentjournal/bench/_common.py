@@ -67,6 +67,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     fleet_runs: int = 48  # runs per fleet round
     fleet_claims: int = 100  # claims behind the claim latency
     takeover_kills: int = 3  # SIGKILLed workers behind the takeover latency
+    pydantic_steps: int = 100  # steps of the Pydantic AI agent, with and without durability
     ui_runs: int = 10_000  # runs behind the viewer's runs page
     ui_events: int = 100_000  # events of the run behind its run page
     density_runs: tuple[int, ...] = (100, 300)  # runs held at once on one loop (--density)
@@ -80,14 +81,14 @@ FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1
             cpu_events=4_000, agent_reps=9, step_reps=5, group_events=200,
             saga_effects=500, temporal_steps=1_000, fleet_workers=(1, 2, 4, 8), fleet_runs=160,
             fleet_claims=400, takeover_kills=10, density_runs=(100, 300, 1_000),
-            density_latency=1.0, density_turns=10)
+            density_latency=1.0, density_turns=10, pydantic_steps=500)
 #: Every section at its smallest meaningful size, one round: for the tests, which check
 #: what each section measured, never how fast (``run_bench(plan=SMOKE)``).
 SMOKE = Plan(appends=20, reps=1, sizes=(1_000, 2_000), steps=(100, 1_000), cpu_events=300,
              agent_steps=(20, 200), agent_reps=1, step_reps=1, group_events=5, saga_effects=10,
              temporal_steps=20, fleet_workers=(1, 2), fleet_runs=8, fleet_claims=20,
              takeover_kills=1, ui_runs=100, ui_events=2_000, density_runs=(20,),
-             density_latency=0.05, density_turns=2)
+             density_latency=0.05, density_turns=2, pydantic_steps=10)
 
 
 # --- the workload: what Agent records for a run calling one tool per turn ----------------

@@ -61,6 +61,9 @@ from .peers import (
     peer_figures,
     peers_problem,
 )
+from .pydantic_ai import (
+    pydantic_ai_figures,
+)
 from .replay import (
     recovery_figures,
     replay_figures,
@@ -135,6 +138,7 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "workspace": lambda r: workspace_figures(r.workdir, r.plan, r.progress),
     "retention": lambda r: retention_figures(r.workdir, r.plan, r.progress),
     "temporal": lambda r: temporal_figures(r.workdir, r.plan, r.progress),
+    "pydantic-ai": lambda r: pydantic_ai_figures(r.workdir, r.plan, r.progress),
     "models": lambda r: model_figures(r.workdir, r.plan, r.progress),
     "fleet": lambda r: fleet_figures(r.workdir, r.postgres_url, r.plan, r.progress),
     "ui": lambda r: ui_figures(r.workdir, r.plan, r.progress),

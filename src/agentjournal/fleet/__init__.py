@@ -2,8 +2,9 @@
 
 ``submit`` puts a run in the queue; a worker claims it with its lease and the next
 epoch, runs it with the agent named by its ``agent_ref``, and hands it back done,
-waiting for a person, or (draining) queued for another worker. SQLite serves the
-workers of one host; PostgreSQL those of many. JSONL has no queue.
+waiting for a person, or (draining) queued for another worker. The agent may be
+another framework's, driven by an integration: a :class:`Runnable` (fleet/runnable.py).
+SQLite serves the workers of one host; PostgreSQL those of many. JSONL has no queue.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from ..journal import open_journal
 from ..redaction import Redaction
 from ..store import Store
 from .queue import QUEUE_STATES, Claim, Queue, QueuedRun, QueueState, WorkerInfo
+from .runnable import Runnable, Stopped
 from .trust import ref_problem
 
-__all__ = ["QUEUE_STATES", "Claim", "Queue", "QueueState", "QueuedRun", "WorkerInfo",
-           "queue_of", "requeue", "submit"]
+__all__ = ["QUEUE_STATES", "Claim", "Queue", "QueueState", "QueuedRun", "Runnable", "Stopped",
+           "WorkerInfo", "queue_of", "requeue", "submit"]
 
 
 def queue_of(store: Store) -> Queue:

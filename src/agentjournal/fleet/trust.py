@@ -10,15 +10,17 @@ worker's working directory). So a worker is given the agents it trusts, as eithe
   ``myapp.agents:x`` and ``myapp.agents.billing:y``, never ``myapp.agentsx:z``), or
   when it is given whole (``myapp.agents:reconciler`` trusts that ref only); or
 - a registry (``Worker(agents={"myapp.agents:reconciler": reconciler})``): those
-  refs, each mapped to an Agent or a factory of one; nothing is imported.
+  refs, each mapped to an Agent (or a Runnable) or a factory of one; nothing is
+  imported.
 
 A ref is checked as text first, before anything is imported: dotted identifiers,
-no private names, trusted. What a trusted ref names must then be an Agent, or a
-factory of one: a function of the trusted modules, taking no arguments, annotated
-to return an Agent; it is called, and what it returns must be an Agent. Anything
-else (a builtin such as ``os.abort`` reached through a trusted module, a function
-imported from elsewhere, a Tool) is refused without being called. Refusals are
-AgentRefError, saying why.
+no private names, trusted. What a trusted ref names must then be an Agent, a
+Runnable (an agent of another framework an integration drives: fleet/runnable.py),
+or a factory of one: a function of the trusted modules, taking no arguments,
+annotated to return an Agent or a Runnable class; it is called, and what it
+returns must be one. Anything else (a builtin such as ``os.abort`` reached through
+a trusted module, a function imported from elsewhere, a Tool) is refused without
+being called. Refusals are AgentRefError, saying why.
 
 Nothing here changes the import path: the CLI worker removes its working directory
 from it and adds only the directories given with ``--import-path``.
@@ -34,16 +36,20 @@ from typing import Any
 
 from ..agent import Agent, resolve_ref
 from ..errors import AgentRefError
+from .runnable import Runnable
 
-AgentFactory = Callable[[], Agent]
+#: What a worker drives: agentjournal's own Agent, or another framework's (a Runnable).
+Driven = Agent | Runnable
+AgentFactory = Callable[[], Driven]
 #: What a worker is told to trust: prefixes (or whole refs), or a registry.
-Trusted = Sequence[str] | Mapping[str, Agent | AgentFactory]
+Trusted = Sequence[str] | Mapping[str, Driven | AgentFactory]
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = rf"{_NAME}(?:\.{_NAME})*"
 _REF = re.compile(rf"({_DOTTED}):({_DOTTED})")
 _PREFIX = re.compile(rf"{_DOTTED}(?::{_DOTTED})?")
-_FACTORY = "a function of the trusted modules, taking no arguments, annotated -> Agent"
+_FACTORY = ("a function of the trusted modules, taking no arguments, annotated -> Agent "
+            "or -> a Runnable class")
 
 
 def ref_problem(ref: str) -> str | None:
@@ -54,13 +60,13 @@ def ref_problem(ref: str) -> str | None:
 
 
 class AgentTrust:
-    """The agents a worker runs: :meth:`load` returns the Agent a ref names, or raises
-    AgentRefError saying why it is refused."""
+    """The agents a worker runs: :meth:`load` returns the Agent (or Runnable) a ref
+    names, or raises AgentRefError saying why it is refused."""
 
     def __init__(self, agents: Trusted) -> None:
         if isinstance(agents, str):
             agents = agents.split(",")
-        self.registry: dict[str, Agent | AgentFactory] | None = None
+        self.registry: dict[str, Driven | AgentFactory] | None = None
         self.prefixes: tuple[str, ...] = ()
         names: Sequence[str]
         if isinstance(agents, Mapping):
@@ -92,17 +98,18 @@ class AgentTrust:
             raise AgentRefError(ref, f"not among the agents this worker trusts "
                                 f"({self.describe()})")
 
-    def load(self, ref: str) -> Agent:
-        """The Agent ``ref`` names, checked before anything is imported or called."""
+    def load(self, ref: str) -> Driven:
+        """The Agent (or Runnable) ``ref`` names, checked before anything is imported or
+        called."""
         self.check(ref)
         if self.registry is not None:
             return _made(ref, self.registry[ref])
         found = _resolve(ref)
-        if isinstance(found, Agent):
-            return found
+        if _driven(found):
+            return typing.cast(Driven, found)
         if problem := self._not_a_factory(found):
-            raise AgentRefError(ref, f"it is {problem}, not an Agent or a factory of one "
-                                f"({_FACTORY})")
+            raise AgentRefError(ref, f"it is {problem}, not an Agent, a Runnable or a "
+                                f"factory of one ({_FACTORY})")
         return _made(ref, typing.cast(AgentFactory, found))
 
     def _trusted(self, ref: str) -> bool:
@@ -125,7 +132,7 @@ class AgentTrust:
         except TypeError:
             return "a function that takes arguments"
         if not _returns_an_agent(found):
-            return "a function not annotated to return an Agent"
+            return "a function not annotated to return an Agent or a Runnable class"
         return None
 
 
@@ -138,16 +145,26 @@ def _resolve(ref: str) -> object:
 
 
 def _returns_an_agent(fn: Callable[..., Any]) -> bool:
+    """Annotated to return an Agent, or a class with a Runnable's ``run_claimed``."""
     try:
         returned = typing.get_type_hints(fn).get("return")
     except Exception:  # an annotation that does not resolve says nothing we can trust
         return False
-    return isinstance(returned, type) and issubclass(returned, Agent)
+    return isinstance(returned, type) and (
+        issubclass(returned, Agent) or callable(getattr(returned, "run_claimed", None)))
 
 
-def _made(ref: str, factory: Agent | AgentFactory) -> Agent:
-    agent = factory if isinstance(factory, Agent) else factory()
-    if not isinstance(agent, Agent):
+def _driven(found: object) -> bool:
+    """An Agent, or an instance of a Runnable (never a class or a function: those would
+    have a ``run_claimed`` attribute without being one)."""
+    return isinstance(found, Agent) or (
+        not isinstance(found, type) and not inspect.isroutine(found)
+        and isinstance(found, Runnable))
+
+
+def _made(ref: str, factory: Driven | AgentFactory) -> Driven:
+    agent = factory if _driven(factory) else typing.cast(AgentFactory, factory)()
+    if not _driven(agent):
         raise AgentRefError(ref, f"its factory returned a {type(agent).__name__}, not an "
-                            "Agent")
-    return agent
+                            "Agent or a Runnable")
+    return typing.cast(Driven, agent)

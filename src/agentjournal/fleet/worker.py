@@ -36,6 +36,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any
 
+from ..agent import Agent
 from ..errors import (
     AgentRefError,
     DurabilityError,
@@ -55,10 +56,11 @@ from ..saga import run_saga
 from ..store import Lease, Store, open_store
 from . import queue_of
 from .queue import Claim, Queue, QueueState, WorkerInfo
-from .trust import AgentTrust, Trusted
+from .runnable import Stopped
+from .trust import AgentTrust, Driven, Trusted
 
 if TYPE_CHECKING:
-    from ..agent import Agent, RunResult
+    from ..agent import RunResult
     from ..state import RunState
 
 #: Store trouble that is retried with backoff: the server is away, a commit failed
@@ -153,7 +155,7 @@ class Worker:
         self._slot_free = threading.Event()
         self._lock = threading.Lock()
         self._held: dict[str, threading.Thread | Future[None]] = {}
-        self._agents: dict[str, Agent] = {}
+        self._agents: dict[str, Driven] = {}
         self._started_at = time.time()
         self._store: Store | None = None
         self._queue: Queue | None = None
@@ -393,25 +395,40 @@ class Worker:
 
     # --- one run -----------------------------------------------------------------------
 
-    def _agent(self, ref: str) -> Agent:
-        """The agent ``ref`` names, if this worker trusts it (else AgentRefError)."""
+    def _agent(self, ref: str) -> Driven:
+        """The agent ``ref`` names, if this worker trusts it (else AgentRefError): an
+        Agent, or another framework's agent (a Runnable, fleet/runnable.py)."""
         with self._lock:
             agent = self._agents.get(ref)
         if agent is None:
-            # A copy: the worker's TTL governs the lease, not the agent's own default.
-            agent = copy.copy(self.trust.load(ref))
-            agent.lease_ttl = self.ttl
+            agent = self.trust.load(ref)
+            if isinstance(agent, Agent):
+                # A copy: the worker's TTL governs the lease, not the agent's own default.
+                agent = copy.copy(agent)
+                agent.lease_ttl = self.ttl
             with self._lock:
                 agent = self._agents.setdefault(ref, agent)
         return agent
+
+    def _driven(self, agent: Driven, claim: Claim) -> Stopped:
+        """Run the claimed run with another framework's agent (a Runnable), holding the
+        claimed lease and keeping it; where it stopped."""
+        assert not isinstance(agent, Agent)
+        return agent.run_claimed(self._run_store(), claim.lease.run_id, claim.task,
+                                 agent_ref=claim.agent, owner=self.worker_id, ttl=self.ttl,
+                                 stop=self._draining)
 
     def _work(self, claim: Claim) -> None:
         """Run a claimed run in this thread, then hand it back."""
         seen = {"epoch": claim.lease.epoch, "seq": 0}
         try:
             agent = self._prepared(claim)
-            result = None if agent is None else agent.run(
-                self._run_store(), claim.lease.run_id, claim.task, **self._run_args(claim, seen))
+            result: Stopped | None = None
+            if isinstance(agent, Agent):
+                result = _stopped(agent.run(self._run_store(), claim.lease.run_id, claim.task,
+                                            **self._run_args(claim, seen)), claim)
+            elif agent is not None:
+                result = self._driven(agent, claim)
         except Exception as exc:
             self._ended(claim, seen, None, exc)
         else:
@@ -431,9 +448,14 @@ class Worker:
 
         try:
             agent = await in_thread(self._prepared, claim)
-            result = None if agent is None else await agent.arun(
-                self._run_store(), claim.lease.run_id, claim.task,
-                **self._run_args(claim, seen, opened))
+            result: Stopped | None = None
+            if isinstance(agent, Agent):
+                result = _stopped(await agent.arun(
+                    self._run_store(), claim.lease.run_id, claim.task,
+                    **self._run_args(claim, seen, opened)), claim)
+            elif agent is not None:  # another framework's: its own loop, in a thread
+                opened()
+                result = await in_thread(self._driven, agent, claim)
         except Exception as exc:
             await in_thread(self._ended, claim, seen, None, exc)
         else:
@@ -458,7 +480,7 @@ class Worker:
                 "keep_lease": True, "observer": observe,
                 "settle": False}  # the status is enough
 
-    def _prepared(self, claim: Claim) -> Agent | None:
+    def _prepared(self, claim: Claim) -> Driven | None:
         """The claimed run's agent; None when the run was parked instead (poison, or an
         agent this worker does not trust)."""
         run_id = claim.lease.run_id
@@ -473,7 +495,7 @@ class Worker:
                        f"run: agentjournal requeue {run_id}", undo=False)
             return None
 
-    def _ended(self, claim: Claim, seen: dict[str, int], result: RunResult | None,
+    def _ended(self, claim: Claim, seen: dict[str, int], result: Stopped | None,
                error: Exception | None) -> None:
         """Hand the run back as it ended (``result``), or let it go as ``error`` says."""
         run_id = claim.lease.run_id
@@ -483,7 +505,7 @@ class Worker:
             if result is None:
                 return  # parked
             state = _STATE_OF.get(result.status, "queued")
-            lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
+            lease = Lease(run_id, self.worker_id, max(seen["epoch"], result.epoch), 0.0)
             if self._hand_back(lease, state, result.last_seq):
                 METRICS.count("worker_runs_done" if state == "done" else "worker_hand_backs")
                 self.log(f"{'finished' if state == 'done' else 'handed back'} {run_id} "
@@ -598,8 +620,15 @@ class Worker:
 
     def _undo(self, journal: RunJournal, claim: Claim) -> None:
         """The saga of a failed run; where it cannot go on, the run stays parked."""
+        agent = None
+        with contextlib.suppress(AgentRefError):
+            agent = self._agent(claim.agent)
+        if not isinstance(agent, Agent):
+            self.log(f"cannot compensate {claim.lease.run_id}: its agent is not an "
+                     "agentjournal Agent with the tools that undo its effects", logging.WARNING)
+            return
         try:
-            result = run_saga(journal, self._agent(claim.agent).tools,
+            result = run_saga(journal, agent.tools,
                               reason=f"failed: parked after {claim.crashes} crashes",
                               by="agentjournal worker")
         except (UnsettledError, AgentRefError) as exc:
@@ -609,3 +638,7 @@ class Worker:
             self.log(f"the saga of {claim.lease.run_id} stopped for a person: {result.status}",
                      logging.WARNING)
 
+
+def _stopped(result: RunResult, claim: Claim) -> Stopped:
+    """Where an Agent's run stopped, as a Runnable reports it."""
+    return Stopped(result.status, result.last_seq, claim.lease.epoch)

@@ -1,0 +1,558 @@
+"""Durable Pydantic AI agents on agentjournal, with no server (``agentjournal[pydantic-ai]``).
+
+    from agentjournal.integrations.pydantic_ai import JournalDurability
+
+    agent = Agent(model, name="shop", tools=[...],
+                  capabilities=[JournalDurability("sqlite:///runs.db", run_id="order-7")])
+    result = agent.run_sync("Refund order 7")   # start, or resume after a crash: the same call
+
+``JournalDurability`` is a ``BaseDurabilityCapability`` whose backend is a
+``JournalCallableOperationBackend`` over :mod:`agentjournal.bridge`. A run of the agent
+is the agentjournal run ``run_id``: its lease is taken (a second process gets
+``LeaseHeldError``), its input recorded on the first run, and then
+
+- each **model request** is a step: recorded once (a ``model_turn``, shown like a native
+  one), served from the log on a resume (the model is not asked again), and a request
+  that differs from the recorded one at the same place is a ``NondeterminismError``
+  naming both fingerprints;
+- each **tool call** (function, MCP and dynamic toolsets) goes through agentjournal's
+  call protocol: ``tool_call_started`` is durable before the tool runs, the completion
+  after; a call already answered is answered from the log; the same identity with other
+  arguments is refused; a call left uncertain by a crash is settled by its lookup, made
+  again with the same key (read-only, idempotent), or handed to a person: the run ends
+  the Pydantic AI way, with ``DeferredToolRequests``, and a person's decision
+  (``agentjournal resolve``, or the caller's ``DeferredToolResults``) is recorded;
+- a tool with ``requires_approval=True`` waits for an approval bound to its exact
+  arguments (``agentjournal decide``, or the caller's ``DeferredToolResults``);
+- other units (tool discovery, capability operations, the event stream handler) are
+  replayed by name and position.
+
+Effects are declared per tool: ``metadata={"agentjournal": {"effect": "idempotent",
+"identity": ["order_id"], "lookup": find_refund}}``, or an ``effects=`` map on the
+capability (which wins), or, for an MCP tool, its annotations (``readOnlyHint``:
+read_only, ``idempotentHint``: idempotent); anything else is ``irreversible``. A tool
+reads its idempotency key and lease epoch with :func:`agentjournal.current_call`.
+
+A tool that raises ``ModelRetry``, ``ToolFailed``, ``ApprovalRequired`` or
+``CallDeferred`` declares that its effect did not happen: that answer is recorded and
+replayed, and the call may be asked for again. Any other exception from a tool with an
+effect leaves the call uncertain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+from agentjournal.errors import MissingExtraError
+
+try:
+    import pydantic_ai  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the extra is installed in tests
+    raise MissingExtraError("pydantic-ai", "pydantic-ai-slim") from exc
+
+from pydantic_ai import DeferredToolRequests
+from pydantic_ai.durable_exec import (
+    JSON_CODEC,
+    BaseDurabilityCapability,
+    DurabilityEngineSpec,
+    DurableOperationId,
+    JournalCallableOperationBackend,
+    ModelRequestId,
+    RoleBasedOperationConfig,
+    ToolsetCallToolId,
+    ToolsetValidateToolArgumentsId,
+    record_durable_unit,
+    replay_scope,
+)
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    ToolReturnPart,
+)
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
+from pydantic_core import to_jsonable_python
+
+from agentjournal import (
+    BridgedRun,
+    CallRefused,
+    Effect,
+    JournalError,
+    NeedsApproval,
+    NeedsPerson,
+    PendingCall,
+    ResultNotKeptError,
+    Store,
+    ToolContext,
+    ToolFailed,
+    Turn,
+    canonical_args,
+    open_run,
+    open_store,
+)
+from agentjournal.agent import require_run_id
+from agentjournal.fleet import Stopped
+
+__all__ = ["DurableAgent", "JournalDurability", "ToolEffect", "effect_of_annotations"]
+
+#: Where a tool's metadata holds its declaration, and the capability's engine name.
+METADATA_KEY = "agentjournal"
+#: The payload kinds of a tool that answered; every other kind says it did not act.
+_ANSWERED = frozenset({"tool_return", "tool_content_result"})
+#: How a control-flow answer (ModelRetry, ToolFailed, ...) is kept in a failure's message.
+_FLOW = "pydantic_ai:"
+Reconciler = Callable[[PendingCall], Any]
+#: The digests of a run's messages, by message object (see request_fingerprint).
+_DIGESTS: ContextVar[dict[int, tuple[Any, str]] | None] = ContextVar(
+    "agentjournal.pydantic_ai.digests", default=None)
+#: Message keys Pydantic AI makes anew on every run: not part of what a request asks.
+_VOLATILE = ("timestamp", "run_id", "conversation_id")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolEffect:
+    """What a tool does to the world: its effect class, the argument fields that name
+    the action (default: all of them), and a reconcile lookup for an uncertain call
+    (``lookup(pending) -> Found | Absent | Conflict | Unknown``, as ``@tool(reconcile=)``)."""
+
+    effect: Effect | str = Effect.IRREVERSIBLE
+    identity: Sequence[str] = ()
+    lookup: Reconciler | None = None
+    key_retention: float | None = None
+
+
+def effect_of_annotations(annotations: Mapping[str, Any] | None) -> Effect:
+    """An MCP tool's effect class from its annotations: ``readOnlyHint`` is read-only,
+    ``idempotentHint`` idempotent, anything else (or none) irreversible."""
+    hints = annotations or {}
+    if hints.get("readOnlyHint"):
+        return Effect.READ_ONLY
+    if hints.get("idempotentHint"):
+        return Effect.IDEMPOTENT
+    return Effect.IRREVERSIBLE
+
+
+def _not_journalable(error: Exception) -> BaseException:
+    # The same value fails the same way every time: retrying cannot help.
+    return TypeError(f"agentjournal cannot record this result: it has no JSON form ({error})")
+
+
+_NO_CONFIG: RoleBasedOperationConfig[None] = RoleBasedOperationConfig(
+    model=None, event=None, capability=None, tool=None)
+
+
+class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
+    """Durable runs of an unchanged Pydantic AI agent on an agentjournal store.
+
+    ``store``: a :class:`agentjournal.Store` or a store URL (opened for each run and
+    closed after it). ``run_id``: the run to start or resume (required, as for
+    ``Agent.run`` of agentjournal's own agents). ``effects``: per tool name, an
+    :class:`agentjournal.Effect` (or its name) or a :class:`ToolEffect`; it wins over the
+    tool's metadata and an MCP tool's annotations. ``scope``: the idempotency scope
+    (default: the run). ``owner``, ``ttl``: the lease's holder and time to live.
+    ``keep_lease``: leave the lease held when the run returns (a worker hands the run
+    back itself). ``models``, ``event_stream_handler``, ``name``: as for every
+    Pydantic AI durability capability (the agent's ``name``, or ``name``, names its
+    steps).
+    """
+
+    engine_spec: ClassVar[DurabilityEngineSpec] = DurabilityEngineSpec(
+        engine_name="agentjournal", durable_unit_noun="step", durable_container_noun="run",
+        codec=JSON_CODEC, serialization_failure=_not_journalable,
+        tool_config_key=METADATA_KEY,
+        wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
+        toolset_lifecycles={"function": "enter-always", "mcp": "enter-in-durable-unit",
+                            "dynamic": "enter-never"})
+
+    def __init__(self, store: Store | str | None = None, run_id: str | None = None, *,
+                 effects: Mapping[str, Effect | str | ToolEffect] | None = None,
+                 scope: str | None = None, owner: str | None = None, ttl: float = 30.0,
+                 keep_lease: bool = False, models: Mapping[str, Model] | None = None,
+                 event_stream_handler: Any = None, name: str | None = None) -> None:
+        super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
+        self.store, self.run_id, self.scope = store, run_id, scope
+        self.owner, self.ttl, self.keep_lease = owner, ttl, keep_lease
+        self.effects = {tool: given if isinstance(given, ToolEffect) else ToolEffect(effect=given)
+                        for tool, given in (effects or {}).items()}
+        self._active: ContextVar[BridgedRun | None] = ContextVar(
+            f"agentjournal.pydantic_ai.{run_id}", default=None)
+        # A worker's run: the store, run id and lease it gives (see bound()).
+        self._bound: ContextVar[_Binding | None] = ContextVar(
+            f"agentjournal.pydantic_ai.bound.{run_id}", default=None)
+        #: Tools that wait for a person's approval (``requires_approval=True``).
+        self._approval_tools: set[str] = set()
+
+        # The run last driven; shared with the copies Pydantic AI binds to each agent.
+        self._last: list[BridgedRun] = []
+
+    @property
+    def last_run(self) -> BridgedRun | None:
+        """The run this capability last drove (closed): its ``state``, ``status``."""
+        return self._last[-1] if self._last else None
+
+    @property
+    def in_durable_context(self) -> bool:
+        return self._active.get() is not None
+
+    def get_durable_operation_backend(self) -> _JournalBackend:
+        return _JournalBackend(self)
+
+    # --- the run ---------------------------------------------------------------------
+
+    @contextmanager
+    def bound(self, *, store: Store, run_id: str, owner: str, ttl: float, agent_ref: str,
+              keep_lease: bool = True) -> Iterator[_Binding]:
+        """Runs of the agent in this context use ``store`` and ``run_id``, hold the lease
+        as ``owner`` and keep it: how a worker drives the agent (:class:`DurableAgent`).
+        The binding's ``run`` is the run once it was opened."""
+        binding = _Binding(store=store, run_id=run_id, owner=owner, ttl=ttl,
+                           agent_ref=agent_ref, keep_lease=keep_lease)
+        token = self._bound.set(binding)
+        try:
+            yield binding
+        finally:
+            self._bound.reset(token)
+
+    async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: Any) -> Any:
+        if self._active.get() is not None:  # a nested run of the same agent: the same run
+            return await super().wrap_run(ctx, handler=handler)
+        binding = self._bound.get()
+        given = binding.store if binding is not None else self.store
+        if given is None:
+            raise ValueError("JournalDurability has no store: give one (a Store or a URL)")
+        store = open_store(given) if isinstance(given, str) else given
+        try:
+            run_id = binding.run_id if binding is not None else self.run_id
+            with open_run(store, require_run_id(run_id),
+                          agent=binding.agent_ref if binding else f"pydantic_ai:{self.name}",
+                          input=_plain(ctx.prompt) if ctx.prompt is not None else None,
+                          scope=self.scope, owner=binding.owner if binding else self.owner,
+                          ttl=binding.ttl if binding else self.ttl,
+                          keep_lease=binding.keep_lease if binding else self.keep_lease) as run:
+                self._last[:] = [run]
+                if binding is not None:
+                    binding.run = run
+                token, digests = self._active.set(run), _DIGESTS.set({})
+                try:
+                    with replay_scope():
+                        result = await super().wrap_run(ctx, handler=handler)
+                finally:
+                    self._active.reset(token)
+                    _DIGESTS.reset(digests)
+                self._record_outcome(run, result.output)
+                return result
+        finally:
+            if store is not given:
+                store.close()
+
+    def _record_outcome(self, run: BridgedRun, output: Any) -> None:
+        if not isinstance(output, DeferredToolRequests):
+            run.finish(_plain(output))
+            return
+        # An approval the journal holds was recorded when its call asked (NeedsApproval);
+        # one a tool asks for itself (it raised ApprovalRequired) is the tool's to judge.
+        names = ", ".join(f"{c.tool_name} ({c.tool_call_id})"
+                          for c in [*output.calls, *output.approvals])
+        run.pause(f"deferred tool calls wait for a person: {names}")
+
+    async def prepare_tools(self, ctx: RunContext[AgentDepsT],
+                            tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        """A tool that requires approval is called, and the journal holds it until an
+        approval of its exact arguments is recorded (a person's, or the caller's): the
+        approval survives the caller, and a resume that replays the call finds it."""
+        if not self.in_durable_context:
+            return tool_defs
+        prepared = []
+        for tool_def in tool_defs:
+            if tool_def.kind == "unapproved":
+                self._approval_tools.add(tool_def.name)
+                tool_def = _with_kind(tool_def, "function")
+            prepared.append(tool_def)
+        return prepared
+
+    # --- what a tool declares -----------------------------------------------------------
+
+    def _declared(self, tool_name: str, tool_def: ToolDefinition | None) -> ToolEffect:
+        """The tool's effect: the ``effects=`` map, its metadata, its MCP annotations."""
+        if (given := self.effects.get(tool_name)) is not None:
+            return given
+        metadata = (tool_def.metadata or {}) if tool_def is not None else {}
+        own = metadata.get(METADATA_KEY)
+        if isinstance(own, Mapping):
+            return ToolEffect(effect=own.get("effect", Effect.IRREVERSIBLE),
+                              identity=tuple(own.get("identity", ())),
+                              lookup=own.get("lookup"), key_retention=own.get("key_retention"))
+        if isinstance(own, str):
+            return ToolEffect(effect=own)
+        annotations = metadata.get("annotations")
+        return ToolEffect(effect=effect_of_annotations(
+            annotations if isinstance(annotations, Mapping) else None))
+
+
+@dataclass(kw_only=True)
+class _Binding:
+    store: Store
+    run_id: str
+    owner: str
+    ttl: float
+    agent_ref: str
+    keep_lease: bool
+    run: BridgedRun | None = None
+
+
+class DurableAgent:
+    """A Pydantic AI agent that ``agentjournal worker`` can drive: a fleet Runnable
+    (agentjournal.fleet.Runnable). Name a trusted factory of it in the run's agent ref:
+
+        durability = JournalDurability()          # the worker gives store and run id
+        shop = Agent(model, name="shop", capabilities=[durability], tools=[...])
+
+        def shop_runnable() -> DurableAgent:       # agentjournal submit myapp:shop_runnable
+            return DurableAgent(shop, durability)
+
+    A worker's run holds the lease the worker claimed and hands it back when the agent's
+    run ends (finished, or waiting for a person with DeferredToolRequests). A Pydantic
+    AI run cannot stop mid-way, so a draining worker lets it finish first.
+    """
+
+    def __init__(self, agent: Any, durability: JournalDurability[Any]) -> None:
+        self.agent, self.durability = agent, durability
+
+    def run_claimed(self, store: Store, run_id: str, task: str | None, *, agent_ref: str,
+                    owner: str, ttl: float, stop: threading.Event) -> Stopped:
+        """Start or resume ``run_id`` with ``task`` as the prompt (see Runnable)."""
+        with self.durability.bound(store=store, run_id=run_id, owner=owner, ttl=ttl,
+                                   agent_ref=agent_ref) as binding:
+            try:
+                self.agent.run_sync(task)
+            except JournalError:
+                raise  # the lease was lost, the store is away: the worker knows what to do
+            except Exception:
+                if binding.run is None:
+                    raise
+                # Recorded as the run's pause (its reason the error): handed back waiting.
+        run = binding.run
+        assert run is not None
+        return Stopped(run.status, run.state.last_seq, run.journal.lease.epoch)
+
+
+class _JournalBackend(JournalCallableOperationBackend[None]):
+    """Runs each durable operation of the agent through the run's bridge."""
+
+    def __init__(self, durability: JournalDurability[Any]) -> None:
+        super().__init__(agent_name=durability.name,
+                         default_model_id=durability.default_model_id, config=_NO_CONFIG)
+        self._durability = durability
+
+    async def execute(self, *, operation_id: DurableOperationId, name: str,
+                      body: Callable[[], Awaitable[object]], cache_key: tuple[object, ...],
+                      config: None) -> object:
+        run = self._durability._active.get()
+        if run is None:
+            return await body()
+        match operation_id:
+            case ModelRequestId():
+                return await self._model_request(run, name, body, cache_key)
+            case ToolsetCallToolId():
+                return await self._tool_call(run, body, cache_key)
+            case ToolsetValidateToolArgumentsId():
+                return await body()  # local and deterministic: nothing to record
+            case _:
+                # Discovery, compaction, capability operations, the event stream handler,
+                # and the ids later releases add: replayed by name and position.
+                return await run.astep(name, "", body, executed=_report)
+
+    async def _model_request(self, run: BridgedRun, name: str,
+                             body: Callable[[], Awaitable[object]],
+                             cache_key: tuple[object, ...]) -> object:
+        model_id, messages, settings, parameters, _ = cache_key
+        history = cast(list[ModelMessage], messages)
+        _record_callers_answers(run, history)
+        fingerprint = request_fingerprint(
+            cast("str | None", model_id), history, cast("Mapping[str, Any] | None", settings),
+            cast(ModelRequestParameters, parameters), _DIGESTS.get())
+        # The n-th request of a run follows its n-th response, replayed or continued.
+        position = sum(isinstance(m, ModelResponse) for m in history)
+        return await run.astep(name, fingerprint, body, turn=turn_of, executed=_report,
+                               position=position)
+
+    async def _tool_call(self, run: BridgedRun, body: Callable[[], Awaitable[object]],
+                         cache_key: tuple[object, ...]) -> object:
+        tool_name, args, ctx, tool = cache_key[:4]
+        tool_name, ctx = cast(str, tool_name), cast(RunContext[Any], ctx)
+        tool_def = getattr(tool, "tool_def", tool)
+        declared = self._durability._declared(
+            tool_name, tool_def if isinstance(tool_def, ToolDefinition) else None)
+        call_args = cast(dict[str, Any], _plain(args))
+        call_id = ctx.tool_call_id or f"{tool_name}:{canonical_args(call_args).decode()}"
+        approval = tool_name in self._durability._approval_tools
+        if ctx.tool_call_approved and not approval:
+            # A tool that asked for approval itself (ApprovalRequired, recorded as this
+            # call's answer) is called again once approved: that is another call.
+            call_id += "#approved"
+        if approval and ctx.tool_call_approved:  # the caller's DeferredToolResults approved it
+            approval_id = run.request_approval(tool_name, call_args, call_id=call_id,
+                                               identity=declared.identity)
+            run.decide_approval(approval_id, approved=True, by="caller",
+                                reason="approved in DeferredToolResults")
+
+        async def make(_: ToolContext) -> object:
+            payload = await body()
+            kind = payload.get("kind") if isinstance(payload, dict) else None
+            if kind not in _ANSWERED:  # it did not act: recorded as a proven failure
+                raise ToolFailed(_FLOW + json.dumps(payload, sort_keys=True))
+            return payload
+
+        try:
+            return await run.acall(
+                tool_name, call_args, call_id=call_id, body=make, effect=declared.effect,
+                identity=declared.identity, lookup=declared.lookup,
+                key_retention=declared.key_retention, approval=approval,
+                encode=_tool_result, decode=_tool_payload, executed=_report)
+        except ToolFailed as failed:
+            return _flow_payload(str(failed))
+        except NeedsApproval as waiting:
+            return {"kind": "approval_required", "metadata": {METADATA_KEY: {
+                "approval_id": waiting.approval_id, "key": waiting.key}}}
+        except NeedsPerson as needs:
+            return {"kind": "call_deferred", "metadata": {METADATA_KEY: {
+                "key": needs.key, "reason": needs.reason, "run_id": run.run_id}}}
+        except (CallRefused, ResultNotKeptError) as refused:
+            return {"kind": "tool_failed", "message": refused.reason}
+
+
+def _report(executed: bool) -> None:
+    record_durable_unit(executed=executed)
+
+
+def _tool_result(payload: Any) -> Any:
+    """What a tool's payload records: its return value itself (shown as the call's
+    result, and the form a person gives with ``agentjournal resolve --result``), unless
+    that value would read as a payload of its own."""
+    inner = payload.get("result") if payload.get("kind") == "tool_return" else None
+    if inner is None or (isinstance(inner, dict) and inner.get("kind") in _ANSWERED):
+        return payload
+    return inner
+
+
+def _tool_payload(recorded: Any) -> Any:
+    """A recorded result as Pydantic AI's tool payload: the tool's own, or a value a
+    person gave (``agentjournal resolve --happened --result``) as the tool's return."""
+    if isinstance(recorded, dict) and recorded.get("kind") in _ANSWERED:
+        return recorded
+    return {"kind": "tool_return", "result": recorded}
+
+
+def _flow_payload(message: str) -> Any:
+    """The control-flow answer a failure's message keeps, or the failure as ToolFailed."""
+    text = message.removeprefix("error: ")
+    if text.startswith(_FLOW):
+        return json.loads(text.removeprefix(_FLOW))
+    return {"kind": "tool_failed", "message": text}
+
+
+def _record_callers_answers(run: BridgedRun, history: Sequence[ModelMessage]) -> None:
+    """Results the caller supplied (``DeferredToolResults``) for calls the journal holds
+    as uncertain: recorded as the caller's verdict ("happened"), so the journal agrees
+    with what the model is told."""
+    uncertain = {p.call_id for p in run.state.pending.values()}
+    if not uncertain or not history or not isinstance(history[-1], ModelRequest):
+        return
+    for part in history[-1].parts:
+        if isinstance(part, ToolReturnPart) and part.tool_call_id in uncertain:
+            run.resolve(part.tool_call_id, happened=True, by="caller",
+                        reason="a result in DeferredToolResults",
+                        result={"kind": "tool_return", "result": _plain(part.content)})
+
+
+def request_fingerprint(model_id: str | None, messages: Sequence[ModelMessage],
+                        settings: Mapping[str, Any] | None,
+                        parameters: ModelRequestParameters,
+                        digests: dict[int, tuple[ModelMessage, str]] | None = None) -> str:
+    """What a model request asks, as a digest: the model, the messages (without the
+    timestamps and ids Pydantic AI makes anew on each run), the settings that shape the
+    answer, and the request parameters (tool definitions without their metadata, which
+    is not sent, output mode).
+
+    ``digests`` caches each message's digest by the message object, for one run: a
+    request carries the whole history, and digesting it anew at every step would cost
+    the square of the run's length. A replay makes the same objects in the same order,
+    so it digests them as the live run did."""
+    shown = _plain(parameters, opaque=True)
+    for kind in ("function_tools", "output_tools"):
+        for tool_def in shown.get(kind) or ():
+            tool_def.pop("metadata", None)
+    content_settings = {k: v for k, v in (settings or {}).items() if k != "timeout"}
+    head = {"model": model_id, "settings": _plain(content_settings, opaque=True),
+            "parameters": shown}
+    digest = hashlib.sha256(_canonical_json(head))
+    cache = {} if digests is None else digests
+    for message in messages:
+        known = cache.get(id(message))
+        if known is None or known[0] is not message:
+            known = cache[id(message)] = (message, _message_digest(message))
+        digest.update(known[1].encode())
+    return digest.hexdigest()[:32]
+
+
+def _message_digest(message: ModelMessage) -> str:
+    (dumped,) = ModelMessagesTypeAdapter.dump_python([message], mode="json")
+    kept = {k: v for k, v in dumped.items() if k not in _VOLATILE}
+    kept["parts"] = [{k: v for k, v in part.items() if k != "timestamp"}
+                     for part in dumped.get("parts", [])]
+    return hashlib.sha256(_canonical_json(kept)).hexdigest()
+
+
+def _canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=lambda v: f"<{type(v).__qualname__}>").encode()
+
+
+def turn_of(value: Any) -> Turn:
+    """A recorded ``ModelResponse`` (JSON) as people read a turn: text, calls, usage."""
+    parts = value.get("parts", []) if isinstance(value, dict) else []
+    text = "".join(p.get("content", "") for p in parts if p.get("part_kind") == "text")
+    calls = [{"id": p.get("tool_call_id", ""), "name": p.get("tool_name", ""),
+              "args": _args_of(p.get("args"))} for p in parts
+             if p.get("part_kind") == "tool-call"]
+    usage = value.get("usage") or {}
+    counts = {"input_tokens": usage.get("input_tokens", 0),
+              "output_tokens": usage.get("output_tokens", 0),
+              "cached_input_tokens": usage.get("cache_read_tokens", 0),
+              "cache_write_tokens": usage.get("cache_write_tokens", 0)}
+    return Turn(text=text, tool_calls=calls, usage=counts, model=value.get("model_name"),
+                provider=value.get("provider_name"), finish_reason=value.get("finish_reason"))
+
+
+def _args_of(args: Any) -> dict[str, Any]:
+    if isinstance(args, dict):
+        return args
+    if isinstance(args, str) and args:
+        try:
+            decoded = json.loads(args)
+        except ValueError:
+            return {"raw": args}
+        return decoded if isinstance(decoded, dict) else {"value": decoded}
+    return {}
+
+
+def _plain(value: Any, *, opaque: bool = False) -> Any:
+    """``value`` as JSON data, as Pydantic renders it; ``opaque``: what has no JSON form
+    (a function) is named by its type, the same on every run."""
+    fallback = (lambda v: f"<{type(v).__qualname__}>") if opaque else None
+    return to_jsonable_python(value, bytes_mode="base64", fallback=fallback)
+
+
+def _with_kind(tool_def: ToolDefinition, kind: Any) -> ToolDefinition:
+    from dataclasses import replace
+
+    return replace(tool_def, kind=kind)
