@@ -29,7 +29,7 @@ from typing import Any
 
 from ..store import Durability, open_store
 from ._common import TASK, Figure, Plan, Say, as_new_process, figure
-from .peers import _graph, _remove_db, _thread, _wal_full
+from .peers import _graph, _langgraph_resume_ms, _remove_db, _thread, _wal_full
 
 MODULES = ("langgraph.graph", "langgraph.checkpoint.sqlite", "agentjournal.integrations.langgraph")
 HINT = "needs: pip install 'agentjournal[langgraph]' langgraph-checkpoint-sqlite"
@@ -204,7 +204,7 @@ def resume_figures(workdir: Path, sizes: tuple[int, ...], say: Say,
             _journal_run(url, n, "sync")
             _stock_sqlite_run(stock_path, n, "exit")
             ours_ms = _best(partial(_journal_resume_ms, f"sqlite:///{ours_path}", n), reps)
-            stock_ms = _best(partial(_stock_resume_ms, stock_path, n), reps)
+            stock_ms = _best(partial(_langgraph_resume_ms, stock_path, n), reps)
         finally:
             _remove_db(ours_path)
             _remove_db(stock_path)
@@ -230,20 +230,6 @@ def _journal_resume_ms(url: str, steps: int) -> float:
     store.close()
     if latest is None or len(latest.checkpoint["channel_values"]["messages"]) != 2 * steps + 2:
         raise RuntimeError(f"JournalSaver did not load the {steps}-step thread")
-    return elapsed * 1e3
-
-
-def _stock_resume_ms(path: Path, steps: int) -> float:
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    as_new_process()
-    start = time.perf_counter()
-    conn = _wal_full(path)
-    latest = SqliteSaver(conn).get_tuple(_thread(steps))
-    elapsed = time.perf_counter() - start
-    conn.close()
-    if latest is None or len(latest.checkpoint["channel_values"]["messages"]) != 2 * steps + 2:
-        raise RuntimeError(f"SqliteSaver did not load the {steps}-step thread")
     return elapsed * 1e3
 
 

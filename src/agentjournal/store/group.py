@@ -31,6 +31,7 @@ class GroupCommit(StrEnum):
 
 
 def _held() -> threading.Lock:
+    """A lock already held: its owner sleeps on it until another thread releases it."""
     lock = threading.Lock()
     lock.acquire()
     return lock

@@ -75,7 +75,7 @@ from .base import (
     scope_started,
     validate_run_id,
 )
-from .group import GroupCommit
+from .group import GroupCommit, _held
 
 
 def _digest_of(body: str) -> str:
@@ -437,12 +437,6 @@ def _refuse_archived(db: sqlite3.Connection, run_id: str) -> None:
                        (run_id,)).fetchone()
     if stone is not None:
         raise ArchivedRunError(run_id, *stone)
-
-
-def _held() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
 
 
 @dataclass(slots=True)
