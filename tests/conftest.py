@@ -123,6 +123,18 @@ def receiver() -> Iterator[Any]:
         r.close()
 
 
+@pytest.fixture(scope="module")
+def module_receiver() -> Iterator[Any]:
+    """One receiver process for a module's tests; each test's labels are its own."""
+    from .test_crash_models import Receiver
+
+    r = Receiver()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
 def backend_params(*, grouped: bool = False) -> pytest.MarkDecorator:
     """Every backend; ``grouped``: and SQLite and PostgreSQL with every append made in
     the group commit's transaction (``?group_commit=always``)."""

@@ -253,18 +253,6 @@ def test_calls_from_several_threads_each_happen_once(store: Store) -> None:
 # --- crashes: a real child process, SIGKILL, a receiver process --------------------------
 
 
-@pytest.fixture(scope="module")
-def module_receiver() -> Iterator[Any]:
-    """One receiver process for the module's crash tests; each test's labels are its own."""
-    from .test_crash_models import Receiver
-
-    r = Receiver()
-    try:
-        yield r
-    finally:
-        r.close()
-
-
 def killed_child(store_url: str, receiver: Any, mode: str, fault: str, prefix: str) -> None:
     """The foreign loop in a child process, killed with SIGKILL at ``fault``."""
     done = subprocess.run([sys.executable, "-m", "tests.bridge_agent", "--store", store_url,

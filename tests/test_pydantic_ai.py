@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +38,6 @@ from .pydantic_agent import CountingModel, drive, drive_dbos, make_agent, poster
 E = EventType
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "pyd"
-
-
-@pytest.fixture(scope="module")
-def module_receiver() -> Iterator[Any]:
-    """One receiver process for the module; each test's labels carry its own prefix."""
-    from .test_crash_models import Receiver
-
-    r = Receiver()
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def counted(receiver: Any, prefix: str) -> dict[str, int]:
