@@ -32,8 +32,8 @@ from .events import Event, EventType, render
 #: for a call about to run (``for_call``) is told to the model too, after the results; a
 #: tool call may stand in for arguments over the size limit (``ToolCall.too_large``);
 #: a turn whose price was unknown (cost None) is counted in ``unpriced_turns``, not
-#: summed as $0.
-FOLD_VERSION = 8
+#: summed as $0. v9: a conversation session's items (``session``: added, popped, cleared).
+FOLD_VERSION = 9
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -233,6 +233,9 @@ class RunState(msgspec.Struct, kw_only=True):
     workspace: WorkspaceVersion | None = None
     #: Messages for the model that wait until it has every result it awaits.
     notes: list[Message] = msgspec.field(default_factory=list)
+    #: A conversation session's items, oldest first (an OpenAI Agents SDK session kept
+    #: in this log); None for a log that never held one.
+    session: list[dict[str, Any]] | None = None
 
     @property
     def waits_for_a_person(self) -> bool:
@@ -305,6 +308,7 @@ def durable_fields(state: RunState) -> dict[str, Any]:
            if state.observations else {}),
         **({"workspace": msgspec.to_builtins(state.workspace)} if state.workspace else {}),
         **({"notes": msgspec.to_builtins(state.notes)} if state.notes else {}),
+        **({"session": state.session} if state.session is not None else {}),
     }
 
 
@@ -650,6 +654,24 @@ def _workspace_checkpoint(st: RunState, ev: Event) -> None:
             f"seq {p.get('restored_seq')}; {count} file(s) changed: {shown}.")))
 
 
+def _session_items_added(st: RunState, ev: Event) -> None:
+    # One batch of items, added whole: the event is the atomic unit.
+    if st.session is None:
+        st.session = []
+    st.session.extend(ev.payload.get("items", ()))
+
+
+def _session_item_popped(st: RunState, ev: Event) -> None:
+    # Recorded, never deleted: the item stays in the log, the session no longer holds it.
+    items, index = st.session, ev.payload.get("index", -1)
+    if items is not None and 0 <= index < len(items):
+        del items[index]
+
+
+def _session_cleared(st: RunState, ev: Event) -> None:
+    st.session = []
+
+
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
@@ -695,6 +717,9 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.OBSERVATIONS_CHECKED: _observations_checked,
     EventType.RUN_CANCELLED: _run_cancelled,
     EventType.WORKSPACE_CHECKPOINT: _workspace_checkpoint,
+    EventType.SESSION_ITEMS_ADDED: _session_items_added,
+    EventType.SESSION_ITEM_POPPED: _session_item_popped,
+    EventType.SESSION_CLEARED: _session_cleared,
 }
 
 #: Deliberate no-ops: facts kept for audit that change no state.

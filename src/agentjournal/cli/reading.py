@@ -272,11 +272,25 @@ def summary(event: Event, then: Event | None = None) -> str:
                               if i["verdict"] == "stale")
             return (f"the world since: {len(reread)} re-read ({changed} changed)"
                     + (f"; {stale}" if stale else ""))
+        case E.SESSION_ITEMS_ADDED:
+            return session_items_line(p.get("items", []))
+        case E.SESSION_ITEM_POPPED:
+            return f"item {p.get('index')} popped (it stays in the log)"
+        case E.SESSION_CLEARED:
+            return f"{p.get('count', 0)} item(s) cleared"
         case E.SAGA_FINISHED:
             stands = p.get("blocked_stands")
             kept = f"; {stands['tool']} at seq {stands['effect_seq']} stands" if stands else ""
             return f"{p.get('undone', 0)} effect(s) undone{kept}"
     return short(p.get("reason") or p.get("name") or p.get("key") or "")
+
+
+def session_items_line(items: list[dict[str, Any]]) -> str:
+    """A session batch: how many items, and what the first few are (role or type)."""
+    kinds = ", ".join(str(i.get("role") or i.get("type") or "item") for i in items[:6])
+    more = " ..." if len(items) > 6 else ""
+    text = next((c for i in items if isinstance(c := i.get("content"), str) and c), "")
+    return f"{len(items)} item(s): {kinds}{more}" + (f": {short(text, 60)}" if text else "")
 
 
 def _next_try(failure: dict[str, Any], then: Event | None) -> str:
