@@ -34,7 +34,7 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: key_retention (no older payload changed). Later v6 writers add types that no older
 #: payload needed (an older release reading them says the type is unknown): the
 #: conversation of an OpenAI Agents SDK session (session_items_added,
-#: session_item_popped, session_cleared).
+#: session_item_popped, session_cleared) and its trace spans (trace_recorded).
 SCHEMA_VERSION = 6
 
 #: The first schema version whose events are stored sealed (with a chained digest).
@@ -74,6 +74,7 @@ class EventType(StrEnum):
     SESSION_ITEMS_ADDED = "session_items_added"
     SESSION_ITEM_POPPED = "session_item_popped"
     SESSION_CLEARED = "session_cleared"
+    TRACE_RECORDED = "trace_recorded"
 
     @classmethod
     def parse(cls, name: str) -> EventType:

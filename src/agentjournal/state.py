@@ -722,8 +722,10 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.SESSION_CLEARED: _session_cleared,
 }
 
-#: Deliberate no-ops: facts kept for audit that change no state.
-RECORD_ONLY: frozenset[EventType] = frozenset({EventType.BUDGET_EXCEEDED})
+#: Deliberate no-ops: facts kept for audit that change no state. A framework's trace
+#: spans are what it observed, for people; no run relies on them.
+RECORD_ONLY: frozenset[EventType] = frozenset({EventType.BUDGET_EXCEEDED,
+                                               EventType.TRACE_RECORDED})
 
 
 def apply(state: RunState, event: Event) -> RunState:
