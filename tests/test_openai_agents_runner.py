@@ -1,0 +1,243 @@
+"""JournalRunner: an SDK agent (``agents.testing.ScriptedModel``) whose tool POSTs to a
+receiver process, run in a child process that is SIGKILLed in each window and resumed:
+the receiver's own counts say each effect happened once. Approvals, uncertain calls that
+become SDK interruptions, replay, and the trace kept for ``agentjournal show``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from agents import Runner, SQLiteSession
+from mcp.types import ToolAnnotations
+
+from agentjournal import (
+    Effect,
+    EventType,
+    NondeterminismError,
+    decide_approval,
+    fold,
+    open_store,
+    resolve_uncertain,
+)
+from agentjournal.integrations.openai_agents import (
+    JournalRunner,
+    JournalSession,
+    ToolPolicy,
+    mcp_effect,
+)
+from agentjournal.store import Store
+from tests.conftest import backend_params
+from tests.openai_agents_child import (
+    RUN,
+    TASK,
+    poster,
+    run_plain_until_blocked,
+    run_until_blocked,
+    spawn,
+)
+
+E = EventType
+HANG = 120.0  # a hang guard for a child to reach its window, not a speed limit
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    opened = open_store(store_url)
+    yield opened
+    opened.close()
+
+
+def kill_at(window: str, store_url: str, receiver_url: str, **options: Any) -> None:
+    """Run the poster in a child until it blocks at ``window``, then SIGKILL it."""
+    process, told = spawn(run_until_blocked, store_url, receiver_url, window, **options)
+    try:
+        assert told.poll(HANG), "the child never reached its window"
+        assert told.recv() == window
+    finally:
+        process.kill()
+        process.join()
+    assert process.exitcode == -9
+
+
+def resume(store: Store, receiver_url: str, **options: Any) -> Any:
+    agent, policies = poster(receiver_url, **options)
+    return JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
+
+
+def types(store: Store) -> list[EventType]:
+    return [e.type for e in store.read(RUN)]
+
+
+@backend_params()
+@pytest.mark.parametrize("window", ["model", "before", "after"])
+def test_killed_in_each_window_every_effect_lands_once(
+        store_url: str, store: Store, receiver: Any, window: str) -> None:
+    kill_at(window, store_url, receiver.url)
+    result = resume(store, receiver.url)
+    assert result.final_output == "posted 2"
+    assert receiver.by_label() == {"a": 1, "b": 1}
+    assert len(set(receiver.by_key())) == 2
+    log = list(store.read(RUN))
+    starts = [e.payload["call_id"] for e in log if e.type is E.TOOL_CALL_STARTED]
+    assert starts[:2] == ["call_a", "call_b"]  # a turn's starts in the model's order
+    (key_b,) = {e.payload["key"] for e in log if e.type is E.TOOL_CALL_STARTED
+                and e.payload["call_id"] == "call_b"}
+    verdicts = [e.payload["verdict"] for e in log if e.type is E.TOOL_CALL_RECONCILED
+                and e.payload["key"] == key_b]  # (a may have been in flight too)
+    assert verdicts == {"model": [], "before": ["absent"], "after": ["found"]}[window]
+    assert log[-1].type is E.RUN_FINISHED
+
+
+@backend_params()
+@pytest.mark.parametrize("window", ["after", "before"])
+def test_an_uncertain_call_no_lookup_settles_is_an_interruption_a_person_decides(
+        store_url: str, store: Store, receiver: Any, window: str) -> None:
+    kill_at(window, store_url, receiver.url, lookup=False)
+    stopped = resume(store, receiver.url, lookup=False)
+    # The SDK's own interruption for post_effect("b") (and for "a" when the kill caught it
+    # in flight too); the run is paused for a person, no effect made again.
+    called = sorted(i.raw_item.call_id for i in stopped.interruptions)
+    assert "call_b" in called and stopped.final_output is None
+    assert fold(store.read(RUN)).status == "paused"
+    assert resume(store, receiver.url, lookup=False).interruptions  # still undecided
+    starts = {e.payload["call_id"]: e.payload["key"] for e in store.read(RUN)
+              if e.type is E.TOOL_CALL_STARTED}
+    applied = receiver.by_key()
+    assert (starts["call_b"] in applied) == (window == "after")
+    for call_id in called:  # the person looks at the receiver and says what happened
+        happened = starts[call_id] in applied
+        resolve_uncertain(store, RUN, starts[call_id], by="ops", reason="seen at the receiver",
+                          outcome="happened" if happened else "did_not_happen",
+                          result="posted" if happened else None)
+    done = resume(store, receiver.url, lookup=False)
+    assert done.final_output == "posted 2" and not done.interruptions
+    assert receiver.by_label() == {"a": 1, "b": 1}
+
+
+@backend_params()
+def test_an_approval_given_before_a_crash_runs_once_and_is_not_asked_again(
+        store_url: str, store: Store, receiver: Any) -> None:
+    waiting = resume(store, receiver.url, approval=True)
+    assert sorted(i.raw_item.call_id for i in waiting.interruptions) == ["call_a", "call_b"]
+    assert receiver.by_label() == {}
+    requested = [e.payload for e in store.read(RUN) if e.type is E.APPROVAL_REQUESTED]
+    for approval in requested:  # as `agentjournal decide RUN ID --approve` does
+        decide_approval(store, RUN, approval["approval_id"], approved=True, by="ops")
+    kill_at("after", store_url, receiver.url, approval=True)
+    done = resume(store, receiver.url, approval=True)  # the caller kept nothing
+    assert done.final_output == "posted 2" and not done.interruptions
+    assert receiver.by_label() == {"a": 1, "b": 1}
+    assert types(store).count(E.APPROVAL_REQUESTED) == 2  # never asked again
+
+
+@dataclass
+class Caller:
+    user: str
+
+
+def test_an_approval_on_the_sdk_state_with_a_context_is_honoured(
+        tmp_path: Any, receiver: Any) -> None:
+    # openai-agents-python#4244: the approval was lost when a context was passed.
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    agent, policies = poster(receiver.url, approval=True)
+    run = dict(store=store, run_id=RUN, policies=policies, context=Caller("ana"))
+    waiting = JournalRunner.run_sync(agent, TASK, **run)
+    state = waiting.to_state()
+    for item in waiting.interruptions:
+        state.approve(item)
+    done = JournalRunner.run_sync(agent, state, **run)
+    assert done.final_output == "posted 2"
+    assert receiver.by_label() == {"a": 1, "b": 1}
+    decided = [e.payload for e in store.read(RUN) if e.type is E.APPROVAL_DECIDED]
+    assert [d["approved"] for d in decided] == [True, True]
+    assert {d["by"] for d in decided} == {"openai-agents caller"}
+    store.close()
+
+
+def test_a_finished_run_is_replayed_from_its_log(tmp_path: Any, receiver: Any) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    first = resume(store, receiver.url)
+    agent, policies = poster(receiver.url)
+    again = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
+    assert again.final_output == first.final_output == "posted 2"
+    assert agent.model.calls == ()  # type: ignore[union-attr]  # every answer from the log
+    assert receiver.by_label() == {"a": 1, "b": 1}
+    assert types(store).count(E.RUN_FINISHED) == 1
+    store.close()
+
+
+def test_a_model_asked_something_else_on_resume_is_refused(
+        tmp_path: Any, receiver: Any) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    resume(store, receiver.url)
+    agent, policies = poster(receiver.url)
+    changed = agent.clone(instructions="Post nothing.")
+    with pytest.raises(NondeterminismError, match=r"openai_agents\.model\.0"):
+        JournalRunner.run_sync(changed, TASK, store=store, run_id=RUN, policies=policies)
+    assert receiver.by_label() == {"a": 1, "b": 1}
+    store.close()
+
+
+def test_the_sdk_trace_is_kept_for_show(tmp_path: Any, receiver: Any) -> None:
+    from click.testing import CliRunner
+
+    from agentjournal.cli import cli
+
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    store = open_store(url)
+    resume(store, receiver.url)
+    (trace,) = [e.payload for e in store.read(RUN) if e.type is E.TRACE_RECORDED]
+    kinds = [s["kind"] for s in trace["spans"]]
+    assert kinds.count("function") == 2 and {"agent", "turn", "task"} <= set(kinds)
+    assert all("input" not in s and "output" not in s for s in trace["spans"])
+    store.close()
+    shown = CliRunner().invoke(cli, ["show", RUN, "--store", url])
+    assert shown.exit_code == 0, shown.output
+    assert "trace_recorded" in shown.output and "2 function" in shown.output
+
+
+def test_mcp_annotations_give_the_effect_class() -> None:
+    assert mcp_effect(ToolAnnotations(readOnlyHint=True)) is Effect.READ_ONLY
+    assert mcp_effect(ToolAnnotations(idempotentHint=True)) is Effect.IDEMPOTENT
+    assert mcp_effect(ToolAnnotations(destructiveHint=False)) is Effect.IRREVERSIBLE
+    assert mcp_effect(None) is Effect.IRREVERSIBLE
+    assert ToolPolicy().effect == Effect.IRREVERSIBLE
+
+
+def test_a_journal_session_keeps_the_conversation_of_a_journaled_run(
+        tmp_path: Any, receiver: Any) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    agent, policies = poster(receiver.url)
+    session = JournalSession(store, "chat")
+    JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies,
+                           session=session)
+    items = asyncio.run(session.get_items())
+    assert [i.get("type") or i.get("role") for i in items] == [
+        "user", "function_call", "function_call", "function_call_output",
+        "function_call_output", "message"]
+    store.close()
+
+
+# --- the same kill without agentjournal ------------------------------------------------------
+
+
+def test_without_agentjournal_the_same_kill_posts_again(tmp_path: Any, receiver: Any) -> None:
+    """The comparison: the SDK's Runner with a SQLiteSession, killed after the POST of
+    ``b`` and run again as its docs say, makes both effects again."""
+    db = str(tmp_path / "session.db")
+    process, told = spawn(run_plain_until_blocked, db, receiver.url, "after")
+    try:
+        assert told.poll(HANG) and told.recv() == "after"
+    finally:
+        process.kill()
+        process.join()
+    agent, _ = poster(receiver.url, journaled=False)
+    Runner.run_sync(agent, TASK, session=SQLiteSession("plain", db))
+    posted = receiver.by_label()
+    assert posted["b"] == 2  # ("a" twice too, unless the kill came before its POST)
+    assert posted["a"] in (1, 2)
+
