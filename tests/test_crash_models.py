@@ -107,8 +107,10 @@ def start(cmd: list[str], fault: str = "") -> subprocess.Popen[str]:
 
 
 def wait_for(ready: Callable[[], bool], what: str, child: subprocess.Popen[str]) -> None:
-    """Poll ``ready`` every 10 ms until it holds, while ``child`` lives (20 s at most)."""
-    deadline = time.monotonic() + 20
+    """Poll ``ready`` every 10 ms until it holds, while ``child`` lives (120 s at most: the
+    child blocks once there, so the bound only ends a hung test; a loaded machine takes
+    tens of seconds to start a child that imports a model SDK)."""
+    deadline = time.monotonic() + 120
     while not ready():
         if child.poll() is not None:
             out, err = child.communicate()

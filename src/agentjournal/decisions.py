@@ -142,26 +142,34 @@ def record_resolution(
         if (stood := _resolution_stands(store, run_id, j.state, key, outcome)) is not None:
             return stood  # decided meanwhile
         pending = find_uncertain(run_id, list(j.state.pending.values()), key)
-        common = {"started_seq": pending.started_seq, "key": pending.key, "tool": pending.tool}
-        facts: list[tuple[EventType, dict[str, Any]]] = [(EventType.TOOL_CALL_RECONCILED, {
-            "verdict": VERDICTS[outcome], "by": by, "reason": reason, **common})]
-        # What follows a verdict is appended with it, atomically: "happened" settles
-        # the call, so its completion must never be lost in between.
-        if outcome == "happened" and pending.effect == "compensation":  # an undo (saga.py)
-            facts.append((EventType.COMPENSATION_COMPLETED, {
-                "started_seq": pending.started_seq, "key": pending.key, "result": result,
-                "effect_seq": int(pending.call_id.removeprefix("undo-")), "source": "person"}))
-        elif outcome == "happened":
-            facts.append((EventType.TOOL_CALL_COMPLETED, {
-                "call_id": pending.call_id, "tool": pending.tool,
-                "started_seq": pending.started_seq, "idempotency_key": pending.key,
-                # the verdict closes the start first: the completion keeps its arguments
-                "args": pending.args, "result": result, "source": "person"}))
-        elif outcome == "conflict":
-            facts.append((EventType.RUN_ESCALATED, {
-                "reason": reason or "conflict", "by": by, "key": pending.key,
-                "tool": pending.tool, "ours": pending.args}))
+        facts = resolution_facts(pending, outcome, by=by, reason=reason, result=result)
         return Decision(j.record_all(facts), appended=True)
+
+
+def resolution_facts(pending: PendingCall, outcome: Outcome, *, by: str, reason: str = "",
+                     result: Any = None) -> list[tuple[EventType, dict[str, Any]]]:
+    """The facts that record a person's ``outcome`` for the uncertain call ``pending``,
+    to be appended together (by whoever holds the run's lease)."""
+    common = {"started_seq": pending.started_seq, "key": pending.key, "tool": pending.tool}
+    facts: list[tuple[EventType, dict[str, Any]]] = [(EventType.TOOL_CALL_RECONCILED, {
+        "verdict": VERDICTS[outcome], "by": by, "reason": reason, **common})]
+    # What follows a verdict is appended with it, atomically: "happened" settles
+    # the call, so its completion must never be lost in between.
+    if outcome == "happened" and pending.effect == "compensation":  # an undo (saga.py)
+        facts.append((EventType.COMPENSATION_COMPLETED, {
+            "started_seq": pending.started_seq, "key": pending.key, "result": result,
+            "effect_seq": int(pending.call_id.removeprefix("undo-")), "source": "person"}))
+    elif outcome == "happened":
+        facts.append((EventType.TOOL_CALL_COMPLETED, {
+            "call_id": pending.call_id, "tool": pending.tool,
+            "started_seq": pending.started_seq, "idempotency_key": pending.key,
+            # the verdict closes the start first: the completion keeps its arguments
+            "args": pending.args, "result": result, "source": "person"}))
+    elif outcome == "conflict":
+        facts.append((EventType.RUN_ESCALATED, {
+            "reason": reason or "conflict", "by": by, "key": pending.key,
+            "tool": pending.tool, "ours": pending.args}))
+    return facts
 
 
 def _resolution_stands(store: Store, run_id: str, state: RunState, key: str,

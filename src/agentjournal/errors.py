@@ -9,6 +9,11 @@
     ├── NotPendingError             no such open approval or uncertain call in the run
     │   └── AlreadyDecidedError     a decision contradicting one that already stands
     ├── AmbiguousKeyError           a key prefix that names several uncertain calls
+    ├── NondeterminismError         a bridged run asked a recorded step for something else
+    ├── NeedsPerson                 a bridged call that only a person can settle
+    │   └── NeedsApproval           a bridged call that waits for a person's approval
+    ├── CallRefused                 a bridged call refused (another intent, a denial)
+    ├── ResultNotKeptError          a bridged call happened, its result was not kept
     ├── ConflictError               the log moved on: expected_seq is stale
     ├── FencedError                 the writer's lease epoch was superseded
     ├── LeaseHeldError              another owner holds a live lease
@@ -451,3 +456,74 @@ class AgentRefError(JournalError, ValueError):
     def __init__(self, ref: str, detail: str) -> None:
         super().__init__(f"agent {ref!r}: {detail}")
         self.ref = ref
+
+
+class NondeterminismError(JournalError):
+    """A run driven by another framework (agentjournal.bridge) asked for step ``name``
+    at ``position`` with a fingerprint other than the one recorded there: the framework
+    did not repeat what it did before the crash. Replaying the recorded value would
+    silently diverge, so nothing is served; fix the code (or the inputs) that changed,
+    or start a new run."""
+
+    def __init__(self, run_id: str, name: str, position: int, recorded: str, given: str,
+                 seq: int) -> None:
+        super().__init__(
+            f"run {run_id!r}: step {name!r} #{position} was recorded at seq {seq} with "
+            f"fingerprint {recorded!r}, and is now asked with {given!r}: the code or its "
+            "inputs changed since the run recorded it. Resume with the code that started "
+            "the run, or start a new run", run_id=run_id)
+        self.name, self.position, self.recorded, self.given, self.seq = (
+            name, position, recorded, given, seq)
+
+
+class NeedsPerson(JournalError):
+    """A bridged call that cannot go on without a person: its effect is uncertain and no
+    lookup settled it (``pending`` is the evidence: arguments, key, start time, last
+    error), or it met another run's uncertain call, or the run was escalated. The run is
+    paused; ``agentjournal resolve RUN KEY --happened | --did-not-happen`` decides it."""
+
+    def __init__(self, run_id: str, call_id: str, tool: str, reason: str, *,
+                 key: str | None = None, pending: object | None = None) -> None:
+        hint = (f"; decide it with `agentjournal resolve {run_id} {key[:16]} --happened "
+                "| --did-not-happen`, then run again" if key else "")
+        super().__init__(f"run {run_id!r}: call {call_id!r} ({tool}) needs a person: "
+                         f"{reason}{hint}", run_id=run_id)
+        self.call_id, self.tool, self.reason, self.key, self.pending = (
+            call_id, tool, reason, key, pending)
+
+
+class NeedsApproval(NeedsPerson):
+    """A bridged call that needs a person's approval of its exact arguments first
+    (``agentjournal approve RUN APPROVAL_ID`` or ``agentjournal deny RUN APPROVAL_ID``)."""
+
+    def __init__(self, run_id: str, call_id: str, tool: str, approval_id: str,
+                 key: str) -> None:
+        JournalError.__init__(
+            self, f"run {run_id!r}: call {call_id!r} ({tool}) waits for approval "
+            f"{approval_id!r}: `agentjournal approve {run_id} {approval_id}` (or `deny`), "
+            "then run again", run_id=run_id)
+        self.call_id, self.tool, self.key, self.pending = call_id, tool, key, None
+        self.reason = f"it waits for approval {approval_id!r}"
+        self.approval_id = approval_id
+
+
+class CallRefused(JournalError):
+    """A bridged call that was not made, and never will be with these arguments: the
+    same identity was done with other arguments, or a person denied it. ``reason`` is
+    what to tell the model."""
+
+    def __init__(self, run_id: str, call_id: str, tool: str, reason: str) -> None:
+        super().__init__(f"run {run_id!r}: call {call_id!r} ({tool}) refused: {reason}",
+                         run_id=run_id)
+        self.call_id, self.tool, self.reason = call_id, tool, reason
+
+
+class ResultNotKeptError(JournalError):
+    """A bridged call that happened (it is never made again) whose result was not kept
+    (no JSON form, or over the size limit): a replay has no value to give. ``reason``
+    is what to tell the model."""
+
+    def __init__(self, run_id: str, call_id: str, tool: str, reason: str) -> None:
+        super().__init__(f"run {run_id!r}: call {call_id!r} ({tool}): {reason}",
+                         run_id=run_id)
+        self.call_id, self.tool, self.reason = call_id, tool, reason

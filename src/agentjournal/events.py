@@ -31,11 +31,12 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: v6: sagas: new types saga_started, compensation_started, compensation_completed,
 #: saga_finished; run_cancelled; workspace_checkpoint; observations_checked
 #: (freshness); tool_call_completed may carry fresh_for, tool_call_started
-#: key_retention (no older payload changed). Later v6 writers add types that no older
-#: payload needed (an older release reading them says the type is unknown): the
-#: conversation of an OpenAI Agents SDK session (session_items_added,
-#: session_item_popped, session_cleared) and its trace spans (trace_recorded).
-SCHEMA_VERSION = 6
+#: key_retention (no older payload changed).
+#: v7: step_recorded (a unit of a run another framework drives: agentjournal.bridge);
+#: model_turn may carry that unit's ``step`` and ``value`` (no older payload changed);
+#: the conversation of an OpenAI Agents SDK session (session_items_added,
+#: session_item_popped, session_cleared) and a framework's trace spans (trace_recorded).
+SCHEMA_VERSION = 7
 
 #: The first schema version whose events are stored sealed (with a chained digest).
 SEALED_SINCE = 4
@@ -71,6 +72,7 @@ class EventType(StrEnum):
     OBSERVATIONS_CHECKED = "observations_checked"
     RUN_CANCELLED = "run_cancelled"
     WORKSPACE_CHECKPOINT = "workspace_checkpoint"
+    STEP_RECORDED = "step_recorded"
     SESSION_ITEMS_ADDED = "session_items_added"
     SESSION_ITEM_POPPED = "session_item_popped"
     SESSION_CLEARED = "session_cleared"

@@ -722,9 +722,11 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.SESSION_CLEARED: _session_cleared,
 }
 
-#: Deliberate no-ops: facts kept for audit that change no state. A framework's trace
-#: spans are what it observed, for people; no run relies on them.
+#: Deliberate no-ops: facts kept for audit that change no state. A step_recorded is a
+#: unit of a run another framework drives (bridge.py): only that framework reads it back.
+#: A framework's trace spans are what it observed, for people; no run relies on them.
 RECORD_ONLY: frozenset[EventType] = frozenset({EventType.BUDGET_EXCEEDED,
+                                               EventType.STEP_RECORDED,
                                                EventType.TRACE_RECORDED})
 
 

@@ -238,6 +238,8 @@ def summary(event: Event, then: Event | None = None) -> str:
             return f"{p['approval_id']} {verdict} by {p.get('by')}{why}"
         case E.BUDGET_EXCEEDED:
             return f"{p.get('budget')}: {p.get('used')} of {p.get('limit')}"
+        case E.STEP_RECORDED:
+            return f"{p.get('name')} #{p.get('n')}: {short(p.get('value'), 60)}"
         case E.RUN_FINISHED:
             return short(p.get("outcome", ""))
         case E.WORKSPACE_CHECKPOINT:

@@ -1,0 +1,763 @@
+"""A journaled run that another framework's loop steps through.
+
+agentjournal's own loop (steps.py, settle.py) decides when to ask the model and
+which calls to make. A framework (Pydantic AI, LangGraph, the OpenAI Agents SDK)
+has a loop of its own; this module lends it the journal and the call protocol,
+so the framework keeps driving and a bridged run is still a run like any other
+(``agentjournal show / events / runs / resolve / approve`` treat it so):
+
+    with open_run(store, "order-7", agent="pydantic_ai:shop", input=prompt) as run:
+        reply = run.step("model.request", fingerprint, ask_model, turn=summary_of)
+        result = run.call("charge", {"order": 7}, call_id="c1",
+                          effect=Effect.IRREVERSIBLE, body=lambda ctx: charge(ctx.key))
+        run.finish(output)
+
+Start and resume are the same call with the same run id. Opening takes the run's
+lease (fencing as for native runs) and records ``run_started`` with the input on
+first open, so a crash before any step loses nothing.
+
+**Steps** (``step`` / ``astep``): the n-th unit of a name. Recorded before with
+the same fingerprint: its stored value is decoded and the body is not called.
+Recorded with another fingerprint: :class:`NondeterminismError`, naming both.
+Otherwise the body runs and its value is appended, durably, before it is used:
+as a ``model_turn`` when ``turn`` summarises it (text, tool calls, usage: shown
+like a native turn; the framework's own JSON stored beside it), else as a
+record-only ``step_recorded``.
+
+**Calls** (``call`` / ``acall`` / ``call_batch`` / ``acall_batch``): the loop's
+own rules, run by the loop's own code (a ``StepMachine`` whose tools are the
+bridged calls). A call already answered in this run (completed, failed, refused:
+matched by call id and idempotency key) is answered from the log, the body not
+called. Otherwise: a completed key is served (same arguments only; the same
+identity with other arguments is refused, :class:`CallRefused`); an uncertain
+key is settled by settle.py (the lookup, a retry with the same key for
+read-only and idempotent calls, else :class:`NeedsPerson`, the run paused); an
+approval is bound to the exact arguments (:class:`NeedsApproval` until a person
+or the caller decides); then ``tool_call_started`` is durable before the body
+runs and the completion is appended after. A body raising ``ToolFailed``
+proves the effect did not happen (recorded as a failure, may be tried again);
+any other exception from a call with an effect leaves it uncertain.
+
+A call's body receives a :class:`~agentjournal.ToolContext` (``ctx.key``: the
+idempotency key to send to the receiver; ``ctx.epoch``: the lease epoch, for a
+receiver that fences). Code that the framework calls and that cannot take it as
+an argument reads it with :func:`current_call`.
+
+Concurrency: the sync methods may be called from several threads (the framework's
+tool threads); the async ones from several tasks of one event loop. Calls started
+together by ``call_batch`` are appended in one batch, in the order given (sort
+them by call id for a deterministic log).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from .agent import require_run_id
+from .errors import (
+    CallRefused,
+    NeedsApproval,
+    NeedsPerson,
+    NondeterminismError,
+    ResultNotKeptError,
+    RunMismatchError,
+)
+from .events import Event, EventType, render
+from .faults import fault_point
+from .journal import RunJournal, open_journal
+from .keys import run_scope
+from .models import cost_of
+from .ops import Invoke, Op, Outcome, Steps, _perform_sync, run_async
+from .policy import Allow, Decision, RequireApproval
+from .redaction import Redaction
+from .settle import Ready, changed_intent, same_intent
+from .state import PendingCall, RunState, ToolCall, Usage
+from .steps import StepMachine, not_kept
+from .store import Store
+from .tools import Effect, Reconciler, Tool, ToolContext, ToolFailed
+
+__all__ = ["Answer", "BridgedRun", "CallSpec", "Turn", "aopen_run", "current_call",
+           "open_run"]
+
+E = EventType
+_ANSWERS = (E.TOOL_CALL_COMPLETED, E.TOOL_RESULT_SERVED, E.TOOL_CALL_DENIED)
+Encode = Callable[[Any], Any]
+
+_CURRENT: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
+    "agentjournal.bridge.current_call", default=None)
+
+
+def current_call() -> ToolContext | None:
+    """The context of the bridged call whose body is running in this thread or task
+    (its idempotency key, lease epoch, attempt, call id); None outside a call body."""
+    return _CURRENT.get()
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Turn:
+    """What a model step's value says, for people: recorded as a ``model_turn``.
+
+    ``tool_calls``: the calls the model asked for, each ``{"id", "name", "args"}``.
+    ``usage``: token counts by agentjournal's convention (``input_tokens`` includes
+    cache reads; keys as :class:`agentjournal.state.Usage`); ``cost_usd`` None when
+    unknown (never a false $0)."""
+
+    text: str = ""
+    tool_calls: Sequence[dict[str, Any]] = ()
+    usage: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    provider: str | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallSpec:
+    """One bridged call: what ``call`` takes, for ``call_batch``.
+
+    ``body(ctx)`` makes the call (a coroutine function for ``acall``); its return
+    value, passed through ``encode``, must be JSON data. ``identity``: the argument
+    fields that name the action (default: all of them). ``lookup``: the reconcile
+    lookup for an uncertain call (as ``@tool(reconcile=...)``). ``approval``: a
+    person's approval of these exact arguments is required first (``str``: the
+    reason shown). ``decode`` turns a recorded result back into the framework's value.
+    """
+
+    tool: str
+    args: dict[str, Any]
+    call_id: str
+    body: Callable[[ToolContext], Any]
+    effect: Effect | str = Effect.IRREVERSIBLE
+    identity: Sequence[str] = ()
+    lookup: Reconciler | None = None
+    approval: bool | str = False
+    key_retention: float | None = None
+    untrusted: bool = False
+    encode: Encode = _same
+    decode: Encode = _same
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a call was answered in the run's log. ``kind``: ``result`` (completed, or
+    served from an earlier completion; ``source`` says by whom: tool, reconciliation,
+    person, scope, served), ``failed`` (a proven failure: ``message``), ``refused`` (a
+    denial: ``message``)."""
+
+    kind: Literal["result", "failed", "refused"]
+    result: Any
+    source: str
+    message: str
+    seq: int
+    key: str | None
+    not_kept: str | None = None
+
+
+@dataclass
+class _Unit:
+    seq: int
+    fingerprint: str
+    value: Any
+
+
+class _BridgedTool(Tool):
+    """A bridged call as the loop's rules see a tool: invoking it runs the body."""
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def check_args(self, args: dict[str, Any]) -> msgspec.Struct:
+        return msgspec.Struct()  # the framework validated them
+
+    def invoke(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return self.fn(ctx)
+
+
+class _Approvals:
+    """The bridged run's policy: approval for the calls that ask for it, else allow."""
+
+    def __init__(self) -> None:
+        self.required: dict[str, str] = {}  # call id -> reason
+
+    def decide(self, call: ToolCall, tool: Tool, state: RunState) -> Decision:
+        reason = self.required.get(call.id)
+        return Allow() if reason is None else RequireApproval(reason)
+
+
+class BridgedRun(StepMachine):
+    """An open run stepped through by another framework. Made by :func:`open_run`."""
+
+    def __init__(self, journal: RunJournal, *, tool_timeout: float | None,
+                 max_attempts: int, max_recoveries: int,
+                 max_result_bytes: int | None) -> None:
+        self.journal = journal
+        self.run_id = journal.run_id
+        self.tools: dict[str, Tool] = {}
+        self._approvals = _Approvals()
+        self.policy = self._approvals
+        self.guardrails = []
+        self.compaction = None
+        self.workspace = None
+        self.parallel_calls = 64
+        self.lease_ttl = journal.ttl
+        self.tool_timeout = tool_timeout
+        self.stuck_after = None
+        self.max_attempts = max_attempts
+        self.max_recoveries = max_recoveries
+        self.max_args_bytes = None
+        self.max_result_bytes = max_result_bytes
+        self._lock = threading.RLock()
+        self._units: dict[str, dict[int, _Unit]] = {}  # recorded steps by name and position
+        self._next: dict[str, int] = {}  # the position of the next step of each name
+        self._answers: dict[str, Event] = {}  # call id -> the last event answering it
+        self._start_keys: dict[int, str] = {}  # a start's seq -> its key
+        self._live: dict[str, tuple[bool, Any]] = {}  # call id -> (ok, value or error)
+        self._input: Any = None  # the input recorded when the run started
+        self._closed = False
+
+    # --- reading the log ----------------------------------------------------------
+
+    def _index(self, event: Event, state: RunState | None = None) -> None:
+        """Keep the units and answers of ``event`` (the log at open, then each append)."""
+        p = event.payload
+        if event.type is E.STEP_RECORDED or (event.type is E.MODEL_TURN and "step" in p):
+            step = p["step"] if event.type is E.MODEL_TURN else p
+            units = self._units.setdefault(step["name"], {})
+            units.setdefault(step["n"], _Unit(event.seq, step["fingerprint"], p.get("value")))
+        elif event.type is E.RUN_STARTED:
+            self._input = p.get("input")
+        elif event.type is E.TOOL_CALL_STARTED:
+            self._start_keys[event.seq] = p["key"]
+        elif event.type in _ANSWERS and p.get("call_id"):
+            self._answers[p["call_id"]] = event
+
+    def answer(self, call_id: str) -> Answer | None:
+        """How call ``call_id`` was answered in this run (by its tool, a lookup, a
+        person, or a denial), or None while it has no answer."""
+        event = self._answers.get(call_id)
+        if event is None:
+            return None
+        p = event.payload
+        if event.type is E.TOOL_CALL_DENIED:
+            return Answer("refused", None, "denied", p.get("reason", ""), event.seq, p.get("key"))
+        if event.type is E.TOOL_RESULT_SERVED:
+            return Answer("result", p.get("result"), "served", "", event.seq, p.get("key"),
+                          p.get("content") if p.get("content") else None)
+        key = p.get("idempotency_key")
+        if key is None:  # a proven failure: recorded without a key
+            started = p.get("started_seq")
+            return Answer("failed", None, p.get("source", "tool"), p.get("content", ""),
+                          event.seq, self._start_keys.get(started) if started else None)
+        return Answer("result", p.get("result"), p.get("source", "tool"), "", event.seq, key,
+                      p.get("encoding_error"))
+
+    decision_for = answer
+
+    @property
+    def state(self) -> RunState:
+        """The run's folded state (live: it changes as facts are recorded)."""
+        return self.journal.state
+
+    @property
+    def status(self) -> str:
+        return self.journal.state.status
+
+    # --- steps --------------------------------------------------------------------
+
+    def _claim(self, name: str, fingerprint: str,
+               position: int | None) -> tuple[int, _Unit | None]:
+        """The position of this step of ``name``, and its recorded unit if it has one."""
+        with self._lock:
+            n = self._next.get(name, 0) if position is None else position
+            self._next[name] = n + 1
+            unit = self._units.get(name, {}).get(n)
+        if unit is not None and unit.fingerprint != fingerprint:
+            raise NondeterminismError(self.run_id, name, n, unit.fingerprint, fingerprint,
+                                      unit.seq)
+        return n, unit
+
+    def _record_step(self, name: str, n: int, fingerprint: str, value: Any,
+                     turn: Turn | None, latency_ms: float) -> None:
+        step = {"name": name, "n": n, "fingerprint": fingerprint}
+        if turn is None:
+            fact = (E.STEP_RECORDED, {**step, "value": value})
+        else:
+            summary: dict[str, Any] = {
+                "text": turn.text, "tool_calls": [dict(c) for c in turn.tool_calls],
+                "usage": _priced(turn), "latency_ms": round(latency_ms, 3)}
+            for label in ("model", "provider", "finish_reason"):
+                if (given := getattr(turn, label)) is not None:
+                    summary[label] = given
+            fact = (E.MODEL_TURN, {**summary, "step": step, "value": value})
+        with self._lock:
+            self.journal.record_all([fact])
+
+    def step(self, name: str, fingerprint: str, body: Callable[[], Any], *,
+             encode: Encode = _same, decode: Encode = _same,
+             turn: Callable[[Any], Turn] | None = None,
+             executed: Callable[[bool], None] | None = None,
+             position: int | None = None) -> Any:
+        """The value of the next step named ``name``: recorded, or made by ``body()``.
+
+        ``encode`` turns the value into JSON data to record, ``decode`` a recorded one
+        back. ``turn`` (a model step): summarises the encoded value for people; the step
+        is recorded as a ``model_turn``. ``executed(bool)`` is told whether the body ran
+        (False: replayed from the log). ``position``: the step's place among the steps
+        of its name when the framework knows it (e.g. the number of model responses in
+        the history a request carries, for a framework that continues a run from a
+        history instead of replaying it); default: the one after the last asked here."""
+        n, unit = self._claim(name, fingerprint, position)
+        if unit is not None:
+            _tell(executed, False)
+            return decode(unit.value)
+        if turn is not None:
+            fault_point("model_call")
+        began = time.monotonic()
+        value = encode(body())
+        self._record_step(name, n, fingerprint, value,
+                          turn(value) if turn else None, (time.monotonic() - began) * 1000)
+        _tell(executed, True)
+        return decode(value)
+
+    async def astep(self, name: str, fingerprint: str, body: Callable[[], Awaitable[Any]], *,
+                    encode: Encode = _same, decode: Encode = _same,
+                    turn: Callable[[Any], Turn] | None = None,
+                    executed: Callable[[bool], None] | None = None,
+                    position: int | None = None) -> Any:
+        """:meth:`step` for an async body."""
+        n, unit = self._claim(name, fingerprint, position)
+        if unit is not None:
+            _tell(executed, False)
+            return decode(unit.value)
+        if turn is not None:
+            fault_point("model_call")
+        began = time.monotonic()
+        value = encode(await body())
+        self._record_step(name, n, fingerprint, value,
+                          turn(value) if turn else None, (time.monotonic() - began) * 1000)
+        _tell(executed, True)
+        return decode(value)
+
+    # --- calls --------------------------------------------------------------------
+
+    def call(self, tool: str, args: dict[str, Any], *, call_id: str,
+             body: Callable[[ToolContext], Any], effect: Effect | str = Effect.IRREVERSIBLE,
+             identity: Sequence[str] = (), lookup: Reconciler | None = None,
+             approval: bool | str = False, key_retention: float | None = None,
+             untrusted: bool = False, encode: Encode = _same, decode: Encode = _same,
+             executed: Callable[[bool], None] | None = None) -> Any:
+        """Make (or replay) one call by the call protocol; its result. See the module
+        docstring for the rules and :class:`CallSpec` for the arguments. Raises
+        ``ToolFailed`` (a proven failure, live or recorded; live, the body's own
+        exception), :class:`CallRefused`, :class:`NeedsPerson` / :class:`NeedsApproval`,
+        :class:`ResultNotKeptError`."""
+        spec = CallSpec(tool=tool, args=args, call_id=call_id, body=body, effect=effect,
+                        identity=identity, lookup=lookup, approval=approval,
+                        key_retention=key_retention, untrusted=untrusted, encode=encode,
+                        decode=decode)
+        (outcome,) = self.call_batch([spec], executed=executed)
+        return _unwrap(outcome)
+
+    async def acall(self, tool: str, args: dict[str, Any], *, call_id: str,
+                    body: Callable[[ToolContext], Awaitable[Any]],
+                    effect: Effect | str = Effect.IRREVERSIBLE, identity: Sequence[str] = (),
+                    lookup: Reconciler | None = None, approval: bool | str = False,
+                    key_retention: float | None = None, untrusted: bool = False,
+                    encode: Encode = _same, decode: Encode = _same,
+                    executed: Callable[[bool], None] | None = None) -> Any:
+        """:meth:`call` for an async body (awaited on this event loop)."""
+        spec = CallSpec(tool=tool, args=args, call_id=call_id, body=body, effect=effect,
+                        identity=identity, lookup=lookup, approval=approval,
+                        key_retention=key_retention, untrusted=untrusted, encode=encode,
+                        decode=decode)
+        (outcome,) = await self.acall_batch([spec], executed=executed)
+        return _unwrap(outcome)
+
+    def call_batch(self, specs: Sequence[CallSpec], *,
+                   executed: Callable[[bool], None] | None = None) -> list[Outcome]:
+        """Several calls of one turn: those that must run start in one append, in the
+        order given, then run at once (threads). Each outcome holds the call's result
+        or the exception :meth:`call` would raise."""
+        outcomes: list[Outcome] = _pump_sync(self._calls(specs, executed), self._lock)
+        return outcomes
+
+    async def acall_batch(self, specs: Sequence[CallSpec], *,
+                          executed: Callable[[bool], None] | None = None) -> list[Outcome]:
+        """:meth:`call_batch` for async bodies (run at once as tasks)."""
+        return await run_async(self._calls(specs, executed))
+
+    def _calls(self, specs: Sequence[CallSpec],
+               executed: Callable[[bool], None] | None) -> Steps[list[Outcome]]:
+        outcomes: dict[int, Outcome] = {}
+        ready: list[tuple[int, Ready]] = []
+        for i, spec in enumerate(specs):
+            tool = self._register(spec)
+            key = tool.key(self.journal.state.scope, spec.args)
+            if (replayed := self._replayed(spec, key)) is not None:
+                _tell(executed, False)
+                outcomes[i] = replayed
+                continue
+            cleared = yield from self._cleared(spec, tool, key)
+            if isinstance(cleared, Outcome):
+                outcomes[i] = cleared
+            else:
+                ready.append((i, cleared))
+        if ready:
+            _tell(executed, True)
+            yield from self._execute(self.journal, [r for _, r in ready])
+            for i, (_, _, key) in ready:
+                outcomes[i] = self._outcome(specs[i], key)
+        return [outcomes[i] for i in range(len(specs))]
+
+    def _register(self, spec: CallSpec) -> Tool:
+        """The call as a tool of this run's rules: its body, effect, identity, lookup."""
+        spec_body, encode, call_id = spec.body, spec.encode, spec.call_id
+        live = self._live
+
+        if inspect.iscoroutinefunction(spec_body):
+            async def run_async_body(ctx: ToolContext) -> Any:
+                token = _CURRENT.set(ctx)
+                try:
+                    value = await spec_body(ctx)
+                except BaseException as exc:
+                    live[call_id] = (False, exc)
+                    raise
+                finally:
+                    _CURRENT.reset(token)
+                live[call_id] = (True, value)
+                return encode(value)
+            fn: Callable[..., Any] = run_async_body
+        else:
+            def run_body(ctx: ToolContext) -> Any:
+                token = _CURRENT.set(ctx)
+                try:
+                    value = spec_body(ctx)
+                except BaseException as exc:
+                    live[call_id] = (False, exc)
+                    raise
+                finally:
+                    _CURRENT.reset(token)
+                live[call_id] = (True, value)
+                return encode(value)
+            fn = run_body
+        tool = _BridgedTool(name=spec.tool, fn=fn, effect=Effect(spec.effect),
+                            identity=tuple(spec.identity), reconcile=spec.lookup,
+                            key_retention=spec.key_retention, untrusted=spec.untrusted,
+                            takes_context=True)
+        with self._lock:
+            self.tools[spec.tool] = tool
+            if spec.approval:
+                reason = spec.approval if isinstance(spec.approval, str) else "approval required"
+                self._approvals.required[spec.call_id] = reason
+            else:
+                self._approvals.required.pop(spec.call_id, None)
+        return tool
+
+    def _replayed(self, spec: CallSpec, key: str) -> Outcome | None:
+        """The recorded answer to this very call (same call id and key), if it has one."""
+        found = self.answer(spec.call_id)
+        if found is None or found.key not in (key, None):
+            return None
+        return self._as_outcome(spec, found)
+
+    def _as_outcome(self, spec: CallSpec, found: Answer) -> Outcome:
+        if found.kind == "refused":
+            return Outcome(error=CallRefused(self.run_id, spec.call_id, spec.tool, found.message))
+        if found.kind == "failed":
+            return Outcome(error=ToolFailed(found.message))
+        if found.not_kept is not None:
+            reason = found.not_kept if found.source == "served" else not_kept(found.not_kept)
+            return Outcome(error=ResultNotKeptError(self.run_id, spec.call_id, spec.tool,
+                                                    reason))
+        return Outcome(value=spec.decode(found.result))
+
+    def _cleared(self, spec: CallSpec, tool: Tool, key: str) -> Steps[Ready | Outcome]:
+        """The call ready to run, or how it was answered (or stopped) without running."""
+        j = self.journal
+        call = ToolCall(id=spec.call_id, name=spec.tool, args=spec.args)
+        for p in list(j.state.pending.values()):
+            if p.key != key:
+                continue
+            if not same_intent(p.args, j.as_recorded(spec.args)):
+                reason = changed_intent(tool, p.args, spec.args)
+                return Outcome(error=CallRefused(self.run_id, spec.call_id, spec.tool, reason))
+            if not (yield from self._settle(j, p)):  # settle.py: a lookup, a retry, a person
+                return self._stopped(spec, key, p)
+            if (found := self.answer(spec.call_id)) is not None and found.key == key:
+                return self._as_outcome(spec, found)  # settled as this very call
+        cleared = yield from self._clear(j, call)
+        if cleared is True:  # served or denied
+            found = self.answer(spec.call_id)
+            assert found is not None
+            return self._as_outcome(spec, found)
+        if cleared is False:
+            return self._stopped(spec, key, None)
+        return cleared
+
+    def _stopped(self, spec: CallSpec, key: str, p: PendingCall | None) -> Outcome:
+        """The run must stop for a person: an approval to decide, an uncertain call."""
+        j = self.journal
+        waiting = [a for a in j.state.approvals.values() if a.key == key]
+        if waiting:
+            return Outcome(error=NeedsApproval(self.run_id, spec.call_id, spec.tool,
+                                               waiting[0].approval_id, key))
+        self._pause(j, f"call {spec.tool} {key[:12]} is uncertain")
+        reason = j.state.pause_reason or (j.state.escalation or {}).get("reason") or j.state.status
+        pending = p or next((q for q in j.state.pending.values() if q.key == key), None)
+        return Outcome(error=NeedsPerson(self.run_id, spec.call_id, spec.tool, str(reason),
+                                         key=key, pending=pending))
+
+    def _outcome(self, spec: CallSpec, key: str) -> Outcome:
+        """How a call that was started ended: its live value or error, else the log's."""
+        live = self._live.pop(spec.call_id, None)
+        found = self.answer(spec.call_id)
+        if found is not None and found.key in (key, None):
+            if live is not None and found.kind != "refused":
+                ok, value = live
+                if not ok and isinstance(value, Exception):
+                    return Outcome(error=value)  # the body's own exception, ToolFailed
+                if ok and found.not_kept is None:
+                    return Outcome(value=value)
+            return self._as_outcome(spec, found)
+        return self._stopped(spec, key, None)
+
+    # --- approvals and decisions ----------------------------------------------------
+
+    def approval_id(self, tool: str, args: dict[str, Any], *,
+                    identity: Sequence[str] = ()) -> str:
+        """The id of the approval of exactly this call (as the loop makes it)."""
+        from .keys import idempotency_key
+
+        key = idempotency_key(self.journal.state.scope, tool, args, tuple(identity) or None)
+        return "approval-" + idempotency_key(key, tool, args)[:16]
+
+    def request_approval(self, tool: str, args: dict[str, Any], *, call_id: str,
+                         identity: Sequence[str] = (), reason: str = "approval required") -> str:
+        """Record that call ``call_id`` waits for a person's approval of these exact
+        arguments (once); its approval id."""
+        from .keys import idempotency_key
+
+        j = self.journal
+        key = idempotency_key(j.state.scope, tool, args, tuple(identity) or None)
+        approval_id = self.approval_id(tool, args, identity=identity)
+        with self._lock:
+            if approval_id not in j.state.approvals and approval_id not in j.state.decisions:
+                j.record(E.APPROVAL_REQUESTED, approval_id=approval_id, key=key, tool=tool,
+                         args=args, call_id=call_id, reason=reason)
+        return approval_id
+
+    def decide_approval(self, approval_id: str, *, approved: bool, by: str,
+                        reason: str = "") -> bool:
+        """Record a decision on an open approval (one the framework's caller passed
+        back). False when it was decided already (the standing decision is kept)."""
+        j = self.journal
+        with self._lock:
+            if approval_id not in j.state.approvals:
+                return False
+            j.record(E.APPROVAL_DECIDED, approval_id=approval_id, approved=approved, by=by,
+                     reason=reason)
+        return True
+
+    def resolve(self, call_id: str, *, happened: bool, by: str, reason: str = "",
+                result: Any = None) -> bool:
+        """Record what the framework's caller established about the uncertain call
+        ``call_id`` (as ``agentjournal resolve``: happened, with its result, or did not
+        happen: it is made again with the same key). False when it is not uncertain."""
+        from .decisions import resolution_facts
+
+        j = self.journal
+        with self._lock:
+            pending = next((p for p in j.state.pending.values() if p.call_id == call_id), None)
+            if pending is None:
+                return False
+            j.record_all(resolution_facts(pending, "happened" if happened else "did_not_happen",
+                                          by=by, reason=reason, result=result))
+        return True
+
+    def _start_or_resume(self, *, agent: str | None, input: Any, task: str | None,
+                         scope: str | None) -> None:
+        j = self.journal
+        if j.state.last_seq == 0:
+            text = task if task is not None else render(input) if input is not None else ""
+            j.record_all([(E.RUN_STARTED, {"task": text, "input": input, "agent": agent,
+                                           "scope": scope or run_scope(j.run_id)}),
+                          (E.USER_MESSAGE, {"content": text})])
+            return
+        given = (("input", self._input, input), ("agent", j.state.agent, agent),
+                 ("scope", j.state.scope, scope))
+        for name, was, now in given:
+            if now is not None and was is not None and j.as_recorded(now) != was:
+                raise RunMismatchError(j.run_id, name, was, now)
+        if j.state.status not in ("finished", "cancelled", "compensating", "compensated"):
+            j.record(E.RUN_RESUMED)
+
+    # --- how the run ends -------------------------------------------------------------
+
+    def finish(self, output: Any) -> None:
+        """Record the run's outcome (JSON data); nothing when it already finished."""
+        with self._lock:
+            if self.journal.state.status != "finished":
+                self.journal.record(E.RUN_FINISHED, outcome=output)
+
+    def pause(self, reason: str) -> None:
+        """Record that the run stopped, resumable, and why (unless it already stopped:
+        the pause or escalation recorded then says why)."""
+        with self._lock:
+            if self.journal.state.status in ("running", "waiting_approval"):
+                self.journal.record(E.RUN_PAUSED, reason=reason)
+
+    def fail(self, error: BaseException) -> None:
+        """Record that the framework failed with ``error``: the run is paused (a resume
+        tries again from the log), the error its reason."""
+        self.pause(f"error: {type(error).__name__}: {error}")
+
+    def close(self) -> None:
+        """Release the lease (unless kept) and stop renewing it. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.journal.at_rest()
+            self.journal.close()
+
+    def __enter__(self) -> BridgedRun:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        try:
+            if isinstance(exc, Exception) and not isinstance(exc, NeedsPerson):
+                with _suppressed():
+                    self.fail(exc)
+        finally:
+            self.close()
+
+    async def __aenter__(self) -> BridgedRun:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: object) -> None:
+        self.__exit__(kind, exc, tb)
+
+
+def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any = None,
+             task: str | None = None, scope: str | None = None, owner: str | None = None,
+             ttl: float = 30.0, keep_lease: bool = False, redaction: Redaction | None = None,
+             tool_timeout: float | None = None, max_attempts: int = 3,
+             max_recoveries: int = 20, max_result_bytes: int | None = None,
+             snapshot_every: int | None = None) -> BridgedRun:
+    """Start run ``run_id`` or resume it, for a framework to step through.
+
+    Takes the run's lease (LeaseHeldError while another live owner holds it; a dead
+    holder's is taken over at once). On first open records ``run_started`` with
+    ``input`` (JSON data) and ``agent`` (what drives it, e.g. "pydantic_ai:shop"),
+    and the input as the run's first user message (``task``: its text, default the
+    input rendered). A resume given another ``input`` or ``agent`` than the recorded
+    ones is refused (RunMismatchError); leaving them out is a plain resume.
+
+    Use it as a context manager (``with`` or ``async with``); an exception leaving it
+    pauses the run with the error as its reason. ``keep_lease``: closing leaves the
+    lease held (a worker hands the run back itself). ``tool_timeout``: seconds a call
+    may take before it is abandoned as uncertain (None: no limit).
+    """
+    run_id = require_run_id(run_id)
+    holder: list[BridgedRun] = []
+
+    def observe(event: Event, state: RunState) -> None:
+        if holder:
+            holder[0]._index(event)
+
+    journal = open_journal(store, run_id, owner=owner, ttl=ttl, observer=observe,
+                           redaction=redaction, keep_lease=keep_lease,
+                           snapshot_every=snapshot_every)
+    try:
+        run = BridgedRun(journal, tool_timeout=tool_timeout, max_attempts=max_attempts,
+                         max_recoveries=max_recoveries, max_result_bytes=max_result_bytes)
+        if journal.state.last_seq:
+            for event in store.read(run_id):
+                run._index(event)
+        holder.append(run)
+        run._start_or_resume(agent=agent, input=input, task=task, scope=scope)
+    except BaseException:
+        journal.close()
+        raise
+    return run
+
+
+#: ``async with aopen_run(...) as run``: the same object (opening appends at most one
+#: short batch, made on the event loop as the native ``arun`` does).
+aopen_run = open_run
+
+
+def _priced(turn: Turn) -> dict[str, Any]:
+    """The turn's usage with its cost: given, else by the model's price (None: unknown)."""
+    usage = dict(turn.usage)
+    if "cost_usd" not in usage:
+        counts = {k: v for k, v in usage.items() if k in Usage.__struct_fields__}
+        usage["cost_usd"] = cost_of(Usage(**counts), turn.model)
+    return usage
+
+
+def _tell(executed: Callable[[bool], None] | None, ran: bool) -> None:
+    if executed is not None:
+        executed(ran)
+
+
+def _unwrap(outcome: Outcome) -> Any:
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value
+
+
+class _suppressed:
+    """Recording why a run stopped must not hide the error that stopped it."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        return isinstance(exc, Exception)
+
+
+def _pump_sync(steps: Steps[Any], lock: threading.RLock) -> Any:
+    """ops.run_sync holding ``lock`` while the rules read and record, released while
+    the world is waited on (calls, lookups), so the calls of other threads go on."""
+    value: Any = None
+    error: BaseException | None = None
+    with lock:
+        while True:
+            try:
+                op = steps.throw(error) if error is not None else steps.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            lock.release()
+            try:
+                value = _perform_sync(_locked(op, lock))
+            except Exception as exc:
+                error = exc
+            finally:
+                lock.acquire()
+
+
+def _locked(op: Op, lock: threading.RLock) -> Op:
+    """``op``, its completions recorded under ``lock``."""
+    if not isinstance(op, Invoke):
+        return op
+    done = op.done
+
+    def record(i: int, outcome: Outcome) -> None:
+        with lock:
+            done(i, outcome)
+
+    return Invoke(op.calls, record, op.limit)
