@@ -356,3 +356,15 @@ def test_a_step_at_a_given_position_replays_that_unit(store: Store) -> None:
             run.step("model.request", "fp-other", lambda: {"text": "x"}, turn=turn_of,
                      position=1)
     assert ran == [3]
+
+
+def test_recorded_lists_a_names_values_without_claiming_them(store: Store) -> None:
+    with open_run(store, RUN, input="hi") as run:
+        assert run.recorded("state") == []
+        run.step("state", "s0", lambda: {"at": 0})
+        run.step("state", "s1", lambda: {"at": 1})
+    with open_run(store, RUN) as run:
+        assert run.recorded("state") == [{"at": 0}, {"at": 1}]
+        assert run.recorded("other") == []
+        # Nothing was claimed: the next step of the name is still the first one, served.
+        assert run.step("state", "s0", lambda: {"at": "again"}) == {"at": 0}
