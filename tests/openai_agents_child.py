@@ -64,11 +64,12 @@ async def write_sessions(store_url: str, session_id: str, size: int) -> None:
 
 
 def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
-           lookup: bool = True, approval: bool = False,
-           journaled: bool = True) -> tuple[Any, dict[str, Any]]:
+           lookup: bool = True, approval: bool = False, journaled: bool = True,
+           prefix: str = "") -> tuple[Any, dict[str, Any]]:
     """The agent and the policies to run it with (see the module docstring).
     ``journaled=False``: for the SDK's plain Runner, a new key per POST (as a tool
-    without agentjournal would send)."""
+    without agentjournal would send). ``prefix`` goes before each label (tests sharing
+    one receiver count their own effects)."""
     from agents import Agent, function_tool
     from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
@@ -87,8 +88,8 @@ def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
         posted = [i for i in call.input if isinstance(i, dict)
                   and i.get("type") == "function_call_output"]
         if not posted:
-            return [function_call("post_effect", {"label": "a"}, call_id="call_a"),
-                    function_call("post_effect", {"label": "b"}, call_id="call_b")]
+            return [function_call("post_effect", {"label": f"{prefix}a"}, call_id="call_a"),
+                    function_call("post_effect", {"label": f"{prefix}b"}, call_id="call_b")]
         stop_here("model")
         return [assistant_message(f"posted {len(posted)}")]
 
@@ -99,11 +100,11 @@ def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
         assert (ctx is not None) == journaled, "journaled calls know their key"
         headers = ({"Idempotency-Key": ctx.key, FENCING_HEADER: str(ctx.epoch)}
                    if ctx is not None else {"Idempotency-Key": uuid.uuid4().hex})
-        if label == "b":
+        if label == f"{prefix}b":
             stop_here("before")
         status, applied = http_json("POST", f"{receiver}/effects", {"label": label}, headers)
         assert status == 201, applied
-        if label == "b":
+        if label == f"{prefix}b":
             stop_here("after")
         return f"posted {label}"
 
@@ -121,24 +122,23 @@ def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
 
 
 def run_until_blocked(store_url: str, receiver: str, block: str, *, tell: Connection,
-                      lookup: bool = True, approval: bool = False) -> None:
+                      **options: Any) -> None:
     """Run the poster with JournalRunner until it blocks at ``block`` (then the test
     kills this process); tell the test the outcome if it ends first."""
     from agentjournal.integrations.openai_agents import JournalRunner
 
-    agent, policies = poster(receiver, block=block, tell=tell, lookup=lookup,
-                             approval=approval)
+    agent, policies = poster(receiver, block=block, tell=tell, **options)
     store = open_store(store_url)
     result = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
     tell.send(f"ended: {result.final_output!r} {len(result.interruptions)} interruption(s)")
 
 
 def run_plain_until_blocked(db_path: str, receiver: str, block: str, *,
-                            tell: Connection) -> None:
+                            tell: Connection, prefix: str = "") -> None:
     """The same agent on the SDK's own Runner with a SQLiteSession (no agentjournal)."""
     from agents import Runner, SQLiteSession
 
-    agent, _ = poster(receiver, block=block, tell=tell, journaled=False)
+    agent, _ = poster(receiver, block=block, tell=tell, journaled=False, prefix=prefix)
     result = Runner.run_sync(agent, TASK, session=SQLiteSession("plain", db_path))
     tell.send(f"ended: {result.final_output!r}")
 

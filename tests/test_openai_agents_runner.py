@@ -51,36 +51,78 @@ def store(store_url: str) -> Iterator[Store]:
     opened.close()
 
 
-def kill_at(window: str, store_url: str, receiver_url: str, **options: Any) -> None:
-    """Run the poster in a child until it blocks at ``window``, then SIGKILL it."""
-    process, told = spawn(run_until_blocked, store_url, receiver_url, window, **options)
-    try:
-        assert told.poll(HANG), "the child never reached its window"
-        assert told.recv() == window
-    finally:
-        process.kill()
-        process.join()
-    assert process.exitcode == -9
+@pytest.fixture(scope="module")
+def module_receiver() -> Iterator[Any]:
+    """One receiver process for the file: each test posts labels of its own prefix."""
+    from tests.test_crash_models import Receiver
+
+    started = Receiver()
+    yield started
+    started.close()
 
 
-def resume(store: Store, receiver_url: str, **options: Any) -> Any:
-    agent, policies = poster(receiver_url, **options)
-    return JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
+class Posting:
+    """One test's poster: its labels carry the test's own prefix, and so do its counts."""
+
+    def __init__(self, receiver: Any, prefix: str) -> None:
+        self.receiver, self.prefix = receiver, prefix
+
+    def agent(self, **options: Any) -> tuple[Any, dict[str, Any]]:
+        return poster(self.receiver.url, prefix=self.prefix, **options)
+
+    def kill_at(self, window: str, store_url: str, **options: Any) -> None:
+        """Run the poster in a child until it blocks at ``window``, then SIGKILL it."""
+        process, told = spawn(run_until_blocked, store_url, self.receiver.url, window,
+                              prefix=self.prefix, **options)
+        try:
+            assert told.poll(HANG), "the child never reached its window"
+            assert told.recv() == window
+        finally:
+            process.kill()
+            process.join()
+        assert process.exitcode == -9
+
+    def resume(self, store: Store, **options: Any) -> Any:
+        agent, policies = self.agent(**options)
+        return JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
+
+    def counts(self) -> dict[str, int]:
+        """Effects the receiver applied for this test, by label (without the prefix)."""
+        return {label.removeprefix(self.prefix): n
+                for label, n in self.receiver.by_label().items()
+                if label.startswith(self.prefix)}
+
+
+@pytest.fixture
+def posting(request: pytest.FixtureRequest, module_receiver: Any) -> Posting:
+    return Posting(module_receiver, f"{request.node.name}-")  # unique in the file
 
 
 def types(store: Store) -> list[EventType]:
     return [e.type for e in store.read(RUN)]
 
 
+def slow_or(request: pytest.FixtureRequest, default: set[tuple[str, str]], *key: str) -> None:
+    """Each case runs on one backend by default (all three with --slow)."""
+    backend = request.node.callspec.params["store_url"]
+    if (*key, backend) not in default and not request.config.getoption("--slow"):
+        pytest.skip("this case runs on another backend by default (--slow: all)")
+
+
+#: Each window on one backend by default; every pair with --slow.
+WINDOWS = {("model", "jsonl"), ("before", "postgres"), ("after", "sqlite")}
+
+
 @backend_params()
 @pytest.mark.parametrize("window", ["model", "before", "after"])
 def test_killed_in_each_window_every_effect_lands_once(
-        store_url: str, store: Store, receiver: Any, window: str) -> None:
-    kill_at(window, store_url, receiver.url)
-    result = resume(store, receiver.url)
+        request: pytest.FixtureRequest, store_url: str, store: Store, posting: Posting,
+        window: str) -> None:
+    slow_or(request, WINDOWS, window)
+    posting.kill_at(window, store_url)
+    result = posting.resume(store)
     assert result.final_output == "posted 2"
-    assert receiver.by_label() == {"a": 1, "b": 1}
-    assert len(set(receiver.by_key())) == 2
+    assert posting.counts() == {"a": 1, "b": 1}
     log = list(store.read(RUN))
     starts = [e.payload["call_id"] for e in log if e.type is E.TOOL_CALL_STARTED]
     assert starts[:2] == ["call_a", "call_b"]  # a turn's starts in the model's order
@@ -95,42 +137,46 @@ def test_killed_in_each_window_every_effect_lands_once(
 @backend_params()
 @pytest.mark.parametrize("window", ["after", "before"])
 def test_an_uncertain_call_no_lookup_settles_is_an_interruption_a_person_decides(
-        store_url: str, store: Store, receiver: Any, window: str) -> None:
-    kill_at(window, store_url, receiver.url, lookup=False)
-    stopped = resume(store, receiver.url, lookup=False)
+        request: pytest.FixtureRequest, store_url: str, store: Store, posting: Posting,
+        window: str) -> None:
+    slow_or(request, {("after", "sqlite"), ("before", "jsonl")}, window)
+    posting.kill_at(window, store_url, lookup=False)
+    stopped = posting.resume(store, lookup=False)
     # The SDK's own interruption for post_effect("b") (and for "a" when the kill caught it
     # in flight too); the run is paused for a person, no effect made again.
     called = sorted(i.raw_item.call_id for i in stopped.interruptions)
     assert "call_b" in called and stopped.final_output is None
     assert fold(store.read(RUN)).status == "paused"
-    assert resume(store, receiver.url, lookup=False).interruptions  # still undecided
+    assert posting.resume(store, lookup=False).interruptions  # still undecided
     starts = {e.payload["call_id"]: e.payload["key"] for e in store.read(RUN)
               if e.type is E.TOOL_CALL_STARTED}
-    applied = receiver.by_key()
+    applied = posting.receiver.by_key()
     assert (starts["call_b"] in applied) == (window == "after")
     for call_id in called:  # the person looks at the receiver and says what happened
         happened = starts[call_id] in applied
         resolve_uncertain(store, RUN, starts[call_id], by="ops", reason="seen at the receiver",
                           outcome="happened" if happened else "did_not_happen",
                           result="posted" if happened else None)
-    done = resume(store, receiver.url, lookup=False)
+    done = posting.resume(store, lookup=False)
     assert done.final_output == "posted 2" and not done.interruptions
-    assert receiver.by_label() == {"a": 1, "b": 1}
+    assert posting.counts() == {"a": 1, "b": 1}
 
 
 @backend_params()
 def test_an_approval_given_before_a_crash_runs_once_and_is_not_asked_again(
-        store_url: str, store: Store, receiver: Any) -> None:
-    waiting = resume(store, receiver.url, approval=True)
+        request: pytest.FixtureRequest, store_url: str, store: Store,
+        posting: Posting) -> None:
+    slow_or(request, {("postgres",)})
+    waiting = posting.resume(store, approval=True)
     assert sorted(i.raw_item.call_id for i in waiting.interruptions) == ["call_a", "call_b"]
-    assert receiver.by_label() == {}
+    assert posting.counts() == {}
     requested = [e.payload for e in store.read(RUN) if e.type is E.APPROVAL_REQUESTED]
     for approval in requested:  # as `agentjournal decide RUN ID --approve` does
         decide_approval(store, RUN, approval["approval_id"], approved=True, by="ops")
-    kill_at("after", store_url, receiver.url, approval=True)
-    done = resume(store, receiver.url, approval=True)  # the caller kept nothing
+    posting.kill_at("after", store_url, approval=True)
+    done = posting.resume(store, approval=True)  # the caller kept nothing
     assert done.final_output == "posted 2" and not done.interruptions
-    assert receiver.by_label() == {"a": 1, "b": 1}
+    assert posting.counts() == {"a": 1, "b": 1}
     assert types(store).count(E.APPROVAL_REQUESTED) == 2  # never asked again
 
 
@@ -140,10 +186,10 @@ class Caller:
 
 
 def test_an_approval_on_the_sdk_state_with_a_context_is_honoured(
-        tmp_path: Any, receiver: Any) -> None:
+        tmp_path: Any, posting: Posting) -> None:
     # openai-agents-python#4244: the approval was lost when a context was passed.
     store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
-    agent, policies = poster(receiver.url, approval=True)
+    agent, policies = posting.agent(approval=True)
     run = dict(store=store, run_id=RUN, policies=policies, context=Caller("ana"))
     waiting = JournalRunner.run_sync(agent, TASK, **run)
     state = waiting.to_state()
@@ -151,45 +197,45 @@ def test_an_approval_on_the_sdk_state_with_a_context_is_honoured(
         state.approve(item)
     done = JournalRunner.run_sync(agent, state, **run)
     assert done.final_output == "posted 2"
-    assert receiver.by_label() == {"a": 1, "b": 1}
+    assert posting.counts() == {"a": 1, "b": 1}
     decided = [e.payload for e in store.read(RUN) if e.type is E.APPROVAL_DECIDED]
     assert [d["approved"] for d in decided] == [True, True]
     assert {d["by"] for d in decided} == {"openai-agents caller"}
     store.close()
 
 
-def test_a_finished_run_is_replayed_from_its_log(tmp_path: Any, receiver: Any) -> None:
+def test_a_finished_run_is_replayed_from_its_log(tmp_path: Any, posting: Posting) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
-    first = resume(store, receiver.url)
-    agent, policies = poster(receiver.url)
+    first = posting.resume(store)
+    agent, policies = posting.agent()
     again = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
     assert again.final_output == first.final_output == "posted 2"
-    assert agent.model.calls == ()  # type: ignore[union-attr]  # every answer from the log
-    assert receiver.by_label() == {"a": 1, "b": 1}
+    assert agent.model.calls == ()  # every answer from the log
+    assert posting.counts() == {"a": 1, "b": 1}
     assert types(store).count(E.RUN_FINISHED) == 1
     store.close()
 
 
 def test_a_model_asked_something_else_on_resume_is_refused(
-        tmp_path: Any, receiver: Any) -> None:
+        tmp_path: Any, posting: Posting) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
-    resume(store, receiver.url)
-    agent, policies = poster(receiver.url)
+    posting.resume(store)
+    agent, policies = posting.agent()
     changed = agent.clone(instructions="Post nothing.")
     with pytest.raises(NondeterminismError, match=r"openai_agents\.model\.0"):
         JournalRunner.run_sync(changed, TASK, store=store, run_id=RUN, policies=policies)
-    assert receiver.by_label() == {"a": 1, "b": 1}
+    assert posting.counts() == {"a": 1, "b": 1}
     store.close()
 
 
-def test_the_sdk_trace_is_kept_for_show(tmp_path: Any, receiver: Any) -> None:
+def test_the_sdk_trace_is_kept_for_show(tmp_path: Any, posting: Posting) -> None:
     from click.testing import CliRunner
 
     from agentjournal.cli import cli
 
     url = f"sqlite:///{tmp_path / 'j.db'}"
     store = open_store(url)
-    resume(store, receiver.url)
+    posting.resume(store)
     (trace,) = [e.payload for e in store.read(RUN) if e.type is E.TRACE_RECORDED]
     kinds = [s["kind"] for s in trace["spans"]]
     assert kinds.count("function") == 2 and {"agent", "turn", "task"} <= set(kinds)
@@ -209,9 +255,9 @@ def test_mcp_annotations_give_the_effect_class() -> None:
 
 
 def test_a_journal_session_keeps_the_conversation_of_a_journaled_run(
-        tmp_path: Any, receiver: Any) -> None:
+        tmp_path: Any, posting: Posting) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
-    agent, policies = poster(receiver.url)
+    agent, policies = posting.agent()
     session = JournalSession(store, "chat")
     JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies,
                            session=session)
@@ -225,19 +271,21 @@ def test_a_journal_session_keeps_the_conversation_of_a_journaled_run(
 # --- the same kill without agentjournal ------------------------------------------------------
 
 
-def test_without_agentjournal_the_same_kill_posts_again(tmp_path: Any, receiver: Any) -> None:
+def test_without_agentjournal_the_same_kill_posts_again(
+        tmp_path: Any, posting: Posting) -> None:
     """The comparison: the SDK's Runner with a SQLiteSession, killed after the POST of
     ``b`` and run again as its docs say, makes both effects again."""
     db = str(tmp_path / "session.db")
-    process, told = spawn(run_plain_until_blocked, db, receiver.url, "after")
+    process, told = spawn(run_plain_until_blocked, db, posting.receiver.url, "after",
+                          prefix=posting.prefix)
     try:
         assert told.poll(HANG) and told.recv() == "after"
     finally:
         process.kill()
         process.join()
-    agent, _ = poster(receiver.url, journaled=False)
+    agent, _ = posting.agent(journaled=False)
     Runner.run_sync(agent, TASK, session=SQLiteSession("plain", db))
-    posted = receiver.by_label()
+    posted = posting.counts()
     assert posted["b"] == 2  # ("a" twice too, unless the kill came before its POST)
     assert posted["a"] in (1, 2)
 

@@ -378,9 +378,10 @@ def test_a_context_aware_session_keeps_each_tenant_apart(
 BATCH = 40
 
 
-def test_a_sigkill_between_add_items_never_leaves_half_a_batch(store_url: str) -> None:
+def test_a_sigkill_between_add_items_never_leaves_half_a_batch(
+        request: pytest.FixtureRequest, store_url: str) -> None:
     rng = random.Random()
-    for kill in range(3):
+    for kill in range(8 if request.config.getoption("--slow") else 2):
         session_id = f"killed-{kill}"
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.openai_agents_child", "session-writer", "--store",
