@@ -56,3 +56,30 @@ def test_the_changelog_keeps_an_unreleased_section_and_each_release() -> None:
     assert headings[0] == "Unreleased"
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert version in headings
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_importing_agentjournal_imports_no_framework() -> None:
+    # The OpenAI Agents SDK takes seconds to import; its session class needs none of it.
+    done = _python("import sys, agentjournal, agentjournal.integrations.openai_agents\n"
+                   "print(sorted(m for m in ('agents', 'langgraph', 'pydantic_ai', "
+                   "'temporalio') if m in sys.modules))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_openai_agents_extra_is_pinned_and_its_absence_explained() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert extras["openai-agents"] == ["openai-agents>=0.24,<0.25"]
+    assert "openai-agents" in extras["dev"][0]
+    done = _python("import sys; sys.modules['agents'] = None\n"
+                   "from agentjournal.integrations import openai_agents\n"
+                   "try:\n    openai_agents.JournalRunner\n"
+                   "except ImportError as exc:\n    print(exc)")
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'agentjournal[openai-agents]'" in done.stdout
