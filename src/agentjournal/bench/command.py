@@ -54,6 +54,9 @@ from .group_commit import (
 from .models import (
     model_figures,
 )
+from .openai_agents import (
+    openai_agents_figures,
+)
 from .peers import (
     peer_figures,
     peers_problem,
@@ -130,6 +133,7 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "temporal": lambda r: temporal_figures(r.workdir, r.plan, r.progress),
     "models": lambda r: model_figures(r.workdir, r.plan, r.progress),
     "fleet": lambda r: fleet_figures(r.workdir, r.postgres_url, r.plan, r.progress),
+    "openai-agents": lambda r: openai_agents_figures(r.workdir, r.plan, r.progress),
     "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],
 }
 SECTIONS = tuple(_SECTIONS)
