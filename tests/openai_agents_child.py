@@ -122,14 +122,17 @@ def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
 
 
 def run_until_blocked(store_url: str, receiver: str, block: str, *, tell: Connection,
-                      **options: Any) -> None:
+                      session: str | None = None, **options: Any) -> None:
     """Run the poster with JournalRunner until it blocks at ``block`` (then the test
-    kills this process); tell the test the outcome if it ends first."""
+    kills this process); tell the test the outcome if it ends first. ``session``: the
+    id of a JournalSession in the same store to keep the conversation in."""
     from agentjournal.integrations.openai_agents import JournalRunner
 
     agent, policies = poster(receiver, block=block, tell=tell, **options)
     store = open_store(store_url)
-    result = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
+    memory = JournalSession(store, session) if session is not None else None
+    result = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies,
+                                    session=memory)
     tell.send(f"ended: {result.final_output!r} {len(result.interruptions)} interruption(s)")
 
 

@@ -254,17 +254,23 @@ def test_mcp_annotations_give_the_effect_class() -> None:
     assert ToolPolicy().effect == Effect.IRREVERSIBLE
 
 
-def test_a_journal_session_keeps_the_conversation_of_a_journaled_run(
+def test_a_session_of_a_run_killed_and_resumed_holds_each_item_once(
         tmp_path: Any, posting: Posting) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    # The resumed run is given the history its first attempt was given (not the one that
+    # attempt grew) and does not add again what it added: no nondeterminism, no repeats.
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    posting.kill_at("model", url, session="chat")
+    store = open_store(url)
     agent, policies = posting.agent()
-    session = JournalSession(store, "chat")
-    JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies,
-                           session=session)
-    items = asyncio.run(session.get_items())
+    for _ in range(2):  # resumed, then replayed once finished
+        done = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN,
+                                      policies=policies, session=JournalSession(store, "chat"))
+        assert done.final_output == "posted 2"
+    items = asyncio.run(JournalSession(store, "chat").get_items())
     assert [i.get("type") or i.get("role") for i in items] == [
         "user", "function_call", "function_call", "function_call_output",
         "function_call_output", "message"]
+    assert posting.counts() == {"a": 1, "b": 1}
     store.close()
 
 

@@ -100,9 +100,9 @@ def mcp_effect(annotations: Any) -> Effect:
 
 def _hint(annotations: Any, *names: str) -> bool:
     """An MCP annotation's hint, by its Python or its wire name (or a dict's key)."""
-    get = annotations.get if isinstance(annotations, dict) else (
-        lambda name: getattr(annotations, name, None))
-    return any(get(name) is True for name in names)
+    if isinstance(annotations, dict):
+        return any(annotations.get(name) is True for name in names)
+    return any(getattr(annotations, name, None) is True for name in names)
 
 
 class JournalRunner:
@@ -209,6 +209,8 @@ class _Driver:
             model = _JournaledModel(self, run_config.model)
             run_config = dataclasses.replace(run_config, model=model)
         runner["run_config"] = run_config
+        if runner.get("session") is not None:
+            runner["session"] = _ReplayedSession(self, runner["session"])
         if runner.get("max_turns") is None:
             runner.pop("max_turns", None)  # the SDK's default
         wrapped = self.wrap_agent(agent)
@@ -490,6 +492,56 @@ class _JournaledModel(Model):
     async def close(self) -> None:
         if isinstance(self.inner, Model):
             await self.inner.close()
+
+
+# --- the session, as the run saw it ------------------------------------------------------------
+
+
+class _ReplayedSession:
+    """The caller's session, read and written through bridge steps: a resumed run is
+    given the history the run was given (not the one its first attempt grew), and
+    does not add again what it added. (A crash between a session's append and its step
+    being recorded repeats that one batch in the session: memory, never an effect.)"""
+
+    def __init__(self, driver: _Driver, inner: Any) -> None:
+        self._driver, self._inner = driver, inner
+        self.session_id = inner.session_id
+        self.session_settings = getattr(inner, "session_settings", None)
+
+    async def get_items(self, limit: int | None = None, *,
+                        wrapper: Any = None) -> list[Any]:
+        async def read() -> list[Any]:
+            items = await _call(self._inner.get_items, wrapper, limit=limit)
+            return cast(list[Any], _plain(items))
+
+        return cast(list[Any], await self._driver.run.astep(
+            f"openai_agents.session.get.{self._driver.segment}", f"limit {limit}", read))
+
+    async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
+        async def add() -> None:
+            await _call(self._inner.add_items, wrapper, items)
+
+        await self._driver.run.astep(f"openai_agents.session.add.{self._driver.segment}",
+                                     _digest(_plain(items)), add)
+
+    async def pop_item(self, *, wrapper: Any = None) -> Any:
+        return await _call(self._inner.pop_item, wrapper)
+
+    async def clear_session(self, *, wrapper: Any = None) -> None:
+        await _call(self._inner.clear_session, wrapper)
+
+
+async def _call(method: Any, wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+    """A session method, given the run's context only if it takes one (as the SDK does)."""
+    if wrapper is not None and "wrapper" in inspect.signature(method).parameters:
+        kwargs["wrapper"] = wrapper
+    result = method(*args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _digest(value: Any) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=_dump)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
 # --- parallel calls in order ----------------------------------------------------------------
