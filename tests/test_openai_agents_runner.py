@@ -171,7 +171,7 @@ def test_an_approval_given_before_a_crash_runs_once_and_is_not_asked_again(
     assert sorted(i.raw_item.call_id for i in waiting.interruptions) == ["call_a", "call_b"]
     assert posting.counts() == {}
     requested = [e.payload for e in store.read(RUN) if e.type is E.APPROVAL_REQUESTED]
-    for approval in requested:  # as `agentjournal decide RUN ID --approve` does
+    for approval in requested:  # as `agentjournal approve RUN APPROVAL_ID` does
         decide_approval(store, RUN, approval["approval_id"], approved=True, by="ops")
     posting.kill_at("after", store_url, approval=True)
     done = posting.resume(store, approval=True)  # the caller kept nothing

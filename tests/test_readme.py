@@ -98,3 +98,12 @@ def test_readme_commands_run(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=120,
                               env={**os.environ, "TMPDIR": str(tmp_path)})  # demo's dir
         assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+
+
+def test_the_openai_agents_block_runs_and_replays(new_user: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (code,) = [c for lang, c in BLOCK.findall(section("Use the OpenAI Agents SDK"))
+               if lang == "python"]
+    run_alone(code)
+    # One invoice and two model calls, then the same: the second run was served the log.
+    assert capsys.readouterr().out.splitlines() == ["Invoiced acme. 1 2"] * 2

@@ -20,7 +20,7 @@ model again for a turn it answered, and without making a recorded call again:
   too (its tool asks "approval"). The SDK's ``RunState`` at an interruption is stored
   in the journal (a bridge step ``openai_agents.state.<k>``), so the next
   ``run`` with the same run id resumes from it, applying the decisions recorded in the
-  journal (``agentjournal decide`` / ``resolve``, or approvals made on the SDK's state
+  journal (``agentjournal approve`` / ``deny`` / ``resolve``, or approvals made on the SDK's state
   and passed back): nothing needs to be kept by the caller (openai-agents-python#4244).
 - **traces**: the SDK's spans of the run are summarised into one ``trace_recorded``
   event (an observer: see tracing.py).
@@ -279,7 +279,7 @@ class _Driver:
 
     def apply_decisions(self, state: RunState[Any]) -> None:
         """Apply to a stored RunState what was decided since: approvals and denials
-        (``agentjournal decide``), and verdicts on uncertain calls (``resolve``)."""
+        (``agentjournal approve`` / ``deny``), and verdicts on uncertain calls (``resolve``)."""
         for item in state.get_interruptions():
             call = _call_of(item)
             if call is None:
