@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +42,7 @@ from tests.openai_agents_child import (
 )
 
 E = EventType
+ROOT = Path(__file__).resolve().parents[1]
 HANG = 120.0  # a hang guard for a child to reach its window, not a speed limit
 
 
@@ -295,3 +297,36 @@ def test_without_agentjournal_the_same_kill_posts_again(
     assert posted["b"] == 2  # ("a" twice too, unless the kill came before its POST)
     assert posted["a"] in (1, 2)
 
+
+
+def test_mcp_tools_are_journaled_with_the_effect_their_annotations_declare(
+        tmp_path: Any) -> None:
+    import sys
+
+    from agents import Agent
+    from agents.mcp import MCPServerStdio
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    counts = tmp_path / "served.txt"
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+
+    async def run_once() -> Any:
+        server = MCPServerStdio({"command": sys.executable, "args": [
+            "-m", "tests.mcp_ledger", str(counts)], "cwd": str(ROOT)},
+            client_session_timeout_seconds=60)
+        model = ScriptedModel([
+            [function_call("balance", {"account": "acme"}, call_id="call_1"),
+             function_call("transfer", {"account": "acme", "cents": 500}, call_id="call_2")],
+            [assistant_message("moved")]])
+        async with server:
+            agent = Agent(name="treasurer", model=model, mcp_servers=[server])
+            return await JournalRunner.run(agent, "Move 500 from acme.", store=store,
+                                           run_id="mcp")
+
+    for _ in range(2):  # the second run is served from the log
+        assert asyncio.run(run_once()).final_output == "moved"
+    starts = {e.payload["tool"]: e.payload["effect"] for e in store.read("mcp")
+              if e.type is E.TOOL_CALL_STARTED}
+    assert starts == {"balance": "read_only", "transfer": "irreversible"}
+    assert sorted(counts.read_text().split()) == ["balance", "transfer"]  # each once
+    store.close()
