@@ -134,14 +134,8 @@ class JournalRunner:
             max_turns=max_turns, hooks=hooks, run_config=run_config or RunConfig(),
             session=session, owner=owner, ttl=ttl, trace=trace,
             serializer=context_serializer, deserializer=context_deserializer)
-        try:
-            return await _run_once(starting_agent, input, **args)
-        except Exception as error:
-            if _needs_person(error) is None:
-                raise
-        # A call's effect became uncertain as it ran, and nothing settled it: the run is
-        # paused. Opened again, the SDK meets that call in the log, as an interruption.
-        return await _run_once(starting_agent, input, **args)
+        result, _ = await _run(starting_agent, input, **args)
+        return result
 
     @classmethod
     def run_sync(cls, starting_agent: Agent[Any], input: str | list[Any] | RunState[Any],
@@ -152,15 +146,32 @@ class JournalRunner:
 
 # --- one open run --------------------------------------------------------------------
 
+#: Where a run stopped: its status, the seq of its last event, its lease epoch.
+Ended = tuple[str, int, int]
+
+
+async def _run(agent: Agent[Any], input: Any, **args: Any) -> tuple[RunResult, Ended]:
+    try:
+        return await _run_once(agent, input, **args)
+    except Exception as error:
+        if _needs_person(error) is None:
+            raise
+    # A call's effect became uncertain as it ran, and nothing settled it: the run is
+    # paused. Opened again, the SDK meets that call in the log, as an interruption.
+    return await _run_once(agent, input, **args)
+
 
 async def _run_once(agent: Agent[Any], input: Any, *, store: Store, run_id: str,
                     policies: Mapping[str, ToolPolicy | Effect | str], owner: str | None,
                     ttl: float, trace: bool, run_config: RunConfig,
-                    **runner: Any) -> RunResult:
+                    agent_ref: str | None = None, keep_lease: bool = False,
+                    **runner: Any) -> tuple[RunResult, Ended]:
     given_state = input if isinstance(input, RunState) else None
     recorded_input = None if given_state is not None else _plain(input)
-    with open_run(store, run_id, agent=f"openai-agents:{agent.name}", input=recorded_input,
-                  owner=owner, ttl=ttl) as run:
+    with open_run(store, run_id, agent=agent_ref or f"openai-agents:{agent.name}",
+                  input=recorded_input, owner=owner, ttl=ttl, keep_lease=keep_lease) as run:
+        if input is None and given_state is None:
+            input = run.state.task  # a resume that did not repeat the input
         driver = _Driver(run, policies)
         # A finished run is replayed from its log: nothing new to trace.
         processor = tracing.install() if trace and run.status != "finished" else None
@@ -176,7 +187,7 @@ async def _run_once(agent: Agent[Any], input: Any, *, store: Store, run_id: str,
                 driver.record_trace(processor, run_config.trace_id or "")
         if not result.interruptions:
             run.finish(to_json(result.final_output, "final_output"))
-        return result
+        return result, (run.status, run.state.last_seq, run.journal.lease.epoch)
 
 
 def _needs_person(error: BaseException | None) -> NeedsPerson | None:
