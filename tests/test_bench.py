@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(900)
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
               "claim", "step", "group_commit", "saga", "workspace", "gc", "temporal",
-              "takeover", "openai_agents"}
+              "takeover", "ui", "openai_agents"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
                  "model_call", "snapshot_bytes", "snapshot_bytes_growth", "snapshot_next",
                  "group_commit_ceiling"}
@@ -177,7 +177,7 @@ TARGETS = {"cpu_per_event.jsonl",
            "bytes_per_step_growth.jsonl", "bytes_per_step_growth.postgres", "postgres_append",
            "replay.1000", "replay.10000",
            "group_commit.sqlite", "saga.sqlite", "saga.jsonl", "saga.postgres",
-           "takeover.p99"}
+           "takeover.p99", "ui.runs_page", "ui.run_page", "ui.tail"}
 
 
 def test_every_target_has_value_floor_ratio_and_met(doc: dict[str, Any]) -> None:

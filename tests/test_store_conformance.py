@@ -507,6 +507,21 @@ class TestConformance:
         assert runs["beta"].created_at is not None
         assert len(store.list_runs(limit=1)) == 1
 
+    def test_conformance_list_runs_newest_activity_first(self, make_store: MakeStore) -> None:
+        store = make_store()
+        append(store, "alpha", {"content": "1"})
+        time.sleep(0.01)  # distinct timestamps, so the order is the activity's
+        append(store, "beta", {"content": "1"}, {"content": "2"})
+        assert [r.run_id for r in store.list_runs()] == ["beta", "alpha"]
+        time.sleep(0.01)
+        append(store, "alpha", {"content": "2"}, {"content": "3"})
+        listed = store.list_runs()
+        assert [(r.run_id, r.last_seq) for r in listed] == [("alpha", 3), ("beta", 2)]
+        assert [r.run_id for r in make_store().list_runs(limit=1)] == ["alpha"]
+        alpha = listed[0]
+        assert alpha.created_at is not None and alpha.updated_at is not None
+        assert alpha.created_at < alpha.updated_at  # its first activity, then its last
+
 
 def sync_failure(store: Store) -> Exception:
     """The error each backend's durability point raises when the disk fails."""

@@ -286,7 +286,10 @@ class Agent(StepMachine):
         with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl, observer=observer,
                           snapshot_every=self.snapshot_every, redaction=self.redaction,
                           keep_lease=keep_lease) as j:
-            yield j, self._start_or_resume(j, task, scope, agent_ref, change_instructions)
+            try:
+                yield j, self._start_or_resume(j, task, scope, agent_ref, change_instructions)
+            finally:
+                segment_hook(observer, "segment_ended", j.state)
 
     def _start_or_resume(self, j: RunJournal, task: str | None, scope: str | None,
                          agent_ref: str | None, change_instructions: bool) -> bool:
@@ -294,9 +297,11 @@ class Agent(StepMachine):
             if task is None:
                 raise ValueError(f"run {j.run_id!r} does not exist yet; give it a task")
             # One batch: a run never exists without its task (or its redaction).
+            trace = segment_hook(j.observer, "segment_started", j.state)
             j.record_all(self._guarded(j, [
                 (E.RUN_STARTED, {"task": task, "scope": scope or run_scope(j.run_id),
-                                 "agent": agent_ref, "instructions": self.instructions}),
+                                 "agent": agent_ref, "instructions": self.instructions,
+                                 **({"trace": trace} if trace else {})}),
                 (E.USER_MESSAGE, {"content": task}),
             ]))
             return True
@@ -313,7 +318,9 @@ class Agent(StepMachine):
             # Nothing new to act on: another lookup would only escalate again.
             return False
         if j.state.status != "finished":
-            resumed: list[tuple[EventType, dict[str, Any]]] = [(E.RUN_RESUMED, {})]
+            trace = segment_hook(j.observer, "segment_started", j.state)
+            resumed: list[tuple[EventType, dict[str, Any]]] = [
+                (E.RUN_RESUMED, {"trace": trace} if trace else {})]
             if changed:
                 resumed.append((E.INSTRUCTIONS_CHANGED, {"instructions": self.instructions}))
             j.record_all(resumed)
@@ -385,3 +392,12 @@ def _takes_no_args(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def segment_hook(observer: Observer | None, name: str, state: RunState) -> Any:
+    """Call an observer's optional segment hook: ``segment_started(state)`` before this
+    process records run_started / run_resumed (what it returns, a trace context, is
+    recorded in that event), ``segment_ended(state)`` when the run returns or fails.
+    A tracer (otel.py) marks a process's segment so; a plain function has neither."""
+    hook = getattr(observer, name, None)
+    return hook(state) if callable(hook) else None

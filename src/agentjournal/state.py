@@ -32,8 +32,9 @@ from .events import Event, EventType, render
 #: for a call about to run (``for_call``) is told to the model too, after the results; a
 #: tool call may stand in for arguments over the size limit (``ToolCall.too_large``);
 #: a turn whose price was unknown (cost None) is counted in ``unpriced_turns``, not
-#: summed as $0. v9: a conversation session's items (``session``: added, popped, cleared).
-FOLD_VERSION = 9
+#: summed as $0. v9: the trace context a run_started / run_resumed records (``trace``).
+#: v10: a conversation session's items (``session``: added, popped, cleared).
+FOLD_VERSION = 10
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -233,6 +234,10 @@ class RunState(msgspec.Struct, kw_only=True):
     workspace: WorkspaceVersion | None = None
     #: Messages for the model that wait until it has every result it awaits.
     notes: list[Message] = msgspec.field(default_factory=list)
+    #: The trace context (W3C ``traceparent``) of the newest process segment that
+    #: recorded one in its run_started / run_resumed: the next segment's span links to
+    #: it across a crash (otel.py). None when no tracer was attached.
+    trace: dict[str, str] | None = None
     #: A conversation session's items, oldest first (an OpenAI Agents SDK session kept
     #: in this log); None for a log that never held one.
     session: list[dict[str, Any]] | None = None
@@ -308,6 +313,7 @@ def durable_fields(state: RunState) -> dict[str, Any]:
            if state.observations else {}),
         **({"workspace": msgspec.to_builtins(state.workspace)} if state.workspace else {}),
         **({"notes": msgspec.to_builtins(state.notes)} if state.notes else {}),
+        **({"trace": state.trace} if state.trace else {}),
         **({"session": state.session} if state.session is not None else {}),
     }
 
@@ -325,6 +331,7 @@ def _run_started(st: RunState, ev: Event) -> None:
     st.instructions = p.get("instructions")
     st.agent = p.get("agent")
     st.started_at = ev.ts
+    st.trace = p.get("trace", st.trace)
 
 
 def _user_message(st: RunState, ev: Event) -> None:
@@ -525,6 +532,7 @@ def _run_resumed(st: RunState, ev: Event) -> None:
     # live again; it pauses again if nothing new settles its calls. One a person
     # recorded (``by``: a requeue) is their decision to go on.
     st.resumes += 1
+    st.trace = ev.payload.get("trace", st.trace)
     if ev.payload.get("by"):
         st.decided_seq = ev.seq
     if st.status in ("paused", "escalated", "new"):

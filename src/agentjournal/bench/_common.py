@@ -67,6 +67,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     fleet_runs: int = 48  # runs per fleet round
     fleet_claims: int = 100  # claims behind the claim latency
     takeover_kills: int = 3  # SIGKILLed workers behind the takeover latency
+    ui_runs: int = 10_000  # runs behind the viewer's runs page
+    ui_events: int = 100_000  # events of the run behind its run page
     sdk_turns: int = 40  # turns of the OpenAI Agents SDK run timed four ways
 
 
@@ -81,7 +83,8 @@ FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1
 SMOKE = Plan(appends=20, reps=1, sizes=(1_000, 2_000), steps=(100, 1_000), cpu_events=300,
              agent_steps=(20, 200), agent_reps=1, step_reps=1, group_events=5, saga_effects=10,
              temporal_steps=20, fleet_workers=(1, 2), fleet_runs=8, fleet_claims=20,
-             takeover_kills=1, sdk_turns=4)
+             takeover_kills=1, ui_runs=100, ui_events=2_000,
+             sdk_turns=4)
 
 
 # --- the workload: what Agent records for a run calling one tool per turn ----------------

@@ -81,6 +81,9 @@ from .targets import (
 from .temporal import (
     temporal_figures,
 )
+from .ui import (
+    ui_figures,
+)
 from .workspace import (
     workspace_figures,
 )
@@ -133,6 +136,7 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "temporal": lambda r: temporal_figures(r.workdir, r.plan, r.progress),
     "models": lambda r: model_figures(r.workdir, r.plan, r.progress),
     "fleet": lambda r: fleet_figures(r.workdir, r.postgres_url, r.plan, r.progress),
+    "ui": lambda r: ui_figures(r.workdir, r.plan, r.progress),
     "openai-agents": lambda r: openai_agents_figures(r.workdir, r.plan, r.progress),
     "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],
 }

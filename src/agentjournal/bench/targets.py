@@ -170,4 +170,11 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
         _against_floor("takeover.p99", get("takeover.p99"), TAKEOVER_TTL + 1, "max",
                        "a SIGKILLed worker's runs continued, p99, its last heartbeat to a "
                        "successor's first event; ratio: TTLs", on="value"),
+        *(_against_floor(f"ui.{page}", get(f"ui.{page}"), 300, "max",
+                         f"`agentjournal ui` {what}, ms, absolute", on="value")
+          for page, what in (("runs_page", "/runs at 10,000 runs"),
+                             ("run_page", "a run page of 100,000 events"))),
+        _against_floor("ui.tail", get("ui.tail"), 100, "max",
+                       "`agentjournal ui` live tail: append to the event on the stream, ms",
+                       on="value"),
     ]

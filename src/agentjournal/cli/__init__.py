@@ -10,6 +10,7 @@
     workspace RUN [--at SEQ | --restore SEQ]               a run's files, version by version
     gc --finished-older-than D --archive URL | restore RUN   archive old runs, bring one back
     demo                                                   the crash-and-resume story, end to end
+    ui [--allow-decisions]                                 the operator's window in a browser
 
 Exit codes, one convention for every command (``EXIT_CODES_HELP``, printed by every
 ``--help``): 0 done (a run finished, a saga compensated, a run cancelled, a decision
@@ -31,6 +32,7 @@ from . import (  # noqa: F401  (each registers its commands)
     sagas,
     setup,
     snapshots,
+    ui,
     workspaces,
 )
 from ._base import cli, main

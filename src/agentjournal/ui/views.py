@@ -1,0 +1,324 @@
+"""What each page of ``agentjournal ui`` shows, as plain data (the JSON twin of every page).
+
+Everything here reads through the public API (``Store``, ``load_state``, ``fold``,
+``durable_fields``) and returns dicts and lists of JSON values; the HTML is rendered
+from the same data, so the two never disagree. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from ..errors import InvalidRunIdError, JournalError
+from ..events import Event, EventType
+from ..snapshots import load_state
+from ..state import RunState, durable_fields, fold
+from ..store import RunInfo, Store
+from ..store.base import validate_run_id
+
+E = EventType
+
+#: Statuses that need nothing more from anyone.
+DONE = frozenset({"finished", "cancelled", "compensated"})
+#: Events per page of a run's timeline, and runs per page of the list.
+PAGE_EVENTS = 100
+PAGE_RUNS = 50
+#: Runs this short are folded from their log without looking for a snapshot.
+SHORT_RUN = 200
+
+
+class NotFound(Exception):
+    """A run id that is not a valid id, or names no run: the page is a 404."""
+
+
+def checked_id(run_id: str) -> str:
+    """``run_id`` if it is a valid id; a hostile one (``../x``) is NotFound before any
+    store is asked, so it can never reach a file name."""
+    try:
+        return validate_run_id(run_id)
+    except InvalidRunIdError:
+        raise NotFound(run_id) from None
+
+
+class States:
+    """Each run's folded state, kept while its last seq stays the same: a page of 50
+    runs of 10,000 folds only the runs that moved since the last look."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._states: dict[str, RunState] = {}
+
+    def of(self, run_id: str, last_seq: int) -> RunState:
+        with self._lock:
+            cached = self._states.get(run_id)
+        if cached is not None and cached.last_seq == last_seq:
+            return cached
+        if last_seq <= SHORT_RUN:  # one read: cheaper than looking for a snapshot first
+            state = fold(self.store.read(run_id))
+        else:  # snapshot + tail; the completed calls in its segments stay undecoded
+            state = load_state(self.store, run_id, lazy=True).state
+        with self._lock:
+            self._states[run_id] = state
+        return state
+
+
+def age_s(since: datetime | None, now: datetime) -> float | None:
+    return None if since is None else max(0.0, (now - since).total_seconds())
+
+
+def plain(value: Any) -> Any:
+    """JSON data of any struct or value (datetimes as ISO text)."""
+    return msgspec.to_builtins(value)
+
+
+# --- needs a person --------------------------------------------------------------------
+
+
+def needs_a_person(store: Store, states: States) -> dict[str, Any]:
+    """Every pending approval, uncertain call and escalation across runs, oldest first."""
+    now = datetime.now(UTC)
+    items: list[dict[str, Any]] = []
+    unreadable: list[dict[str, str]] = []
+    for info in store.list_runs():
+        try:
+            state = states.of(info.run_id, info.last_seq)
+        except JournalError as exc:
+            unreadable.append({"run_id": info.run_id, "error": str(exc)})
+            continue
+        items += _approvals(state, now)
+        items += _uncertain(store, state, now)
+        items += _escalation(state, now)
+    items.sort(key=lambda i: i["since"])
+    return {"items": items, "unreadable": unreadable}
+
+
+def _approvals(state: RunState, now: datetime) -> Iterator[dict[str, Any]]:
+    for a in state.approvals.values():
+        yield {"kind": "approval", "run_id": state.run_id, "run_status": state.status,
+               "id": a.approval_id, "tool": a.tool, "args": a.args, "reason": a.reason,
+               "seq": a.requested_seq, "since": a.requested_at.isoformat(),
+               "age_s": age_s(a.requested_at, now)}
+
+
+def _uncertain(store: Store, state: RunState, now: datetime) -> Iterator[dict[str, Any]]:
+    for p in state.pending.values():
+        yield {"kind": "compensation" if p.effect == "compensation" else "uncertain",
+               "run_id": state.run_id, "run_status": state.status, "id": p.key,
+               "tool": p.tool, "args": p.args, "effect": p.effect, "attempts": p.attempt,
+               "last_error": p.last_error, "seq": p.started_seq,
+               "since": p.started_at.isoformat(), "age_s": age_s(p.started_at, now),
+               "evidence": verdicts_on(store, state.run_id, p.key, p.started_seq),
+               "conflict": _conflict(state, p.key, p.args)}
+
+
+def _conflict(state: RunState, key: str, ours: Any) -> dict[str, Any] | None:
+    """Ours against theirs, when the run was escalated over this call."""
+    esc = state.escalation
+    if not state.waits_for_a_person or esc is None or esc.get("key") != key:
+        return None
+    return {"reason": esc.get("reason"), "ours": esc.get("ours", ours),
+            "theirs": esc.get("theirs")}
+
+
+def _escalation(state: RunState, now: datetime) -> Iterator[dict[str, Any]]:
+    """A run escalated (a conflict: ours against what the world holds) with no open call
+    to settle: the call's row already shows a conflict over an open call."""
+    if not state.waits_for_a_person or state.escalation is None:
+        return
+    esc = state.escalation
+    if esc.get("key") in {p.key for p in state.pending.values()}:
+        return
+    since = esc.get("started_at") or (state.started_at.isoformat() if state.started_at
+                                      else now.isoformat())
+    yield {"kind": "escalation", "run_id": state.run_id, "run_status": state.status,
+           "id": esc.get("key") or "", "tool": esc.get("tool"), "reason": esc.get("reason"),
+           "ours": esc.get("ours"), "theirs": esc.get("theirs", esc.get("found")),
+           "seq": state.escalated_seq, "since": since,
+           "age_s": age_s(datetime.fromisoformat(since), now)}
+
+
+def verdicts_on(store: Store, run_id: str, key: str, started_seq: int) -> list[dict[str, Any]]:
+    """The reconcile verdicts recorded on a call since it started: the evidence so far."""
+    return [{"seq": e.seq, "ts": e.ts.isoformat(), **e.payload}
+            for e in store.read(run_id, after_seq=started_seq)
+            if e.type is E.TOOL_CALL_RECONCILED and e.payload.get("key") == key]
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+def runs_page(store: Store, states: States, *, status: str | None = None,
+              older_than_s: float | None = None, newer_than_s: float | None = None,
+              page: int = 1, per_page: int = PAGE_RUNS) -> dict[str, Any]:
+    """One page of runs, newest activity first, filtered by status and age."""
+    now = datetime.now(UTC)
+    skip = (page - 1) * per_page
+    filtered = status is not None or older_than_s is not None or newer_than_s is not None
+    # Unfiltered, the store lists only the runs up to this page's end (and one more,
+    # to know there are more); a filter looks at every run, newest first.
+    listed = store.list_runs() if filtered else store.list_runs(limit=skip + per_page + 1)
+    infos = [i for i in listed if _age_fits(i, now, older_than_s, newer_than_s)]
+    rows: list[dict[str, Any]] = []
+    more = False
+    matched = len(infos) if filtered and status is None else None  # (ages only)
+    if status is None:  # the earlier pages need no fold to be skipped
+        infos, skip = infos[skip:], 0
+    for info in infos:  # newest first, as the store lists them
+        row = _run_row(states, info, now)
+        if status is not None and row["status"] != status:
+            continue
+        if skip:
+            skip -= 1
+            continue
+        if len(rows) == per_page:
+            more = True
+            break
+        rows.append(row)
+    return {"runs": rows, "page": page, "per_page": per_page, "more": more,
+            "matched": matched, "status": status}
+
+
+def _age_fits(info: RunInfo, now: datetime, older: float | None, newer: float | None) -> bool:
+    age = age_s(info.updated_at, now) or 0.0
+    return (older is None or age >= older) and (newer is None or age <= newer)
+
+
+def _run_row(states: States, info: RunInfo, now: datetime) -> dict[str, Any]:
+    try:
+        state = states.of(info.run_id, info.last_seq)
+    except JournalError as exc:
+        return {"run_id": info.run_id, "status": "unreadable", "error": str(exc),
+                "events": info.last_seq, "agent": None, "approvals": 0, "uncertain": 0,
+                "age_s": age_s(info.created_at, now), "idle_s": age_s(info.updated_at, now)}
+    return {"run_id": info.run_id, "status": state.status, "agent": state.agent,
+            "events": info.last_seq, "approvals": len(state.approvals),
+            "uncertain": len(state.pending), "age_s": age_s(info.created_at, now),
+            "idle_s": age_s(info.updated_at, now),
+            "last_event": info.updated_at.isoformat() if info.updated_at else None}
+
+
+# --- a run -------------------------------------------------------------------------------
+
+
+def run_summary(store: Store, states: States, run_id: str) -> dict[str, Any]:
+    """The facts at the head of a run's page: status, counts, usage, what waits."""
+    run_id = checked_id(run_id)
+    last = store.last_seq(run_id)
+    if not last:
+        raise NotFound(run_id)
+    state = states.of(run_id, last)
+    return {
+        "run_id": run_id, "status": state.status, "pause_reason": state.pause_reason,
+        "agent": state.agent, "task": state.task, "events": last, "turns": state.turns,
+        "tool_calls": state.tool_calls, "resumes": state.resumes,
+        "started_at": state.started_at.isoformat() if state.started_at else None,
+        "usage": plain(state.usage), "origin": state.origin, "outcome": state.outcome,
+        "runnable": runnable(state), "escalation": state.escalation,
+        "approvals": [plain(a) for a in state.approvals.values()],
+        "uncertain": [plain(p) for p in state.pending.values()],
+        "decisions": {k: plain(d) for k, d in state.decisions.items()},
+        "workspace": plain(state.workspace),
+        "saga": None if state.saga is None else {"by": state.saga.by,
+                                                 "through_seq": state.saga.through_seq},
+    }
+
+
+def runnable(state: RunState) -> bool:
+    """Whether resuming the run now would act: nothing is left for a person to decide."""
+    return (state.status not in DONE and not state.approvals
+            and not state.waits_for_a_person and state.status != "compensated")
+
+
+def events_page(store: Store, run_id: str, after: int = 0,
+                limit: int = PAGE_EVENTS) -> dict[str, Any]:
+    """Up to ``limit`` events after seq ``after``, each with its one-line summary and the
+    gap before it when the lease epoch changed (a kill or a stop, then a resume)."""
+    run_id = checked_id(run_id)
+    last = store.last_seq(run_id)
+    if not last:
+        raise NotFound(run_id)
+    start = max(0, after - 1)  # one more, to see the gap before the first shown
+    window = list(itertools.islice(store.read(run_id, after_seq=start), limit + 1))
+    before = window[0] if window and start < after else None
+    shown = window[1:] if before is not None else window[:limit]
+    return {"run_id": run_id, "after": after, "limit": limit, "last_seq": last,
+            "events": event_rows(shown, before)}
+
+
+def event_rows(events: Sequence[Event], before: Event | None = None) -> list[dict[str, Any]]:
+    from ..cli.reading import summary  # the CLI's one-line wording, shared
+
+    rows = []
+    for i, e in enumerate(events):
+        prev = events[i - 1] if i else before
+        rows.append({"seq": e.seq, "ts": e.ts.isoformat(), "type": e.type.value,
+                     "epoch": e.epoch, "summary": summary(e), "payload": e.payload,
+                     "key": e.payload.get("key") or e.payload.get("idempotency_key"),
+                     "effect": e.payload.get("effect"), "gap": _gap(prev, e)})
+    return rows
+
+
+def _gap(prev: Event | None, e: Event) -> dict[str, Any] | None:
+    """Where one process's segment ended and another's began: the epoch moved."""
+    if prev is None or prev.epoch == e.epoch:
+        return None
+    return {"from_epoch": prev.epoch, "to_epoch": e.epoch,
+            "seconds": (e.ts - prev.ts).total_seconds(), "resumed": e.type is E.RUN_RESUMED}
+
+
+def state_at(store: Store, run_id: str, seq: int) -> dict[str, Any]:
+    """The run as of ``seq`` (time travel): its durable fields folded from events 1..seq."""
+    run_id = checked_id(run_id)
+    last = store.last_seq(run_id)
+    if not last:
+        raise NotFound(run_id)
+    seq = min(max(1, seq), last)
+    state = fold(itertools.islice(store.read(run_id), seq))
+    return {"run_id": run_id, "seq": seq, "last_seq": last, "status": state.status,
+            "state": durable_fields(state)}
+
+
+def diff_states(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """The durable fields that differ between two states: name, before, after."""
+    names = sorted(set(before) | set(after))
+    return [{"field": n, "before": before.get(n), "after": after.get(n)}
+            for n in names if before.get(n) != after.get(n)]
+
+
+def diff_page(store: Store, run_id: str, a: int, b: int) -> dict[str, Any]:
+    first, second = state_at(store, run_id, a), state_at(store, run_id, b)
+    return {"run_id": first["run_id"], "a": first["seq"], "b": second["seq"],
+            "changes": diff_states(first["state"], second["state"])}
+
+
+def call_detail(store: Store, run_id: str, key: str) -> dict[str, Any]:
+    """Every event about one call (by idempotency key or a prefix): started, completed
+    or uncertain, verdicts, who decided."""
+    run_id = checked_id(run_id)
+    if not key or not store.last_seq(run_id):
+        raise NotFound(run_id)
+    events = [e for e in store.read(run_id) if _key_of(e).startswith(key)]
+    if not events:
+        raise NotFound(key)
+    return {"run_id": run_id, "key": _key_of(events[0]), "events": event_rows(events)}
+
+
+def _key_of(event: Event) -> str:
+    p = event.payload
+    return str(p.get("key") or p.get("idempotency_key") or "")
+
+
+def tail(store: Store, run_id: str, after: int) -> list[Event]:
+    """The events appended after ``after`` (the live tail's next batch)."""
+    return list(store.read(run_id, after_seq=after)) if store.last_seq(run_id) > after else []
+
+
+def as_json(events: Iterable[Event]) -> list[dict[str, Any]]:
+    return [plain(e) for e in events]

@@ -1,0 +1,214 @@
+"""`agentjournal ui` in a real browser: Playwright driving Debian's Chromium (no browser
+download: `executable_path`). One browser and one server for the module, over a store
+holding the demo's run (killed by SIGKILL and resumed in a new process), a run waiting
+for an approval, one with an uncertain call, and runs a thread drives while a page
+watches. Each test saves a screenshot under its tmp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if os.environ.get("CI") != "true":  # in CI the dev extra has them: a missing one fails
+    pytest.importorskip("starlette")
+    pytest.importorskip("playwright.sync_api")
+from playwright import sync_api
+
+from agentjournal import Agent, EventType, ScriptedModel, calls, open_store, reply
+from agentjournal.demo.run_demo import RUN_ID, run_demo
+from agentjournal.ui import Viewer
+from agentjournal.ui.server import serve_in_thread
+
+from .ui_runs import HOSTILE, approval_run, fetch_page, markup_run, uncertain_run
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+TIMEOUT_MS = 30_000  # a loaded machine is slow, never wrong
+
+
+def test_a_browser_is_installed() -> None:
+    """The browser tests need Debian's chromium (.ci/run installs it): in CI its absence
+    fails here, loudly, instead of skipping every test below."""
+    if CHROMIUM is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but no chromium on PATH: apt-get install -y chromium")
+        pytest.skip("no chromium on PATH (apt-get install -y chromium)")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if CHROMIUM is None:
+        pytest.skip("no chromium on PATH (apt-get install -y chromium)")
+    root = tmp_path_factory.mktemp("ui")
+    demo = run_demo(root / "demo", kill_at="after-effect")
+    assert demo.kills == 1 and demo.ok
+    url = f"sqlite:///{root / 'demo' / 'journal.db'}"
+    store = open_store(url)
+    try:
+        approval_run(store, "pay-bob")
+        uncertain_run(store, "wire-w1")
+        markup_run(store, "markup")
+    finally:
+        store.close()
+    viewer = Viewer(url, allow_decisions=True, by="ops")
+    server, thread, port = serve_in_thread(viewer)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            yield {"url": url, "base": f"http://127.0.0.1:{port}", "browser": browser}
+        finally:
+            browser.close()
+            server.should_exit = True
+            thread.join(10)
+            viewer.close()
+
+
+@pytest.fixture
+def page(site: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
+    context = site["browser"].new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield tab
+        assert errors == []  # no script error on any page
+    finally:
+        tab.screenshot(path=str(tmp_path / "screenshot.png"), full_page=True)
+        context.close()
+    assert (tmp_path / "screenshot.png").stat().st_size > 0
+
+
+def log_of(url: str, run_id: str) -> list[Any]:
+    store = open_store(url, readonly=True)
+    try:
+        return list(store.read(run_id))
+    finally:
+        store.close()
+
+
+def test_needs_a_person_leads(page: Any, site: dict[str, Any]) -> None:
+    page.goto(site["base"] + "/")
+    assert page.title().startswith("Needs a person")
+    items = page.locator("section.item")
+    kinds = {(items.nth(i).get_attribute("data-kind"), items.nth(i).get_attribute("data-run"))
+             for i in range(items.count())}
+    assert {("approval", "pay-bob"), ("uncertain", "wire-w1")} <= kinds
+    assert '"amount": 500' in page.locator("section[data-run=pay-bob]").inner_text()
+    assert "irreversible" in page.locator("section[data-run=wire-w1]").inner_text()
+
+
+def test_the_demo_run_shows_its_kill_and_resume(page: Any, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/runs/{RUN_ID}?after=0&limit=100")
+    assert page.locator("#status").inner_text() == "finished"
+    gap = page.locator("tr.gap")
+    assert gap.count() == 1
+    log = log_of(site["url"], RUN_ID)
+    resumed = next(e for e in log if e.type is EventType.RUN_RESUMED)
+    assert gap.get_attribute("data-seq") == str(resumed.seq)
+    assert f"epoch {resumed.epoch - 1} stopped; resumed under epoch {resumed.epoch}" in \
+        gap.inner_text()
+    epochs = page.locator("td.epoch").all_inner_texts()
+    assert epochs == [str(e.epoch) for e in log]  # every event's lease epoch shown
+
+
+def test_time_travel_to_an_earlier_seq(page: Any, site: dict[str, Any]) -> None:
+    log = log_of(site["url"], RUN_ID)
+    first_effect = next(e for e in log if e.type is EventType.TOOL_CALL_STARTED
+                        and e.payload["tool"] == "post_correction")
+    page.goto(f"{site['base']}/runs/{RUN_ID}")
+    page.fill("#time-travel input[name=seq]", str(first_effect.seq))
+    page.click("#time-travel button")
+    page.wait_for_url(f"**/state?seq={first_effect.seq}")
+    assert page.locator("#at-seq").inner_text() == str(first_effect.seq)
+    assert page.locator("#status-at").inner_text() == "running"
+    state = page.locator("#state").inner_text()
+    assert first_effect.payload["key"] in state  # in flight then: uncertain at that seq
+    page.click("#earlier")  # one step further back
+    page.wait_for_url(f"**/state?seq={first_effect.seq - 1}")
+    assert first_effect.payload["key"] not in page.locator("#state").inner_text()
+
+
+def test_approving_makes_the_run_runnable(page: Any, site: dict[str, Any]) -> None:
+    page.goto(site["base"] + "/")
+    form = page.locator("section[data-run=pay-bob] form")
+    form.locator("input[name=by]").fill("alice")
+    form.locator("input[name=reason]").fill("checked the invoice")
+    with page.expect_navigation():
+        form.locator("button[value=approve]").click()
+    assert page.locator("section[data-run=pay-bob]").count() == 0  # back on the queue
+    page.goto(site["base"] + "/runs/pay-bob")
+    assert page.locator("#status").inner_text() == "running"
+    assert page.locator("#runnable").is_visible()
+    decided = log_of(site["url"], "pay-bob")[-1]
+    assert (decided.type, decided.payload["by"], decided.payload["approved"]) == (
+        EventType.APPROVAL_DECIDED, "alice", True)
+
+
+def test_resolving_an_uncertain_call(page: Any, site: dict[str, Any]) -> None:
+    page.goto(site["base"] + "/runs/wire-w1")
+    form = page.locator("section.uncertain form")
+    form.locator("input[name=by]").fill("bob")
+    form.locator("input[name=reason]").fill("the bank has no such transfer")
+    with page.expect_navigation():
+        form.locator("button[value=did_not_happen]").click()
+    assert page.url.endswith("/runs/wire-w1")
+    assert page.locator("section.uncertain").count() == 0
+    assert page.locator("#runnable").is_visible()
+    verdict = log_of(site["url"], "wire-w1")[-1]
+    assert (verdict.type, verdict.payload["verdict"], verdict.payload["by"]) == (
+        EventType.TOOL_CALL_RECONCILED, "absent", "bob")
+    page.goto(site["base"] + "/")
+    assert page.locator("section[data-run=wire-w1]").count() == 0
+
+
+def test_markup_from_a_tool_stays_text(page: Any, site: dict[str, Any]) -> None:
+    page.goto(site["base"] + "/runs/markup")
+    page.locator("details").first.click()
+    assert page.title() != "pwned" and "pwned" not in page.title()
+    assert page.locator("img[src=x]").count() == 0
+    assert HOSTILE[:30] in page.locator("#timeline").inner_text()
+
+
+def test_a_live_run_updates_without_reload(page: Any, site: dict[str, Any]) -> None:
+    go, started = threading.Event(), threading.Event()
+
+    def drive() -> None:
+        store = open_store(site["url"])
+        try:
+            script = [calls(("fetch_page", {"url": f"http://x/{n}"})) for n in range(3)]
+            Agent(ScriptedModel([*script, reply("done")]), [fetch_page]).run(
+                store, "live", "read three pages", observer=lambda e, s: _pace(e, go, started))
+        finally:
+            store.close()
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    assert started.wait(60)  # the run exists, and waits for the page before going on
+    page.goto(site["base"] + "/runs/live")
+    page.evaluate("window.__loadedOnce = true")
+    shown = int(page.locator("#timeline tbody tr.event").last.get_attribute("data-seq"))
+    go.set()
+    thread.join(60)
+    last = len(log_of(site["url"], "live"))
+    assert last > shown
+    page.locator(f"#seq-{last}").wait_for()  # appended by the event stream
+    assert page.evaluate("window.__loadedOnce") is True  # the same page: no reload
+    seqs = [int(s) for s in page.locator("#timeline tbody tr.event").evaluate_all(
+        "rows => rows.map(r => r.dataset.seq)")]
+    assert seqs == list(range(1, last + 1))  # every event once, in order
+    assert page.locator("#event-count").inner_text() == str(last)
+
+
+def _pace(event: Any, go: threading.Event, started: threading.Event) -> None:
+    """Hold the run after its first batch until the page is open."""
+    if event.seq <= 2 and not started.is_set():
+        started.set()
+        go.wait(60)

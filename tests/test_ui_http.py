@@ -1,0 +1,317 @@
+"""`agentjournal ui` over HTTP: every page's JSON twin, and its security (CSRF, the
+token off loopback, decisions only with --allow-decisions, markup shown as text,
+hostile run ids, no password from a store URL) on the store backends."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("prometheus_client")
+
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from agentjournal import EventType, open_store
+from agentjournal.cli import cli
+from agentjournal.ui import Viewer, create_app
+
+from .ui_runs import HOSTILE, approval_run, long_run, markup_run, uncertain_run
+
+BASE = "http://127.0.0.1"
+
+
+def made(url: str) -> None:
+    store = open_store(url)
+    try:
+        approval_run(store, "pay-bob")
+        uncertain_run(store, "wire-w1")
+        markup_run(store, "markup")
+        long_run(store, "long", 40)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def viewer(store_url: str) -> Iterator[tuple[str, TestClient]]:
+    made(store_url)
+    v = Viewer(store_url, allow_decisions=True, by="ops")
+    try:
+        yield store_url, TestClient(v.app, base_url=BASE, follow_redirects=False)
+    finally:
+        v.close()
+
+
+def csrf_of(client: TestClient) -> str:
+    page = client.get("/").text
+    return page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+def log_of(url: str, run_id: str) -> list[Any]:
+    store = open_store(url, readonly=True)
+    try:
+        return list(store.read(run_id))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("store_url", ["jsonl", "sqlite", "postgres"], indirect=True)
+def test_every_page_answers_as_json(viewer: tuple[str, TestClient]) -> None:
+    url, client = viewer
+    queue = client.get("/index.json").json()
+    assert [(i["kind"], i["run_id"]) for i in queue["items"]] == [
+        ("approval", "pay-bob"), ("uncertain", "wire-w1")]  # oldest first
+    approval, wire = queue["items"]
+    assert approval["args"] == {"to": "bob", "amount": 500} and approval["tool"] == "pay"
+    assert (wire["effect"], wire["attempts"], wire["tool"]) == ("irreversible", 1, "wire")
+    again = client.get("/", headers={"accept": "application/json"}).json()["items"]
+    assert [i["id"] for i in again] == [approval["id"], wire["id"]]
+
+    runs = client.get("/runs.json").json()
+    assert {r["run_id"]: r["status"] for r in runs["runs"]} == {
+        "pay-bob": "waiting_approval", "wire-w1": "paused", "markup": "finished",
+        "long": "finished"}
+    counts = {r["run_id"]: (r["approvals"], r["uncertain"]) for r in runs["runs"]}
+    assert counts["pay-bob"] == (1, 0) and counts["wire-w1"] == (0, 1)
+    paused = client.get("/runs.json?status=paused").json()["runs"]
+    assert [r["run_id"] for r in paused] == ["wire-w1"]
+    assert client.get("/runs.json?newer_than=1h&per_page=2").json()["more"] is True
+    pages = [client.get(f"/runs.json?per_page=3&page={n}").json() for n in (1, 2)]
+    assert [r["run_id"] for p in pages for r in p["runs"]] == [r["run_id"] for r in runs["runs"]]
+    assert [p["more"] for p in pages] == [True, False]
+    assert client.get("/runs.json?older_than=1h").json()["runs"] == []
+
+    log = log_of(url, "long")
+    run = client.get("/runs/long.json?limit=10&after=5").json()
+    assert [e["seq"] for e in run["events"]] == list(range(6, 16))
+    assert run["run"]["status"] == "finished" and run["last_seq"] == len(log)
+    assert run["events"][0]["payload"] == log[5].payload
+    events = client.get("/runs/long/events.json?after=0&limit=3").json()["events"]
+    assert [e["type"] for e in events] == [e.type.value for e in log[:3]]
+
+    at = client.get("/runs/pay-bob/state.json?seq=2").json()
+    assert (at["seq"], at["status"], at["state"]["approvals"]) == (2, "running", [])
+    now = client.get("/runs/pay-bob/state.json").json()
+    assert now["status"] == "waiting_approval" and len(now["state"]["approvals"]) == 1
+    diff = client.get("/runs/pay-bob/diff.json?a=2&b=4").json()
+    assert "approvals" in {c["field"] for c in diff["changes"]}
+    call = client.get(f"/runs/wire-w1/calls/{wire['id'][:10]}.json").json()
+    assert [e["type"] for e in call["events"]][:2] == ["tool_call_started", "tool_call_uncertain"]
+    for path in ("/", "/runs", "/runs/long", "/runs/long/state?seq=3", "/runs/long/diff?a=1&b=9",
+                 f"/runs/wire-w1/calls/{wire['id']}", "/runs/long/events"):
+        assert client.get(path).headers["content-type"].startswith("text/html"), path
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_a_decision_needs_its_csrf_token_and_records_who(viewer: tuple[str, TestClient]) -> None:
+    url, client = viewer
+    approval_id = client.get("/index.json").json()["items"][0]["id"]
+    path = f"/runs/pay-bob/approvals/{approval_id}"
+    before = len(log_of(url, "pay-bob"))
+    for form in ({"decision": "approve"}, {"decision": "approve", "csrf": "forged"}):
+        refused = client.post(path, data=form)
+        assert refused.status_code == 403 and "CSRF" in refused.json()["detail"]
+    assert len(log_of(url, "pay-bob")) == before  # nothing appended
+    done = client.post(path, data={"decision": "approve", "csrf": csrf_of(client),
+                                   "by": "alice", "reason": "checked"})
+    assert done.status_code == 303
+    decided = log_of(url, "pay-bob")[before:]
+    assert [(e.type, e.payload["by"], e.payload["approved"]) for e in decided] == [
+        (EventType.APPROVAL_DECIDED, "alice", True)]
+    run = client.get("/runs/pay-bob.json").json()["run"]
+    assert (run["status"], run["runnable"]) == ("running", True)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_resolving_an_uncertain_call_over_json(viewer: tuple[str, TestClient]) -> None:
+    url, client = viewer
+    key = client.get("/index.json").json()["items"][1]["id"]
+    conflict = client.post(f"/runs/wire-w1/calls/{key[:12]}/resolve",
+                           data={"outcome": "conflict", "reason": "another transfer there",
+                                 "csrf": csrf_of(client)})
+    assert conflict.status_code == 303
+    item = client.get("/index.json").json()["items"][1]
+    assert item["conflict"]["ours"] == {"ref": "w-1"}  # ours, beside theirs, for a person
+    assert [(v["verdict"], v["by"]) for v in item["evidence"]] == [("conflict", "ops")]
+    answer = client.post(f"/runs/wire-w1/calls/{key}/resolve",
+                         headers={"accept": "application/json"},
+                         data={"outcome": "happened", "result": '{"wired": 1}',
+                               "csrf": csrf_of(client)})
+    assert answer.status_code == 200 and answer.json()["appended"] is True
+    types = [e["type"] for e in answer.json()["events"]]
+    assert types == ["tool_call_reconciled", "tool_call_completed"]
+    assert log_of(url, "wire-w1")[-1].payload["result"] == {"wired": 1}
+    assert client.get("/index.json").json()["items"][1:] == []
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_decisions_are_refused_without_allow_decisions(store_url: str) -> None:
+    made(store_url)
+    v = Viewer(store_url)  # read only
+    try:
+        client = TestClient(v.app, base_url=BASE, follow_redirects=False)
+        item = client.get("/index.json").json()["items"][0]
+        page = client.get("/").text
+        assert "Approve" not in page and 'name="csrf"' not in page
+        before = len(log_of(store_url, "pay-bob"))
+        for path, form in ((f"/runs/pay-bob/approvals/{item['id']}", {"decision": "approve"}),
+                           ("/runs/pay-bob/fork", {"seq": "2"}), ("/runs/pay-bob/cancel", {})):
+            refused = client.post(path, data={**form, "csrf": "x"})
+            assert refused.status_code == 403 and "--allow-decisions" in refused.json()["detail"]
+        assert len(log_of(store_url, "pay-bob")) == before
+    finally:
+        v.close()
+
+
+def test_a_bind_off_loopback_needs_a_token(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    made(url)
+    store = open_store(url, readonly=True)
+    try:
+        with pytest.raises(ValueError, match="token"):
+            create_app(store, url, host="0.0.0.0")
+        result = CliRunner().invoke(cli, ["ui", "--store", url, "--host", "0.0.0.0"])
+        assert result.exit_code == 1 and "--token" in result.output
+        client = TestClient(create_app(store, url, host="0.0.0.0", token="t0ken"),
+                            base_url="http://10.1.2.3", follow_redirects=False)
+        assert client.get("/runs.json").status_code == 401
+        for bearer, status in (("nope", 401), ("t0ken", 200)):
+            answer = client.get("/runs.json", headers={"authorization": f"Bearer {bearer}"})
+            assert answer.status_code == status
+        login = client.get("/runs?token=t0ken")
+        assert login.status_code == 303 and login.headers["location"] == "/runs"
+        assert client.get("/runs.json").status_code == 200  # the cookie it set
+        # On loopback without a token, a page must be asked for by this machine's name:
+        # a page elsewhere cannot reach it by pointing its own name here (DNS rebinding).
+        local = TestClient(create_app(store, url), base_url="http://evil.example")
+        assert local.get("/runs.json").status_code == 403
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_markup_in_a_tool_result_is_shown_as_text(viewer: tuple[str, TestClient]) -> None:
+    _, client = viewer
+    for path in ("/runs/markup", "/runs/markup/state?seq=6", "/runs/markup/diff?a=1&b=7"):
+        page = client.get(path)
+        assert HOSTILE not in page.text and "<script>document" not in page.text
+        assert "&lt;script&gt;document.title=" in page.text, path
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+    data = client.get("/runs/markup.json").json()
+    assert HOSTILE in json.dumps(data)  # the JSON twin has the data as stored
+
+
+def fingerprint(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+HOSTILE_IDS = ["..%2F..%2Fetc%2Fpasswd", "%2e%2e", "a%00b", "x'%20OR%201=1", "-rf", "a" * 200,
+               "%C3%A9t%C3%A9", "no-such-run", "long.json.json", ".hidden"]
+
+
+@pytest.mark.parametrize("store_url", ["jsonl", "sqlite"], indirect=True)
+def test_hostile_run_ids_are_404_and_touch_no_file(store_url: str, tmp_path: Path) -> None:
+    made(store_url)
+    before = fingerprint(tmp_path)
+    v = Viewer(store_url)
+    try:
+        client = TestClient(v.app, base_url=BASE)
+        for rid in HOSTILE_IDS:
+            for suffix in ("", ".json", "/state?seq=1", "/events.json", "/diff", "/tail",
+                           "/calls/abc"):
+                assert client.get(f"/runs/{rid}{suffix}").status_code == 404, (rid, suffix)
+    finally:
+        v.close()
+    assert fingerprint(tmp_path) == before
+    assert not [p for p in tmp_path.rglob("*") if "passwd" in p.name or p.name == "b"]
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_no_page_shows_a_store_password(store_url: str) -> None:
+    secret_url = store_url.replace("postgres@", "postgres:hunter2-s3cret@", 1)
+    made(secret_url)
+    v = Viewer(secret_url)
+    try:
+        client = TestClient(v.app, base_url=BASE)
+        for path in ("/", "/runs", "/runs/pay-bob", "/runs/nope", "/index.json", "/metrics"):
+            assert "hunter2" not in client.get(path).text, path
+        assert "postgres:***@" in client.get("/runs").text
+    finally:
+        v.close()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_metrics_parse_and_carry_the_uncertain_queue(viewer: tuple[str, TestClient]) -> None:
+    _, client = viewer
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    verdicts = {s.labels["verdict"] for s in families["agentjournal_uncertain_verdicts"].samples}
+    assert verdicts == {"found", "absent", "retry", "conflict", "unknown"}
+    assert families["agentjournal_uncertain_verdicts"].type == "counter"
+    open_calls = {s.labels["effect"]: s.value
+                  for s in families["agentjournal_uncertain_open"].samples}
+    assert open_calls == {"irreversible": 1}
+    assert families["agentjournal_approvals_waiting"].samples[0].value == 1
+    runs = {s.labels["status"]: s.value for s in families["agentjournal_runs"].samples}
+    assert runs == {"waiting_approval": 1, "paused": 1, "finished": 2}
+    assert all(f.name.startswith("agentjournal_") for f in families.values())
+    assert not [s for f in families.values() for s in f.samples if "run_id" in s.labels]
+
+
+def test_the_ui_command_serves_the_store_read_only(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["ui", "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0 and "--allow-decisions" in result.output
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    made(url)
+    with socket.socket() as probe:  # a free port, for the server to take
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "AGENTJOURNAL_UI_TOKEN"}
+    server = subprocess.Popen([sys.executable, "-m", "agentjournal", "ui", "--store", url,
+                               "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        runs = None
+        for _ in range(600):  # a loaded machine starts it slowly
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/runs.json") as answer:
+                    runs = json.load(answer)
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert runs is not None and {r["run_id"] for r in runs["runs"]} == {
+            "pay-bob", "wire-w1", "markup", "long"}
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, stderr = server.communicate(timeout=60)
+    assert "(read only)" in stderr and "127.0.0.1" in stderr
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_fork_from_a_seq_and_cancel(viewer: tuple[str, TestClient]) -> None:
+    url, client = viewer
+    forked = client.post("/runs/pay-bob/fork", data={"seq": "2", "new_run_id": "pay-bob-2",
+                                                      "csrf": csrf_of(client)})
+    assert (forked.status_code, forked.headers["location"]) == (303, "/runs/pay-bob-2")
+    run = client.get("/runs/pay-bob-2.json").json()["run"]
+    assert run["origin"] == {"run_id": "pay-bob", "at_seq": 2} and run["events"] == 2
+    cancelled = client.post("/runs/pay-bob/cancel", data={"reason": "wrong payee",
+                                                          "csrf": csrf_of(client)})
+    assert cancelled.status_code == 303
+    last = log_of(url, "pay-bob")[-1]
+    assert (last.type, last.payload["by"], last.payload["reason"]) == (
+        EventType.RUN_CANCELLED, "ops", "wrong payee")
+    assert client.get("/runs/pay-bob.json").json()["run"]["status"] == "cancelled"
