@@ -78,6 +78,11 @@ def each_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    backend, grouped, _ = backend.partition("+grouped")
+    if grouped:  # every append through the group commit's transaction, even alone
+        for url in fresh_url(backend, tmp_path):
+            yield f"{url}{'&' if '?' in url else '?'}group_commit=always"
+        return
     if backend == "jsonl":
         yield f"jsonl:///{tmp_path / 'runs'}"
     elif backend == "sqlite":
@@ -118,5 +123,8 @@ def receiver() -> Iterator[Any]:
         r.close()
 
 
-def backend_params() -> pytest.MarkDecorator:
-    return pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def backend_params(*, grouped: bool = False) -> pytest.MarkDecorator:
+    """Every backend; ``grouped``: and SQLite and PostgreSQL with every append made in
+    the group commit's transaction (``?group_commit=always``)."""
+    extra = ("sqlite+grouped", "postgres+grouped") if grouped else ()
+    return pytest.mark.parametrize("store_url", (*BACKENDS, *extra), indirect=True)

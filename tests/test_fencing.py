@@ -42,6 +42,15 @@ class Outage:
             return real(lease, ttl)
 
         monkeypatch.setattr(store, "renew", renew)
+        real_all = getattr(store, "renew_all", None)
+        if real_all is not None:  # the journals' shared heartbeat renews through it
+
+            def renew_all(leases: list[Lease], ttl: float) -> dict[str, Lease]:
+                if self.on:
+                    raise StoreUnavailableError("test://", "renewals are down")
+                return real_all(leases, ttl)  # type: ignore[no-any-return]
+
+            monkeypatch.setattr(store, "renew_all", renew_all)
 
 
 def pause_before_effect(monkeypatch: pytest.MonkeyPatch, then: Any) -> None:

@@ -186,7 +186,7 @@ def edit_content(event: Event) -> Event:
     return msgspec.structs.replace(event, payload={**event.payload, "content": "EDITED"})
 
 
-@backend_params()
+@backend_params(grouped=True)
 class TestConformance:
     def test_conformance_round_trip(self, make_store: MakeStore) -> None:
         store = make_store()

@@ -28,7 +28,7 @@ from .journal import Observer, RunJournal, open_journal
 from .keys import run_scope
 from .limits import MAX_ARGS_BYTES, MAX_RESULT_BYTES, checked_limit
 from .models import Model
-from .ops import run_async, run_sync
+from .ops import in_thread, run_async, run_sync
 from .peers import peers_of
 from .policy import (
     AllowAll,
@@ -266,14 +266,24 @@ class Agent(StepMachine):
         settle: bool = True,
     ) -> RunResult:
         """:meth:`run` for async code: async models and tools are awaited, sync ones run
-        in threads, and the calls of one turn run concurrently as tasks. Appends to the
-        store are made on the event loop (each is one short durable write)."""
-        with self._opened(store, run_id, task, scope, owner, observer, agent_ref,
-                          change_instructions, keep_lease) as (j, drive):
+        in threads, and the calls of one turn run concurrently as tasks. The event loop
+        never waits on the store: opening, every append (the step machine between two
+        operations), snapshots and closing run on stepper threads (ops.in_thread), and
+        the appends of the process's runs that arrive together are committed together
+        (the store's group commit). An observer is called on those threads."""
+        opened = self._opened(store, run_id, task, scope, owner, observer, agent_ref,
+                              change_instructions, keep_lease)
+        j, drive = await in_thread(opened.__enter__)
+        try:
             if drive:
                 await run_async(self._drive(j, stop))
-                j.at_rest()
-            return RunResult.of(j.state, settle=settle)
+                await in_thread(j.at_rest)
+            result = await in_thread(lambda: RunResult.of(j.state, settle=settle))
+        except BaseException as exc:
+            await in_thread(opened.__exit__, type(exc), exc, exc.__traceback__)
+            raise
+        await in_thread(opened.__exit__, None, None, None)
+        return result
 
     @contextlib.contextmanager
     def _opened(self, store: Store, run_id: str, task: str | None, scope: str | None,

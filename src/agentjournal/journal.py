@@ -19,12 +19,19 @@ import os
 import socket
 import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from .errors import ConflictError, JournalError, LeaseExpiredError, LeaseHeldError
+from .errors import (
+    ConflictError,
+    FencedError,
+    JournalError,
+    LeaseExpiredError,
+    LeaseHeldError,
+)
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
 from .snapshots import Segments, load_state, write_snapshot
@@ -125,7 +132,7 @@ class RunJournal:
         #: Leave the lease held on close: its taker releases it (a worker hands the run
         #: back to the queue and releases the lease in one transaction).
         self.keep_lease = False
-        self._heartbeat: threading.Thread | None = None
+        self._beats: Heartbeat | None = None
         # The lease is surely ours until then, by our clock. ``leased_at`` is taken
         # before the request that got the lease, so a slow store never makes it look longer.
         self._renewing = threading.Lock()
@@ -260,21 +267,19 @@ class RunJournal:
 
         A run that is stuck (see ``expect_progress``) is not renewed: its lease
         lapses, so another worker can take the run over. Renewal resumes once it
-        makes progress again, if the lease is still its own.
+        makes progress again, if the lease is still its own. The journals of one store
+        handle share one heartbeat (see :class:`Heartbeat`): a worker holding a thousand
+        runs renews them in one statement, from one thread.
         """
+        self._beats = heartbeat_of(self.store)
+        self._beats.add(self)
 
-        def beat() -> None:
-            while not self._stop.wait(self.ttl / 3):
-                if self.stalled():
-                    continue
-                try:
-                    self._renew()
-                except JournalError as exc:
-                    if not exc.retryable:
-                        return  # fenced or broken: the next append will say so
-
-        self._heartbeat = threading.Thread(target=beat, name=f"lease:{self.run_id}", daemon=True)
-        self._heartbeat.start()
+    def _renewed(self, lease: Lease | None, started: float) -> None:
+        """The heartbeat's renewal of this lease, begun at ``started``; None: refused."""
+        with self._renewing:
+            if lease is not None:
+                self.lease = lease
+                self._valid_until = max(self._valid_until, started + self._trusted_ttl())
 
     # --- progress --------------------------------------------------------------------
 
@@ -308,8 +313,8 @@ class RunJournal:
 
     def close(self) -> None:
         self._stop.set()
-        if self._heartbeat is not None:
-            self._heartbeat.join()
+        if self._beats is not None:
+            self._beats.remove(self)  # waits for a renewal in flight: none after release
         if not self.keep_lease:
             with contextlib.suppress(JournalError):  # fenced or broken: nothing to release
                 self.store.release(self.lease)
@@ -319,6 +324,97 @@ class RunJournal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Heartbeat:
+    """One thread renewing the leases of every journal open on one store handle: each
+    every ttl/3 unless its run is stuck, all those due together in one call
+    (``store.renew_all``: one statement on PostgreSQL, one transaction on SQLite; lease by
+    lease on a store without it). A lease the store no longer grants (another worker took
+    the run) is dropped from the heartbeat; the run's next append says it was fenced."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._journals: dict[RunJournal, float] = {}  # journal -> when its next renewal is due
+        self._lock = threading.Lock()  # guards _journals
+        self._renewing = threading.Lock()  # held while a renewal is in flight
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, journal: RunJournal) -> None:
+        with self._lock:
+            self._journals[journal] = _clock() + journal.ttl / 3
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._beat, daemon=True,
+                                                name=f"leases:{id(self.store):x}")
+                self._thread.start()
+        self._wake.set()
+
+    def remove(self, journal: RunJournal) -> None:
+        """Stop renewing ``journal``'s lease; returns once no renewal of it is in flight."""
+        with self._renewing, self._lock:
+            self._journals.pop(journal, None)
+
+    def _beat(self) -> None:
+        while True:
+            with self._lock:
+                if not self._journals:
+                    self._thread = None  # the next add starts another
+                    return
+                next_due = min(self._journals.values())
+            self._wake.wait(max(0.0, next_due - _clock()))
+            self._wake.clear()
+            with self._renewing:
+                self._renew_due()
+
+    def _renew_due(self) -> None:
+        now_ = _clock()
+        with self._lock:
+            due = [j for j, at in self._journals.items() if at <= now_]
+            for j in due:
+                self._journals[j] = now_ + j.ttl / 3
+        by_ttl: dict[float, list[RunJournal]] = {}
+        for j in due:
+            if not j.stalled():
+                by_ttl.setdefault(j.ttl, []).append(j)
+        for ttl, journals in by_ttl.items():
+            for j, lease in zip(journals, self._renew(journals, ttl, now_), strict=True):
+                j._renewed(lease if isinstance(lease, Lease) else None, now_)
+                if isinstance(lease, JournalError) and not lease.retryable:
+                    with self._lock:  # fenced or broken: the next append will say so
+                        self._journals.pop(j, None)
+
+    def _renew(self, journals: list[RunJournal], ttl: float,
+               started: float) -> list[Lease | JournalError | None]:
+        """Each journal's renewed lease, or why not (None: retry at its next beat)."""
+        renew_all = getattr(self.store, "renew_all", None)
+        if renew_all is None:
+            return [self._renew_one(j, ttl) for j in journals]
+        try:
+            renewed = renew_all([j.lease for j in journals], ttl)
+        except JournalError as exc:
+            return [exc] * len(journals)
+        return [renewed.get(j.run_id) or FencedError(j.run_id, j.lease.epoch, -1)
+                for j in journals]
+
+    def _renew_one(self, journal: RunJournal, ttl: float) -> Lease | JournalError:
+        try:
+            return self.store.renew(journal.lease, ttl)
+        except JournalError as exc:
+            return exc
+
+
+_HEARTBEATS: weakref.WeakKeyDictionary[Store, Heartbeat] = weakref.WeakKeyDictionary()
+_HEARTBEATS_LOCK = threading.Lock()
+
+
+def heartbeat_of(store: Store) -> Heartbeat:
+    """The heartbeat shared by the journals open on ``store``."""
+    with _HEARTBEATS_LOCK:
+        beats = _HEARTBEATS.get(store)
+        if beats is None:
+            beats = _HEARTBEATS[store] = Heartbeat(store)
+        return beats
 
 
 def open_journal(

@@ -12,11 +12,14 @@ into the generator; its exception is thrown into it at the ``yield``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
+import os
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -177,6 +180,48 @@ def run_sync(steps: Steps[T]) -> T:
 
 # --- the async shell -------------------------------------------------------------------
 
+#: Threads that advance async runs' step machines and make their appends. Each one
+#: waiting on a commit is a run whose batch joins the next group, so there are many.
+STEPPER_THREADS = 8
+_steppers: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a fork makes its own
+_steppers_lock = threading.Lock()
+
+
+def _stepper_pool() -> ThreadPoolExecutor:
+    global _steppers
+    with _steppers_lock:
+        if _steppers is None or _steppers[0] != os.getpid():
+            _steppers = (os.getpid(), ThreadPoolExecutor(
+                STEPPER_THREADS, thread_name_prefix="agentjournal-step"))
+        return _steppers[1]
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a stepper thread, awaited without blocking the loop. Cancelled,
+    it still waits for ``fn`` to return (a generator cannot be closed while another
+    thread advances it, nor a journal while it appends), then raises CancelledError. It
+    runs in a copy of the caller's context, as ``asyncio.to_thread`` does."""
+    # In the caller's context (as asyncio.to_thread): a context variable the loop's code
+    # set (a tracing span, the current call) is seen by what runs there.
+    future: Future[T] = _stepper_pool().submit(contextvars.copy_context().run, fn, *args)
+    waiting = asyncio.wrap_future(future)
+    try:
+        return await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(waiting)
+        raise
+
+
+def _advance(steps: Steps[T], value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """The generator's next operation (False, op), or its result (True, value)."""
+    try:
+        op = steps.throw(error) if error is not None else steps.send(value)
+    except StopIteration as stop:
+        return True, stop.value
+    return False, op
+
 
 async def _call_async(call: Call) -> Any:
     if not call.is_async:
@@ -201,7 +246,7 @@ async def _invoke_async(op: Invoke) -> None:
 
     for finished in asyncio.as_completed([one(i, c) for i, c in enumerate(op.calls)]):
         i, outcome = await finished
-        op.done(i, outcome)
+        await in_thread(op.done, i, outcome)  # it appends the completion
 
 
 async def _perform_async(op: Op) -> Any:
@@ -232,14 +277,14 @@ async def _perform_async(op: Op) -> Any:
 
 
 async def run_async(steps: Steps[T]) -> T:
-    """Drive ``steps`` to its end, awaiting each operation."""
+    """Drive ``steps`` to its end, awaiting each operation; the generator is advanced
+    on a stepper thread (its appends wait there, never on the loop)."""
     value: Any = None
     error: BaseException | None = None
     while True:
-        try:
-            op = steps.throw(error) if error is not None else steps.send(value)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+        finished, op = await in_thread(_advance, steps, value, error)
+        if finished:
+            return op  # type: ignore[no-any-return]
         value, error = None, None
         try:
             value = await _perform_async(op)

@@ -43,6 +43,7 @@ from .cpu import (
     cpu_figures,
     step_figures,
 )
+from .density import density_figures
 from .fleet import (
     fleet_figures,
     fleet_plot_path,
@@ -119,6 +120,7 @@ class _Run(msgspec.Struct, frozen=True):
     progress: Say
     quick: bool
     peers: bool
+    density: bool = False
 
 
 #: The command's sections, in the order they run (``--only`` picks some).
@@ -139,6 +141,8 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "ui": lambda r: ui_figures(r.workdir, r.plan, r.progress),
     "openai-agents": lambda r: openai_agents_figures(r.workdir, r.plan, r.progress),
     "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],
+    "density": lambda r: (density_figures(r.workdir, r.postgres_url, r.plan, r.progress)
+                          if r.density else []),
 }
 SECTIONS = tuple(_SECTIONS)
 
@@ -146,14 +150,16 @@ SECTIONS = tuple(_SECTIONS)
 def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
               progress: Say = _stderr, peers: bool = False,
               rounds: int | None = None, only: Collection[str] | None = None,
-              plan: Plan | None = None) -> list[Figure]:
+              plan: Plan | None = None, density: bool = False) -> list[Figure]:
     """Measure every figure family (or the ``only`` sections of SECTIONS); scratch stores
     go under ``workdir``. ``plan`` overrides the sizes ``quick`` picks (QUICK or FULL),
     e.g. SMOKE in the tests.
 
     Postgres is skipped (with a note) when unreachable, except under ``CI=true``,
     where that raises ``RuntimeError``. ``peers`` adds the peer libraries' figures
-    (``RuntimeError`` if the peers extra is not installed).
+    (``RuntimeError`` if the peers extra is not installed). ``density`` adds many runs
+    held on one event loop (bench/density.py), LangGraph's async savers beside them when
+    the peers extra is installed.
     """
     if os.environ.get("CI") == "true" and (problem := postgres_problem(postgres_url)):
         raise RuntimeError(f"CI=true, so Postgres must be measured, but {problem}")
@@ -163,7 +169,7 @@ def run_bench(*, quick: bool, postgres_url: str | None, workdir: Path,
     if rounds is not None:  # fewer (or more) rounds behind every median
         plan = msgspec.structs.replace(plan, reps=rounds, agent_reps=rounds, step_reps=rounds)
     workdir.mkdir(parents=True, exist_ok=True)
-    run = _Run(workdir, postgres_url, plan, progress, quick, peers)
+    run = _Run(workdir, postgres_url, plan, progress, quick, peers, density)
     return [figure for name, measure in _SECTIONS.items()
             if only is None or name in only for figure in measure(run)]
 
@@ -349,6 +355,10 @@ def _fail(message: str) -> NoReturn:
                    "eventsourcing (SQLite) in this process, beside agentjournal and a "
                    "hand-written floor, and resume after 1k and 10k steps (needs the peers "
                    "extra).")
+@click.option("--density", is_flag=True,
+              help="Also hold many runs on one event loop (100 and 300; 1,000 too without "
+                   "--quick): wall time over the ideal, commits per step on PostgreSQL, "
+                   "events/s, memory per run, LangGraph's async savers beside them.")
 @click.option("--rounds", type=click.IntRange(min=1), metavar="N",
               help="Rounds behind each median (default: 3 with --quick, 5 or more "
                    "without); 1 checks that everything runs, not how fast.")
@@ -362,8 +372,9 @@ def _fail(message: str) -> NoReturn:
               show_default="$AGENTJOURNAL_TEST_POSTGRES or " + DEFAULT_POSTGRES,
               help="Server for the Postgres figures, used in a throwaway bench_<random> "
                    "schema; '' to skip.")
-def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, rounds: int | None,
-          only: tuple[str, ...] | None, store_dir: Path | None, postgres_url: str) -> None:
+def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, density: bool,
+          rounds: int | None, only: tuple[str, ...] | None, store_dir: Path | None,
+          postgres_url: str) -> None:
     """Measure durability, replay, recovery, storage and CPU cost on this machine.
 
     Every figure with a physical floor (a raw write + fsync, a raw INSERT +
@@ -379,8 +390,10 @@ def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, rounds: in
         agentjournal bench --quick --peers
         agentjournal bench --store-dir /mnt/nvme --postgres ''
         agentjournal bench --quick --only cpu,step,group-commit
+        agentjournal bench --quick --density --only density
     """
     peers = peers or "peers" in (only or ())
+    density = density or "density" in (only or ())
     if plot is not None:
         try:
             _pyplot()
@@ -392,7 +405,7 @@ def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, rounds: in
     with _scratch(store_dir) as workdir:
         try:
             figures = run_bench(quick=quick, postgres_url=postgres_url or None, workdir=workdir,
-                                peers=peers, rounds=rounds, only=only)
+                                peers=peers, rounds=rounds, only=only, density=density)
         except RuntimeError as exc:
             _fail(str(exc))
     _stderr(f"measured in {time.monotonic() - began:.0f} s")

@@ -158,7 +158,11 @@ def _set_import_path(dirs: tuple[str, ...]) -> None:
 @click.option("--queue", "queues", multiple=True, metavar="Q",
               help="A queue to drain (repeatable; default: default).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Runs held at once, each in its own thread.")
+              help="Runs held at once, each in its own thread (or, with --on-loop, "
+                   "each a task on one event loop).")
+@click.option("--on-loop", is_flag=True,
+              help="Hold the runs as tasks on one event loop (Agent.arun): for hundreds or "
+                   "thousands of runs at once, which wait on their models, in one process.")
 @click.option("--ttl", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Lease TTL in seconds: the takeover time after this worker dies "
               "without draining.")
@@ -183,7 +187,7 @@ def _set_import_path(dirs: tuple[str, ...]) -> None:
 @store_option
 @click.pass_context
 def worker(ctx: click.Context, agents: list[str], import_path: tuple[str, ...],
-           queues: tuple[str, ...], concurrency: int, ttl: float,
+           queues: tuple[str, ...], concurrency: int, on_loop: bool, ttl: float,
            grace: float, max_crashes: int, compensate_parked: bool, poll: float,
            metrics_port: int | None, metrics_host: str, verbose: bool,
            store_url: str) -> None:
@@ -203,6 +207,8 @@ def worker(ctx: click.Context, agents: list[str], import_path: tuple[str, ...],
     Example:
       agentjournal worker --agents myapp.agents --store postgresql://worker@db/agents \\
           --concurrency 4 --grace 60
+      agentjournal worker --agents myapp.agents --store postgresql://worker@db/agents \
+          --concurrency 1000 --on-loop
     """
     if store_url.strip().lower().startswith("jsonl:"):
         raise NoQueueError(store_url)
@@ -210,7 +216,8 @@ def worker(ctx: click.Context, agents: list[str], import_path: tuple[str, ...],
     try:
         w = Worker(store_url, agents=agents, queues=queues or ("default",),
                    concurrency=concurrency, ttl=ttl, poll=poll, grace=grace,
-                   max_crashes=max_crashes, compensate_parked=compensate_parked)
+                   max_crashes=max_crashes, compensate_parked=compensate_parked,
+                   on_loop=on_loop)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--agents") from None
     _set_import_path(import_path)

@@ -43,7 +43,7 @@ WITH pick AS (
     SELECT q.run_id, q.state FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id
     WHERE q.queue = ANY(%(queues)s) AND """ + _RUNNABLE + """
     ORDER BY q.priority DESC, q.submitted_at, q.run_id
-    LIMIT 1 FOR UPDATE OF q, r SKIP LOCKED
+    LIMIT %(n)s FOR UPDATE OF q, r SKIP LOCKED
 ), leased AS (
     UPDATE {s}.runs r SET lease_owner = %(owner)s, lease_epoch = r.lease_epoch + 1,
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
@@ -100,14 +100,22 @@ class PostgresQueue:
         return True
 
     def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
+        claims = self.claim_many(owner, ttl, queues, 1)
+        return claims[0] if claims else None
+
+    def claim_many(self, owner: str, ttl: float, queues: Sequence[str],
+                   n: int) -> list[Claim]:
+        """Up to ``n`` runs claimed in one statement (a worker holding many runs, taking
+        them over after another died), most urgent first."""
         with self.store._write(None) as cur:
-            cur.execute(self._claim, {"queues": list(queues), "owner": owner, "ttl": ttl})
+            cur.execute(self._claim, {"queues": list(queues), "owner": owner, "ttl": ttl,
+                                      "n": n})
             rows = cur.fetchall()
-        if not rows:
-            return None
-        ((run_id, epoch, until, agent, task, queue, crashes),) = rows
-        return Claim(lease=Lease(run_id, owner, int(epoch), float(until)), agent=agent,
-                     task=task, queue=queue, crashes=int(crashes))
+        urgent = {run_id: i for i, (run_id, *_) in enumerate(rows)}
+        return [Claim(lease=Lease(run_id, owner, int(epoch), float(until)), agent=agent,
+                      task=task, queue=queue, crashes=int(crashes))
+                for run_id, epoch, until, agent, task, queue, crashes
+                in sorted(rows, key=lambda r: urgent[r[0]])]
 
     def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
                   reason: str | None = None) -> bool:

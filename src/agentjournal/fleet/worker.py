@@ -5,8 +5,11 @@ the agents it was told to trust (fleet/trust.py): a run whose agent ref it refus
 parked at once, with the reason, and nothing it names is imported or called.
 
 It keeps one store handle (thread-safe; on PostgreSQL a pool of at most ``POOL``
-connections) for claims, heartbeats and its runs, each run in its own thread; a handle
-broken by a failed commit is reopened, and the runs it interrupted are handed back.
+connections) for claims, heartbeats and its runs, each run in its own thread, or with
+``on_loop`` each run a task on one event loop (``Agent.arun``: a thousand runs waiting on
+their models cost a thousand tasks, not a thousand threads, and their appends meet in
+the store's group commit); a handle broken by a failed commit is reopened, and the runs
+it interrupted are handed back.
 
 The lease and its epoch are the only owner of a run: a run is claimed with the
 worker's id as the lease owner, run with ``Agent.run(..., owner=worker_id,
@@ -20,6 +23,7 @@ each starting with the worker id; a crash's traceback only at DEBUG.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
@@ -27,8 +31,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     AgentRefError,
@@ -44,6 +50,7 @@ from ..errors import (
 from ..events import Event, EventType
 from ..journal import RunJournal, default_owner, open_journal
 from ..metrics import METRICS
+from ..ops import in_thread
 from ..saga import run_saga
 from ..store import Lease, Store, open_store
 from . import queue_of
@@ -51,7 +58,7 @@ from .queue import Claim, Queue, QueueState, WorkerInfo
 from .trust import AgentTrust, Trusted
 
 if TYPE_CHECKING:
-    from ..agent import Agent
+    from ..agent import Agent, RunResult
     from ..state import RunState
 
 #: Store trouble that is retried with backoff: the server is away, a commit failed
@@ -63,6 +70,9 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
 #: (an append holds one for milliseconds): with the LISTEN connection, five a worker,
 #: so a default server (100 connections) serves a fleet of some 16 workers.
 POOL = 4
+#: With on_loop: runs claimed whose journal is not open yet (their lease not yet renewed
+#: by its heartbeat), at most; the claims wait for them.
+OPENING = 8
 
 logger = logging.getLogger("agentjournal.worker")
 
@@ -82,7 +92,9 @@ class Worker:
     it refuses is parked on its first claim, the reason in the queue (and escalated in
     its log, if it has one); what it names is never imported or called.
     ``queues``: the queues it claims from (most urgent first across them).
-    ``concurrency``: how many runs it holds at once, each in its own thread.
+    ``concurrency``: how many runs it holds at once, each in its own thread, or, with
+    ``on_loop``, each a task on the worker's one event loop (``Agent.arun``; sync models
+    and tools still run in threads): for hundreds or thousands of runs at once.
     ``ttl``: the lease TTL in seconds, for the claim and for the run (it overrides
     the agent's ``lease_ttl``): how long a run sits unowned after this worker dies
     without draining (SIGKILL, a lost host) before another worker takes it over.
@@ -113,7 +125,7 @@ class Worker:
                  queues: Sequence[str] = ("default",), concurrency: int = 1,
                  ttl: float = 30.0, poll: float = 1.0, grace: float = 30.0,
                  max_crashes: int = 3, worker_id: str | None = None,
-                 compensate_parked: bool = False) -> None:
+                 compensate_parked: bool = False, on_loop: bool = False) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency!r}")
         if ttl <= 0 or poll <= 0 or grace < 0:
@@ -131,13 +143,16 @@ class Worker:
         self.grace = grace
         self.max_crashes = max_crashes
         self.compensate_parked = compensate_parked
+        self.on_loop = on_loop
+        self._loop: asyncio.AbstractEventLoop | None = None  # on_loop: the runs' loop
+        self._opening = threading.BoundedSemaphore(OPENING)  # on_loop: claimed, not open
         self.worker_id = worker_id or default_owner()
         self._draining = threading.Event()
         self._done = threading.Event()  # run() is over: the heartbeat stops
         self._beat_now = threading.Event()
         self._slot_free = threading.Event()
         self._lock = threading.Lock()
-        self._held: dict[str, threading.Thread] = {}
+        self._held: dict[str, threading.Thread | Future[None]] = {}
         self._agents: dict[str, Agent] = {}
         self._started_at = time.time()
         self._store: Store | None = None
@@ -208,6 +223,7 @@ class Worker:
         beats = threading.Thread(target=self._heartbeat, name="worker-heartbeat",
                                  daemon=True)
         beats.start()
+        loop = self._start_loop() if self.on_loop else None
         try:
             self._claim_loop()
             self._wait_for_runs()
@@ -215,23 +231,46 @@ class Worker:
             self._done.set()
             self._beat_now.set()
             beats.join(timeout=5)
+            if loop is not None:
+                self._stop_loop(*loop)
             self._forget()
             self._reopen_control()  # closes it
         return 0
+
+    def _start_loop(self) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+        """The event loop the runs are tasks on (on_loop), in a thread of its own."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="worker-runs", daemon=True)
+        thread.start()
+        self._loop = loop
+        return loop, thread
+
+    def _stop_loop(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
+        self._loop = None
 
     def _claim_loop(self) -> None:
         backoff, troubled = BACKOFF_FIRST, False
         while not self._draining.is_set():
             with self._lock:
-                full = len(self._held) >= self.concurrency
+                free = self.concurrency - len(self._held)
                 self._slot_free.clear()
-            if full:
+            if free <= 0:
                 self._slot_free.wait(self.poll)
                 continue
+            # On the loop, a claimed run waits for a stepper thread to open it; claims
+            # wait while OPENING runs do, so none waits past its lease's TTL unrenewed.
+            if self.on_loop and not self._opening.acquire(timeout=self.poll):
+                continue
+            many = self._more_to_open(free) if self.on_loop else 1
             try:
                 queue = self._control_queue()
-                claim = queue.claim(self.worker_id, self.ttl, self.queues)
+                claims = self._claim(queue, many)
             except TROUBLE as exc:
+                self._opened_one(many)
                 if not troubled:
                     self.log(f"store unavailable, retrying claims with backoff: {exc}",
                              logging.WARNING)
@@ -244,23 +283,53 @@ class Worker:
             if troubled:
                 self.log("store answers again")
             backoff, troubled = BACKOFF_FIRST, False
-            if claim is None:
+            self._opened_one(many - len(claims))
+            if not claims:
                 queue.wait(self.poll)
                 continue
-            self._start(claim)
+            for claim in claims:
+                self._start(claim)
+
+    def _claim(self, queue: Queue, n: int) -> list[Claim]:
+        """Up to ``n`` runs, in one statement where the queue can (PostgreSQL)."""
+        claim_many = getattr(queue, "claim_many", None)
+        if n > 1 and claim_many is not None:
+            claims: list[Claim] = claim_many(self.worker_id, self.ttl, self.queues, n)
+            return claims
+        claim = queue.claim(self.worker_id, self.ttl, self.queues)
+        return [claim] if claim is not None else []
+
+    def _more_to_open(self, free: int) -> int:
+        """How many runs to claim at once (on_loop): one opening slot is held already;
+        take more of them, up to the free slots."""
+        taken = 1
+        while taken < free and self._opening.acquire(blocking=False):
+            taken += 1
+        return taken
+
+    def _opened_one(self, n: int = 1) -> None:
+        """A claimed run's journal is open (its lease now renewed by the heartbeat), or
+        ``n`` claims came to nothing: claims may go ahead (on_loop)."""
+        if self.on_loop:
+            for _ in range(n):
+                self._opening.release()
 
     def _start(self, claim: Claim) -> None:
         run_id = claim.lease.run_id
         self.log(f"claimed {run_id} (epoch {claim.lease.epoch}, agent {claim.agent!r}, "
                  f"crashes {claim.crashes})")
-        thread = threading.Thread(target=self._work, args=(claim,), name=f"run:{run_id}",
-                                  daemon=True)
         with self._lock:
-            self._held[run_id] = thread
+            if self._loop is not None:  # a task on the runs' loop
+                self._held[run_id] = asyncio.run_coroutine_threadsafe(self._awork(claim),
+                                                                      self._loop)
+            else:
+                thread = threading.Thread(target=self._work, args=(claim,),
+                                          name=f"run:{run_id}", daemon=True)
+                self._held[run_id] = thread
+                thread.start()
             METRICS.gauge("worker_runs_held", len(self._held))
         METRICS.count("worker_claims")
         self._beat_now.set()
-        thread.start()
 
     def _wait_for_runs(self) -> None:
         held = self.held()
@@ -269,9 +338,13 @@ class Worker:
                      "reach a step boundary")
         deadline = time.monotonic() + self.grace
         with self._lock:
-            threads = list(self._held.values())
-        for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            runs = list(self._held.values())
+        for run in runs:
+            remaining = max(0.0, deadline - time.monotonic())
+            if isinstance(run, threading.Thread):
+                run.join(timeout=remaining)
+            else:
+                futures_wait([run], timeout=remaining)
         left = self.held()
         if left:
             self.log(f"grace expired with {len(left)} run(s) still busy ({', '.join(left)}); "
@@ -333,27 +406,82 @@ class Worker:
         return agent
 
     def _work(self, claim: Claim) -> None:
-        run_id = claim.lease.run_id
+        """Run a claimed run in this thread, then hand it back."""
         seen = {"epoch": claim.lease.epoch, "seq": 0}
+        try:
+            agent = self._prepared(claim)
+            result = None if agent is None else agent.run(
+                self._run_store(), claim.lease.run_id, claim.task, **self._run_args(claim, seen))
+        except Exception as exc:
+            self._ended(claim, seen, None, exc)
+        else:
+            self._ended(claim, seen, result, None)
+        finally:
+            self._let_go(claim.lease.run_id)
+
+    async def _awork(self, claim: Claim) -> None:
+        """:meth:`_work` as a task on the runs' loop: the run is ``Agent.arun``; what
+        waits on the store before and after it waits on a stepper thread."""
+        seen = {"epoch": claim.lease.epoch, "seq": 0}
+        opening = [True]
+
+        def opened() -> None:
+            if opening.pop() if opening else False:
+                self._opened_one()
+
+        try:
+            agent = await in_thread(self._prepared, claim)
+            result = None if agent is None else await agent.arun(
+                self._run_store(), claim.lease.run_id, claim.task,
+                **self._run_args(claim, seen, opened))
+        except Exception as exc:
+            await in_thread(self._ended, claim, seen, None, exc)
+        else:
+            await in_thread(self._ended, claim, seen, result, None)
+        finally:
+            opened()  # a run that appended nothing (it waits for a person), or failed
+            self._let_go(claim.lease.run_id)
+
+    def _run_args(self, claim: Claim, seen: dict[str, int],
+                  first: Callable[[], None] | None = None) -> dict[str, Any]:
+        """What the worker passes ``Agent.run``/``arun``: its id as the lease owner, the
+        lease kept for the hand-back, the drain as the stop, and an observer keeping the
+        newest epoch and seq in ``seen`` (and calling ``first`` at each event)."""
 
         def observe(event: Event, _state: RunState) -> None:
             seen["epoch"] = max(seen["epoch"], event.epoch)
             seen["seq"] = event.seq
+            if first is not None:
+                first()
 
+        return {"owner": self.worker_id, "agent_ref": claim.agent, "stop": self._draining,
+                "keep_lease": True, "observer": observe,
+                "settle": False}  # the status is enough
+
+    def _prepared(self, claim: Claim) -> Agent | None:
+        """The claimed run's agent; None when the run was parked instead (poison, or an
+        agent this worker does not trust)."""
+        run_id = claim.lease.run_id
+        if claim.crashes >= self.max_crashes:
+            self._park(claim, self._poison(claim), undo=self.compensate_parked)
+            return None
         try:
-            if claim.crashes >= self.max_crashes:
-                self._park(claim, self._poison(claim), undo=self.compensate_parked)
-                return
-            try:
-                agent = self._agent(claim.agent)
-            except AgentRefError as exc:  # it would refuse every time: park it now
-                self._park(claim, f"refused by a worker: {exc}. Submit the run again with a "
-                           "trusted agent, or start workers that trust it (--agents), then "
-                           f"run: agentjournal requeue {run_id}", undo=False)
-                return
-            result = agent.run(self._run_store(), run_id, claim.task, owner=self.worker_id,
-                               agent_ref=claim.agent, stop=self._draining, keep_lease=True,
-                               observer=observe, settle=False)  # the status is enough
+            return self._agent(claim.agent)
+        except AgentRefError as exc:  # it would refuse every time: park it now
+            self._park(claim, f"refused by a worker: {exc}. Submit the run again with a "
+                       "trusted agent, or start workers that trust it (--agents), then "
+                       f"run: agentjournal requeue {run_id}", undo=False)
+            return None
+
+    def _ended(self, claim: Claim, seen: dict[str, int], result: RunResult | None,
+               error: Exception | None) -> None:
+        """Hand the run back as it ended (``result``), or let it go as ``error`` says."""
+        run_id = claim.lease.run_id
+        try:
+            if error is not None:
+                raise error
+            if result is None:
+                return  # parked
             state = _STATE_OF.get(result.status, "queued")
             lease = Lease(run_id, self.worker_id, seen["epoch"], 0.0)
             if self._hand_back(lease, state, result.last_seq):
@@ -377,13 +505,14 @@ class Worker:
             METRICS.count("worker_runs_crashed")
             self.log(f"run {run_id} crashed: {type(exc).__name__}: {exc}; not handing it back "
                      "(its lease expires and the next claim counts the crash)", logging.ERROR)
-            logger.debug("the crash of %s", run_id, exc_info=True)
-        finally:
-            with self._lock:
-                self._held.pop(run_id, None)
-                METRICS.gauge("worker_runs_held", len(self._held))
-            self._slot_free.set()
-            self._beat_now.set()
+            logger.debug("the crash of %s", run_id, exc_info=exc)
+
+    def _let_go(self, run_id: str) -> None:
+        with self._lock:
+            self._held.pop(run_id, None)
+            METRICS.gauge("worker_runs_held", len(self._held))
+        self._slot_free.set()
+        self._beat_now.set()
 
     def _absolve(self, run_id: str) -> None:
         """The successor that took this run from us (alive all along: the store was away,

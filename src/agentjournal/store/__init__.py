@@ -9,6 +9,7 @@ from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from ..errors import MissingExtraError, NotAStoreError, StoreUrlError
 from .base import Durability, Lease, RunInfo, Store, validate_run_id
+from .group import GroupCommit
 
 DEFAULT_URL = "sqlite:///./agentjournal.db"
 ENV_VAR = "AGENTJOURNAL_STORE"
@@ -16,6 +17,7 @@ ENV_VAR = "AGENTJOURNAL_STORE"
 __all__ = [
     "DEFAULT_URL",
     "Durability",
+    "GroupCommit",
     "Lease",
     "RunInfo",
     "Store",
@@ -56,6 +58,15 @@ def _durability(url: str, query: dict[str, list[str]]) -> Durability:
         raise StoreUrlError(url, f"durability must be {choices}, not {value!r}") from None
 
 
+def _group_commit(url: str, query: dict[str, list[str]]) -> GroupCommit:
+    value = query.pop("group_commit", ["on"])[-1]
+    try:
+        return GroupCommit(value)
+    except ValueError:
+        raise StoreUrlError(url, "group_commit must be 'on', 'off' or 'always', "
+                            f"not {value!r}") from None
+
+
 def _path_of(url: str, url_path: str) -> str:
     # sqlite:///rel.db names "rel.db" (relative to the working directory);
     # sqlite:////abs.db names "/abs.db".
@@ -81,7 +92,9 @@ def open_store(url: str | None = None, *, readonly: bool = False,
     - ``jsonl:///directory``: one JSON Lines file per run
     - ``postgresql://user@host:5432/db?schema=agentjournal``: shared, multi-host
 
-    Every URL may end in ``?durability=batched`` (see :class:`Durability`).
+    Every URL may end in ``?durability=batched`` (see :class:`Durability`). SQLite and
+    PostgreSQL URLs may say ``?group_commit=on|off|always`` (default ``on``: the appends
+    of concurrent runs that meet are committed together; see store/group.py).
 
     ``readonly=True`` opens an existing store for inspection: nothing is created,
     migrated or changed (no file, table, pragma or lock file), it works on a
@@ -108,13 +121,15 @@ def open_store(url: str | None = None, *, readonly: bool = False,
     parts = _split(url)
     query = parse_qs(parts.query, keep_blank_values=True)  # "?schema=" is an error, not unset
     durability = _durability(mask_secrets(url), query)
+    grouping = _group_commit(mask_secrets(url), query)
     path = _path_of(url, parts.path)
     if parts.scheme == "sqlite":
         if not path:
             raise StoreUrlError(url, "no database file named")
         from .sqlite import SQLiteStore
 
-        return SQLiteStore(path, durability=durability, readonly=readonly)
+        return SQLiteStore(path, durability=durability, readonly=readonly,
+                           group_commit=grouping)
     if parts.scheme == "jsonl":
         if not path:
             raise StoreUrlError(url, "no directory named")
@@ -134,5 +149,5 @@ def open_store(url: str | None = None, *, readonly: bool = False,
         conninfo = parts._replace(scheme="postgresql", query=rest).geturl()
         sized = {} if pool_size is None else {"pool_size": pool_size}
         return PostgresStore(conninfo, schema=schema, durability=durability, readonly=readonly,
-                             lock_timeout=waits, **sized)
+                             lock_timeout=waits, group_commit=grouping, **sized)
     raise StoreUrlError(mask_secrets(url), f"unknown scheme {parts.scheme!r}")

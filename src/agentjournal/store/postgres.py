@@ -59,6 +59,7 @@ import re
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, LiteralString
 from urllib.parse import quote, urlencode
@@ -102,6 +103,7 @@ from .base import (
     scope_started,
     validate_run_id,
 )
+from .group import GroupCommit, Grouper, Pending
 
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())  # see the docstring
 
@@ -281,6 +283,17 @@ _ONE_ROW = "SELECT %(run)s, %(last)s, %(type)s, %(last_ts)s, %(body)s"
 _ROWS = ("SELECT * FROM unnest(%(runs)s::text[], %(seqs)s::bigint[], %(types)s::text[],"
          " %(stamps)s::timestamptz[], %(bodies)s::bytea[])")
 
+
+@dataclass(slots=True)
+class _Claim:
+    """A warm append waiting for its group: the claim's parameters and sealed bodies."""
+
+    run_id: str
+    params: dict[str, Any]
+    events: Sequence[Event]
+    bodies: list[bytes]
+
+
 Conn = psycopg.Connection[tuple[Any, ...]]
 Cursor = psycopg.Cursor[tuple[Any, ...]]
 
@@ -344,8 +357,12 @@ class PostgresStore:
         pool_size: int = 4,
         readonly: bool = False,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        group_commit: GroupCommit = GroupCommit.ON,
     ) -> None:
         self.schema = schema
+        # Warm appends of concurrent runs claimed in one transaction (see _commit_group).
+        self.group_commit = GroupCommit(group_commit)
+        self._grouper = Grouper(self._commit_group, alone=self.group_commit is GroupCommit.OFF)
         self.lock_timeout = lock_timeout
         self.durability = Durability(durability)
         self.readonly = readonly
@@ -570,6 +587,39 @@ class PostgresStore:
         """The durability point (a fault-injection seam for tests)."""
         conn.commit()
 
+    def _commit_group(self, group: list[Pending]) -> None:
+        """Claim every warm append of ``group`` (each a :class:`_Claim`) in one
+        transaction: each one's result is whether it was claimed. Alone (unless
+        ``group_commit=always``) it is one statement in autocommit, as ever.
+
+        A claim refused by its WHERE changed nothing, so its neighbours commit and it
+        takes the locked way after, which says why (a conflict, a fence) or appends (a
+        stale guess). A statement the server refused (a unique violation) aborts the
+        transaction: nothing of the group was committed, and every claim takes the locked
+        way on its own. An error the server did not answer leaves the commit's outcome
+        unknown: the handle breaks, and every append of the group fails with it."""
+        if len(group) == 1 and self.group_commit is not GroupCommit.ALWAYS:
+            one: _Claim = group[0].item
+            group[0].result = self._claim_alone(one.run_id, one.params, one.events, one.bodies)
+            return
+        self._writable(group[0].item.run_id)
+        with self._conn() as conn:
+            try:
+                with conn.pipeline():  # every claim and the commit: one round trip
+                    cursors = [conn.cursor() for _ in group]
+                    for cur, pending in zip(cursors, group, strict=True):
+                        one = pending.item
+                        self._send_claim(cur, one.params, one.events, one.bodies)
+                    self._sync(conn)
+                claimed = [bool(cur.fetchone()[0]) for cur in cursors]  # type: ignore[index]
+            except psycopg.Error as exc:
+                if exc.sqlstate is None:
+                    raise self._commit_failed(exc, None) from exc
+                conn.rollback()
+                claimed = [False] * len(group)  # nothing committed: each on its own
+        for pending, was in zip(group, claimed, strict=True):
+            pending.result = was
+
     def _lock_run(self, cur: Cursor, run_id: str) -> tuple[Any, ...]:
         """Lock the run's row, creating it if missing, and read it with the server's clock.
 
@@ -605,11 +655,13 @@ class PostgresStore:
         }
         prev = self._guess_prev(run_id, expected_seq)
         try:
-            # (A new run has no row to claim yet: it takes the locked way at once.)
-            if expected_seq and prev is not None and self.durability is Durability.FSYNC:
+            # (A new run may have no row to claim yet: it takes the locked way at once,
+            # unless this handle saw its row, as a lease's acquire does.)
+            if prev is not None and self.durability is Durability.FSYNC and (
+                    expected_seq or self._ends.get(run_id) == (0, GENESIS)):
                 bodies, digest = seal(events, prev)
                 params.update(prev=prev, digest=digest)
-                if self._claim_alone(run_id, params, events, bodies):
+                if self._grouper.submit(_Claim(run_id, params, events, bodies)):
                     self._remember(run_id, events[-1].seq, digest)
                     return events[-1].seq
                 prev = None  # a stale guess, a fence or a conflict: lock, and see which
@@ -647,6 +699,18 @@ class PostgresStore:
             if len(self._ends) > _ENDS:
                 del self._ends[next(iter(self._ends))]  # the least recently used
 
+    def _send_claim(self, cur: Cursor, params: dict[str, Any], events: Sequence[Event],
+                    bodies: list[bytes]) -> None:
+        """Execute the claim statement (see :meth:`_claim_and_insert`)."""
+        if len(events) == 1:
+            params.update(type=events[0].type.value, body=bodies[0])
+            cur.execute(self._claim_one, params)
+        else:
+            params.update(runs=[e.run_id for e in events], seqs=[e.seq for e in events],
+                          types=[e.type.value for e in events], stamps=[e.ts for e in events],
+                          bodies=bodies)
+            cur.execute(self._claim_many, params)
+
     def _claim_and_insert(self, cur: Cursor, params: dict[str, Any], events: Sequence[Event],
                           bodies: list[bytes]) -> bool:
         """Move the run's end from expected to last and insert the events, in one round trip.
@@ -656,14 +720,7 @@ class PostgresStore:
         two writers at the same expected seq and epoch claims it; and only a batch
         sealed from the digest the log really ends with is claimed. False: not claimed.
         """
-        if len(events) == 1:
-            params.update(type=events[0].type.value, body=bodies[0])
-            cur.execute(self._claim_one, params)
-        else:
-            params.update(runs=[e.run_id for e in events], seqs=[e.seq for e in events],
-                          types=[e.type.value for e in events], stamps=[e.ts for e in events],
-                          bodies=bodies)
-            cur.execute(self._claim_many, params)
+        self._send_claim(cur, params, events, bodies)
         (row,) = cur.fetchall()
         return bool(row[0])
 
@@ -769,7 +826,8 @@ class PostgresStore:
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
         with self._write(run_id) as cur:
-            _, current, holder, expires, now, *_ = self._lock_run(cur, run_id)
+            last, current, holder, expires, now, digest, archived_to, _ = self._lock_run(
+                cur, run_id)
             if holder is None or current == 0:
                 epoch = 1
             elif holder == owner and expires > now:
@@ -779,6 +837,8 @@ class PostgresStore:
             else:
                 epoch = current + 1  # takeover of an expired or released lease
             expires_at = self._set_expiry(cur, run_id, owner, epoch, ttl)
+        if archived_to is None:  # the row exists now: even a new run's first append is warm
+            self._remember(run_id, int(last), str(digest))
         return Lease(run_id, owner, epoch, expires_at)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -788,6 +848,28 @@ class PostgresStore:
                 raise FencedError(lease.run_id, lease.epoch, current)
             expires_at = self._set_expiry(cur, lease.run_id, lease.owner, lease.epoch, ttl)
         return Lease(lease.run_id, lease.owner, lease.epoch, expires_at)
+
+    def renew_all(self, leases: Sequence[Lease], ttl: float) -> dict[str, Lease]:
+        """Renew many leases in one statement (a worker's heartbeat for every run it
+        holds); the ones renewed, by run id. A lease whose epoch moved on (another worker
+        took the run) is not renewed, and is missing from the answer."""
+        if not leases:
+            return {}
+        with self._write(None) as cur:
+            cur.execute(self._q(
+                "UPDATE {s}.runs r SET lease_expires_at = clock_timestamp()"
+                " + make_interval(secs => %(ttl)s::float8), lease_owner = h.owner"
+                " FROM unnest(%(runs)s::text[], %(epochs)s::bigint[], %(owners)s::text[])"
+                " AS h(run_id, epoch, owner)"
+                " WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch"
+                " RETURNING r.run_id, extract(epoch FROM r.lease_expires_at)::float8"),
+                {"ttl": ttl, "runs": [lease.run_id for lease in leases],
+                 "epochs": [lease.epoch for lease in leases],
+                 "owners": [lease.owner for lease in leases]})
+            renewed = dict(cur.fetchall())
+        return {lease.run_id: Lease(lease.run_id, lease.owner, lease.epoch,
+                                    float(renewed[lease.run_id]))
+                for lease in leases if lease.run_id in renewed}
 
     def release(self, lease: Lease) -> None:
         """Release ``lease``. A connection dropped under it is retried at once on a fresh
@@ -803,7 +885,9 @@ class PostgresStore:
                 raise
 
     def _release(self, lease: Lease) -> None:
-        with self._write(lease.run_id) as cur:
+        # Not waited for on disk: a release a server crash loses only leaves the lease to
+        # expire by its TTL.
+        with self._write(lease.run_id, batched=True) as cur:
             cur.execute(
                 self._q(
                     "UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)"

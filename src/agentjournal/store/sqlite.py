@@ -75,6 +75,7 @@ from .base import (
     scope_started,
     validate_run_id,
 )
+from .group import GroupCommit
 
 
 def _digest_of(body: str) -> str:
@@ -468,8 +469,10 @@ class SQLiteStore:
         durability: Durability = Durability.FSYNC,
         busy_timeout: float = 30.0,
         readonly: bool = False,
+        group_commit: GroupCommit = GroupCommit.ON,
     ) -> None:
         self.path = Path(path)
+        self.group_commit = GroupCommit(group_commit)  # see store/group.py
         self.url = f"sqlite:///{self.path}"
         self.durability = Durability(durability)
         self.readonly = readonly
@@ -692,12 +695,25 @@ class SQLiteStore:
                 self._db.execute(f"PRAGMA user_version={number}")
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction holding the database's write lock from its first read."""
+    def _tx(self, *, light: bool = False) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding the database's write lock from its first read.
+
+        ``light``: its COMMIT does not sync (synchronous=NORMAL for it alone), for lease
+        writes. The WAL is written in order and the next synced commit syncs it whole, so
+        the lease is durable before any append made under it is acknowledged; and if a
+        power cut takes it, every process that could hold it on this host died too."""
         self._writable("write")
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
+            if light and self.durability is Durability.FSYNC:
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    with self._tx() as db:
+                        yield db
+                finally:
+                    self._db.execute("PRAGMA synchronous=FULL")
+                return
             try:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -769,7 +785,10 @@ class SQLiteStore:
         """Commit every append waiting now (``mine`` among them) as one group, hand the
         lead to the first that arrived meanwhile, then wake the group."""
         with self._group:
-            group, self._waiting = self._waiting, []
+            if self.group_commit is GroupCommit.OFF:  # each append its own transaction
+                group, self._waiting = [mine], [w for w in self._waiting if w is not mine]
+            else:
+                group, self._waiting = self._waiting, []
         try:
             self._commit_group(group)
         finally:
@@ -787,7 +806,8 @@ class SQLiteStore:
         (all of them with the commit's error: then nothing of the group was committed).
         A lone warm append tries one statement first (see _append_alone)."""
         try:
-            if len(group) == 1 and self._append_alone(group[0]):
+            if (len(group) == 1 and self.group_commit is not GroupCommit.ALWAYS
+                    and self._append_alone(group[0])):
                 return
             with self._tx() as db:
                 if not (ends := self._insert(db, group)):
@@ -958,7 +978,7 @@ class SQLiteStore:
 
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
-        with self._tx() as db:
+        with self._tx(light=True) as db:
             wall, (boot, now) = time.time(), host_clock()
             row = db.execute(
                 "SELECT owner, epoch, expires_at, boot_id, deadline FROM leases"
@@ -988,7 +1008,7 @@ class SQLiteStore:
         return expires_at, boot_id or None, deadline if boot_id else None
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
-        with self._tx() as db:
+        with self._tx(light=True) as db:
             current = self._epoch(db, lease.run_id)
             if current != lease.epoch:
                 raise FencedError(lease.run_id, lease.epoch, current)
@@ -999,8 +1019,26 @@ class SQLiteStore:
             )
         return Lease(lease.run_id, lease.owner, lease.epoch, wall + ttl)
 
+    def renew_all(self, leases: Sequence[Lease], ttl: float) -> dict[str, Lease]:
+        """Renew many leases in one transaction (a worker's heartbeat for every run it
+        holds); the ones renewed, by run id. A lease whose epoch moved on is not."""
+        if not leases:
+            return {}
+        renewed: dict[str, Lease] = {}
+        with self._tx(light=True) as db:
+            wall, (boot, now) = time.time(), host_clock()
+            expiry = self._expiry(ttl, wall, boot, now)
+            for lease in leases:
+                moved = db.execute(
+                    "UPDATE leases SET expires_at = ?, boot_id = ?, deadline = ?"
+                    " WHERE run_id = ? AND epoch = ?", (*expiry, lease.run_id, lease.epoch))
+                if moved.rowcount:
+                    renewed[lease.run_id] = Lease(lease.run_id, lease.owner, lease.epoch,
+                                                  wall + ttl)
+        return renewed
+
     def release(self, lease: Lease) -> None:
-        with self._tx() as db:
+        with self._tx(light=True) as db:
             db.execute(  # over on both clocks
                 "UPDATE leases SET expires_at = 0, deadline = 0 WHERE run_id = ? AND epoch = ?",
                 (lease.run_id, lease.epoch),
