@@ -81,7 +81,7 @@ FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1
             cpu_events=4_000, agent_reps=9, step_reps=5, group_events=200,
             saga_effects=500, temporal_steps=1_000, fleet_workers=(1, 2, 4, 8), fleet_runs=160,
             fleet_claims=400, takeover_kills=10, density_runs=(100, 300, 1_000),
-            density_latency=1.0, density_turns=10)
+            density_latency=1.0, density_turns=10, sdk_turns=200)
 #: Every section at its smallest meaningful size, one round: for the tests, which check
 #: what each section measured, never how fast (``run_bench(plan=SMOKE)``).
 SMOKE = Plan(appends=20, reps=1, sizes=(1_000, 2_000), steps=(100, 1_000), cpu_events=300,
