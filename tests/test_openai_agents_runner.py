@@ -171,6 +171,8 @@ def test_an_approval_given_before_a_crash_runs_once_and_is_not_asked_again(
     slow_or(request, {("postgres",)})
     waiting = posting.resume(store, approval=True)
     assert sorted(i.raw_item.call_id for i in waiting.interruptions) == ["call_a", "call_b"]
+    again = posting.resume(store, approval=True)  # nobody decided: it still waits
+    assert sorted(i.raw_item.call_id for i in again.interruptions) == ["call_a", "call_b"]
     assert posting.counts() == {}
     requested = [e.payload for e in store.read(RUN) if e.type is E.APPROVAL_REQUESTED]
     for approval in requested:  # as `agentjournal approve RUN APPROVAL_ID` does

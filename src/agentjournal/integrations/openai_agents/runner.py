@@ -308,10 +308,13 @@ class _Driver:
         return self.run.approval_id(tool, args, identity=self.policy(tool).identity)
 
     def uncertain_settled(self, call_id: str, tool: str, args: dict[str, Any]) -> bool:
-        """Whether an uncertain call that stopped the run has been decided since."""
+        """Whether a call that stopped the run as uncertain has been decided since (one
+        that never started, e.g. waiting for an approval, is not: it stays waiting)."""
+        key = self.key(tool, args)
+        if not self.run.state.attempts.get(key, 0):
+            return False  # never started: not an uncertain call
         if self.run.answer(call_id) is not None:
             return True  # it happened (a person or a lookup said so): served from the log
-        key = self.key(tool, args)
         return not any(p.key == key for p in self.run.state.pending.values())
 
     async def needs_person(self, tool: str, args: dict[str, Any], policy: ToolPolicy) -> bool:
