@@ -332,3 +332,19 @@ def test_mcp_tools_are_journaled_with_the_effect_their_annotations_declare(
     assert starts == {"balance": "read_only", "transfer": "irreversible"}
     assert sorted(counts.read_text().split()) == ["balance", "transfer"]  # each once
     store.close()
+
+
+def test_a_denied_call_is_not_made_and_the_model_is_told(tmp_path: Any,
+                                                          posting: Posting) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    posting.resume(store, approval=True)
+    asked = {e.payload["args"]["label"].removeprefix(posting.prefix): e.payload["approval_id"]
+             for e in store.read(RUN) if e.type is E.APPROVAL_REQUESTED}
+    decide_approval(store, RUN, asked["a"], approved=True, by="ops")
+    decide_approval(store, RUN, asked["b"], approved=False, by="ops", reason="not b")
+    done = posting.resume(store, approval=True)
+    assert not done.interruptions
+    assert posting.counts() == {"a": 1}
+    told = [i for i in done.to_input_list() if i.get("type") == "function_call_output"]
+    assert [o["output"] for o in told if o["call_id"] == "call_b"] == ["not b"]
+    store.close()
