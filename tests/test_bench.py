@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(900)
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
               "claim", "step", "group_commit", "saga", "workspace", "gc", "temporal",
-              "takeover", "ui", "openai_agents"}
+              "takeover", "ui", "langgraph", "openai_agents"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
                  "model_call", "snapshot_bytes", "snapshot_bytes_growth", "snapshot_next",
                  "group_commit_ceiling"}
@@ -105,6 +105,16 @@ def test_each_backend_and_size_is_covered(doc: dict[str, Any]) -> None:
     small, large = SMOKE.agent_steps
     assert {f"agent_step.scripted.{small}", f"agent_step.scripted.{large}",
             "agent_step_growth.scripted", f"step.sqlite.{small}", f"step.sqlite.{large}"} <= names
+
+
+def test_langgraph_is_measured_beside_its_own_savers(doc: dict[str, Any]) -> None:
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    figures = {f["name"]: f for f in doc["figures"] if f["name"].startswith("langgraph.")}
+    assert {"langgraph.bytes_per_step.sqlite.40", "langgraph.bytes_per_step.postgres.40",
+            "langgraph.growth.journal.40", "langgraph.growth.sqlitesaver.40",
+            "langgraph.step_sync.sqlite.40", "langgraph.resume.100"} <= figures.keys()
+    assert "SqliteSaver" in figures["langgraph.bytes_per_step.sqlite.40"]["floor_name"]
+    assert "PostgresSaver" in figures["langgraph.bytes_per_step.postgres.40"]["floor_name"]
 
 
 def test_the_openai_agents_sdk_is_measured_beside_its_own_runner_and_session(

@@ -79,12 +79,31 @@ def test_importing_agentjournal_imports_no_extra() -> None:
     assert out.strip() == "[]"
 
 
+def test_importing_agentjournal_imports_no_framework() -> None:
+    """The integrations are extras: the package and its CLI load without them."""
+    code = ("import sys, agentjournal, agentjournal.cli, agentjournal.integrations; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'langgraph', 'langchain_core', 'pydantic_ai', 'agents'}))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_langgraph_extra_pins_the_versions_tested() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert extras["langgraph"] == ["langgraph==1.2.24", "langgraph-checkpoint==4.3.2",
+                                   "langgraph-prebuilt==1.1.3"]
+    assert "langgraph==1.2.24" in extras["peers"]  # the bench's peer is the version tested
+    assert "langgraph-checkpoint-conformance==0.0.2" in extras["dev"]
+
+
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
 
 
-def test_importing_agentjournal_imports_no_framework() -> None:
+def test_the_openai_agents_session_imports_no_sdk() -> None:
     # The OpenAI Agents SDK takes seconds to import; its session class needs none of it.
     done = _python("import sys, agentjournal, agentjournal.integrations.openai_agents\n"
                    "print(sorted(m for m in ('agents', 'langgraph', 'pydantic_ai', "

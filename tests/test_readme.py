@@ -85,6 +85,21 @@ def test_the_stub_served_from_the_shell_runs_the_example(tmp_path: Path) -> None
     assert '"outcome": "Posted 1 correction."' in done.stdout
 
 
+def test_the_langgraph_block_runs_and_show_reads_its_thread(
+    new_user: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("langgraph.graph")
+    text = section("Run a LangGraph graph on it")
+    (code,) = [c for lang, c in BLOCK.findall(text) if lang == "python"]
+    run_alone(code)
+    assert capsys.readouterr().out.splitlines() == ["4 You said: again"]
+    (command,) = re.findall(r"`(agentjournal show [^`]+)`", text)
+    done = subprocess.run([sys.executable, "-m", *command.split()], cwd=new_user,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "LangGraph thread customer-7: 6 checkpoint(s)" in done.stdout
+
+
 def test_readme_commands_run(tmp_path: Path) -> None:
     quickstart = blocks("python")[0]
     subprocess.run([sys.executable, "-c", quickstart], cwd=tmp_path, check=True,

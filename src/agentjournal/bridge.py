@@ -611,6 +611,14 @@ class BridgedRun(StepMachine):
         if j.state.status not in ("finished", "cancelled", "compensating", "compensated"):
             j.record(E.RUN_RESUMED)
 
+    def record(self, facts: Sequence[tuple[EventType, dict[str, Any]]], *,
+               redact: bool = True) -> list[Event]:
+        """Append the framework's own facts (its record-only event types) in one atomic
+        batch under the run's lease, in order with the calls' facts. ``redact=False``
+        only for opaque encodings (see ``RunJournal.record_all``)."""
+        with self._lock:
+            return self.journal.record_all(list(facts), redact=redact)
+
     # --- how the run ends -------------------------------------------------------------
 
     def finish(self, output: Any) -> None:

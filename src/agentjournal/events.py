@@ -73,6 +73,10 @@ class EventType(StrEnum):
     RUN_CANCELLED = "run_cancelled"
     WORKSPACE_CHECKPOINT = "workspace_checkpoint"
     STEP_RECORDED = "step_recorded"
+    # A LangGraph thread (integrations/langgraph.py); record-only, indexed by the saver.
+    GRAPH_INPUT = "graph_input"
+    GRAPH_CHECKPOINT = "graph_checkpoint"
+    GRAPH_WRITES = "graph_writes"
     SESSION_ITEMS_ADDED = "session_items_added"
     SESSION_ITEM_POPPED = "session_item_popped"
     SESSION_CLEARED = "session_cleared"

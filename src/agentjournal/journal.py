@@ -165,15 +165,19 @@ class RunJournal:
         """``value`` as it would be recorded (redacted), to compare with what was."""
         return self.redaction.scrub(value)
 
-    def record_all(self, facts: list[tuple[EventType, dict[str, Any]]]) -> list[Event]:
+    def record_all(self, facts: list[tuple[EventType, dict[str, Any]]], *,
+                   redact: bool = True) -> list[Event]:
         """Append facts that must stand or fall together, in one atomic batch.
 
         Staged facts (see :meth:`stage`) go first in the same batch. Each payload is
         redacted first (see redaction.py): the raw value never reaches the store, and
         the state (so snapshots, observers, the model) is folded from exactly what was
-        stored.
+        stored. ``redact=False`` only for payloads that are opaque encodings (a LangGraph
+        checkpoint's serialized values, base64): a rule matching inside one would corrupt
+        it, not hide a secret.
         """
-        facts = [(kind, self.redaction.payload(p)) for kind, p in facts]
+        if redact:
+            facts = [(kind, self.redaction.payload(p)) for kind, p in facts]
         with self._writing:  # a tool's remember() may write from its own thread
             events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
             batch = self._staged + events

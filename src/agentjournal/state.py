@@ -33,8 +33,10 @@ from .events import Event, EventType, render
 #: tool call may stand in for arguments over the size limit (``ToolCall.too_large``);
 #: a turn whose price was unknown (cost None) is counted in ``unpriced_turns``, not
 #: summed as $0. v9: the trace context a run_started / run_resumed records (``trace``).
-#: v10: a conversation session's items (``session``: added, popped, cleared).
-FOLD_VERSION = 10
+#: v10: a finished run's run_resumed with ``reopened`` (a LangGraph thread given new
+#: input) runs it again.
+#: v11: a conversation session's items (``session``: added, popped, cleared).
+FOLD_VERSION = 11
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -535,7 +537,9 @@ def _run_resumed(st: RunState, ev: Event) -> None:
     st.trace = ev.payload.get("trace", st.trace)
     if ev.payload.get("by"):
         st.decided_seq = ev.seq
-    if st.status in ("paused", "escalated", "new"):
+    if st.status == "finished" and ev.payload.get("reopened"):
+        st.status = "running"  # a finished run given new input (a LangGraph thread): fold v10
+    elif st.status in ("paused", "escalated", "new"):
         # A run being compensated goes on with its saga, never with its loop.
         st.status = "compensating" if st.saga is not None else "running"
         st.pause_reason = None
@@ -732,10 +736,13 @@ FOLD_RULES: dict[EventType, Rule] = {
 
 #: Deliberate no-ops: facts kept for audit that change no state. A step_recorded is a
 #: unit of a run another framework drives (bridge.py): only that framework reads it back.
-#: A framework's trace spans are what it observed, for people; no run relies on them.
-RECORD_ONLY: frozenset[EventType] = frozenset({EventType.BUDGET_EXCEEDED,
-                                               EventType.STEP_RECORDED,
-                                               EventType.TRACE_RECORDED})
+RECORD_ONLY: frozenset[EventType] = frozenset({
+    EventType.BUDGET_EXCEEDED, EventType.STEP_RECORDED,
+    # A LangGraph thread's own records: the saver indexes them (integrations/_graphlog.py).
+    EventType.GRAPH_INPUT, EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES,
+    # A framework's trace spans are what it observed, for people; no run relies on them.
+    EventType.TRACE_RECORDED,
+})
 
 
 def apply(state: RunState, event: Event) -> RunState:

@@ -26,6 +26,7 @@ from ._common import (
     FULL,
     QUICK,
     RUN,
+    SMOKE,
     Figure,
     Plan,
     Say,
@@ -52,6 +53,7 @@ from .fleet import (
 from .group_commit import (
     group_commit_figures,
 )
+from .langgraph import langgraph_figures
 from .models import (
     model_figures,
 )
@@ -141,6 +143,8 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "ui": lambda r: ui_figures(r.workdir, r.plan, r.progress),
     "openai-agents": lambda r: openai_agents_figures(r.workdir, r.plan, r.progress),
     "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],
+    "langgraph": lambda r: langgraph_figures(r.workdir, r.postgres_url, r.plan, r.quick,
+                                             r.progress, smoke=r.plan == SMOKE),
     "density": lambda r: (density_figures(r.workdir, r.postgres_url, r.plan, r.progress)
                           if r.density else []),
 }

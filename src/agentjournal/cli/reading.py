@@ -26,6 +26,8 @@ from .. import (
 )
 from ..events import now
 from ..fleet import QueuedRun
+from ..integrations._graphlog import summary as graph_summary
+from ..integrations._graphlog import thread_run, thread_view
 from ..snapshots import VerifyReport, load_state
 from ..snapshots import verify as verify_run
 from ..store import RunInfo, Store, mask_secrets
@@ -195,6 +197,10 @@ def summary(event: Event, then: Event | None = None) -> str:
     says whether a failed model attempt was retried or the run gave up)."""
     p = event.payload
     match event.type:
+        case E.GRAPH_INPUT | E.GRAPH_CHECKPOINT | E.GRAPH_WRITES:
+            return graph_summary(event)
+        case E.RUN_STARTED if p.get("agent") == "langgraph":
+            return f"LangGraph thread {short(p.get('thread_id', ''), 60)}"
         case E.RUN_STARTED:
             origin = p.get("origin")
             fork_note = f" [fork of {origin['run_id']}@{origin['at_seq']}]" if origin else ""
@@ -336,6 +342,7 @@ def summaries(events: Sequence[Event]) -> list[str]:
 @store_option
 def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
     """Show a run's timeline, one event a line; with --at, its state as of that event.
+    RUN may be a LangGraph thread id: its run's checkpoints and writes are shown too.
 
     \b
     Example:
@@ -346,19 +353,39 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
         if queued is not None and not store.last_seq(run_id):
             print_queued(queued, store_url, as_json)  # submitted, not started yet
             return
+        run_id = thread_run(store, run_id) or run_id
         events, state = load(store, run_id, at)
     saga = saga_of(state)
+    thread = thread_view(events)
     if as_json:
-        emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga,
+        emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga, "thread": thread,
                    "queue": queue_place(queued), "usage": run_usage(state, events),
                    "events": [{**msgspec.to_builtins(e), "summary": line}
                               for e, line in zip(events, summaries(events), strict=True)]})
     elif at is None:
         print_timeline(run_id, events, state)
+        if thread is not None:
+            print_thread(thread)
         if queued is not None:
             echo(f"in queue {queued.queue!r}: {queued.state}{_held_by(queued)}")
     else:
         print_state(state)
+
+
+def print_thread(thread: dict[str, Any]) -> None:
+    """A LangGraph thread's checkpoints, below its timeline."""
+    latest = thread["latest"]
+    where = ("no checkpoint yet" if latest is None else
+             f"latest checkpoint {latest['id']} (step {latest['step']}, {latest['source']}, "
+             f"seq {latest['seq']}), pending writes: {', '.join(latest['pending_writes']) or '-'}")
+    lines = [f"LangGraph thread {thread['thread_id']}: {thread['checkpoints']} checkpoint(s) in "
+             f"{len(thread['namespaces'])} namespace(s), {thread['writes']} write(s), "
+             f"{thread['stored_value_bytes']} bytes of values", f"  {where}"]
+    if thread["input_not_yet_checkpointed"]:
+        lines.append("  an input is recorded that no checkpoint holds yet: "
+                     "resuming the thread runs it")
+    for line in lines:
+        out().print(Text(visible(line)), no_wrap=True, overflow="ellipsis")
 
 
 def _held_by(entry: QueuedRun) -> str:
@@ -447,13 +474,15 @@ def _print_rows(console: Console, title: str, header: Sequence[str],
               help="Only events after this seq.")
 @store_option
 def events(run_id: str, after: int, store_url: str) -> None:
-    """Print a run's events as JSON Lines, one canonical event a line.
+    """Print a run's events as JSON Lines, one canonical event a line. RUN may be a
+    LangGraph thread id.
 
     \b
     Example:
       agentjournal events q3 | jq -c 'select(.type == "tool_call_reconciled")'
     """
     with opened(store_url) as store:
+        run_id = thread_run(store, run_id) or run_id
         printed = 0
         for event in store.read(run_id, after_seq=after):
             # The canonical line, with characters a terminal would act on spelt \uXXXX

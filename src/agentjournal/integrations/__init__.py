@@ -1,5 +1,4 @@
-"""Integrations: agentjournal as the durability layer under agent frameworks.
+"""Integrations with agent frameworks, each an optional extra (``agentjournal[<framework>]``).
 
-Each framework has a module (or package) of its own here, installed with an extra of
-its own; ``import agentjournal`` never imports a framework.
+Each module imports its framework; ``import agentjournal`` imports none of them.
 """

@@ -1,0 +1,324 @@
+"""A LangGraph thread as a run's log: the events the checkpoint saver appends, and the
+pure fold that indexes them. No LangGraph import: the CLI reads threads without it.
+
+A thread is one run (``thread_run_id``). Three record-only event types hold it:
+
+- ``graph_input``: an invocation's input, recorded before the graph runs, so a crash
+  before LangGraph's first checkpoint does not lose it.
+- ``graph_checkpoint``: one ``put``. Only the channels in ``new_versions`` get a value
+  reference; the others are found by (namespace, channel, version) in earlier events.
+- ``graph_writes``: one ``put_writes``: a task's writes against one checkpoint.
+
+Values are LangGraph's serializer output (``(type, bytes)``), kept in *chunks* named by
+the sha256 of their stored bytes. A chunk's bytes are in the first event that needs
+them (``blobs``) and only referred to after: a value is stored once per thread, and the
+log alone (archived, restored, forked) holds everything. A list (a message history) is
+cut into chunks of ``CHUNK`` items, so a step that appends a message writes the last
+chunk again, not the list. A value under ``INLINE`` bytes sits in its reference.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..errors import InvalidRunIdError
+from ..events import Event, EventType
+from ..store import Store
+
+#: Items per chunk of a list value: a step rewrites at most this many.
+CHUNK = 16
+#: A list value's reference names only the chunks changed since the channel's last
+#: version, except every DELTAS-th, which names them all (bounding a read's walk back).
+DELTAS = 64
+#: A value (or write) whose stored bytes are fewer sits in its reference, not a chunk.
+INLINE = 96
+_LEVEL = 6
+_ZLIB = 0x78
+
+Typed = tuple[str, bytes]  # what a LangGraph serializer's dumps_typed returns
+
+
+def thread_run_id(thread_id: str, generation: int = 1) -> str:
+    """The run holding ``thread_id``: thread ids are any strings, run ids are not. A
+    thread deleted (``delete_thread``) starts again in the next generation."""
+    digest = hashlib.sha256(thread_id.encode()).hexdigest()[:24]
+    return f"lg-{digest}" if generation == 1 else f"lg-{digest}.g{generation}"
+
+
+#: What the tombstone of a thread removed by ``delete_thread`` names as its archive:
+#: none. The thread id starts again in the run of the next generation.
+DELETED = "langgraph:delete_thread"
+
+
+def thread_run(store: Store, name: str) -> str | None:
+    """The run ``name`` names: a run id, or else a LangGraph thread id (its current
+    generation); None when neither holds events."""
+    with contextlib.suppress(InvalidRunIdError):
+        if store.last_seq(name):
+            return name
+    generation = 1
+    while True:
+        run_id = thread_run_id(name, generation)
+        stone = store.tombstone(run_id)
+        if stone is None or stone.archive != DELETED:
+            return run_id if store.last_seq(run_id) or stone is not None else None
+        generation += 1
+
+
+def thread_view(events: Sequence[Event]) -> dict[str, Any] | None:
+    """What ``agentjournal show`` says of a thread (None: the run is not one)."""
+    if not events or thread_of(events[0]) is None:
+        return None
+    index = GraphIndex()
+    index.apply_all(events)
+    records = sorted((r for cps in index.checkpoints.values() for r in cps.values()),
+                     key=lambda r: r.seq)
+    latest = records[-1] if records else None
+    return {
+        "thread_id": index.thread_id,
+        "checkpoints": len(records),
+        "namespaces": sorted(index.checkpoints),
+        "writes": sum(len(w) for w in index.writes.values()),
+        "latest": None if latest is None else {
+            "id": latest.id, "ns": latest.ns, "step": latest.step, "source": latest.source,
+            "seq": latest.seq, "pending_writes": sorted(
+                w.channel for w in index.writes.get((latest.ns, latest.id), {}).values())},
+        "input_not_yet_checkpointed": index.pending_input is not None,
+        "stored_value_bytes": sum(len(b) * 3 // 4 for b in index.blobs.values()),
+    }
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    return binascii.a2b_base64(text)  # (base64.b64decode checks its input in Python: slow)
+
+
+def pack_chunk(items: Sequence[Typed]) -> bytes:
+    """Serialized items as stored: msgpack, zlib-compressed when that is smaller."""
+    raw = msgspec.msgpack.encode([[t, data] for t, data in items])
+    packed = zlib.compress(raw, _LEVEL)
+    return packed if len(packed) < len(raw) else raw
+
+
+def unpack_chunk(stored: bytes) -> list[Typed]:
+    raw = zlib.decompress(stored) if stored[:1] == bytes([_ZLIB]) else stored
+    return [(t, bytes(data)) for t, data in msgspec.msgpack.decode(raw)]
+
+
+def chunk_name(stored: bytes) -> str:
+    return hashlib.sha256(stored).hexdigest()[:32]
+
+
+class Blobs:
+    """The chunks a batch of events adds: ``add`` returns a chunk's reference, and
+    keeps its bytes only if the thread's log does not hold them yet."""
+
+    def __init__(self, known: dict[str, str]) -> None:
+        self.known, self.new = known, {}  # type: dict[str, str], dict[str, str]
+
+    def add(self, stored: bytes) -> str:
+        name = chunk_name(stored)
+        if name not in self.known and name not in self.new:
+            self.new[name] = b64(stored)
+        return name
+
+    def value(self, items: Sequence[Typed]) -> dict[str, Any]:
+        """The reference of one value (a single item)."""
+        stored = pack_chunk(items)
+        if len(stored) < INLINE:
+            return {"i": b64(stored)}
+        return {"c": [self.add(stored)]}
+
+
+@dataclass
+class CheckpointRecord:
+    """One ``put``, as the index keeps it (values stay references until read)."""
+
+    ns: str
+    id: str
+    parent_id: str | None
+    seq: int
+    checkpoint_b64: list[str]  # (type, base64): the checkpoint without its channel values
+    metadata_b64: list[str]  # (type, base64); decoded when read, not at every replay
+    source: str | None
+    step: int | None
+
+    @property
+    def checkpoint(self) -> Typed:
+        return self.checkpoint_b64[0], unb64(self.checkpoint_b64[1])
+
+    @property
+    def metadata(self) -> Typed:
+        return self.metadata_b64[0], unb64(self.metadata_b64[1])
+
+
+@dataclass
+class WriteRecord:
+    task_id: str
+    channel: str
+    ref: dict[str, Any]
+    task_path: str
+    seq: int
+
+
+@dataclass
+class GraphIndex:
+    """The fold of a thread's log: what get_tuple and list read. Pure: the same events
+    give the same index, so every process reading the log agrees."""
+
+    last_seq: int = 0
+    thread_id: str | None = None
+    finished: bool = False
+    #: The input of the newest invocation whose input checkpoint is not in the log yet.
+    pending_input: Typed | None = None
+    blobs: dict[str, str] = field(default_factory=dict)  # chunk name -> its bytes, base64
+    checkpoints: dict[str, dict[str, CheckpointRecord]] = field(default_factory=dict)
+    values: dict[tuple[str, str, Any], dict[str, Any]] = field(default_factory=dict)
+    writes: dict[tuple[str, str], dict[tuple[str, int], WriteRecord]] = field(
+        default_factory=dict)
+
+    def apply(self, event: Event) -> None:
+        rule = _RULES.get(event.type)
+        if rule is not None:
+            rule(self, event)
+        self.last_seq = event.seq
+
+    def apply_all(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.apply(event)
+
+    def checkpoint_count(self) -> int:
+        return sum(len(cps) for cps in self.checkpoints.values())
+
+    def read_value(self, ref: dict[str, Any]) -> list[Typed] | None:
+        """The items a reference names (None: the channel was empty at that version):
+        ``{"e": 1}`` empty, ``{"i": b64}`` one value inline, ``{"c": [name]}`` one value
+        in a chunk, ``{"l": [names]}`` a list's items in chunks."""
+        if "e" in ref:
+            return None
+        if "i" in ref:
+            return unpack_chunk(unb64(ref["i"]))
+        items: list[Typed] = []
+        for name in ref["c"]:
+            items.extend(unpack_chunk(unb64(self.blobs[name])))
+        return items
+
+    def list_names(self, ns: str, channel: str, ref: dict[str, Any]) -> list[str]:
+        """The chunk names of a list value: ``{"l": names}``, or ``{"d": [base, keep,
+        added]}``, the first ``keep`` names of the same channel's value at version
+        ``base`` and then ``added`` (the writer sends a whole list every DELTAS)."""
+        chain = []
+        while "d" in ref:
+            base, keep, added = ref["d"]
+            chain.append((keep, added))
+            ref = self.values[(ns, channel, base)]
+        names: list[str] = list(ref["l"])
+        for keep, added in reversed(chain):
+            names = names[:keep] + added
+        return names
+
+    def read_list(self, ns: str, channel: str, ref: dict[str, Any]) -> list[Typed]:
+        return self.read_value({"c": self.list_names(ns, channel, ref)}) or []
+
+
+def thread_of(started: Event) -> str | None:
+    """The thread id a run's ``run_started`` names, if the run is a LangGraph thread."""
+    p = started.payload
+    given = p.get("input")
+    if p.get("agent") != "langgraph" or not isinstance(given, dict):
+        return None
+    return str(given.get("thread_id"))
+
+
+def _started(ix: GraphIndex, ev: Event) -> None:
+    ix.thread_id = thread_of(ev)
+
+
+def _input(ix: GraphIndex, ev: Event) -> None:
+    if (given := ev.payload.get("input")) is not None:
+        ix.pending_input = (given[0], unb64(given[1]))  # (one per invocation: small)
+
+
+def _blobs(ix: GraphIndex, ev: Event) -> None:
+    for name, text in ev.payload.get("blobs", {}).items():
+        ix.blobs[name] = text
+
+
+def _checkpoint(ix: GraphIndex, ev: Event) -> None:
+    p = ev.payload
+    _blobs(ix, ev)
+    ns = p["ns"]
+    cp, md = p["checkpoint"], p["metadata"]
+    ix.checkpoints.setdefault(ns, {})[p["id"]] = CheckpointRecord(
+        ns=ns, id=p["id"], parent_id=p.get("parent_id"), seq=ev.seq,
+        checkpoint_b64=cp, metadata_b64=md,
+        source=p.get("source"), step=p.get("step"))
+    for channel, (version, ref) in p.get("values", {}).items():
+        ix.values[(ns, channel, version)] = ref
+    if p.get("source") == "input":
+        ix.pending_input = None
+    ix.writes.pop((ns, p["id"]), None)  # a checkpoint put again starts with no writes
+
+
+def _writes(ix: GraphIndex, ev: Event) -> None:
+    p = ev.payload
+    _blobs(ix, ev)
+    stored = ix.writes.setdefault((p["ns"], p["checkpoint_id"]), {})
+    for idx, channel, ref in p["writes"]:
+        key = (p["task_id"], idx)
+        if idx >= 0 and key in stored:
+            continue  # LangGraph's rule: an ordinary write is kept once, a special replaced
+        stored[key] = WriteRecord(p["task_id"], channel, ref, p.get("task_path", ""), ev.seq)
+
+
+def _finished(ix: GraphIndex, ev: Event) -> None:
+    ix.finished = True
+
+
+def _resumed(ix: GraphIndex, ev: Event) -> None:
+    if ev.payload.get("reopened"):
+        ix.finished = False
+
+
+_RULES = {
+    EventType.RUN_STARTED: _started,
+    EventType.GRAPH_INPUT: _input,
+    EventType.GRAPH_CHECKPOINT: _checkpoint,
+    EventType.GRAPH_WRITES: _writes,
+    EventType.RUN_FINISHED: _finished,
+    EventType.RUN_RESUMED: _resumed,
+}
+
+
+def summary(event: Event) -> str:
+    """One line for a graph event, for ``agentjournal events`` and ``show``: never the
+    values' bytes."""
+    p = event.payload
+    ns = f" ns={p['ns']!r}" if p.get("ns") else ""
+    if event.type is EventType.GRAPH_CHECKPOINT:
+        channels = ",".join(sorted(p.get("values", {}))) or "-"
+        return (f"checkpoint {p['id']}{ns} source={p.get('source')} step={p.get('step')} "
+                f"updated={channels} new_bytes={_blob_bytes(p)}")
+    if event.type is EventType.GRAPH_WRITES:
+        channels = ",".join(w[1] for w in p["writes"])
+        return (f"writes task={p['task_id']}{ns} on {p['checkpoint_id']} channels={channels} "
+                f"new_bytes={_blob_bytes(p)}")
+    if event.type is EventType.GRAPH_INPUT:
+        return f"input ({p['input'][0]}, {len(unb64(p['input'][1]))} bytes)"
+    return str(event.type)
+
+
+def _blob_bytes(payload: dict[str, Any]) -> int:
+    return sum(len(text) * 3 // 4 for text in payload.get("blobs", {}).values())

@@ -1,0 +1,677 @@
+"""LangGraph on agentjournal: ``JournalSaver``, a checkpoint saver over a run's log.
+
+    from agentjournal import open_store
+    from agentjournal.integrations.langgraph import JournalSaver, invoke
+
+    saver = JournalSaver(open_store("sqlite:///runs.db"))
+    graph = builder.compile(checkpointer=saver)
+    invoke(graph, {"messages": [...]}, {"configurable": {"thread_id": "t-1"}})
+
+A thread is a run (``thread_run_id``). Each ``put`` and each ``put_writes`` is one
+atomic append fenced by the thread's lease epoch: a node's writes are never stored
+without their checkpoint's place in the log or the reverse, and a second process
+writing the same thread is refused (``LeaseHeldError`` while this one holds it,
+``FencedError`` if it took the thread over meanwhile). The lease is taken at the
+thread's first write (or by ``hold`` / ``invoke``, before the graph runs) and held
+until ``release`` or ``close``.
+
+Values are stored by ``_graphlog``'s rules: only the channels in ``new_versions``, in
+content-addressed chunks in the log itself, a list cut into chunks so that a growing
+message history costs a chunk per step, not the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..bridge import BridgedRun, open_run
+from ..bridge import current_call as bridge_current_call
+from ..errors import ArchivedRunError, CallRefused, FencedError, MissingExtraError, NeedsPerson
+from ..events import Event, EventType, now
+from ..journal import default_owner
+from ..store import Store
+from ..store.base import Tombstone, records_digest
+from ..tools import Effect, Reconciler, ToolContext, ToolFailed
+from ._graphlog import (
+    CHUNK,
+    DELETED,
+    DELTAS,
+    Blobs,
+    CheckpointRecord,
+    GraphIndex,
+    b64,
+    pack_chunk,
+    thread_of,
+    thread_run_id,
+    unb64,
+)
+
+try:
+    from langchain_core.messages import ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+        writes_sort_key,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.types import Command, interrupt
+except ImportError as exc:  # pragma: no cover - exercised by the packaging test
+    raise MissingExtraError("langgraph", "langgraph") from exc
+
+__all__ = ["DELETED", "ExactlyOnce", "JournalSaver", "Thread", "ToolEffect", "ainvoke",
+           "current_call", "exactly_once", "invoke", "thread_run_id"]
+
+AGENT = "langgraph"
+
+
+@dataclass
+class ListValue:
+    """A list value as last stored: its version, its chunks (the items, held so their
+    identity stands, and the chunk's name) and how many references since the last that
+    named every chunk."""
+
+    version: Any
+    chunks: list[tuple[tuple[Any, ...], str]]
+    deltas: int
+
+
+class Thread:
+    """One thread as a saver knows it: its run id, the index of its log and, while this
+    saver holds the thread's lease, its open run (the single writer, shared by the
+    checkpoints and the tool calls)."""
+
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        self.thread_id, self.run_id = thread_id, run_id
+        self.index = GraphIndex()
+        self.run: BridgedRun | None = None
+        self.lock = threading.RLock()
+        # Per (namespace, channel): the last list value this saver stored.
+        self.lists: dict[tuple[str, str], ListValue] = {}
+
+    def absorb(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if event.seq > self.index.last_seq:
+                self.index.apply(event)
+
+
+def _same_full_chunk(before: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    return len(now) == CHUNK == len(before) and all(
+        a is b for a, b in zip(before, now, strict=True))
+
+
+def _conf(config: RunnableConfig) -> tuple[str, str]:
+    conf = config["configurable"]
+    return str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+
+
+class JournalSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpoint saver on an agentjournal ``Store`` (sqlite, postgres,
+    jsonl): sync methods, and their ``a*`` twins run in a thread.
+
+    ``owner``: who holds the threads' leases (default: this process). ``ttl``: the
+    lease's time to live; a heartbeat renews it every ttl/3 while it is held.
+    """
+
+    def __init__(self, store: Store, *, serde: SerializerProtocol | None = None,
+                 owner: str | None = None, ttl: float = 30.0) -> None:
+        super().__init__(serde=serde)
+        self.store = store
+        self.owner = owner or default_owner()
+        self.ttl = ttl
+        self._threads: dict[str, Thread] = {}
+        self._lock = threading.Lock()
+
+    # --- threads and their leases ----------------------------------------------------
+
+    def thread(self, thread_id: str) -> Thread:
+        """The thread's current run, its log read up to now. ``ArchivedRunError`` when gc
+        archived it (``agentjournal restore`` brings it back)."""
+        with self._lock:
+            t = self._threads.get(thread_id)
+            if t is None:
+                t = self._threads[thread_id] = Thread(thread_id, self._current_run(thread_id))
+        with t.lock:
+            if t.run is None:
+                t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
+        return t
+
+    def _current_run(self, thread_id: str) -> str:
+        generation = 1
+        while True:
+            run_id = thread_run_id(thread_id, generation)
+            stone = self.store.tombstone(run_id)
+            if stone is None:
+                return run_id
+            if stone.archive != DELETED:
+                raise ArchivedRunError(run_id, stone.archive, stone.last_seq)
+            generation += 1
+
+    def hold(self, thread_id: str) -> BridgedRun:
+        """Open the thread's run (if this saver has not): take its lease, start or resume
+        it (``agentjournal.bridge.open_run``), and return it. ``LeaseHeldError`` when
+        another process holds it."""
+        t = self.thread(thread_id)
+        with t.lock:
+            if t.run is None:
+                run = open_run(self.store, t.run_id, agent=AGENT, owner=self.owner,
+                               ttl=self.ttl, input={"thread_id": thread_id},
+                               task=f"LangGraph thread {thread_id}")
+                try:  # the log as it is now that nobody else may write it
+                    t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
+                except BaseException:
+                    run.close()
+                    raise
+                t.run = run
+            return t.run
+
+    def release(self, thread_id: str) -> None:
+        """Close the thread's run and release its lease, if this saver holds it."""
+        t = self._threads.get(thread_id)
+        if t is not None:
+            with t.lock:
+                self._drop(t)
+
+    def _drop(self, t: Thread) -> None:
+        if t.run is not None:
+            run, t.run = t.run, None
+            run.close()
+
+    def close(self) -> None:
+        """Release every lease this saver holds (the store stays open: it is the caller's)."""
+        for t in list(self._threads.values()):
+            with t.lock:
+                self._drop(t)
+
+    def __enter__(self) -> JournalSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def append(self, thread_id: str, facts: list[tuple[EventType, dict[str, Any]]]) -> None:
+        """Append ``facts`` to the thread's run in one atomic batch under its lease (a
+        finished thread is reopened in the same batch)."""
+        t = self.thread(thread_id)
+        with t.lock:
+            run = self.hold(thread_id)
+            if t.index.finished:
+                facts = [(EventType.RUN_RESUMED, {"reopened": True}), *facts]
+            try:
+                events = run.record(facts, redact=False)
+            except FencedError:
+                self._drop(t)  # another process took the thread over: let go of it
+                raise
+            t.index.apply_all(events)
+
+    # --- BaseCheckpointSaver ----------------------------------------------------------
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint,
+            metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        thread_id, ns = _conf(config)
+        t = self.thread(thread_id)
+        with t.lock:
+            self.hold(thread_id)
+            values = checkpoint["channel_values"]
+            blobs = Blobs(t.index.blobs)
+            refs = {channel: [version, self._ref(t, ns, channel, version, values[channel],
+                                                 blobs) if channel in values else {"e": 1}]
+                    for channel, version in new_versions.items()}
+            bare = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+            meta = get_checkpoint_metadata(config, metadata)
+            step = meta.get("step")
+            self.append(thread_id, [(EventType.GRAPH_CHECKPOINT, {
+                "ns": ns, "id": checkpoint["id"],
+                "parent_id": config["configurable"].get("checkpoint_id"),
+                "ts": str(checkpoint.get("ts", "")),
+                "source": str(meta.get("source")) if meta.get("source") else None,
+                "step": step if isinstance(step, int) else None,
+                "checkpoint": _typed(self.serde.dumps_typed(bare)),
+                "metadata": _typed(self.serde.dumps_typed(meta)),
+                "values": refs, "blobs": blobs.new,
+            })])
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint["id"]}}
+
+    def _ref(self, t: Thread, ns: str, channel: str, version: Any, value: Any,
+             blobs: Blobs) -> dict[str, Any]:
+        """A channel value's reference. A list is cut into chunks of CHUNK items, each
+        stored once; its reference names the chunks changed since the channel's last
+        version, every DELTAS-th all. A full chunk holding the very objects it held at
+        the channel's last version is not serialized again: LangGraph's reducers make a
+        new list of the same message objects and never change one in place (a message
+        changed in place, in a chunk already stored, is not stored again)."""
+        if type(value) is not list or not value:
+            return blobs.value([self.serde.dumps_typed(value)])
+        last = t.lists.get((ns, channel))
+        chunks: list[tuple[tuple[Any, ...], str]] = []
+        for k, start in enumerate(range(0, len(value), CHUNK)):
+            objects = tuple(value[start:start + CHUNK])
+            if last is not None and k < len(last.chunks) and _same_full_chunk(
+                    last.chunks[k][0], objects) and (
+                    last.chunks[k][1] in t.index.blobs or last.chunks[k][1] in blobs.new):
+                chunks.append(last.chunks[k])  # the very same items: not serialized again
+            else:
+                items = [self.serde.dumps_typed(v) for v in objects]
+                chunks.append((objects, blobs.add(pack_chunk(items))))
+        names = [name for _, name in chunks]
+        based = last is not None and last.deltas < DELTAS and (
+            (ns, channel, last.version) in t.index.values)
+        if not based:
+            t.lists[(ns, channel)] = ListValue(version, chunks, 0)
+            return {"l": names}
+        assert last is not None
+        keep = 0
+        while keep < min(len(names), len(last.chunks)) and names[keep] == last.chunks[keep][1]:
+            keep += 1
+        t.lists[(ns, channel)] = ListValue(version, chunks, last.deltas + 1)
+        return {"d": [last.version, keep, names[keep:]]}
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        thread_id, ns = _conf(config)
+        checkpoint_id = str(config["configurable"]["checkpoint_id"])
+        t = self.thread(thread_id)
+        with t.lock:
+            self.hold(thread_id)
+            stored = t.index.writes.get((ns, checkpoint_id), {})
+            blobs = Blobs(t.index.blobs)
+            rows = []
+            for idx, (channel, value) in enumerate(writes):
+                at = WRITES_IDX_MAP.get(channel, idx)
+                if at >= 0 and (task_id, at) in stored:
+                    continue  # a repeat of an ordinary write: kept once, nothing to append
+                rows.append([at, channel, blobs.value([self.serde.dumps_typed(value)])])
+            if rows:
+                self.append(thread_id, [(EventType.GRAPH_WRITES, {
+                    "ns": ns, "checkpoint_id": checkpoint_id, "task_id": task_id,
+                    "task_path": task_path, "writes": rows, "blobs": blobs.new})])
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id, ns = _conf(config)
+        t = self.thread(thread_id)
+        with t.lock:
+            ours = t.index.checkpoints.get(ns, {})
+            wanted = get_checkpoint_id(config)
+            if wanted is None:
+                wanted = max(ours, default=None)
+            record = ours.get(wanted) if wanted is not None else None
+            return None if record is None else self._tuple(t, record)
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None
+             ) -> Iterator[CheckpointTuple]:
+        if config is not None:
+            thread_ids = [str(config["configurable"]["thread_id"])]
+            ns = config["configurable"].get("checkpoint_ns")
+            wanted = get_checkpoint_id(config)
+        else:
+            thread_ids, ns, wanted = self._thread_ids(), None, None
+        before_id = get_checkpoint_id(before) if before else None
+        for thread_id in thread_ids:
+            t = self.thread(thread_id)
+            with t.lock:
+                records = sorted((r for space, cps in t.index.checkpoints.items()
+                                  if ns is None or space == ns for r in cps.values()),
+                                 key=lambda r: r.id, reverse=True)
+                found: list[CheckpointTuple] = []
+                for r in records:
+                    if limit is not None and len(found) >= limit:
+                        break
+                    if (wanted and r.id != wanted) or (before_id and r.id >= before_id):
+                        continue
+                    if filter:
+                        meta = self.serde.loads_typed(r.metadata)
+                        if any(meta.get(k) != v for k, v in filter.items()):
+                            continue
+                    found.append(self._tuple(t, r))
+            if limit is not None:
+                limit -= len(found)
+            yield from found
+            if limit is not None and limit <= 0:
+                return
+
+    def _thread_ids(self) -> builtins.list[str]:
+        """Every thread in the store (its run's ``run_started`` names it)."""
+        ids = set()
+        for info in self.store.list_runs():
+            if info.run_id.startswith("lg-"):
+                first = next(iter(self.store.read(info.run_id)), None)
+                if first is not None and (thread_id := thread_of(first)) is not None:
+                    ids.add(thread_id)
+        return sorted(ids)
+
+    def _tuple(self, t: Thread, r: CheckpointRecord) -> CheckpointTuple:
+        checkpoint = self.serde.loads_typed(r.checkpoint)
+        checkpoint["channel_values"] = self._values(t, r.ns, checkpoint["channel_versions"])
+        writes = t.index.writes.get((r.ns, r.id), {})
+        ordered = sorted(writes.items(),
+                         key=lambda kv: writes_sort_key(kv[1].task_path, kv[0][0], kv[0][1]))
+        pending = []
+        for _, w in ordered:
+            items = t.index.read_value(w.ref)
+            assert items is not None  # a write always has a value
+            pending.append((w.task_id, w.channel, self.serde.loads_typed(items[0])))
+        conf = {"thread_id": t.thread_id, "checkpoint_ns": r.ns}
+        return CheckpointTuple(
+            config={"configurable": {**conf, "checkpoint_id": r.id}},
+            checkpoint=checkpoint,
+            metadata=self.serde.loads_typed(r.metadata),
+            parent_config=({"configurable": {**conf, "checkpoint_id": r.parent_id}}
+                           if r.parent_id else None),
+            pending_writes=pending,
+        )
+
+    def _values(self, t: Thread, ns: str, versions: ChannelVersions) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for channel, version in versions.items():
+            ref = t.index.values.get((ns, channel, version))
+            if ref is None:
+                continue
+            if "l" in ref or "d" in ref:
+                items = t.index.read_list(ns, channel, ref)
+                values[channel] = [self.serde.loads_typed(item) for item in items]
+            elif (one := t.index.read_value(ref)) is not None:
+                values[channel] = self.serde.loads_typed(one[0])
+        return values
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread's log: its run is replaced by a tombstone naming no archive
+        (``DELETED``), and the thread id starts again in a new run. An archived thread
+        is ``ArchivedRunError``: restore it first."""
+        t = self.thread(thread_id)
+        with t.lock:
+            if not self.store.last_seq(t.run_id):
+                return
+            run = self.hold(thread_id)
+            records = self.store.records(t.run_id)
+            stone = Tombstone(run_id=t.run_id, last_seq=len(records),
+                              digest=records_digest(records), archive=DELETED,
+                              deleted_at=now())
+            self.store.delete_run(stone, epoch=run.journal.lease.epoch)
+            self._drop(t)
+        with self._lock:
+            self._threads.pop(thread_id, None)
+
+    # --- the async twins: the sync methods in a thread --------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(self, config: RunnableConfig | None, *,
+                    filter: dict[str, Any] | None = None, before: RunnableConfig | None = None,
+                    limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        found = await asyncio.to_thread(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        for item in found:
+            yield item
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions
+                   ) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    # --- an invocation's input, recorded before the graph runs ----------------------
+
+    def record_input(self, config: RunnableConfig, input: Any) -> Any:
+        """Hold the thread and record ``input`` durably before the graph runs, so a crash
+        before LangGraph's first checkpoint loses nothing; returns the input to run with.
+        ``None`` (a resume) returns the input recorded by an invocation that crashed
+        before its input checkpoint, else None (LangGraph resumes from its checkpoint).
+        A ``Command`` is not recorded: it acts on a checkpoint, which holds its effects."""
+        thread_id, _ = _conf(config)
+        self.hold(thread_id)
+        t = self.thread(thread_id)
+        if input is None:
+            pending = t.index.pending_input
+            return None if pending is None else self.serde.loads_typed(pending)
+        if not isinstance(input, Command):
+            typed = _typed(self.serde.dumps_typed(input))
+            self.append(thread_id, [(EventType.GRAPH_INPUT, {"input": typed})])
+        return input
+
+    def finish(self, config: RunnableConfig, outcome: str = "done") -> None:
+        """Record that the thread's graph ran to its end (``run_finished``): gc may then
+        archive the thread; a later input reopens it."""
+        thread_id, _ = _conf(config)
+        t = self.thread(thread_id)
+        with t.lock:
+            if not t.index.finished and t.index.last_seq:
+                self.hold(thread_id).finish(outcome)
+                t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
+
+
+# --- exactly-once tools: a ToolNode wrapper over the call protocol -----------------------
+
+
+@dataclass(frozen=True)
+class ToolEffect:
+    """How a tool's calls are made: ``effect`` (``read_only``, ``idempotent``,
+    ``reversible``, ``irreversible``: what a retry may do), ``identity`` (the argument
+    fields naming the action; default all), ``lookup`` (a reconcile lookup settling an
+    uncertain call: ``PendingCall -> Found | Absent | Conflict | Unknown``)."""
+
+    effect: Effect | str = Effect.IRREVERSIBLE
+    identity: tuple[str, ...] = ()
+    lookup: Reconciler | None = None
+
+
+class ExactlyOnce:
+    """A ``ToolNode`` wrapper (``wrap_tool_call=``; ``.awrap`` for ``awrap_tool_call=``)
+    running each tool call through agentjournal's call protocol, on the thread's run:
+    ``tool_call_started`` durable before the tool runs, the completion after; a call
+    answered before (this very call id) is answered from the log, the tool not run; one
+    left uncertain by a crash is settled by its lookup, retried with the same key when
+    its effect allows, else handed to a person through LangGraph's own ``interrupt()``
+    (the evidence as its value). ``Command(resume={"verdict": "happened" |
+    "did_not_happen", "by": ..., "reason": ..., "result": ...})`` answers it, and the
+    answer is recorded in the journal. Made by :func:`exactly_once`."""
+
+    def __init__(self, saver: JournalSaver, effects: Mapping[str, ToolEffect],
+                 default: ToolEffect) -> None:
+        self.saver, self.effects, self.default = saver, dict(effects), default
+
+    def __call__(self, request: ToolCallRequest,
+                 execute: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
+                 ) -> ToolMessage | Command[Any]:
+        call, run, spec = self._begin(request)
+        for _ in range(3):  # (a verdict, then the call it settles)
+            try:
+                value = run.call(call["name"], dict(call["args"]), call_id=call["id"],
+                                 body=lambda ctx: self._encode(execute(request)),
+                                 effect=spec.effect, identity=spec.identity,
+                                 lookup=spec.lookup)
+            except (ToolFailed, CallRefused) as exc:
+                return _error_message(call, exc)
+            except NeedsPerson as need:
+                self._decide(run, call, need)
+                continue
+            return self._decode(value, call)
+        raise RuntimeError(f"call {call['id']} was decided but not answered")
+
+    async def awrap(self, request: ToolCallRequest,
+                       execute: Callable[[ToolCallRequest],
+                                      Awaitable[ToolMessage | Command[Any]]]
+                    ) -> ToolMessage | Command[Any]:
+        call, run, spec = await asyncio.to_thread(self._begin, request)
+
+        async def body(ctx: Any) -> Any:
+            return self._encode(await execute(request))
+
+        for _ in range(3):
+            try:
+                value = await run.acall(call["name"], dict(call["args"]), call_id=call["id"],
+                                        body=body, effect=spec.effect,
+                                        identity=spec.identity, lookup=spec.lookup)
+            except (ToolFailed, CallRefused) as exc:
+                return _error_message(call, exc)
+            except NeedsPerson as need:
+                self._decide(run, call, need)
+                continue
+            return self._decode(value, call)
+        raise RuntimeError(f"call {call['id']} was decided but not answered")
+
+    def _begin(self, request: ToolCallRequest) -> tuple[Any, BridgedRun, ToolEffect]:
+        thread_id = str(request.runtime.config["configurable"]["thread_id"])
+        call = request.tool_call
+        return call, self.saver.hold(thread_id), self.effects.get(call["name"], self.default)
+
+    def _decide(self, run: BridgedRun, call: Any, need: NeedsPerson) -> None:
+        """Ask the person through LangGraph's interrupt (the first time this raises and
+        the graph stops; on ``Command(resume=...)`` it returns the answer), then record
+        the answer as the call's verdict."""
+        pending = need.pending
+        evidence = {"agentjournal": "uncertain", "run_id": run.run_id, "tool": call["name"],
+                    "call_id": call["id"], "args": call["args"], "key": need.key,
+                    "reason": need.reason,
+                    "started_at": str(getattr(pending, "started_at", "") or ""),
+                    "attempt": getattr(pending, "attempt", None),
+                    "last_error": getattr(pending, "last_error", None),
+                    "answer_with": {"verdict": "happened | did_not_happen",
+                                    "by": "who decided", "reason": "why",
+                                    "result": "what it returned (happened only)"}}
+        answer = interrupt(evidence)
+        verdict = _verdict(answer)
+        if verdict is None:
+            raise ValueError(f"the answer to call {call['id']!r} ({call['name']}) must say "
+                             "whether it happened: Command(resume={'verdict': 'happened'} or "
+                             f"{{'verdict': 'did_not_happen'}}), not {answer!r}")
+        happened, by, reason, result = verdict
+        run.resolve(call["id"], happened=happened, by=by, reason=reason, result=result)
+
+    def _encode(self, result: ToolMessage | Command[Any]) -> dict[str, Any]:
+        if isinstance(result, ToolMessage):
+            return {"tool_message": {"content": result.content, "status": result.status}}
+        return {"command": _typed(self.saver.serde.dumps_typed(result))}
+
+    def _decode(self, value: Any, call: Any) -> ToolMessage | Command[Any]:
+        if isinstance(value, dict) and "tool_message" in value:
+            message = value["tool_message"]
+            return ToolMessage(content=message["content"], status=message["status"],
+                               tool_call_id=call["id"], name=call["name"])
+        if isinstance(value, dict) and "command" in value:
+            command: Command[Any] = self.saver.serde.loads_typed(
+                (value["command"][0], unb64(value["command"][1])))
+            return command
+        # A lookup's finding or a person's word: the result as the receiver gave it.
+        content = ("The call was made (settled without its result)." if value is None
+                   else value if isinstance(value, str) else json.dumps(value, default=str))
+        return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"])
+
+
+def exactly_once(saver: JournalSaver, effects: Mapping[str, ToolEffect] | None = None, *,
+                 default: ToolEffect | None = None) -> ExactlyOnce:
+    """A ``ToolNode`` wrapper making each tool call by agentjournal's call protocol on the
+    thread's run (see :class:`ExactlyOnce`). ``effects``: per tool name; ``default``:
+    for the others (irreversible unless given)::
+
+        calls = exactly_once(saver, {"refund": ToolEffect("irreversible",
+                                                          identity=("order",),
+                                                          lookup=find_refund)})
+        ToolNode(tools, wrap_tool_call=calls, awrap_tool_call=calls.awrap)
+
+    A tool reads its call's idempotency key (to send to its receiver) and lease epoch
+    with ``current_call()``."""
+    return ExactlyOnce(saver, effects or {}, default or ToolEffect())
+
+
+def current_call() -> ToolContext:
+    """The running tool call's context (``key``: the idempotency key to send to the
+    receiver; ``epoch``: the lease epoch), inside a tool run by :func:`exactly_once`."""
+    ctx = bridge_current_call()
+    if ctx is None:
+        raise RuntimeError("current_call() is only set inside a tool run by exactly_once")
+    return ctx
+
+
+def _verdict(answer: Any) -> tuple[bool, str, str, Any] | None:
+    """(happened, by, reason, result) from a resume value: a dict with ``verdict`` (or
+    ``happened``: bool), or the bare verdict; None when it says neither."""
+    if isinstance(answer, str | bool):
+        answer = {"verdict": answer}
+    if not isinstance(answer, dict):
+        return None
+    said = answer.get("verdict", answer.get("happened"))
+    happened = {"happened": True, "did_not_happen": False, True: True, False: False}.get(said)
+    if happened is None:
+        return None
+    return (happened, str(answer.get("by") or "langgraph resume"),
+            str(answer.get("reason") or ""), answer.get("result"))
+
+
+def _error_message(call: Any, exc: Exception) -> ToolMessage:
+    return ToolMessage(content=f"Error: {exc}", tool_call_id=call["id"], name=call["name"],
+                       status="error")
+
+
+def _typed(pair: tuple[str, bytes]) -> list[str]:
+    return [pair[0], b64(pair[1])]
+
+
+def _saver_of(graph: Any) -> JournalSaver:
+    saver = getattr(graph, "checkpointer", None)
+    if not isinstance(saver, JournalSaver):
+        raise TypeError("invoke needs a graph compiled with checkpointer=JournalSaver(...)")
+    return saver
+
+
+def _ended(graph: Any, config: RunnableConfig) -> bool:
+    snapshot = graph.get_state(config)
+    return not snapshot.next and not snapshot.interrupts
+
+
+def invoke(graph: Any, input: Any, config: RunnableConfig, *, durability: str = "sync",
+           release: bool = True, **kwargs: Any) -> Any:
+    """Run ``graph`` on a thread durably: hold the thread's lease for the whole
+    invocation (``LeaseHeldError`` if another process holds it), record the input
+    before the graph runs (``input=None`` resumes, with the input of an invocation
+    that crashed before its first checkpoint if there is one), and record the finish
+    when the graph ends. ``durability`` defaults to LangGraph's ``"sync"``."""
+    saver = _saver_of(graph)
+    thread_id, _ = _conf(config)
+    try:
+        given = saver.record_input(config, input)
+        result = graph.invoke(given, config, durability=durability, **kwargs)
+        if _ended(graph, config):
+            saver.finish(config)
+        return result
+    finally:
+        if release:
+            saver.release(thread_id)
+
+
+async def ainvoke(graph: Any, input: Any, config: RunnableConfig, *,
+                  durability: str = "sync", release: bool = True, **kwargs: Any) -> Any:
+    """``invoke`` for async code."""
+    saver = _saver_of(graph)
+    thread_id, _ = _conf(config)
+    try:
+        given = await asyncio.to_thread(saver.record_input, config, input)
+        result = await graph.ainvoke(given, config, durability=durability, **kwargs)
+        if await asyncio.to_thread(_ended, graph, config):
+            await asyncio.to_thread(saver.finish, config)
+        return result
+    finally:
+        if release:
+            await asyncio.to_thread(saver.release, thread_id)
+
