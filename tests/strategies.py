@@ -15,6 +15,7 @@ OPS = (
     "user", "turn", "start", "complete", "fail", "uncertain", "reconcile", "deny", "served",
     "ask", "decide", "flag", "redact", "compact", "memory", "resumed", "paused", "escalated",
     "finished", "budget", "fresh", "saga", "undo", "undone", "saga_done", "cancel", "workspace",
+    "session_add", "session_pop", "session_clear", "trace",
 )
 
 
@@ -75,6 +76,17 @@ def run_logs(draw: st.DrawFn, max_events: int = 40, run_id: str = "run-1") -> li
                  commit=draw(st.sampled_from(["c1", "c2", None])), changed=["a"], count=1,
                  restored_seq=1)
             messages += 1 if cause in ("drift", "restore") else 0
+        elif op == "session_add":
+            emit(EventType.SESSION_ITEMS_ADDED, items=[
+                {"role": "user", "content": draw(text)}
+                for _ in range(draw(st.integers(1, 3)))])
+        elif op == "session_pop":
+            emit(EventType.SESSION_ITEM_POPPED, index=draw(st.integers(-1, 4)))
+        elif op == "session_clear":
+            emit(EventType.SESSION_CLEARED, count=1)
+        elif op == "trace":
+            emit(EventType.TRACE_RECORDED, trace_id="trace_1", dropped=0, spans=[
+                {"kind": "agent", "name": "a", "span_id": "s1", "parent_id": None, "ms": 1.5}])
         elif op == "cancel":
             emit(EventType.RUN_CANCELLED, by="ops", reason=draw(text))
         elif op == "saga_done":

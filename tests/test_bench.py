@@ -33,7 +33,8 @@ pytestmark = pytest.mark.timeout(900)
 WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "storage",
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
               "claim", "step", "group_commit", "saga", "workspace", "gc", "temporal",
-              "takeover", "ui", "langgraph", "pydantic_ai"}
+              "takeover", "ui", "langgraph", "pydantic_ai",
+              "openai_agents"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step", "agent_step_growth",
                  "model_call", "snapshot_bytes", "snapshot_bytes_growth", "snapshot_next",
                  "group_commit_ceiling"}
@@ -115,6 +116,16 @@ def test_langgraph_is_measured_beside_its_own_savers(doc: dict[str, Any]) -> Non
             "langgraph.step_sync.sqlite.40", "langgraph.resume.100"} <= figures.keys()
     assert "SqliteSaver" in figures["langgraph.bytes_per_step.sqlite.40"]["floor_name"]
     assert "PostgresSaver" in figures["langgraph.bytes_per_step.postgres.40"]["floor_name"]
+
+
+def test_the_openai_agents_sdk_is_measured_beside_its_own_runner_and_session(
+        doc: dict[str, Any]) -> None:
+    by_name = {f["name"]: f for f in doc["figures"]}
+    runner = by_name["openai_agents.turn.journal_runner"]
+    session = by_name["openai_agents.turn.journal_session"]
+    assert runner["floor_name"] == "the SDK's Runner, no session"
+    assert session["floor_name"] == "the SDK's SQLiteSession (a file)"
+    assert all(f["unit"] == "ms/turn" and f["ratio"] > 0 for f in (runner, session))
 
 
 def test_the_chain_is_costed_against_plain_encode_and_decode(doc: dict[str, Any]) -> None:

@@ -385,3 +385,15 @@ def test_one_action_twice_in_a_batch_is_made_once(store: Store) -> None:
         outcomes = run.call_batch([CallSpec(tool="charge", args={"order": 7}, call_id=f"c{i}",
                                             body=charge) for i in range(2)])
     assert [o.value for o in outcomes] == ["charged", "charged"] and made == ["c0"]
+
+
+def test_recorded_lists_a_names_values_without_claiming_them(store: Store) -> None:
+    with open_run(store, RUN, input="hi") as run:
+        assert run.recorded("state") == []
+        run.step("state", "s0", lambda: {"at": 0})
+        run.step("state", "s1", lambda: {"at": 1})
+    with open_run(store, RUN) as run:
+        assert run.recorded("state") == [{"at": 0}, {"at": 1}]
+        assert run.recorded("other") == []
+        # Nothing was claimed: the next step of the name is still the first one, served.
+        assert run.step("state", "s0", lambda: {"at": "again"}) == {"at": 0}

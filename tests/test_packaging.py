@@ -104,3 +104,30 @@ def test_the_pydantic_ai_extra_pins_the_framework(wheel: zipfile.ZipFile) -> Non
     pinned = [r for r in required if r.startswith("pydantic-ai-slim")
               and 'extra == "pydantic-ai"' in r]
     assert len(pinned) == 1 and "<3" in pinned[0] and ">=2.68" in pinned[0], required
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_the_openai_agents_session_imports_no_sdk() -> None:
+    # The OpenAI Agents SDK takes seconds to import; its session class needs none of it.
+    done = _python("import sys, agentjournal, agentjournal.integrations.openai_agents\n"
+                   "print(sorted(m for m in ('agents', 'langgraph', 'pydantic_ai', "
+                   "'temporalio') if m in sys.modules))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_openai_agents_extra_is_pinned_and_its_absence_explained() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert extras["openai-agents"] == ["openai-agents>=0.24,<0.25"]
+    assert "openai-agents]" in extras["dev"][0]
+    done = _python("import sys; sys.modules['agents'] = None\n"
+                   "from agentjournal.integrations import openai_agents\n"
+                   "try:\n    openai_agents.JournalRunner\n"
+                   "except ImportError as exc:\n    print(exc)")
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'agentjournal[openai-agents]'" in done.stdout

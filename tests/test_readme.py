@@ -127,3 +127,12 @@ def test_the_pydantic_ai_block_runs_and_resumes(new_user: Path,
         log = list(store.read("order-7"))
     assert fold(log).status == "finished"
     assert sum(e.type == "tool_call_started" for e in log) == 1  # made once, replayed once
+
+
+def test_the_openai_agents_block_runs_and_replays(new_user: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (code,) = [c for lang, c in BLOCK.findall(section("Use the OpenAI Agents SDK"))
+               if lang == "python"]
+    run_alone(code)
+    # One invoice and two model calls, then the same: the second run was served the log.
+    assert capsys.readouterr().out.splitlines() == ["Invoiced acme. 1 2"] * 2

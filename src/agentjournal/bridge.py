@@ -292,6 +292,14 @@ class BridgedRun(StepMachine):
 
     # --- steps --------------------------------------------------------------------
 
+    def recorded(self, name: str) -> list[Any]:
+        """The values recorded for the steps named ``name``, in order, as stored (not
+        decoded), without claiming any: to find how far a run got before asking for the
+        next one (e.g. the newest of the states a framework saved at its pauses)."""
+        with self._lock:
+            units = self._units.get(name, {})
+            return [units[n].value for n in range(len(units)) if n in units]
+
     def _claim(self, name: str, fingerprint: str,
                position: int | None) -> tuple[int, _Unit | None]:
         """The position of this step of ``name``, and its recorded unit if it has one."""

@@ -33,7 +33,9 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: (freshness); tool_call_completed may carry fresh_for, tool_call_started
 #: key_retention (no older payload changed).
 #: v7: step_recorded (a unit of a run another framework drives: agentjournal.bridge);
-#: model_turn may carry that unit's ``step`` and ``value`` (no older payload changed).
+#: model_turn may carry that unit's ``step`` and ``value`` (no older payload changed);
+#: the conversation of an OpenAI Agents SDK session (session_items_added,
+#: session_item_popped, session_cleared) and a framework's trace spans (trace_recorded).
 SCHEMA_VERSION = 7
 
 #: The first schema version whose events are stored sealed (with a chained digest).
@@ -75,6 +77,10 @@ class EventType(StrEnum):
     GRAPH_INPUT = "graph_input"
     GRAPH_CHECKPOINT = "graph_checkpoint"
     GRAPH_WRITES = "graph_writes"
+    SESSION_ITEMS_ADDED = "session_items_added"
+    SESSION_ITEM_POPPED = "session_item_popped"
+    SESSION_CLEARED = "session_cleared"
+    TRACE_RECORDED = "trace_recorded"
 
     @classmethod
     def parse(cls, name: str) -> EventType:

@@ -35,7 +35,8 @@ from .events import Event, EventType, render
 #: summed as $0. v9: the trace context a run_started / run_resumed records (``trace``).
 #: v10: a finished run's run_resumed with ``reopened`` (a LangGraph thread given new
 #: input) runs it again.
-FOLD_VERSION = 10
+#: v11: a conversation session's items (``session``: added, popped, cleared).
+FOLD_VERSION = 11
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -239,6 +240,9 @@ class RunState(msgspec.Struct, kw_only=True):
     #: recorded one in its run_started / run_resumed: the next segment's span links to
     #: it across a crash (otel.py). None when no tracer was attached.
     trace: dict[str, str] | None = None
+    #: A conversation session's items, oldest first (an OpenAI Agents SDK session kept
+    #: in this log); None for a log that never held one.
+    session: list[dict[str, Any]] | None = None
 
     @property
     def waits_for_a_person(self) -> bool:
@@ -312,6 +316,7 @@ def durable_fields(state: RunState) -> dict[str, Any]:
         **({"workspace": msgspec.to_builtins(state.workspace)} if state.workspace else {}),
         **({"notes": msgspec.to_builtins(state.notes)} if state.notes else {}),
         **({"trace": state.trace} if state.trace else {}),
+        **({"session": state.session} if state.session is not None else {}),
     }
 
 
@@ -661,6 +666,24 @@ def _workspace_checkpoint(st: RunState, ev: Event) -> None:
             f"seq {p.get('restored_seq')}; {count} file(s) changed: {shown}.")))
 
 
+def _session_items_added(st: RunState, ev: Event) -> None:
+    # One batch of items, added whole: the event is the atomic unit.
+    if st.session is None:
+        st.session = []
+    st.session.extend(ev.payload.get("items", ()))
+
+
+def _session_item_popped(st: RunState, ev: Event) -> None:
+    # Recorded, never deleted: the item stays in the log, the session no longer holds it.
+    items, index = st.session, ev.payload.get("index", -1)
+    if items is not None and 0 <= index < len(items):
+        del items[index]
+
+
+def _session_cleared(st: RunState, ev: Event) -> None:
+    st.session = []
+
+
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
@@ -706,6 +729,9 @@ FOLD_RULES: dict[EventType, Rule] = {
     EventType.OBSERVATIONS_CHECKED: _observations_checked,
     EventType.RUN_CANCELLED: _run_cancelled,
     EventType.WORKSPACE_CHECKPOINT: _workspace_checkpoint,
+    EventType.SESSION_ITEMS_ADDED: _session_items_added,
+    EventType.SESSION_ITEM_POPPED: _session_item_popped,
+    EventType.SESSION_CLEARED: _session_cleared,
 }
 
 #: Deliberate no-ops: facts kept for audit that change no state. A step_recorded is a
@@ -714,6 +740,8 @@ RECORD_ONLY: frozenset[EventType] = frozenset({
     EventType.BUDGET_EXCEEDED, EventType.STEP_RECORDED,
     # A LangGraph thread's own records: the saver indexes them (integrations/_graphlog.py).
     EventType.GRAPH_INPUT, EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES,
+    # A framework's trace spans are what it observed, for people; no run relies on them.
+    EventType.TRACE_RECORDED,
 })
 
 

@@ -57,6 +57,9 @@ from .langgraph import langgraph_figures
 from .models import (
     model_figures,
 )
+from .openai_agents import (
+    openai_agents_figures,
+)
 from .peers import (
     peer_figures,
     peers_problem,
@@ -142,6 +145,7 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "models": lambda r: model_figures(r.workdir, r.plan, r.progress),
     "fleet": lambda r: fleet_figures(r.workdir, r.postgres_url, r.plan, r.progress),
     "ui": lambda r: ui_figures(r.workdir, r.plan, r.progress),
+    "openai-agents": lambda r: openai_agents_figures(r.workdir, r.plan, r.progress),
     "peers": lambda r: peer_figures(r.workdir, r.quick, r.progress) if r.peers else [],
     "langgraph": lambda r: langgraph_figures(r.workdir, r.postgres_url, r.plan, r.quick,
                                              r.progress, smoke=r.plan == SMOKE),

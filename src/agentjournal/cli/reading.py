@@ -280,11 +280,40 @@ def summary(event: Event, then: Event | None = None) -> str:
                               if i["verdict"] == "stale")
             return (f"the world since: {len(reread)} re-read ({changed} changed)"
                     + (f"; {stale}" if stale else ""))
+        case E.SESSION_ITEMS_ADDED:
+            return session_items_line(p.get("items", []))
+        case E.SESSION_ITEM_POPPED:
+            return f"item {p.get('index')} popped (it stays in the log)"
+        case E.SESSION_CLEARED:
+            return f"{p.get('count', 0)} item(s) cleared"
+        case E.TRACE_RECORDED:
+            return trace_line(p.get("spans", []), p.get("dropped", 0))
         case E.SAGA_FINISHED:
             stands = p.get("blocked_stands")
             kept = f"; {stands['tool']} at seq {stands['effect_seq']} stands" if stands else ""
             return f"{p.get('undone', 0)} effect(s) undone{kept}"
     return short(p.get("reason") or p.get("name") or p.get("key") or "")
+
+
+def session_items_line(items: list[dict[str, Any]]) -> str:
+    """A session batch: how many items, and what the first few are (role or type)."""
+    kinds = ", ".join(str(i.get("role") or i.get("type") or "item") for i in items[:6])
+    more = " ..." if len(items) > 6 else ""
+    text = next((c for i in items if isinstance(c := i.get("content"), str) and c), "")
+    return f"{len(items)} item(s): {kinds}{more}" + (f": {short(text, 60)}" if text else "")
+
+
+def trace_line(spans: list[dict[str, Any]], dropped: int) -> str:
+    """A framework's trace: its spans by kind with their time, and its errors."""
+    kinds: dict[str, list[float]] = {}
+    for s in spans:
+        kinds.setdefault(str(s.get("kind")), []).append(float(s.get("ms") or 0))
+    parts = [f"{len(ms)} {kind} ({sum(ms) / 1000:.2f} s)" for kind, ms in kinds.items()]
+    errors = [f"{s.get('kind')} {s.get('name') or ''}: {s['error']}".replace(" :", ":")
+              for s in spans if s.get("error")]
+    return (f"{len(spans)} span(s): " + ", ".join(parts)
+            + (f"; {dropped} dropped" if dropped else "")
+            + (f"; errors: {short('; '.join(errors), 80)}" if errors else ""))
 
 
 def _next_try(failure: dict[str, Any], then: Event | None) -> str:

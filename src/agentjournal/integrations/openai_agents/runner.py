@@ -1,0 +1,682 @@
+"""``JournalRunner``: the SDK's ``Runner`` with every model call and tool call journaled.
+
+The SDK's loop drives; agentjournal's bridge (``agentjournal.bridge``) lends it the
+journal and the call protocol, so a run killed at any point resumes without asking the
+model again for a turn it answered, and without making a recorded call again:
+
+- **model calls**: the agent (and every agent it hands off to) gets a model wrapper; a
+  call is a bridge step named ``openai_agents.model.<segment>``, fingerprinted by what
+  the model was asked (instructions, input, tools, handoffs, output type). On resume
+  the recorded answer is served; asked something else, the run stops with
+  ``NondeterminismError`` rather than diverge.
+- **function tools** (and MCP tools): ``on_invoke_tool`` is replaced by one that goes
+  through the bridge's call protocol with the tool's effect class, identity and lookup
+  (:class:`ToolPolicy`; an MCP tool's annotations give its class when no policy is
+  given; else irreversible). ``tool_call_started`` is durable before the tool runs;
+  the tool gets the idempotency key through ``agentjournal.current_call()``. The starts
+  of a turn's calls are appended in the order the model gave them.
+- **interruptions**: a tool with ``needs_approval`` records ``approval_requested``; a
+  call whose effect is uncertain and that no lookup settles becomes an SDK interruption
+  too (its tool asks "approval"). The SDK's ``RunState`` at an interruption is stored
+  in the journal (a bridge step ``openai_agents.state.<k>``), so the next
+  ``run`` with the same run id resumes from it, applying the decisions recorded in the
+  journal (``agentjournal approve`` / ``deny`` / ``resolve``, or approvals made on the SDK's state
+  and passed back): nothing needs to be kept by the caller (openai-agents-python#4244).
+- **traces**: the SDK's spans of the run are summarised into one ``trace_recorded``
+  event (an observer: see tracing.py).
+
+A segment is the part of a run between two stored ``RunState``s: segment 0 starts
+from the input, segment k goes on from the k-th state stored (``state.<k-1>``).
+Streaming is not journaled yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from agents import Agent, Handoff, Model, RunConfig, Runner, RunResult, RunState
+from agents.items import ModelResponse, ToolApprovalItem
+from agents.tool import FunctionTool, maybe_invoke_function_tool_failure_error_function
+from agents.tool_context import ToolContext as SdkToolContext
+from agents.tracing import gen_trace_id
+from agents.usage import deserialize_usage, serialize_usage
+from openai.types.responses import ResponseOutputItem
+from pydantic import TypeAdapter
+
+from ...bridge import BridgedRun, Turn, open_run
+from ...errors import CallRefused, JournalError, NeedsPerson, ResultNotKeptError
+from ...events import EventType
+from ...keys import idempotency_key
+from ...results import to_json
+from ...store import Store
+from ...tools import Absent, Effect, Found, Reconciler, ToolContext
+from . import tracing
+
+__all__ = ["JournalRunner", "ToolPolicy", "mcp_effect"]
+
+log = logging.getLogger("agentjournal.openai_agents")
+
+MODEL_STEP = "openai_agents.model"
+STATE_STEP = "openai_agents.state"
+_OUTPUT_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseOutputItem)
+#: Seconds a call waits for the call before it in the model's answer to start: past it,
+#: that call is taken to be one the SDK does not run (the order is then not kept).
+ORDER_WAIT = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolPolicy:
+    """How a tool's calls are journaled: its effect class, the argument fields that name
+    the action (default: all), the lookup that settles an uncertain call (as
+    ``@tool(reconcile=...)``: it gets the ``PendingCall`` and returns Found, Absent,
+    Conflict or Unknown), and how long its receiver keeps idempotency keys."""
+
+    effect: Effect | str = Effect.IRREVERSIBLE
+    identity: Sequence[str] = ()
+    lookup: Reconciler | None = None
+    key_retention: float | None = None
+
+
+def mcp_effect(annotations: Any) -> Effect:
+    """The effect class an MCP tool's annotations declare: ``readOnlyHint`` read-only,
+    ``idempotentHint`` idempotent (repeating the call with the same arguments has no
+    further effect), anything else irreversible (the hints are the server's claims;
+    without them nothing is assumed)."""
+    if _hint(annotations, "read_only_hint", "readOnlyHint"):
+        return Effect.READ_ONLY
+    if _hint(annotations, "idempotent_hint", "idempotentHint"):
+        return Effect.IDEMPOTENT
+    return Effect.IRREVERSIBLE
+
+
+def _hint(annotations: Any, *names: str) -> bool:
+    """An MCP annotation's hint, by its Python or its wire name (or a dict's key)."""
+    if isinstance(annotations, dict):
+        return any(annotations.get(name) is True for name in names)
+    return any(getattr(annotations, name, None) is True for name in names)
+
+
+class JournalRunner:
+    """``Runner.run`` / ``Runner.run_sync`` with the run kept in an agentjournal store."""
+
+    @classmethod
+    async def run(cls, starting_agent: Agent[Any], input: str | list[Any] | RunState[Any],
+                  *, store: Store, run_id: str,
+                  policies: Mapping[str, ToolPolicy | Effect | str] | None = None,
+                  context: Any = None, max_turns: int | None = None, hooks: Any = None,
+                  run_config: RunConfig | None = None, session: Any = None,
+                  owner: str | None = None, ttl: float = 30.0, trace: bool = True,
+                  context_serializer: Callable[[Any], Mapping[str, Any]] | None = None,
+                  context_deserializer: Callable[[Mapping[str, Any]], Any] | None = None,
+                  ) -> RunResult:
+        """Start run ``run_id`` or resume it: the SDK's ``RunResult``.
+
+        The same call resumes a run that was killed, or stopped at an interruption
+        (``result.interruptions``). ``input`` is the run's input (recorded at its start;
+        a resume with another input is refused), or the ``RunState`` of an interruption
+        with approvals made on it (they are recorded in the journal first).
+        ``policies`` maps tool names to their :class:`ToolPolicy` (or just an effect).
+        The other arguments are ``Runner.run``'s. Raises what ``Runner.run`` raises, and
+        the bridge's ``NondeterminismError`` when the agent asked the model something
+        other than what the log recorded.
+        """
+        args: dict[str, Any] = dict(
+            store=store, run_id=run_id, policies=policies or {}, context=context,
+            max_turns=max_turns, hooks=hooks, run_config=run_config or RunConfig(),
+            session=session, owner=owner, ttl=ttl, trace=trace,
+            serializer=context_serializer, deserializer=context_deserializer)
+        result, _ = await _run(starting_agent, input, **args)
+        return result
+
+    @classmethod
+    def run_sync(cls, starting_agent: Agent[Any], input: str | list[Any] | RunState[Any],
+                 **kwargs: Any) -> RunResult:
+        """:meth:`run` in a new event loop (not from inside a running one)."""
+        return asyncio.run(cls.run(starting_agent, input, **kwargs))
+
+
+# --- one open run --------------------------------------------------------------------
+
+#: Where a run stopped: its status, the seq of its last event, its lease epoch.
+Ended = tuple[str, int, int]
+
+
+async def _run(agent: Agent[Any], input: Any, **args: Any) -> tuple[RunResult, Ended]:
+    try:
+        return await _run_once(agent, input, **args)
+    except Exception as error:
+        if _needs_person(error) is None:
+            raise
+    # A call's effect became uncertain as it ran, and nothing settled it: the run is
+    # paused. Opened again, the SDK meets that call in the log, as an interruption.
+    return await _run_once(agent, input, **args)
+
+
+async def _run_once(agent: Agent[Any], input: Any, *, store: Store, run_id: str,
+                    policies: Mapping[str, ToolPolicy | Effect | str], owner: str | None,
+                    ttl: float, trace: bool, run_config: RunConfig,
+                    agent_ref: str | None = None, keep_lease: bool = False,
+                    **runner: Any) -> tuple[RunResult, Ended]:
+    given_state = input if isinstance(input, RunState) else None
+    recorded_input = None if given_state is not None else _plain(input)
+    with open_run(store, run_id, agent=agent_ref or f"openai-agents:{agent.name}",
+                  input=recorded_input, owner=owner, ttl=ttl, keep_lease=keep_lease) as run:
+        if input is None and given_state is None:
+            input = run.state.task  # a resume that did not repeat the input
+        driver = _Driver(run, policies)
+        # A finished run is replayed from its log: nothing new to trace.
+        processor = tracing.install() if trace and run.status != "finished" else None
+        if processor is not None:
+            trace_id = run_config.trace_id or gen_trace_id()
+            run_config = dataclasses.replace(run_config, trace_id=trace_id)
+            processor.bind(trace_id)
+        try:
+            result = await driver.drive(agent, given_state, input, run_config=run_config,
+                                        **runner)
+        finally:
+            if processor is not None:
+                driver.record_trace(processor, run_config.trace_id or "")
+        if not result.interruptions:
+            run.finish(to_json(result.final_output, "final_output"))
+        return result, (run.status, run.state.last_seq, run.journal.lease.epoch)
+
+
+def _needs_person(error: BaseException | None) -> NeedsPerson | None:
+    """The NeedsPerson behind ``error`` (the SDK may wrap what a tool raised)."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, NeedsPerson):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+class _Driver:
+    """What one ``JournalRunner.run`` call wraps the SDK's agents with."""
+
+    def __init__(self, run: BridgedRun, policies: Mapping[str, ToolPolicy | Effect | str]):
+        self.run = run
+        self.policies = {name: p if isinstance(p, ToolPolicy) else ToolPolicy(effect=p)
+                         for name, p in policies.items()}
+        self.segment = 0
+        self.config = RunConfig()
+        self.turns = _Turns()
+        self._agents: dict[int, Agent[Any]] = {}
+
+    async def drive(self, agent: Agent[Any], given: RunState[Any] | None, input: Any, *,
+                    context: Any, serializer: Any, deserializer: Any, run_config: RunConfig,
+                    **runner: Any) -> RunResult:
+        self.config = run_config
+        if run_config.model is not None:  # it answers for every agent of the run
+            model = _JournaledModel(self, run_config.model)
+            run_config = dataclasses.replace(run_config, model=model)
+        runner["run_config"] = run_config
+        if runner.get("session") is not None:
+            runner["session"] = _ReplayedSession(self, runner["session"])
+        if runner.get("max_turns") is None:
+            runner.pop("max_turns", None)  # the SDK's default
+        wrapped = self.wrap_agent(agent)
+        saved = self.saved_states()
+        if given is not None:
+            self.record_decisions(given)
+            if not saved:  # a state from outside the journal: it is the first one
+                saved = [self.save_state(given, serializer, index=0)]
+        self.segment = len(saved)  # segment k goes on from the k-th state saved
+        if saved:
+            state = await RunState.from_json(wrapped, saved[-1], context_override=context,
+                                             context_deserializer=deserializer)
+            self.apply_decisions(state)
+            result = await Runner.run(wrapped, state, **runner)
+        else:
+            result = await Runner.run(wrapped, input, context=context, **runner)
+        if result.interruptions:
+            self.save_state(result.to_state(), serializer, index=self.segment)
+            self.pause_for_uncertain(result.interruptions)
+        return result
+
+    def pause_for_uncertain(self, interruptions: Sequence[ToolApprovalItem]) -> None:
+        """Record why the run stopped when an interruption is an uncertain call (an
+        approval's request already says so): what a person must decide, and how."""
+        keys = []
+        for item in interruptions:
+            call = _call_of(item)
+            approval = None if call is None else self.approval_id(call[1], call[2])
+            if call is not None and approval not in self.run.state.approvals and (
+                    approval not in self.run.state.decisions):
+                keys.append(f"{call[1]} {self.key(call[1], call[2])[:16]}")
+        if keys:
+            self.run.pause(f"uncertain: {', '.join(keys)}; decide with `agentjournal resolve "
+                           f"{self.run.run_id} KEY --happened | --did-not-happen`, then run "
+                           "again")
+
+    # --- the stored RunStates and the decisions on them ---------------------------------
+
+    def saved_states(self) -> list[dict[str, Any]]:
+        """The RunStates stored at this run's interruptions, oldest first."""
+        states: list[dict[str, Any]] = []
+        while recorded := self.run.recorded(f"{STATE_STEP}.{len(states)}"):
+            states.append(recorded[0])
+        return states
+
+    def save_state(self, state: RunState[Any], serializer: Any, *,
+                   index: int) -> dict[str, Any]:
+        """Store the SDK's state at an interruption, as the run's ``index``-th."""
+        saved: dict[str, Any] = to_json(state.to_json(context_serializer=serializer),
+                                        "the SDK's RunState")
+        return cast(dict[str, Any], self.run.step(
+            f"{STATE_STEP}.{index}", f"state {index}", lambda: saved))
+
+    def record_decisions(self, state: RunState[Any]) -> None:
+        """Record the approvals the caller made on an interruption's RunState."""
+        context = state._context
+        for item in state.get_interruptions():
+            call = _call_of(item)
+            if call is None or context is None:
+                continue
+            approved = context.is_tool_approved(call[1], call[0])
+            approval_id = self.approval_id(call[1], call[2])
+            if approved is not None and approval_id in self.run.state.approvals:
+                self.run.decide_approval(approval_id, approved=approved,
+                                         by="openai-agents caller")
+
+    def apply_decisions(self, state: RunState[Any]) -> None:
+        """Apply to a stored RunState what was decided since: approvals and denials
+        (``agentjournal approve`` / ``deny``), and verdicts on uncertain calls (``resolve``)."""
+        for item in state.get_interruptions():
+            call = _call_of(item)
+            if call is None:
+                continue
+            call_id, tool, args = call
+            decision = self.run.state.decisions.get(self.approval_id(tool, args))
+            if decision is not None and decision.approved:
+                state.approve(item)
+            elif decision is not None:
+                state.reject(item, rejection_message=decision.reason or None)
+            elif self.uncertain_settled(call_id, tool, args):
+                state.approve(item)  # a person resolved it: the bridge answers or remakes it
+
+    def approval_id(self, tool: str, args: dict[str, Any]) -> str:
+        return self.run.approval_id(tool, args, identity=self.policy(tool).identity)
+
+    def uncertain_settled(self, call_id: str, tool: str, args: dict[str, Any]) -> bool:
+        """Whether a call that stopped the run as uncertain has been decided since (one
+        that never started, e.g. waiting for an approval, is not: it stays waiting)."""
+        key = self.key(tool, args)
+        if not self.run.state.attempts.get(key, 0):
+            return False  # never started: not an uncertain call
+        if self.run.answer(call_id) is not None:
+            return True  # it happened (a person or a lookup said so): served from the log
+        return not any(p.key == key for p in self.run.state.pending.values())
+
+    async def needs_person(self, tool: str, args: dict[str, Any], policy: ToolPolicy) -> bool:
+        """Whether the call would stop the run for a person if made now: its key is
+        uncertain (started, never completed), its effect may not be retried blindly, and
+        its lookup (run here: a read) neither finds it nor proves it absent. The call
+        itself then settles it again by the bridge's rules (found: served; absent: made
+        again with the same key); this only decides whether the SDK is to ask a person."""
+        key = self.key(tool, args)
+        pending = next((p for p in self.run.state.pending.values() if p.key == key), None)
+        if pending is None or Effect(policy.effect) in (Effect.READ_ONLY, Effect.IDEMPOTENT):
+            return False
+        if policy.lookup is None:
+            return True
+        try:
+            if inspect.iscoroutinefunction(policy.lookup):
+                evidence = await policy.lookup(pending)
+            else:
+                evidence = await asyncio.to_thread(policy.lookup, pending)
+        except Exception:
+            return True  # the lookup failed: nothing is known
+        return not isinstance(evidence, Found | Absent) or (
+            isinstance(evidence, Absent) and not evidence.final)
+
+    def key(self, tool: str, args: dict[str, Any]) -> str:
+        identity = tuple(self.policy(tool).identity) or None
+        return idempotency_key(self.run.state.scope, tool, args, identity)
+
+    def policy(self, tool: str, annotations: Any = None) -> ToolPolicy:
+        if tool in self.policies:
+            return self.policies[tool]
+        return ToolPolicy(effect=mcp_effect(annotations))
+
+    # --- traces ------------------------------------------------------------------------
+
+    def record_trace(self, processor: tracing.JournalTraceProcessor, trace_id: str) -> None:
+        """The run's span summaries, in one event: an observer, so a failure to record
+        them is logged, never raised."""
+        spans, dropped = processor.take(trace_id)
+        processor.unbind(trace_id)
+        if not spans and not dropped:
+            return
+        try:
+            self.run.journal.record(EventType.TRACE_RECORDED, trace_id=trace_id, spans=spans,
+                                    dropped=dropped)
+        except JournalError:
+            log.warning("run %s: could not record its trace %s", self.run.run_id, trace_id,
+                        exc_info=True)
+
+    # --- wrapping the SDK's agents -----------------------------------------------------
+
+    def wrap_agent(self, agent: Agent[Any]) -> Agent[Any]:
+        """A clone of ``agent`` (and of the agents it hands off to) whose model and
+        function tools go through the journal."""
+        if (done := self._agents.get(id(agent))) is not None:
+            return done
+        clone = agent.clone()
+        self._agents[id(agent)] = clone  # before the handoffs: they may lead back here
+        clone.model = _JournaledModel(self, agent.model)
+        clone.tools = [self.wrap_tool(t) if isinstance(t, FunctionTool) else t
+                       for t in agent.tools]
+        clone.handoffs = [self._wrap_handoff(h) for h in agent.handoffs]
+        if agent.mcp_servers:
+            self._wrap_mcp_tools(clone)
+        return clone
+
+    def _wrap_mcp_tools(self, clone: Agent[Any]) -> None:
+        """The clone's MCP tools, listed by its servers each turn, wrapped as they are
+        listed (the effect class from each tool's annotations unless a policy names it)."""
+        listed = clone.get_mcp_tools
+
+        async def get_mcp_tools(run_context: Any) -> list[Any]:
+            return [self.wrap_tool(t) if isinstance(t, FunctionTool) else t
+                    for t in await listed(run_context)]
+
+        clone.get_mcp_tools = get_mcp_tools  # type: ignore[method-assign]
+
+    def _wrap_handoff(self, handoff: Agent[Any] | Handoff[Any, Any]) -> Any:
+        if isinstance(handoff, Agent):
+            return self.wrap_agent(handoff)
+        invoke = handoff.on_invoke_handoff
+
+        async def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return self.wrap_agent(await invoke(*args, **kwargs))
+
+        return dataclasses.replace(handoff, on_invoke_handoff=wrapped)
+
+    def wrap_tool(self, tool: FunctionTool, annotations: Any = None) -> FunctionTool:
+        """``tool`` with its calls made by the call protocol."""
+        policy = self.policy(tool.name, annotations if annotations is not None
+                             else tool.mcp_annotations)
+        original = tool.on_invoke_tool
+        # Its own exceptions, not the SDK's text for them: an exception from a tool with
+        # an effect may mean the effect happened (uncertain), never just "an error".
+        raw = getattr(original, "_invoke_tool_impl", original)
+        clone = dataclasses.replace(tool)
+        driver = self
+
+        async def invoke(ctx: SdkToolContext[Any], arguments: str) -> Any:
+            args = _arguments(arguments)
+            if args is None:  # not a JSON object: the SDK says so to the model
+                return await original(ctx, arguments)
+            call_id = ctx.tool_call_id
+            await driver.turns.wait(call_id)
+
+            async def body(_: ToolContext) -> Any:
+                driver.turns.release(call_id)  # our start is durable: the next may start
+                return await raw(ctx, arguments)
+
+            try:
+                return await driver.run.acall(
+                    tool.name, args, call_id=call_id, body=body, effect=policy.effect,
+                    identity=policy.identity, lookup=policy.lookup,
+                    key_retention=policy.key_retention, encode=_encode_result)
+            except (CallRefused, ResultNotKeptError) as refused:
+                return refused.reason
+            except NeedsPerson:
+                raise
+            except Exception as error:  # a proven failure (or a read-only tool's error)
+                said = await maybe_invoke_function_tool_failure_error_function(
+                    function_tool=clone, context=ctx, error=error)
+                if said is None:
+                    raise
+                return said
+            finally:
+                driver.turns.release(call_id)
+
+        asks = tool.needs_approval
+
+        async def needs_approval(wrapper: Any, args: dict[str, Any], call_id: str) -> bool:
+            own = asks if isinstance(asks, bool) else await asks(wrapper, args, call_id)
+            if own:
+                driver.run.request_approval(tool.name, args, call_id=call_id,
+                                            identity=policy.identity,
+                                            reason=f"{tool.name} needs approval")
+            elif not await driver.needs_person(tool.name, args, policy):
+                return False
+            driver.turns.release(call_id)  # it will not run now: the next may start
+            return True
+
+        clone.on_invoke_tool = invoke
+        clone.needs_approval = needs_approval
+        return clone
+
+    def expect_calls(self, response: ModelResponse) -> None:
+        """The function calls of a model answer: their starts are appended in this order."""
+        self.turns.expect([str(getattr(i, "call_id", "")) for i in response.output
+                           if getattr(i, "type", None) == "function_call"])
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
+class _JournaledModel(Model):
+    """A model whose answers are bridge steps: recorded once, served on resume."""
+
+    def __init__(self, driver: _Driver, inner: Any) -> None:
+        self.driver, self.inner = driver, inner
+
+    def _model(self) -> Model:
+        """The model that answers: the agent's, or the one the run's provider names."""
+        if not isinstance(self.inner, Model):
+            self.inner = self.driver.config.model_provider.get_model(self.inner)
+        return cast(Model, self.inner)
+
+    async def get_response(self, system_instructions: str | None, input: Any,
+                           model_settings: Any, tools: list[Any], output_schema: Any,
+                           handoffs: list[Any], tracing: Any, **kwargs: Any) -> ModelResponse:
+        inner = self._model()
+        asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
+                             kwargs)
+        tool_names = {t.name for t in tools if isinstance(t, FunctionTool)}
+
+        async def ask() -> ModelResponse:
+            return await inner.get_response(system_instructions, input, model_settings,
+                                            tools, output_schema, handoffs, tracing, **kwargs)
+
+        run = self.driver.run
+        response: ModelResponse = await run.astep(
+            f"{MODEL_STEP}.{self.driver.segment}", asked, ask, encode=_encode_response,
+            decode=_decode_response, turn=lambda value: _turn(value, tool_names, inner))
+        self.driver.expect_calls(response)
+        return response
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "JournalRunner does not journal streamed runs yet: use JournalRunner.run")
+
+    async def close(self) -> None:
+        if isinstance(self.inner, Model):
+            await self.inner.close()
+
+
+# --- the session, as the run saw it ------------------------------------------------------------
+
+
+class _ReplayedSession:
+    """The caller's session, read and written through bridge steps: a resumed run is
+    given the history the run was given (not the one its first attempt grew), and
+    does not add again what it added. (A crash between a session's append and its step
+    being recorded repeats that one batch in the session: memory, never an effect.)"""
+
+    def __init__(self, driver: _Driver, inner: Any) -> None:
+        self._driver, self._inner = driver, inner
+        self.session_id = inner.session_id
+        self.session_settings = getattr(inner, "session_settings", None)
+
+    async def get_items(self, limit: int | None = None, *,
+                        wrapper: Any = None) -> list[Any]:
+        async def read() -> list[Any]:
+            items = await _call(self._inner.get_items, wrapper, limit=limit)
+            return cast(list[Any], _plain(items))
+
+        return cast(list[Any], await self._driver.run.astep(
+            f"openai_agents.session.get.{self._driver.segment}", f"limit {limit}", read))
+
+    async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
+        async def add() -> None:
+            await _call(self._inner.add_items, wrapper, items)
+
+        await self._driver.run.astep(f"openai_agents.session.add.{self._driver.segment}",
+                                     _digest(_plain(items)), add)
+
+    async def pop_item(self, *, wrapper: Any = None) -> Any:
+        return await _call(self._inner.pop_item, wrapper)
+
+    async def clear_session(self, *, wrapper: Any = None) -> None:
+        await _call(self._inner.clear_session, wrapper)
+
+
+async def _call(method: Any, wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+    """A session method, given the run's context only if it takes one (as the SDK does)."""
+    if wrapper is not None and "wrapper" in inspect.signature(method).parameters:
+        kwargs["wrapper"] = wrapper
+    result = method(*args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _digest(value: Any) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=_dump)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+# --- parallel calls in order ----------------------------------------------------------------
+
+
+class _Turns:
+    """The starts of a turn's calls, appended in the model's order (the SDK runs them
+    together): each call waits for the one before it to start, or to be let go."""
+
+    def __init__(self) -> None:
+        self._order: list[str] = []
+        self._passed: dict[str, asyncio.Event] = {}
+
+    def expect(self, call_ids: list[str]) -> None:
+        self._order = call_ids
+        self._passed = {call_id: asyncio.Event() for call_id in call_ids}
+
+    async def wait(self, call_id: str) -> None:
+        if call_id not in self._passed:
+            return  # not of the last answer (a resumed interruption): no order to keep
+        at = self._order.index(call_id)
+        if at:  # a call the SDK never runs (a tool guardrail refused it) must not hang it
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._passed[self._order[at - 1]].wait(), ORDER_WAIT)
+
+    def release(self, call_id: str) -> None:
+        if (passed := self._passed.get(call_id)) is not None:
+            passed.set()
+
+
+# --- encodings -------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """The input as JSON data (the SDK's input items may be pydantic models)."""
+    return json.loads(json.dumps(value, default=_dump))
+
+
+def _dump(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_unset=True)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return repr(value)
+
+
+def _fingerprint(instructions: str | None, input: Any, tools: list[Any], output_schema: Any,
+                 handoffs: list[Any], extra: Mapping[str, Any]) -> str:
+    """What the model was asked, hashed: the same question on resume serves its answer."""
+    asked = {
+        "instructions": instructions,
+        "input": _plain(input),
+        "tools": sorted(str(getattr(t, "name", type(t).__name__)) for t in tools),
+        "handoffs": sorted(str(getattr(h, "tool_name", h)) for h in handoffs),
+        "output": None if output_schema is None else output_schema.name(),
+        "previous_response_id": extra.get("previous_response_id"),
+        "conversation_id": extra.get("conversation_id"),
+    }
+    canonical = json.dumps(asked, sort_keys=True, separators=(",", ":"), default=_dump)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def _encode_response(response: ModelResponse) -> dict[str, Any]:
+    return {"output": [_dump(item) if hasattr(item, "model_dump") else item
+                       for item in response.output],
+            "usage": serialize_usage(response.usage),
+            "response_id": response.response_id, "request_id": response.request_id}
+
+
+def _decode_response(value: Mapping[str, Any]) -> ModelResponse:
+    return ModelResponse(output=[_OUTPUT_ITEM.validate_python(i) for i in value["output"]],
+                         usage=deserialize_usage(value.get("usage") or {}),
+                         response_id=value.get("response_id"),
+                         request_id=value.get("request_id"))
+
+
+def _turn(value: Mapping[str, Any], tool_names: set[str], model: Any) -> Turn:
+    """A model answer as people read it: its text, the function calls, the tokens."""
+    text, calls = [], []
+    for item in value["output"]:
+        if item.get("type") == "message":
+            text += [c.get("text", "") for c in item.get("content", ())
+                     if c.get("type") == "output_text"]
+        elif item.get("type") == "function_call" and item.get("name") in tool_names:
+            calls.append({"id": item.get("call_id"), "name": item.get("name"),
+                          "args": _arguments(item.get("arguments") or "{}") or {}})
+    usage = value.get("usage") or {}
+    cached = _detail(usage.get("input_tokens_details"), "cached_tokens")
+    reasoning = _detail(usage.get("output_tokens_details"), "reasoning_tokens")
+    return Turn(text="".join(text), tool_calls=calls, provider="openai-agents",
+                model=str(getattr(model, "model", None) or type(model).__name__),
+                usage={"input_tokens": usage.get("input_tokens", 0),
+                       "output_tokens": usage.get("output_tokens", 0),
+                       "cached_input_tokens": cached or 0, "reasoning_tokens": reasoning or 0})
+
+
+def _detail(details: Any, name: str) -> int:
+    """A token count from the SDK's serialised usage details (a dict, or a list of them)."""
+    rows = details if isinstance(details, list) else [details or {}]
+    return sum(int(row.get(name) or 0) for row in rows if isinstance(row, dict))
+
+
+def _arguments(text: str) -> dict[str, Any] | None:
+    try:
+        args = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return None
+    return args if isinstance(args, dict) else None
+
+
+def _encode_result(value: Any) -> Any:
+    return to_json(value)
+
+
+def _call_of(item: ToolApprovalItem) -> tuple[str, str, dict[str, Any]] | None:
+    """(call id, tool, arguments) of an interruption for a function tool's call."""
+    raw = item.raw_item
+    get = raw.get if isinstance(raw, dict) else lambda name, default=None: getattr(
+        raw, name, default)
+    if get("type") != "function_call":
+        return None
+    args = _arguments(get("arguments") or "{}")
+    return (str(get("call_id")), str(item.tool_name or get("name")), args or {})
+

@@ -1,0 +1,350 @@
+"""JournalRunner: an SDK agent (``agents.testing.ScriptedModel``) whose tool POSTs to a
+receiver process, run in a child process that is SIGKILLed in each window and resumed:
+the receiver's own counts say each effect happened once. Approvals, uncertain calls that
+become SDK interruptions, replay, and the trace kept for ``agentjournal show``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import Runner, SQLiteSession
+from mcp.types import ToolAnnotations
+
+from agentjournal import (
+    Effect,
+    EventType,
+    NondeterminismError,
+    decide_approval,
+    fold,
+    open_store,
+    resolve_uncertain,
+)
+from agentjournal.integrations.openai_agents import (
+    JournalRunner,
+    JournalSession,
+    ToolPolicy,
+    mcp_effect,
+)
+from agentjournal.store import Store
+from tests.conftest import backend_params
+from tests.openai_agents_child import (
+    RUN,
+    TASK,
+    poster,
+    run_plain_until_blocked,
+    run_until_blocked,
+    spawn,
+)
+
+E = EventType
+ROOT = Path(__file__).resolve().parents[1]
+HANG = 120.0  # a hang guard for a child to reach its window, not a speed limit
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    opened = open_store(store_url)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(scope="module")
+def module_receiver() -> Iterator[Any]:
+    """One receiver process for the file: each test posts labels of its own prefix."""
+    from tests.test_crash_models import Receiver
+
+    started = Receiver()
+    yield started
+    started.close()
+
+
+class Posting:
+    """One test's poster: its labels carry the test's own prefix, and so do its counts."""
+
+    def __init__(self, receiver: Any, prefix: str) -> None:
+        self.receiver, self.prefix = receiver, prefix
+
+    def agent(self, **options: Any) -> tuple[Any, dict[str, Any]]:
+        return poster(self.receiver.url, prefix=self.prefix, **options)
+
+    def kill_at(self, window: str, store_url: str, **options: Any) -> None:
+        """Run the poster in a child until it blocks at ``window``, then SIGKILL it."""
+        process, told = spawn(run_until_blocked, store_url, self.receiver.url, window,
+                              prefix=self.prefix, **options)
+        try:
+            assert told.poll(HANG), "the child never reached its window"
+            assert told.recv() == window
+        finally:
+            process.kill()
+            process.join()
+        assert process.exitcode == -9
+
+    def resume(self, store: Store, **options: Any) -> Any:
+        agent, policies = self.agent(**options)
+        return JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
+
+    def counts(self) -> dict[str, int]:
+        """Effects the receiver applied for this test, by label (without the prefix)."""
+        return {label.removeprefix(self.prefix): n
+                for label, n in self.receiver.by_label().items()
+                if label.startswith(self.prefix)}
+
+
+@pytest.fixture
+def posting(request: pytest.FixtureRequest, module_receiver: Any) -> Posting:
+    return Posting(module_receiver, f"{request.node.name}-")  # unique in the file
+
+
+def types(store: Store) -> list[EventType]:
+    return [e.type for e in store.read(RUN)]
+
+
+def slow_or(request: pytest.FixtureRequest, default: set[tuple[str, str]], *key: str) -> None:
+    """Each case runs on one backend by default (all three with --slow)."""
+    backend = request.node.callspec.params["store_url"]
+    if (*key, backend) not in default and not request.config.getoption("--slow"):
+        pytest.skip("this case runs on another backend by default (--slow: all)")
+
+
+#: Each window on one backend by default; every pair with --slow.
+WINDOWS = {("model", "jsonl"), ("before", "postgres"), ("after", "sqlite")}
+
+
+@backend_params()
+@pytest.mark.parametrize("window", ["model", "before", "after"])
+def test_killed_in_each_window_every_effect_lands_once(
+        request: pytest.FixtureRequest, store_url: str, store: Store, posting: Posting,
+        window: str) -> None:
+    slow_or(request, WINDOWS, window)
+    posting.kill_at(window, store_url)
+    result = posting.resume(store)
+    assert result.final_output == "posted 2"
+    assert posting.counts() == {"a": 1, "b": 1}
+    log = list(store.read(RUN))
+    starts = [e.payload["call_id"] for e in log if e.type is E.TOOL_CALL_STARTED]
+    assert starts[:2] == ["call_a", "call_b"]  # a turn's starts in the model's order
+    (key_b,) = {e.payload["key"] for e in log if e.type is E.TOOL_CALL_STARTED
+                and e.payload["call_id"] == "call_b"}
+    verdicts = [e.payload["verdict"] for e in log if e.type is E.TOOL_CALL_RECONCILED
+                and e.payload["key"] == key_b]  # (a may have been in flight too)
+    assert verdicts == {"model": [], "before": ["absent"], "after": ["found"]}[window]
+    assert log[-1].type is E.RUN_FINISHED
+
+
+@backend_params()
+@pytest.mark.parametrize("window", ["after", "before"])
+def test_an_uncertain_call_no_lookup_settles_is_an_interruption_a_person_decides(
+        request: pytest.FixtureRequest, store_url: str, store: Store, posting: Posting,
+        window: str) -> None:
+    slow_or(request, {("after", "sqlite"), ("before", "jsonl")}, window)
+    posting.kill_at(window, store_url, lookup=False)
+    stopped = posting.resume(store, lookup=False)
+    # The SDK's own interruption for post_effect("b") (and for "a" when the kill caught it
+    # in flight too); the run is paused for a person, no effect made again.
+    called = sorted(i.raw_item.call_id for i in stopped.interruptions)
+    assert "call_b" in called and stopped.final_output is None
+    assert fold(store.read(RUN)).status == "paused"
+    assert posting.resume(store, lookup=False).interruptions  # still undecided
+    starts = {e.payload["call_id"]: e.payload["key"] for e in store.read(RUN)
+              if e.type is E.TOOL_CALL_STARTED}
+    applied = posting.receiver.by_key()
+    assert (starts["call_b"] in applied) == (window == "after")
+    for call_id in called:  # the person looks at the receiver and says what happened
+        happened = starts[call_id] in applied
+        resolve_uncertain(store, RUN, starts[call_id], by="ops", reason="seen at the receiver",
+                          outcome="happened" if happened else "did_not_happen",
+                          result="posted" if happened else None)
+    done = posting.resume(store, lookup=False)
+    assert done.final_output == "posted 2" and not done.interruptions
+    assert posting.counts() == {"a": 1, "b": 1}
+
+
+@backend_params()
+def test_an_approval_given_before_a_crash_runs_once_and_is_not_asked_again(
+        request: pytest.FixtureRequest, store_url: str, store: Store,
+        posting: Posting) -> None:
+    slow_or(request, {("postgres",)})
+    waiting = posting.resume(store, approval=True)
+    assert sorted(i.raw_item.call_id for i in waiting.interruptions) == ["call_a", "call_b"]
+    again = posting.resume(store, approval=True)  # nobody decided: it still waits
+    assert sorted(i.raw_item.call_id for i in again.interruptions) == ["call_a", "call_b"]
+    assert posting.counts() == {}
+    requested = [e.payload for e in store.read(RUN) if e.type is E.APPROVAL_REQUESTED]
+    for approval in requested:  # as `agentjournal approve RUN APPROVAL_ID` does
+        decide_approval(store, RUN, approval["approval_id"], approved=True, by="ops")
+    posting.kill_at("after", store_url, approval=True)
+    done = posting.resume(store, approval=True)  # the caller kept nothing
+    assert done.final_output == "posted 2" and not done.interruptions
+    assert posting.counts() == {"a": 1, "b": 1}
+    assert types(store).count(E.APPROVAL_REQUESTED) == 2  # never asked again
+
+
+@dataclass
+class Caller:
+    user: str
+
+
+def test_an_approval_on_the_sdk_state_with_a_context_is_honoured(
+        tmp_path: Any, posting: Posting) -> None:
+    # openai-agents-python#4244: the approval was lost when a context was passed.
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    agent, policies = posting.agent(approval=True)
+    run = dict(store=store, run_id=RUN, policies=policies, context=Caller("ana"))
+    waiting = JournalRunner.run_sync(agent, TASK, **run)
+    state = waiting.to_state()
+    for item in waiting.interruptions:
+        state.approve(item)
+    done = JournalRunner.run_sync(agent, state, **run)
+    assert done.final_output == "posted 2"
+    assert posting.counts() == {"a": 1, "b": 1}
+    decided = [e.payload for e in store.read(RUN) if e.type is E.APPROVAL_DECIDED]
+    assert [d["approved"] for d in decided] == [True, True]
+    assert {d["by"] for d in decided} == {"openai-agents caller"}
+    store.close()
+
+
+def test_a_finished_run_is_replayed_from_its_log(tmp_path: Any, posting: Posting) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    first = posting.resume(store)
+    agent, policies = posting.agent()
+    again = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
+    assert again.final_output == first.final_output == "posted 2"
+    assert agent.model.calls == ()  # every answer from the log
+    assert posting.counts() == {"a": 1, "b": 1}
+    assert types(store).count(E.RUN_FINISHED) == 1
+    store.close()
+
+
+def test_a_model_asked_something_else_on_resume_is_refused(
+        tmp_path: Any, posting: Posting) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    posting.resume(store)
+    agent, policies = posting.agent()
+    changed = agent.clone(instructions="Post nothing.")
+    with pytest.raises(NondeterminismError, match=r"openai_agents\.model\.0"):
+        JournalRunner.run_sync(changed, TASK, store=store, run_id=RUN, policies=policies)
+    assert posting.counts() == {"a": 1, "b": 1}
+    store.close()
+
+
+def test_the_sdk_trace_is_kept_for_show(tmp_path: Any, posting: Posting) -> None:
+    from click.testing import CliRunner
+
+    from agentjournal.cli import cli
+
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    store = open_store(url)
+    posting.resume(store)
+    (trace,) = [e.payload for e in store.read(RUN) if e.type is E.TRACE_RECORDED]
+    kinds = [s["kind"] for s in trace["spans"]]
+    assert kinds.count("function") == 2 and {"agent", "turn", "task"} <= set(kinds)
+    assert all("input" not in s and "output" not in s for s in trace["spans"])
+    store.close()
+    shown = CliRunner().invoke(cli, ["show", RUN, "--store", url])
+    assert shown.exit_code == 0, shown.output
+    assert "trace_recorded" in shown.output and "2 function" in shown.output
+
+
+def test_mcp_annotations_give_the_effect_class() -> None:
+    assert mcp_effect(ToolAnnotations(readOnlyHint=True)) is Effect.READ_ONLY
+    assert mcp_effect(ToolAnnotations(idempotentHint=True)) is Effect.IDEMPOTENT
+    assert mcp_effect(ToolAnnotations(destructiveHint=False)) is Effect.IRREVERSIBLE
+    assert mcp_effect(None) is Effect.IRREVERSIBLE
+    assert ToolPolicy().effect == Effect.IRREVERSIBLE
+
+
+def test_a_session_of_a_run_killed_and_resumed_holds_each_item_once(
+        tmp_path: Any, posting: Posting) -> None:
+    # The resumed run is given the history its first attempt was given (not the one that
+    # attempt grew) and does not add again what it added: no nondeterminism, no repeats.
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    posting.kill_at("model", url, session="chat")
+    store = open_store(url)
+    agent, policies = posting.agent()
+    for _ in range(2):  # resumed, then replayed once finished
+        done = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN,
+                                      policies=policies, session=JournalSession(store, "chat"))
+        assert done.final_output == "posted 2"
+    items = asyncio.run(JournalSession(store, "chat").get_items())
+    assert [i.get("type") or i.get("role") for i in items] == [
+        "user", "function_call", "function_call", "function_call_output",
+        "function_call_output", "message"]
+    assert posting.counts() == {"a": 1, "b": 1}
+    store.close()
+
+
+# --- the same kill without agentjournal ------------------------------------------------------
+
+
+def test_without_agentjournal_the_same_kill_posts_again(
+        tmp_path: Any, posting: Posting) -> None:
+    """The comparison: the SDK's Runner with a SQLiteSession, killed after the POST of
+    ``b`` and run again as its docs say, makes both effects again."""
+    db = str(tmp_path / "session.db")
+    process, told = spawn(run_plain_until_blocked, db, posting.receiver.url, "after",
+                          prefix=posting.prefix)
+    try:
+        assert told.poll(HANG) and told.recv() == "after"
+    finally:
+        process.kill()
+        process.join()
+    agent, _ = posting.agent(journaled=False)
+    Runner.run_sync(agent, TASK, session=SQLiteSession("plain", db))
+    posted = posting.counts()
+    assert posted["b"] == 2  # ("a" twice too, unless the kill came before its POST)
+    assert posted["a"] in (1, 2)
+
+
+
+def test_mcp_tools_are_journaled_with_the_effect_their_annotations_declare(
+        tmp_path: Any) -> None:
+    import sys
+
+    from agents import Agent
+    from agents.mcp import MCPServerStdio
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    counts = tmp_path / "served.txt"
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+
+    async def run_once() -> Any:
+        server = MCPServerStdio({"command": sys.executable, "args": [
+            "-m", "tests.mcp_ledger", str(counts)], "cwd": str(ROOT)},
+            client_session_timeout_seconds=60)
+        model = ScriptedModel([
+            [function_call("balance", {"account": "acme"}, call_id="call_1"),
+             function_call("transfer", {"account": "acme", "cents": 500}, call_id="call_2")],
+            [assistant_message("moved")]])
+        async with server:
+            agent = Agent(name="treasurer", model=model, mcp_servers=[server])
+            return await JournalRunner.run(agent, "Move 500 from acme.", store=store,
+                                           run_id="mcp")
+
+    for _ in range(2):  # the second run is served from the log
+        assert asyncio.run(run_once()).final_output == "moved"
+    starts = {e.payload["tool"]: e.payload["effect"] for e in store.read("mcp")
+              if e.type is E.TOOL_CALL_STARTED}
+    assert starts == {"balance": "read_only", "transfer": "irreversible"}
+    assert sorted(counts.read_text().split()) == ["balance", "transfer"]  # each once
+    store.close()
+
+
+def test_a_denied_call_is_not_made_and_the_model_is_told(tmp_path: Any,
+                                                          posting: Posting) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    posting.resume(store, approval=True)
+    asked = {e.payload["args"]["label"].removeprefix(posting.prefix): e.payload["approval_id"]
+             for e in store.read(RUN) if e.type is E.APPROVAL_REQUESTED}
+    decide_approval(store, RUN, asked["a"], approved=True, by="ops")
+    decide_approval(store, RUN, asked["b"], approved=False, by="ops", reason="not b")
+    done = posting.resume(store, approval=True)
+    assert not done.interruptions
+    assert posting.counts() == {"a": 1}
+    told = [i for i in done.to_input_list() if i.get("type") == "function_call_output"]
+    assert [o["output"] for o in told if o["call_id"] == "call_b"] == ["not b"]
+    store.close()
