@@ -5,6 +5,7 @@
   refused. It does not import the SDK (which takes seconds to import).
 - :class:`JournalRunner`: the SDK's ``Runner`` with model calls and tool calls
   journaled (see runner.py), :class:`ToolPolicy` per tool, ``mcp_effect``.
+- :class:`JournalAgent`: an SDK agent that a fleet worker drives (a ``Runnable``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from .session import JournalSession, OrphanToolOutputError, session_run_id
 
 if TYPE_CHECKING:
-    from .runner import JournalRunner, ToolPolicy, mcp_effect
+    from .runner import JournalAgent, JournalRunner, ToolPolicy, mcp_effect
 
-__all__ = ["JournalRunner", "JournalSession", "OrphanToolOutputError", "ToolPolicy",
+__all__ = ["JournalAgent", "JournalRunner", "JournalSession", "OrphanToolOutputError", "ToolPolicy",
            "mcp_effect", "session_run_id"]
 
-_RUNNER = ("JournalRunner", "ToolPolicy", "mcp_effect")
+_RUNNER = ("JournalAgent", "JournalRunner", "ToolPolicy", "mcp_effect")
 
 
 def __getattr__(name: str) -> Any:

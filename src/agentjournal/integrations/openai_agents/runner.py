@@ -39,6 +39,7 @@ import hashlib
 import inspect
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -55,13 +56,14 @@ from pydantic import TypeAdapter
 from ...bridge import BridgedRun, Turn, open_run
 from ...errors import CallRefused, JournalError, NeedsPerson, ResultNotKeptError
 from ...events import EventType
+from ...fleet.runnable import Stopped
 from ...keys import idempotency_key
 from ...results import to_json
 from ...store import Store
 from ...tools import Absent, Effect, Found, Reconciler, ToolContext
 from . import tracing
 
-__all__ = ["JournalRunner", "ToolPolicy", "mcp_effect"]
+__all__ = ["JournalAgent", "JournalRunner", "ToolPolicy", "mcp_effect"]
 
 log = logging.getLogger("agentjournal.openai_agents")
 
@@ -142,6 +144,43 @@ class JournalRunner:
                  **kwargs: Any) -> RunResult:
         """:meth:`run` in a new event loop (not from inside a running one)."""
         return asyncio.run(cls.run(starting_agent, input, **kwargs))
+
+
+class JournalAgent:
+    """An SDK agent that a worker of the fleet can drive (a ``Runnable``: see
+    ``agentjournal.fleet.runnable``). Name it in a trusted module and submit runs of it:
+
+        # myapp/agents.py
+        billing = JournalAgent(Agent(name="billing", ...), policies={...})
+
+        agentjournal submit --agent myapp.agents:billing --task "Invoice acme" ...
+        agentjournal worker --agents myapp.agents ...
+
+    The worker claims a run and calls :meth:`run_claimed`, which runs it with
+    :class:`JournalRunner` holding the claimed lease (kept when it returns: the worker
+    hands the run back). The task is the run's input. A run stopped at an interruption
+    waits for a person (``agentjournal approve`` / ``deny`` / ``resolve``); the worker
+    picks it up again once one decided.
+    """
+
+    def __init__(self, agent: Agent[Any], *,
+                 policies: Mapping[str, ToolPolicy | Effect | str] | None = None,
+                 context: Any = None, max_turns: int | None = None,
+                 run_config: RunConfig | None = None, trace: bool = True) -> None:
+        self.agent, self.policies, self.context = agent, dict(policies or {}), context
+        self.max_turns, self.run_config, self.trace = max_turns, run_config, trace
+
+    def run_claimed(self, store: Store, run_id: str, task: str | None, *, agent_ref: str,
+                    owner: str, ttl: float, stop: threading.Event) -> Stopped:
+        """Run (or resume) the claimed run to its end or its next interruption; it
+        cannot stop mid-run, so a draining worker waits for that."""
+        _, (status, last_seq, epoch) = asyncio.run(_run(
+            self.agent, task, store=store, run_id=run_id, policies=self.policies,
+            context=self.context, max_turns=self.max_turns, hooks=None,
+            run_config=self.run_config or RunConfig(), session=None, owner=owner, ttl=ttl,
+            trace=self.trace, serializer=None, deserializer=None, agent_ref=agent_ref,
+            keep_lease=True))
+        return Stopped(status, last_seq, epoch)
 
 
 # --- one open run --------------------------------------------------------------------
