@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentjournal import (
+    SCHEMA_VERSION,
     CorruptLogError,
     CorruptStoreError,
     DurabilityError,
@@ -635,7 +636,9 @@ def test_an_older_store_gets_its_heads_from_its_logs_at_its_first_writer(
     assert not (directory / "_store.json").exists()
     store = JsonlStore(directory)  # the first writer computes them, once
     assert {p.name: p.read_bytes() for p in directory.glob("*.head")} == heads
-    assert json.loads((directory / "_store.json").read_bytes()) == {"created_schema": 6}
+    # the oldest schema its events were written in: all of them this release's
+    info = json.loads((directory / "_store.json").read_bytes())
+    assert info == {"created_schema": SCHEMA_VERSION}
     assert set(store.heads()) == {"r1", "r2"}
     store.close()
     (directory / "r1.head").unlink()
