@@ -101,10 +101,13 @@ def mcp_effect(annotations: Any) -> Effect:
 
 
 def _hint(annotations: Any, *names: str) -> bool:
-    """An MCP annotation's hint, by its Python or its wire name (or a dict's key)."""
+    """An MCP annotation's hint, by its Python or its wire name (or a dict's key): the
+    first name it has (MCP SDK 2 keeps the wire name as a deprecated alias)."""
     if isinstance(annotations, dict):
         return any(annotations.get(name) is True for name in names)
-    return any(getattr(annotations, name, None) is True for name in names)
+    name = next((n for n in names if n in type(annotations).__dict__
+                 or n in getattr(type(annotations), "model_fields", {})), names[-1])
+    return getattr(annotations, name, None) is True
 
 
 class JournalRunner:
