@@ -35,7 +35,7 @@ from ..state import ToolCall
 from ..store import Store, open_store
 from ..tools import Tool, tool
 from ._common import Figure, Plan, Say, figure, store_url
-from .peers import Conversation
+from .peers import Conversation, wired
 
 TURN_TEXT = "Looking the order up."
 
@@ -181,8 +181,6 @@ def measure(backend: str, workdir: Path, n: int, latency: float, turns: int,
 def _async_graph(latency: float, turns: int) -> Any:
     """Model node (an async wait of ``latency``) -> tool node -> model ... for ``turns``
     model turns, each message appended to a messages list."""
-    from langgraph.graph import END, START, StateGraph
-
     async def model(state: Conversation) -> dict[str, Any]:
         await asyncio.sleep(latency)
         n = (len(state["messages"]) - 1) // 2  # the task, then 2 messages per turn
@@ -196,16 +194,7 @@ def _async_graph(latency: float, turns: int) -> Any:
         result = {"order": call["args"]["order"], "status": "delivered"}
         return {"messages": [{"role": "tool", "tool_call_id": call["id"], "content": result}]}
 
-    def route(state: Conversation) -> str:
-        return "tools" if state["messages"][-1].get("tool_calls") else END
-
-    builder = StateGraph(Conversation)
-    builder.add_node("model", model)
-    builder.add_node("tools", tools)
-    builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", route, ["tools", END])
-    builder.add_edge("tools", "model")
-    return builder
+    return wired(model, tools)
 
 
 async def _graph_runs(saver: Any, n: int, latency: float, turns: int) -> None:

@@ -99,8 +99,6 @@ class Conversation(TypedDict):
 
 def _graph(steps: int) -> Any:
     """Model node -> tool node -> model node ... until ``steps`` calls are answered."""
-    from langgraph.graph import END, START, StateGraph
-
     def model(state: Conversation) -> dict[str, Any]:
         n = (len(state["messages"]) - 1) // 2  # the task, then 2 messages per step
         if n >= steps:
@@ -112,6 +110,14 @@ def _graph(steps: int) -> Any:
         call = state["messages"][-1]["tool_calls"][0]
         result = order_result(int(call["args"]["order"].removeprefix("ord-")))
         return {"messages": [{"role": "tool", "tool_call_id": call["id"], "content": result}]}
+
+    return wired(model, tools)
+
+
+def wired(model: Any, tools: Any) -> Any:
+    """The bench's graph: START -> model -> tools -> model ... -> END, the model node
+    routing to the tools while its last message asks for a call (a StateGraph builder)."""
+    from langgraph.graph import END, START, StateGraph
 
     def route(state: Conversation) -> str:
         return "tools" if state["messages"][-1].get("tool_calls") else END
