@@ -91,7 +91,8 @@ def test_a_run_stopped_for_approval_waits_then_the_worker_finishes_it(
     with open_store(url) as store:
         asked = [e.payload["approval_id"] for e in store.read("sdk-2")
                  if e.type is E.APPROVAL_REQUESTED]
-    for approval_id in asked:
-        cli_ok("approve", "sdk-2", approval_id, "--store", url)
+    for approval_id in asked:  # once the worker has handed the run back (its lease free)
+        until("the approval to be recorded", lambda a=approval_id: CliRunner().invoke(
+            cli, ["approve", "sdk-2", a, "--store", url]).exit_code == 0)
     until("the run to be done", lambda: state_of(url, "sdk-2") == "done")
     assert counted(receiver, "fleet-approved-") == {"a": 1, "b": 1}
