@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
+import heapq
 import inspect
+import itertools
 import os
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -182,40 +185,127 @@ def run_sync(steps: Steps[T]) -> T:
 
 #: Threads that advance async runs' step machines and make their appends. Each one
 #: waiting on a commit is a run whose batch joins the next group, so there are many.
-STEPPER_THREADS = 8
-_steppers: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a fork makes its own
+STEPPER_THREADS = 32
+
+#: The rank of the work a task hands the stepper threads: (when the run last came back
+#: from waiting on the world, a tie-breaker). Oldest first, so a run that got its model's
+#: answer first makes all its appends first and waits on its model again first: a
+#: thousand runs answered at once spread out, instead of each waiting for all the
+#: others' appends before its own next turn.
+_rank: contextvars.ContextVar[tuple[float, int]] = contextvars.ContextVar("agentjournal_rank")
+_order = itertools.count()
+
+
+class _Job:
+    """One function for a stepper thread, and how it ended (set on the loop's thread)."""
+
+    __slots__ = ("args", "context", "finished", "fn", "future", "loop", "waiter")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.fn, self.args, self.loop = fn, args, loop
+        # In the caller's context (as asyncio.to_thread): a context variable the loop's
+        # code set (a tracing span, the current call) is seen by what runs there.
+        self.context = contextvars.copy_context()
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.finished = False
+        self.waiter: asyncio.Future[None] | None = None  # a cancelled caller's wait
+
+    def run(self) -> None:
+        try:
+            value, error = self.context.run(self.fn, *self.args), None
+        except BaseException as exc:
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(self._ended, value, error)
+
+    def _ended(self, value: Any, error: BaseException | None) -> None:
+        self.finished = True
+        if not self.future.done():
+            if error is None:
+                self.future.set_result(value)
+            else:
+                self.future.set_exception(error)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+class _Steppers:
+    """The stepper threads, taking jobs oldest rank first (see ``_rank``)."""
+
+    def __init__(self, threads: int) -> None:
+        self._jobs: list[tuple[tuple[float, int], int, _Job]] = []
+        self._ready = threading.Condition(threading.Lock())
+        for i in range(threads):
+            threading.Thread(target=self._work, name=f"agentjournal-step-{i}",
+                             daemon=True).start()
+
+    def submit(self, rank: tuple[float, int], job: _Job) -> None:
+        with self._ready:
+            heapq.heappush(self._jobs, (rank, next(_order), job))
+            self._ready.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._jobs:
+                    self._ready.wait()
+                job = heapq.heappop(self._jobs)[2]
+            job.run()
+
+
+_steppers: tuple[int, _Steppers] | None = None  # (pid, threads): a fork makes its own
 _steppers_lock = threading.Lock()
 
 
-def _stepper_pool() -> ThreadPoolExecutor:
+def _stepper_threads() -> _Steppers:
     global _steppers
-    with _steppers_lock:
-        if _steppers is None or _steppers[0] != os.getpid():
-            _steppers = (os.getpid(), ThreadPoolExecutor(
-                STEPPER_THREADS, thread_name_prefix="agentjournal-step"))
-        return _steppers[1]
+    pid = os.getpid()
+    if _steppers is None or _steppers[0] != pid:
+        with _steppers_lock:
+            if _steppers is None or _steppers[0] != pid:
+                _steppers = (pid, _Steppers(STEPPER_THREADS))
+    return _steppers[1]
+
+
+def _ranked() -> None:
+    """Rank this task's next work as coming back from the world now."""
+    _rank.set((time.monotonic(), next(_order)))
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on a stepper thread, awaited without blocking the loop. Cancelled,
     it still waits for ``fn`` to return (a generator cannot be closed while another
     thread advances it, nor a journal while it appends), then raises CancelledError. It
-    runs in a copy of the caller's context, as ``asyncio.to_thread`` does."""
-    # In the caller's context (as asyncio.to_thread): a context variable the loop's code
-    # set (a tracing span, the current call) is seen by what runs there.
-    future: Future[T] = _stepper_pool().submit(contextvars.copy_context().run, fn, *args)
-    waiting = asyncio.wrap_future(future)
+    runs in a copy of the caller's context, as ``asyncio.to_thread`` does. Stepper
+    threads are for work that waits on the store, not on the world: a long call would
+    hold one from every run."""
+    rank = _rank.get(None)
+    if rank is None:
+        _ranked()
+        rank = _rank.get()
+    job = _Job(fn, args, asyncio.get_running_loop())
+    _stepper_threads().submit(rank, job)
     try:
-        return await asyncio.shield(waiting)
+        return await job.future  # type: ignore[no-any-return]
     except asyncio.CancelledError:
-        while not future.done():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.shield(waiting)
+        while not job.finished:
+            job.waiter = job.loop.create_future()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job.waiter
         raise
 
 
-def _advance(steps: Steps[T], value: Any, error: BaseException | None) -> tuple[bool, Any]:
-    """The generator's next operation (False, op), or its result (True, value)."""
+def _advance(steps: Steps[T], value: Any, error: BaseException | None,
+             before: Callable[[], None] | None = None) -> tuple[bool, Any]:
+    """The generator's next operation (False, op), or its result (True, value);
+    ``before`` (the last completion of a batch of calls, recorded in the same trip to
+    a stepper thread) first: what it raises is thrown into the generator."""
+    if before is not None:
+        try:
+            before()
+        except Exception as exc:
+            error = exc
     try:
         op = steps.throw(error) if error is not None else steps.send(value)
     except StopIteration as stop:
@@ -227,14 +317,18 @@ async def _call_async(call: Call) -> Any:
     if not call.is_async:
         return await asyncio.to_thread(call_in_thread, call)  # a sync tool: in a thread
     try:
-        return await asyncio.wait_for(call.run(), call.timeout)
+        async with asyncio.timeout(call.timeout):
+            return await call.run()
     except TimeoutError:
         call.guard.abandon()
         raise ToolTimedOut(f"{call.name} did not return within {call.timeout:g}s; "
                            "abandoned (it may have had an effect already)") from None
 
 
-async def _invoke_async(op: Invoke) -> None:
+async def _invoke_async(op: Invoke, *, keep_last: bool = False) -> Callable[[], None] | None:
+    """Run the batch, each completion recorded as it comes; ``keep_last``: the last one
+    is returned unrecorded instead, for the caller to record on its next trip to a
+    stepper thread (one trip fewer per batch)."""
     gate = asyncio.Semaphore(max(op.limit, 1))
 
     async def one(i: int, call: Call) -> tuple[int, Outcome]:
@@ -244,9 +338,15 @@ async def _invoke_async(op: Invoke) -> None:
             except Exception as exc:
                 return i, Outcome(error=exc)
 
+    left = len(op.calls)
     for finished in asyncio.as_completed([one(i, c) for i, c in enumerate(op.calls)]):
         i, outcome = await finished
+        left -= 1
+        if keep_last and not left:
+            _ranked()
+            return functools.partial(op.done, i, outcome)
         await in_thread(op.done, i, outcome)  # it appends the completion
+    return None
 
 
 async def _perform_async(op: Op) -> Any:
@@ -281,12 +381,18 @@ async def run_async(steps: Steps[T]) -> T:
     on a stepper thread (its appends wait there, never on the loop)."""
     value: Any = None
     error: BaseException | None = None
+    last: Callable[[], None] | None = None  # a batch's last completion, not yet recorded
     while True:
-        finished, op = await in_thread(_advance, steps, value, error)
+        finished, op = await in_thread(_advance, steps, value, error, last)
         if finished:
             return op  # type: ignore[no-any-return]
-        value, error = None, None
+        value, error, last = None, None, None
         try:
-            value = await _perform_async(op)
+            if isinstance(op, Invoke):
+                last = await _invoke_async(op, keep_last=True)
+            else:
+                value = await _perform_async(op)
+                _ranked()
         except Exception as exc:
             error = exc
+            _ranked()

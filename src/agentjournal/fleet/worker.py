@@ -455,7 +455,7 @@ class Worker:
                     **self._run_args(claim, seen, opened)), claim)
             elif agent is not None:  # another framework's: its own loop, in a thread
                 opened()
-                result = await in_thread(self._driven, agent, claim)
+                result = await asyncio.to_thread(self._driven, agent, claim)
         except Exception as exc:
             await in_thread(self._ended, claim, seen, None, exc)
         else:

@@ -282,6 +282,16 @@ _CLAIM = (
 _ONE_ROW = "SELECT %(run)s, %(last)s, %(type)s, %(last_ts)s, %(body)s"
 _ROWS = ("SELECT * FROM unnest(%(runs)s::text[], %(seqs)s::bigint[], %(types)s::text[],"
          " %(stamps)s::timestamptz[], %(bodies)s::bytea[])")
+#: Batches of up to this many events are sent as rows of plain parameters, not arrays:
+#: psycopg dumps an array in Python, element by element, a scalar in C.
+_VALUES_MAX = 8
+
+
+def _values(n: int) -> str:
+    """The rows of an ``n``-event batch as a VALUES list of plain parameters."""
+    return "SELECT * FROM (VALUES " + ", ".join(
+        f"(%(run)s, %(seq{i})s::bigint, %(type{i})s, %(ts{i})s::timestamptz,"
+        f" %(body{i})s::bytea)" for i in range(n)) + ") rows"
 
 
 @dataclass(slots=True)
@@ -380,9 +390,9 @@ class PostgresStore:
             raise StoreUrlError(self.url, f"schema {schema!r} is not a plain lowercase identifier")
         self._s = sql.Identifier(schema)
         # Composed once: building and rendering SQL per append is measurable.
-        self._claim_one, self._claim_many = (
+        self._claim_one, self._claim_many, *self._claim_rows = (
             sql.SQL(_CLAIM).format(s=self._s, rows=sql.SQL(rows)).as_bytes(None)
-            for rows in (_ONE_ROW, _ROWS))
+            for rows in (_ONE_ROW, _ROWS, *map(_values, range(2, _VALUES_MAX + 1))))
         params.setdefault("connect_timeout", _CONNECT_TIMEOUT)
         params.setdefault("application_name", "agentjournal")
         timeout = float(str(params["connect_timeout"]))
@@ -705,6 +715,11 @@ class PostgresStore:
         if len(events) == 1:
             params.update(type=events[0].type.value, body=bodies[0])
             cur.execute(self._claim_one, params)
+        elif len(events) <= _VALUES_MAX:
+            for i, (e, body) in enumerate(zip(events, bodies, strict=True)):
+                params[f"seq{i}"], params[f"type{i}"] = e.seq, e.type.value
+                params[f"ts{i}"], params[f"body{i}"] = e.ts, body
+            cur.execute(self._claim_rows[len(events) - 2], params)
         else:
             params.update(runs=[e.run_id for e in events], seqs=[e.seq for e in events],
                           types=[e.type.value for e in events], stamps=[e.ts for e in events],
