@@ -332,14 +332,20 @@ async def _invoke_async(op: Invoke, *, keep_last: bool = False) -> Callable[[], 
     gate = asyncio.Semaphore(max(op.limit, 1))
 
     async def one(i: int, call: Call) -> tuple[int, Outcome]:
+        try:
+            return i, Outcome(value=await _call_async(call))
+        except Exception as exc:
+            return i, Outcome(error=exc)
+
+    async def gated(i: int, call: Call) -> tuple[int, Outcome]:
         async with gate:
-            try:
-                return i, Outcome(value=await _call_async(call))
-            except Exception as exc:
-                return i, Outcome(error=exc)
+            return await one(i, call)
 
     left = len(op.calls)
-    for finished in asyncio.as_completed([one(i, c) for i, c in enumerate(op.calls)]):
+    # A lone call is awaited as it is: no task, no queue of completions.
+    ending = ([one(0, op.calls[0])] if left == 1 else
+              asyncio.as_completed([gated(i, c) for i, c in enumerate(op.calls)]))
+    for finished in ending:
         i, outcome = await finished
         left -= 1
         if keep_last and not left:

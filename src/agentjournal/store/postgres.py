@@ -58,7 +58,7 @@ import logging
 import re
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, LiteralString
@@ -539,6 +539,19 @@ class PostgresStore:
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(self.url, _oneline(exc)) from exc
 
+    @contextmanager
+    def _read(self) -> Iterator[Conn]:
+        """A pooled connection for reads, each statement its own transaction: no COMMIT
+        round trip after it (under READ COMMITTED a statement has its own snapshot
+        either way)."""
+        with self._conn() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                with suppress(psycopg.Error):  # a broken connection: the pool drops it
+                    conn.autocommit = False
+
     def _writable(self, run_id: str | None) -> None:
         if self.readonly:
             raise ReadOnlyStoreError(self.url, "write", run_id=run_id)
@@ -554,16 +567,22 @@ class PostgresStore:
         return DurabilityError(self._broken, run_id=run_id)
 
     @contextmanager
-    def _write(self, run_id: str | None, *, batched: bool = False) -> Iterator[Cursor]:
-        """A transaction committed by :meth:`_sync`; a failed commit breaks the handle."""
+    def _write(self, run_id: str | None, *, batched: bool = False,
+               pipelined: bool = False) -> Iterator[Cursor]:
+        """A transaction committed by :meth:`_sync`; a failed commit breaks the handle.
+        ``pipelined``: its statements (which must not read results) go with the COMMIT,
+        one round trip; an error the server answers there rolled it all back."""
         self._writable(run_id)
-        with self._conn(run_id) as conn, conn.cursor() as cur:
+        with (self._conn(run_id) as conn, conn.cursor() as cur,
+              conn.pipeline() if pipelined else nullcontext()):
             if batched:
                 cur.execute("SET LOCAL synchronous_commit = off")
             yield cur  # an exception here rolls back as the pool's context exits
             try:
                 self._sync(conn)
             except psycopg.Error as exc:
+                if pipelined and exc.sqlstate is not None:
+                    raise
                 raise self._commit_failed(exc, run_id) from exc
 
     def _claim_alone(self, run_id: str, params: dict[str, Any], events: Sequence[Event],
@@ -613,7 +632,7 @@ class PostgresStore:
             group[0].result = self._claim_alone(one.run_id, one.params, one.events, one.bodies)
             return
         self._writable(group[0].item.run_id)
-        with self._conn() as conn:
+        with self._conn(None) as conn:
             try:
                 with conn.pipeline():  # every claim and the commit: one round trip
                     cursors = [conn.cursor() for _ in group]
@@ -762,7 +781,7 @@ class PostgresStore:
     def _page(self, run_id: str, after_seq: int,
               limit: int | None) -> tuple[list[tuple[int, bytes]], Head | None]:
         """The run's records from ``after_seq`` on (at most ``limit``), and its head."""
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(self._q(self._PAGE_AND_HEAD),
                                 {"run": run_id, "after": after_seq, "limit": limit}).fetchall()
         head = (int(rows[0][0]), str(rows[0][1])) if rows[0][0] is not None else None
@@ -792,14 +811,14 @@ class PostgresStore:
             after_seq = rows[-1][0]
 
     def heads(self) -> dict[str, Head]:
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(self._q("SELECT run_id, last_seq, last_digest FROM {s}.runs"
                                         " WHERE last_seq > 0 ORDER BY run_id")).fetchall()
         return {r[0]: (int(r[1]), str(r[2])) for r in rows}
 
     def last_seq(self, run_id: str) -> int:
         validate_run_id(run_id)
-        with self._conn() as conn:
+        with self._read() as conn:
             ((last,),) = conn.execute(
                 self._q("SELECT coalesce(max(seq), 0) FROM {s}.events WHERE run_id = %s"),
                 (run_id,),
@@ -807,7 +826,7 @@ class PostgresStore:
         return int(last)
 
     def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(
                 self._q(
                     "SELECT run_id, last_seq, created_at, updated_at FROM {s}.runs"
@@ -818,7 +837,7 @@ class PostgresStore:
         return [RunInfo(r[0], r[1], r[2], r[3]) for r in rows]
 
     def scope_runs(self, scope: str) -> list[str]:
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(
                 self._q("SELECT run_id FROM {s}.runs WHERE scope = %s AND last_seq > 0"
                         " ORDER BY created_at, run_id"), (scope,)).fetchall()
@@ -902,7 +921,7 @@ class PostgresStore:
     def _release(self, lease: Lease) -> None:
         # Not waited for on disk: a release a server crash loses only leaves the lease to
         # expire by its TTL.
-        with self._write(lease.run_id, batched=True) as cur:
+        with self._write(lease.run_id, batched=True, pipelined=True) as cur:
             cur.execute(
                 self._q(
                     "UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)"
@@ -973,7 +992,7 @@ class PostgresStore:
 
     def snapshots(self, run_id: str, *, limit: int | None = None) -> list[Snapshot]:
         validate_run_id(run_id)
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(
                 self._q(
                     "SELECT seq, schema_version, fold_version, digest, body, created_at"
@@ -1013,7 +1032,7 @@ class PostgresStore:
 
     def segments(self, run_id: str, digests: Collection[str]) -> dict[str, bytes]:
         validate_run_id(run_id)
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(
                 self._q("SELECT digest, body FROM {s}.segments"
                         " WHERE run_id = %s AND digest = ANY(%s)"),
@@ -1022,7 +1041,7 @@ class PostgresStore:
 
     def segment_digests(self, run_id: str) -> set[str]:
         validate_run_id(run_id)
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(self._q("SELECT digest FROM {s}.segments WHERE run_id = %s"),
                                 (run_id,)).fetchall()
         return {digest for (digest,) in rows}
@@ -1047,7 +1066,7 @@ class PostgresStore:
             )
 
     def quarantined(self) -> dict[int, str]:
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(self._q("SELECT fold_version, reason FROM {s}.quarantine"))
             return {int(v): str(r) for v, r in rows.fetchall()}
 
@@ -1087,13 +1106,13 @@ class PostgresStore:
 
     def tombstone(self, run_id: str) -> Tombstone | None:
         validate_run_id(run_id)
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(self._q(self._TOMBSTONES + " AND run_id = %s"),
                                 (run_id,)).fetchall()
         return _tombstone(rows[0]) if rows else None
 
     def tombstones(self) -> list[Tombstone]:
-        with self._conn() as conn:
+        with self._read() as conn:
             rows = conn.execute(self._q(self._TOMBSTONES + " ORDER BY archived_at, run_id"))
             return [_tombstone(r) for r in rows.fetchall()]
 
