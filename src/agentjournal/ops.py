@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .models import AsyncModel, Model, ModelRequest
+from .models import Model, ModelRequest
 from .state import PendingCall
 from .tools import CallGuard, CallRunner, Tool, ToolTimedOut
 
@@ -358,7 +358,7 @@ async def _invoke_async(op: Invoke, *, keep_last: bool = False) -> Callable[[], 
 async def _perform_async(op: Op) -> Any:
     match op:
         case Ask(model=model, request=request):
-            if isinstance(model, AsyncModel):
+            if hasattr(model, "acomplete"):  # an AsyncModel (a Protocol's isinstance is slow)
                 return await model.acomplete(request)
             return await asyncio.to_thread(model.complete, request)
         case Begin(model=model, request=request):
