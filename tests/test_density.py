@@ -100,9 +100,8 @@ def _message(run_id: str, after: int, epoch: int = 0) -> list[Event]:
 
 
 def _waiting(store: Store) -> int:
-    """Appends queued for the next group (SQLite keeps its own queue)."""
-    grouper = getattr(store, "_grouper", None)
-    return len(grouper._waiting if grouper is not None else store._waiting)  # type: ignore[attr-defined]
+    """Appends queued for the next group."""
+    return len(store._grouper._waiting)  # type: ignore[attr-defined]
 
 
 @grouping_backends

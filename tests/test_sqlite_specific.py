@@ -402,8 +402,8 @@ def test_a_failed_commit_fails_every_append_it_held(
     for t in rest:
         t.start()
     deadline = time.monotonic() + 60  # a hang guard
-    while len(store._waiting) < 5:  # all five queued behind the held commit
-        assert time.monotonic() < deadline, store._waiting
+    while len(store._grouper._waiting) < 5:  # all five queued behind the held commit
+        assert time.monotonic() < deadline, store._grouper._waiting
         time.sleep(0.01)
     gate.set()
     for t in [first, *rest]:

@@ -4,8 +4,8 @@ A thread that appends while no group is committing leads at once (a lone writer 
 for nothing); one that arrives while a group commits waits, on a lock of its own, until
 that group is done, and the first of those waiting then leads every append waiting at
 that moment. The leader's ``commit`` settles each pending append (its ``result``, or its
-``error``) and none is woken before the commit that holds it returned. SQLite's store
-has its own copy of this, woven into its transaction; PostgreSQL's uses this one.
+``error``) and none is woken before the commit that holds it returned. SQLite's and
+PostgreSQL's stores both group their appends with it.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class Pending:
     error: BaseException | None = None
     done: bool = False
     #: Held until its thread is woken, once: its group committed, or it leads the next.
+    #: (A lock per append, not one condition for all: a hundred waiters woken together
+    #: would queue for the condition's lock, under the GIL.)
     wake: threading.Lock = field(default_factory=_held)
 
 

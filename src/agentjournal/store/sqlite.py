@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -75,7 +75,7 @@ from .base import (
     scope_started,
     validate_run_id,
 )
-from .group import GroupCommit, _held
+from .group import GroupCommit, Grouper, Pending
 
 
 def _digest_of(body: str) -> str:
@@ -441,18 +441,12 @@ def _refuse_archived(db: sqlite3.Connection, run_id: str) -> None:
 
 @dataclass(slots=True)
 class _Append:
-    """One append waiting for a commit, and how it ended."""
+    """One append waiting for its group's commit."""
 
     run_id: str
     events: Sequence[Event]
     expected_seq: int
     epoch: int
-    done: bool = False
-    error: BaseException | None = None
-    #: Held until its thread is woken, once: its group committed, or it leads the next.
-    #: (A lock per append, not one condition for all: a hundred waiters woken together
-    #: would queue for the condition's lock, under the GIL.)
-    wake: threading.Lock = field(default_factory=_held)
 
 
 class SQLiteStore:
@@ -472,10 +466,8 @@ class SQLiteStore:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._broken: str | None = None
-        # Appends waiting for the next commit (see append): one sync serves them all.
-        self._waiting: list[_Append] = []
-        self._group = threading.Lock()  # guards _waiting and _leading
-        self._leading = False  # a thread is committing a group; the next one waits
+        # Appends that meet commit together (see append): one sync serves them all.
+        self._grouper = Grouper(self._commit_group, alone=self.group_commit is GroupCommit.OFF)
         # Each run's key base and last digest, as this handle saw them (see _append_alone).
         self._known: dict[str, tuple[int, str]] = {}
         where = str(self.path.absolute())
@@ -763,45 +755,17 @@ class SQLiteStore:
         if events[-1].seq > MAX_SEQ:
             raise ValueError(f"run {run_id!r}: an SQLite store keeps at most {MAX_SEQ:,} "
                              "events per run")
-        mine = _Append(run_id, events, expected_seq, epoch)
-        with self._group:
-            self._waiting.append(mine)
-            leads, self._leading = not self._leading, True
-        if not leads:
-            mine.wake.acquire()  # its group committed, or it leads the next group
-        if not mine.done:
-            self._lead(mine)
-        if mine.error is not None:
-            raise mine.error
+        self._grouper.submit(_Append(run_id, events, expected_seq, epoch))
         return events[-1].seq
 
-    def _lead(self, mine: _Append) -> None:
-        """Commit every append waiting now (``mine`` among them) as one group, hand the
-        lead to the first that arrived meanwhile, then wake the group."""
-        with self._group:
-            if self.group_commit is GroupCommit.OFF:  # each append its own transaction
-                group, self._waiting = [mine], [w for w in self._waiting if w is not mine]
-            else:
-                group, self._waiting = self._waiting, []
-        try:
-            self._commit_group(group)
-        finally:
-            with self._group:
-                if self._waiting:
-                    self._waiting[0].wake.release()
-                else:
-                    self._leading = False
-            for one in group:
-                if one is not mine:
-                    one.wake.release()
-
-    def _commit_group(self, group: list[_Append]) -> None:
-        """Commit ``group`` in one transaction; each append ends done, or with its error
-        (all of them with the commit's error: then nothing of the group was committed).
-        A lone warm append tries one statement first (see _append_alone)."""
+    def _commit_group(self, group: list[Pending]) -> None:
+        """Commit ``group`` (each a :class:`_Append`) in one transaction; an append
+        refused on its own gets its error, and the commit's error is every one's (then
+        nothing of the group was committed). A lone warm append tries one statement
+        first (see _append_alone)."""
         try:
             if (len(group) == 1 and self.group_commit is not GroupCommit.ALWAYS
-                    and self._append_alone(group[0])):
+                    and self._append_alone(group[0].item)):
                 return
             with self._tx() as db:
                 if not (ends := self._insert(db, group)):
@@ -811,13 +775,10 @@ class SQLiteStore:
             self._known.update(ends)
         except _AllRefused:
             pass
-        except BaseException as exc:
-            for one in group:
-                one.error = exc
-                self._known.pop(one.run_id, None)
-        finally:
-            for one in group:
-                one.done = True
+        except BaseException:
+            for pending in group:
+                self._known.pop(pending.item.run_id, None)
+            raise
 
     def _append_alone(self, one: _Append) -> bool:
         """A warm append as one statement that is its own transaction: it inserts only
@@ -847,16 +808,17 @@ class SQLiteStore:
             self._known[one.run_id] = (base, digest)
         return inserted == len(events)
 
-    def _insert(self, db: sqlite3.Connection, group: list[_Append]) -> dict[str, tuple[int, str]]:
+    def _insert(self, db: sqlite3.Connection, group: list[Pending]) -> dict[str, tuple[int, str]]:
         """Check each append against its run's end (under the write lock, so nothing
         moves it but this group), then insert every accepted row in one statement. A
         refused append gets its error and takes no other down. Returns each run's key
         base and last digest (empty: all refused, nothing written)."""
-        run_ids = list({one.run_id: None for one in group})
+        run_ids = list({pending.item.run_id: None for pending in group})
         _number(db, [run_id for run_id in run_ids if run_id not in self._known])
         ends = _ends(db, run_ids)
         rows = []
-        for one in group:
+        for pending in group:
+            one: _Append = pending.item
             run_id, events, end = one.run_id, one.events, ends[one.run_id]
             try:
                 if not end.last:
@@ -867,7 +829,7 @@ class SQLiteStore:
                     raise ConflictError(run_id, one.expected_seq, end.last)
                 bodies, end.digest = seal(events, end.digest)
             except JournalError as exc:
-                one.error = exc
+                pending.error = exc
                 continue
             end.last = events[-1].seq
             rows += [(end.base + e.seq, e.ts.isoformat(), body)
