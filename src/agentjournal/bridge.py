@@ -85,9 +85,9 @@ from .ops import (
     Sleep,
     Steps,
     _advance,
-    _perform_async,
-    _perform_sync,
     in_thread,
+    run_async,
+    run_sync,
 )
 from .policy import Allow, Decision, RequireApproval
 from .redaction import Redaction
@@ -421,13 +421,14 @@ class BridgedRun(StepMachine):
         """Several calls of one turn: those that must run start in one append, in the
         order given, then run at once (threads). Each outcome holds the call's result
         or the exception :meth:`call` would raise."""
-        outcomes: list[Outcome] = _pump_sync(self._calls(specs, executed), self._lock)
+        outcomes: list[Outcome] = run_sync(_under(self._calls(specs, executed), self._lock))
         return outcomes
 
     async def acall_batch(self, specs: Sequence[CallSpec], *,
                           executed: Callable[[bool], None] | None = None) -> list[Outcome]:
         """:meth:`call_batch` for async bodies (run at once as tasks)."""
-        outcomes: list[Outcome] = await _pump_async(self._calls(specs, executed), self._lock)
+        outcomes: list[Outcome] = await run_async(
+            _under(self._calls(specs, executed), self._lock))
         return outcomes
 
     def _calls(self, specs: Sequence[CallSpec],
@@ -794,45 +795,20 @@ class _suppressed:
         return isinstance(exc, Exception)
 
 
-def _pump_sync(steps: Steps[Any], lock: threading.RLock) -> Any:
-    """ops.run_sync holding ``lock`` while the rules read and record, released while
-    the world is waited on (calls, lookups), so the calls of other threads go on."""
+def _under(steps: Steps[Any], lock: threading.RLock) -> Steps[Any]:
+    """``steps`` with ``lock`` held while the rules read and record (each advance, each
+    completion) and released while the world is waited on (calls, lookups), so the
+    calls of other threads and tasks go on. Driven by ops.run_sync or ops.run_async."""
     value: Any = None
     error: BaseException | None = None
-    with lock:
-        while True:
-            try:
-                op = steps.throw(error) if error is not None else steps.send(value)
-            except StopIteration as stop:
-                return stop.value
-            value, error = None, None
-            lock.release()
-            try:
-                value = _perform_sync(_locked(op, lock))
-            except Exception as exc:
-                error = exc
-            finally:
-                lock.acquire()
-
-
-async def _pump_async(steps: Steps[Any], lock: threading.RLock) -> Any:
-    """ops.run_async with each advance of the rules under ``lock`` (advances run on
-    stepper threads, so the calls of concurrent tasks take turns, as threads do in
-    :func:`_pump_sync`); the calls and lookups themselves are awaited on the loop."""
-    value: Any = None
-    error: BaseException | None = None
-
-    def advance(sent: Any, thrown: BaseException | None) -> tuple[bool, Any]:
-        with lock:
-            return _advance(steps, sent, thrown)
-
     while True:
-        finished, op = await in_thread(advance, value, error)
+        with lock:
+            finished, op = _advance(steps, value, error)
         if finished:
             return op
         value, error = None, None
         try:
-            value = await _perform_async(_locked(op, lock))
+            value = yield _locked(op, lock)
         except Exception as exc:
             error = exc
 
