@@ -570,8 +570,8 @@ class PostgresStore:
     def _write(self, run_id: str | None, *, batched: bool = False,
                pipelined: bool = False) -> Iterator[Cursor]:
         """A transaction committed by :meth:`_sync`; a failed commit breaks the handle.
-        ``pipelined``: its statements (which must not read results) go with the COMMIT,
-        one round trip; an error the server answers there rolled it all back."""
+        ``pipelined``: the statements it reads no result of go with the COMMIT, in one
+        round trip; an error the server answers there rolled it all back."""
         self._writable(run_id)
         with (self._conn(run_id) as conn, conn.cursor() as cur,
               conn.pipeline() if pipelined else nullcontext()):
@@ -845,21 +845,24 @@ class PostgresStore:
 
     # --- leases ----------------------------------------------------------------
 
-    def _set_expiry(self, cur: Cursor, run_id: str, owner: str, epoch: int, ttl: float) -> float:
+    def _set_expiry(self, cur: Cursor, run_id: str, owner: str, epoch: int, ttl: float,
+                    now: float) -> float:
+        """Grant the lease; its expiry as ``now`` (the server's clock when the row was
+        locked) plus ``ttl``, never later than the one set. Nothing is read back, so in
+        a pipelined write the UPDATE goes with the COMMIT: one round trip."""
         cur.execute(
             self._q(
                 "UPDATE {s}.runs SET lease_owner = %s, lease_epoch = %s,"
                 " lease_expires_at = clock_timestamp() + make_interval(secs => %s::float8)"
-                " WHERE run_id = %s RETURNING extract(epoch FROM lease_expires_at)::float8"
+                " WHERE run_id = %s"
             ),
             (owner, epoch, ttl, run_id),
         )
-        ((expires,),) = cur.fetchall()
-        return float(expires)
+        return now + ttl
 
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
-        with self._write(run_id) as cur:
+        with self._write(run_id, pipelined=True) as cur:
             last, current, holder, expires, now, digest, archived_to, _ = self._lock_run(
                 cur, run_id)
             if holder is None or current == 0:
@@ -870,17 +873,18 @@ class PostgresStore:
                 raise LeaseHeldError(run_id, holder, current, expires - now)
             else:
                 epoch = current + 1  # takeover of an expired or released lease
-            expires_at = self._set_expiry(cur, run_id, owner, epoch, ttl)
+            expires_at = self._set_expiry(cur, run_id, owner, epoch, ttl, now)
         if archived_to is None:  # the row exists now: even a new run's first append is warm
             self._remember(run_id, int(last), str(digest))
         return Lease(run_id, owner, epoch, expires_at)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
-        with self._write(lease.run_id) as cur:
-            _, current, *_ = self._lock_run(cur, lease.run_id)
+        with self._write(lease.run_id, pipelined=True) as cur:
+            _, current, _, _, now, *_ = self._lock_run(cur, lease.run_id)
             if current != lease.epoch:
                 raise FencedError(lease.run_id, lease.epoch, current)
-            expires_at = self._set_expiry(cur, lease.run_id, lease.owner, lease.epoch, ttl)
+            expires_at = self._set_expiry(cur, lease.run_id, lease.owner, lease.epoch, ttl,
+                                          now)
         return Lease(lease.run_id, lease.owner, lease.epoch, expires_at)
 
     def renew_all(self, leases: Sequence[Lease], ttl: float) -> dict[str, Lease]:
