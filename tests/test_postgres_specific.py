@@ -586,3 +586,22 @@ def test_unsealed_records_are_damage_only_in_a_store_created_sealed(
              WHERE version < 4""")
     with PostgresStore(PG_URL, schema=schema) as older:
         assert [e.seq for e in older.read("r")] == [1, 2, 3]
+
+
+def test_a_new_run_opens_without_reading_its_empty_log(
+        store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease's grant read the run's row: an empty log is not read again (two round
+    trips fewer for every new run); a run with events is loaded as ever."""
+    from agentjournal.journal import open_journal
+
+    reads: list[str] = []
+    for name in ("read", "snapshots"):
+        real = getattr(store, name)
+        monkeypatch.setattr(store, name, lambda *a, _n=name, _r=real, **k: (
+            reads.append(_n), _r(*a, **k))[1])
+    with open_journal(store, "fresh") as j:
+        assert j.state.last_seq == 0 and reads == []
+        j.record(EventType.RUN_STARTED, task="t")
+    with open_journal(store, "fresh") as j:
+        assert j.state.last_seq == 1 and j.state.task == "t"
+        assert "read" in reads

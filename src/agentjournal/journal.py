@@ -34,7 +34,7 @@ from .errors import (
 )
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
-from .snapshots import Segments, load_state, write_snapshot
+from .snapshots import Loaded, Segments, load_state, write_snapshot
 from .state import Message, RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 from .store.base import boot_seconds, missing_run
@@ -448,7 +448,9 @@ def open_journal(
     leased_at = _clock()
     lease = take_lease(store, run_id, owner or default_owner(), ttl)
     try:
-        loaded = load_state(store, run_id, lazy=True)
+        # A new run's log is empty, and the lease keeps it so: nothing to read.
+        loaded = (Loaded(RunState(), 0, 0, []) if lease.last_seq == 0
+                  else load_state(store, run_id, lazy=True))
         if must_exist and loaded.state.last_seq == 0:
             raise missing_run(store, run_id)
     except BaseException:

@@ -130,6 +130,10 @@ class Lease(msgspec.Struct, frozen=True):
     owner: str
     epoch: int
     expires_at: float  # seconds since the epoch, by the store's clock
+    #: Where the run's log ended when the lease was granted, if the store read it then
+    #: (None: it did not say). A holder that sees 0 knows the log is empty: nobody else
+    #: may append while it holds the lease.
+    last_seq: int | None = None
 
 
 class RunInfo(msgspec.Struct, frozen=True):

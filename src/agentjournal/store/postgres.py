@@ -876,7 +876,8 @@ class PostgresStore:
             expires_at = self._set_expiry(cur, run_id, owner, epoch, ttl, now)
         if archived_to is None:  # the row exists now: even a new run's first append is warm
             self._remember(run_id, int(last), str(digest))
-        return Lease(run_id, owner, epoch, expires_at)
+        return Lease(run_id, owner, epoch, expires_at,
+                     last_seq=int(last) if archived_to is None else None)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         with self._write(lease.run_id, pipelined=True) as cur:
