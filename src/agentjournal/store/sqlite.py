@@ -954,7 +954,8 @@ class SQLiteStore:
                 " deadline) VALUES (?, ?, ?, ?, ?, ?)",
                 (run_id, owner, epoch, *self._expiry(ttl, wall, boot, now)),
             )
-        return Lease(run_id, owner, epoch, wall + ttl)
+            last = self._last_seq(db, run_id)  # a new run's opener then reads nothing
+        return Lease(run_id, owner, epoch, wall + ttl, last_seq=last)
 
     @staticmethod
     def _expiry(ttl: float, wall: float, boot: str, now: float) -> tuple[Any, ...]:
