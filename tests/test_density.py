@@ -231,8 +231,11 @@ def test_the_density_bench_measures_ours_beside_langgraph(tmp_path: Path) -> Non
         assert figures[f"{name}.wall"].value >= 1.0  # never faster than its model waits
         assert figures[f"{name}.events_per_s"].value > 0
         assert figures[f"{name}.rss_per_run"].value is not None
+        assert figures[f"{name}.cpu_per_step"].value > 0
         theirs = figures[f"{name}.langgraph.wall"]
         assert theirs.value >= 1.0 and theirs.floor == figures[f"{name}.wall"].value
+        cpu = figures[f"{name}.langgraph.cpu_per_step"]
+        assert cpu.value > 0 and cpu.floor == figures[f"{name}.cpu_per_step"].value
     if postgres:
         ours = figures["density.postgres.20.commits_per_step"].value
         # At least the steps' own appends grouped: a step is two appends, made durable

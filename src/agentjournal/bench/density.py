@@ -95,6 +95,12 @@ class Measured:
     wall: float
     rss_growth_mb: float
     commits: int | None = None
+    cpu: float = 0.0  # the process's CPU seconds (user + system) while the runs ran
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _ours(url: str, n: int, latency: float, turns: int,
@@ -111,13 +117,13 @@ def _ours(url: str, n: int, latency: float, turns: int,
                 await asyncio.sleep(latency / 2)
 
         committed = commits() if commits else None
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), _cpu()
         statuses = asyncio.run(run_many(agent, store, n, f"d{uuid.uuid4().hex[:6]}", sample))
-        wall = time.perf_counter() - began
+        wall, cpu = time.perf_counter() - began, _cpu() - cpu
         if set(statuses) != {"finished"}:
             raise RuntimeError(f"density runs ended {sorted(set(statuses))}")
         spent = commits() - committed if commits and committed is not None else None
-        return Measured(wall, max(0.0, peak[0] - before), spent)
+        return Measured(wall, max(0.0, peak[0] - before), spent, cpu)
     finally:
         store.close()
 
@@ -211,7 +217,8 @@ async def _graph_runs(saver: Any, n: int, latency: float, turns: int) -> None:
     await asyncio.gather(*(one(i) for i in range(n)))
 
 
-async def _langgraph_sqlite(path: Path, n: int, latency: float, turns: int) -> float:
+async def _langgraph_sqlite(path: Path, n: int, latency: float,
+                            turns: int) -> tuple[float, float]:
     import aiosqlite
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
@@ -220,13 +227,13 @@ async def _langgraph_sqlite(path: Path, n: int, latency: float, turns: int) -> f
         await conn.execute("PRAGMA synchronous=FULL")
         saver = AsyncSqliteSaver(conn)
         await saver.setup()
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), _cpu()
         await _graph_runs(saver, n, latency, turns)
-        return time.perf_counter() - began
+        return time.perf_counter() - began, _cpu() - cpu
 
 
 async def _langgraph_postgres(url: str, n: int, latency: float, turns: int,
-                              commits: Callable[[], int]) -> tuple[float, int]:
+                              commits: Callable[[], int]) -> tuple[float, int, float]:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
@@ -236,23 +243,24 @@ async def _langgraph_postgres(url: str, n: int, latency: float, turns: int,
         saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
         await saver.setup()
         committed = await asyncio.to_thread(commits)
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), _cpu()
         await _graph_runs(saver, n, latency, turns)
-        wall = time.perf_counter() - began
-        return wall, await asyncio.to_thread(commits) - committed
+        wall, cpu = time.perf_counter() - began, _cpu() - cpu
+        return wall, await asyncio.to_thread(commits) - committed, cpu
 
 
 def langgraph_measure(backend: str, workdir: Path, n: int, latency: float, turns: int,
                       postgres_url: str | None) -> Measured:
     if backend == "sqlite":
         path = workdir / f"density-langgraph-{uuid.uuid4().hex[:8]}.db"
-        return Measured(asyncio.run(_langgraph_sqlite(path, n, latency, turns)), 0.0)
+        wall, cpu = asyncio.run(_langgraph_sqlite(path, n, latency, turns))
+        return Measured(wall, 0.0, cpu=cpu)
     assert postgres_url is not None
     url, name = _own_database(postgres_url)
     try:
-        wall, spent = asyncio.run(_langgraph_postgres(url, n, latency, turns,
-                                                      _commit_counter(url, name)))
-        return Measured(wall, 0.0, spent)
+        wall, spent, cpu = asyncio.run(_langgraph_postgres(url, n, latency, turns,
+                                                           _commit_counter(url, name)))
+        return Measured(wall, 0.0, spent, cpu)
     finally:
         _drop_database(postgres_url, name)
 
@@ -295,6 +303,10 @@ def density_figures(workdir: Path, postgres_url: str | None, plan: Plan,
                 f"x {latency:g} s; target ≤ 1.15")))
             events = n * (4 + 3 * steps_per_run)  # start, task, steps, final turn + finish
             figures.append(figure(f"{name}.events_per_s", events / ours.wall, "events/s"))
+            steps = n * steps_per_run
+            figures.append(figure(f"{name}.cpu_per_step", ours.cpu / steps * 1e6, "µs/step",
+                                  note="the process's CPU (user + system) over the steps; "
+                                  "the event loop, stepper threads and store together"))
             figures.append(figure(f"{name}.rss_per_run", ours.rss_growth_mb * 1024 / n,
                                   "KiB/run", note="resident growth while held, over N"))
             if ours.commits is not None:
@@ -309,6 +321,9 @@ def density_figures(workdir: Path, postgres_url: str | None, plan: Plan,
             figures.append(figure(f"{name}.langgraph.wall", theirs.wall / ideal, "x ideal",
                                   ours.wall / ideal, "agentjournal arun, same run",
                                   note="LangGraph async saver, durability='sync'"))
+            figures.append(figure(f"{name}.langgraph.cpu_per_step", theirs.cpu / steps * 1e6,
+                                  "µs/step", ours.cpu / steps * 1e6,
+                                  "agentjournal arun, same run"))
             if theirs.commits is not None and ours.commits is not None:
                 figures.append(figure(
                     f"{name}.langgraph.commits_per_step", theirs.commits / (n * steps_per_run),
