@@ -254,18 +254,26 @@ class _Steppers:
             job.run()
 
 
-_steppers: tuple[int, _Steppers] | None = None  # (pid, threads): a fork makes its own
+_steppers: _Steppers | None = None
 _steppers_lock = threading.Lock()
 
 
 def _stepper_threads() -> _Steppers:
     global _steppers
-    pid = os.getpid()
-    if _steppers is None or _steppers[0] != pid:
+    if _steppers is None:
         with _steppers_lock:
-            if _steppers is None or _steppers[0] != pid:
-                _steppers = (pid, _Steppers(STEPPER_THREADS))
-    return _steppers[1]
+            if _steppers is None:
+                _steppers = _Steppers(STEPPER_THREADS)
+    return _steppers
+
+
+def _forget_steppers() -> None:
+    """In a forked child: the parent's threads are not there, and its lock may be held."""
+    global _steppers, _steppers_lock
+    _steppers, _steppers_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_steppers)
 
 
 def _ranked() -> None:
