@@ -34,7 +34,8 @@ def _runnable(state: str, parked_seq: int, last_seq: int, left: float) -> bool:
         return True
     if state == "running":
         return left <= 0  # its worker died, or stalled past its lease
-    return state in ("waiting", "parked") and last_seq > parked_seq  # a person decided
+    # A person decided, and is done writing (a decision holds the lease while it writes).
+    return state in ("waiting", "parked") and last_seq > parked_seq and left <= 0
 
 
 class SQLiteQueue:
@@ -94,6 +95,11 @@ class SQLiteQueue:
                        " reason = ?, changed_at = ? WHERE run_id = ?",
                        (state, at_seq, state, reason, time.time(), lease.run_id))
         return True
+
+    def keep_waiting(self, run_id: str, at_seq: int) -> None:
+        with self.store._tx() as db:
+            db.execute("UPDATE queue SET parked_seq = ? WHERE run_id = ? AND state = 'waiting'"
+                       " AND parked_seq < ?", (at_seq, run_id, at_seq))
 
     def absolve(self, run_id: str) -> None:
         with self.store._tx() as db:
