@@ -25,8 +25,8 @@ from agentjournal import (
     reply,
     tool,
 )
-from agentjournal.fleet import queue_of, submit
 from agentjournal.bridge import open_run
+from agentjournal.fleet import queue_of, submit
 from agentjournal.journal import open_journal
 from agentjournal.policy import Rules
 from agentjournal.store import Store

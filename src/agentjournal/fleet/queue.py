@@ -17,10 +17,10 @@ A run is in the queue from ``submit`` on. Its state says what it waits for:
              again once a person has appended a decision or requeued it
     done     finished
 
-``claim`` takes one runnable run, its lease and the next epoch in one statement
-(Postgres: ``FOR UPDATE SKIP LOCKED``; SQLite: one immediate transaction), so the
-lease and its epoch stay the only owner of a run: a worker that lost the lease
-is fenced on its next append. A claim of a run whose previous claim never handed
+``claim`` takes a runnable run (``claim_many``: several), its lease and the next epoch
+in one statement (Postgres: ``FOR UPDATE SKIP LOCKED``; SQLite: one immediate
+transaction), so the lease and its epoch stay the only owner of a run: a worker that
+lost the lease is fenced on its next append. A claim of a run whose previous claim never handed
 it back counts a crash; a clean hand-back (done or waiting) forgets them.
 """
 
@@ -87,6 +87,13 @@ class Queue(Protocol):
 
     def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
         """Take the most urgent runnable run of ``queues``, with its lease, or None."""
+        ...
+
+    def claim_many(self, owner: str, ttl: float, queues: Sequence[str],
+                   n: int) -> list[Claim]:
+        """Up to ``n`` runs claimed at once (one statement on PostgreSQL, one transaction
+        on SQLite), most urgent first: a worker with many free slots, taking over the
+        runs of one that died."""
         ...
 
     def hand_back(self, lease: Lease, state: QueueState, at_seq: int,

@@ -58,7 +58,13 @@ class SQLiteQueue:
         return True
 
     def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
+        claims = self.claim_many(owner, ttl, queues, 1)
+        return claims[0] if claims else None
+
+    def claim_many(self, owner: str, ttl: float, queues: Sequence[str],
+                   n: int) -> list[Claim]:
         marks = ", ".join("?" * len(queues))
+        claims: list[Claim] = []
         with self.store._tx() as db:
             wall, (boot, now) = time.time(), host_clock()
             for row in db.execute(_CANDIDATES.format(where=f"AND q.queue IN ({marks})"),
@@ -73,8 +79,11 @@ class SQLiteQueue:
                 db.execute("UPDATE queue SET state = 'running', worker = ?, claims = claims + 1,"
                            " crashes = ?, changed_at = ? WHERE run_id = ?",
                            (owner, crashes, wall, run_id))
-                return Claim(lease=lease, agent=agent, task=task, queue=queue, crashes=crashes)
-        return None
+                claims.append(Claim(lease=lease, agent=agent, task=task, queue=queue,
+                                    crashes=crashes))
+                if len(claims) == n:
+                    break
+        return claims
 
     def _lease(self, db: sqlite3.Connection, run_id: str, owner: str, epoch: int, ttl: float,
                wall: float, boot: str, now: float) -> Lease:
