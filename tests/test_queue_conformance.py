@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from agentjournal import (
     Agent,
@@ -26,6 +27,7 @@ from agentjournal import (
     tool,
 )
 from agentjournal.bridge import open_run
+from agentjournal.cli import cli
 from agentjournal.fleet import queue_of, submit
 from agentjournal.journal import open_journal
 from agentjournal.policy import Rules
@@ -228,7 +230,7 @@ def test_a_person_s_decision_makes_a_waiting_run_runnable(store: Store) -> None:
 
 
 def test_a_run_waiting_on_two_approvals_waits_until_a_person_decided_both(
-        store: Store) -> None:
+        url: str, store: Store) -> None:
     # Two calls of one turn wait for approval at once, as an SDK run stops (the bridge).
     submit(store, "m:a", "pay 5 and 7", "r1")
     queue = queue_of(store)
@@ -238,7 +240,8 @@ def test_a_run_waiting_on_two_approvals_waits_until_a_person_decided_both(
         asked = [run.request_approval("pay", {"amount": n}, call_id=f"c{n}") for n in (5, 7)]
         run.pause("waiting for approvals")
     assert queue.hand_back(claim.lease, "waiting", run.state.last_seq)
-    decide_approval(store, "r1", asked[0], approved=True, by="ana")
+    approved = CliRunner().invoke(cli, ["approve", "r1", asked[0], "--store", url])
+    assert approved.exit_code == 0, approved.output
     # Still waiting for the person: no worker takes the run (and its lease) from under
     # the second decision, which is recorded at once.
     (row,) = queue.runs()

@@ -24,8 +24,12 @@ __all__ = ["QUEUE_STATES", "Claim", "Queue", "QueueState", "QueuedRun", "Runnabl
 
 
 def queue_of(store: Store) -> Queue:
-    """The queue of ``store``; NoQueueError for a store that has none (JSONL)."""
+    """The queue of ``store``; NoQueueError for a store that has none (JSONL). A handle
+    standing for a store (the CLI's, read-only until a command writes) gives the store it
+    writes through as ``writable``."""
     from ..store.sqlite import SQLiteStore
+
+    store = getattr(store, "writable", store)
 
     if isinstance(store, SQLiteStore):
         from .sqlite import SQLiteQueue
