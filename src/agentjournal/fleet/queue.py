@@ -20,8 +20,8 @@ A run is in the queue from ``submit`` on. Its state says what it waits for:
 ``claim`` takes a runnable run (``claim_many``: several), its lease and the next epoch
 in one statement (Postgres: ``FOR UPDATE SKIP LOCKED``; SQLite: one immediate
 transaction), so the lease and its epoch stay the only owner of a run: a worker that
-lost the lease is fenced on its next append. A claim of a run whose previous claim never handed
-it back counts a crash; a clean hand-back (done or waiting) forgets them.
+lost the lease is fenced on its next append. A claim of a run whose previous claim
+never handed it back counts a crash; a clean hand-back (done or waiting) forgets them.
 """
 
 from __future__ import annotations
