@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from agentjournal import EventType, open_store
 from agentjournal.cli import cli
 from agentjournal.fleet import queue_of
+from tests.conftest import fresh_url
 from tests.openai_agents_child import TASK
 from tests.openai_fleet_agents import RECEIVER
 
@@ -26,9 +27,9 @@ E = EventType
 HANG = 120.0  # a hang guard (a worker imports the SDK: seconds on a loaded machine)
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'fleet.db'}"
+@pytest.fixture(params=("sqlite", "postgres"))
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from fresh_url(request.param, tmp_path)
 
 
 @pytest.fixture
@@ -91,8 +92,7 @@ def test_a_run_stopped_for_approval_waits_then_the_worker_finishes_it(
     with open_store(url) as store:
         asked = [e.payload["approval_id"] for e in store.read("sdk-2")
                  if e.type is E.APPROVAL_REQUESTED]
-    for approval_id in asked:  # once the worker has handed the run back (its lease free)
-        until("the approval to be recorded", lambda a=approval_id: CliRunner().invoke(
-            cli, ["approve", "sdk-2", a, "--store", url]).exit_code == 0)
+    for approval_id in asked:
+        cli_ok("approve", "sdk-2", approval_id, "--store", url)
     until("the run to be done", lambda: state_of(url, "sdk-2") == "done")
     assert counted(receiver, "fleet-approved-") == {"a": 1, "b": 1}

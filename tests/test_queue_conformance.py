@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from agentjournal import (
     Agent,
@@ -25,7 +26,10 @@ from agentjournal import (
     reply,
     tool,
 )
+from agentjournal.bridge import open_run
+from agentjournal.cli import cli
 from agentjournal.fleet import queue_of, submit
+from agentjournal.journal import open_journal
 from agentjournal.policy import Rules
 from agentjournal.store import Store
 
@@ -223,6 +227,49 @@ def test_a_person_s_decision_makes_a_waiting_run_runnable(store: Store) -> None:
     assert again is not None and again.lease.epoch > claim.lease.epoch
     done = agent.run(store, "r1", again.task, owner="w2", keep_lease=True)
     assert done.status == "finished" and queue.hand_back(again.lease, "done", done.last_seq)
+
+
+def test_a_run_waiting_on_two_approvals_waits_until_a_person_decided_both(
+        url: str, store: Store) -> None:
+    # Two calls of one turn wait for approval at once, as an SDK run stops (the bridge).
+    submit(store, "m:a", "pay 5 and 7", "r1")
+    queue = queue_of(store)
+    claim = queue.claim("w1", 30, ["default"])
+    assert claim is not None
+    with open_run(store, "r1", task=claim.task, owner="w1", keep_lease=True) as run:
+        asked = [run.request_approval("pay", {"amount": n}, call_id=f"c{n}") for n in (5, 7)]
+        run.pause("waiting for approvals")
+    assert queue.hand_back(claim.lease, "waiting", run.state.last_seq)
+    approved = CliRunner().invoke(cli, ["approve", "r1", asked[0], "--store", url])
+    assert approved.exit_code == 0, approved.output
+    # Still waiting for the person: no worker takes the run (and its lease) from under
+    # the second decision, which is recorded at once.
+    (row,) = queue.runs()
+    assert row.state == "waiting" and not row.runnable
+    assert queue.claim("w2", 30, ["default"]) is None
+    decide_approval(store, "r1", asked[1], approved=False, by="ana", reason="not 7")
+    (row,) = queue.runs()
+    assert row.state == "waiting" and row.runnable
+    again = queue.claim("w2", 30, ["default"])
+    assert again is not None and again.lease.run_id == "r1"
+
+
+def test_a_waiting_run_is_not_claimed_while_a_person_s_decision_holds_its_lease(
+        store: Store) -> None:
+    submit(store, "m:a", "pay 5", "r1")
+    queue = queue_of(store)
+    claim = queue.claim("w1", 30, ["default"])
+    assert claim is not None
+    agent = Agent(ScriptedModel([calls(("pay", {"amount": 5})), reply("done")]), [pay],
+                  policy=Rules(approve_if={"pay": lambda c: True}))
+    result = agent.run(store, "r1", claim.task, owner="w1", keep_lease=True)
+    assert queue.hand_back(claim.lease, "waiting", result.last_seq)
+    with open_journal(store, "r1", owner="decision:ana") as decision:
+        decision.record(EventType.APPROVAL_DECIDED, approval_id=result.approvals[0].approval_id,
+                        approved=True, by="ana", reason="")
+        assert queue.claim("w2", 30, ["default"]) is None  # the person writes still
+    again = queue.claim("w2", 30, ["default"])
+    assert again is not None and again.lease.epoch == decision.lease.epoch + 1
 
 
 def test_workers_are_seen_and_forgotten(store: Store) -> None:

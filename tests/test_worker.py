@@ -403,3 +403,33 @@ def test_the_worker_logs_timestamped_levelled_lines_escapes_visible_one_per_erro
     fleet.until("the traceback", lambda: "Traceback" in fleet.procs[-1][1].read_text())
     assert fleet.stop(verbose) == 0
     assert re.search(r" DEBUG .*\nTraceback", fleet.procs[-1][1].read_text())
+
+
+def test_a_claimed_run_s_lease_is_kept_until_its_journal_opens_and_never_after_hand_back(
+        url: str) -> None:
+    """A worker claims many runs at once and renews the leases of those whose journal is
+    not open yet; a run it let go (opened, or handed back) it renews no more, so a lease
+    released by a hand-back stays free for a person's decision."""
+    from agentjournal.errors import LeaseHeldError
+    from agentjournal.fleet.worker import Worker
+
+    worker = Worker(url, agents=["tests.fleet_agents"], ttl=30.0)
+    store = worker._run_store()
+    for run_id in ("a", "b"):
+        submit(store, "tests.fleet_agents:counter", "count", run_id)
+    claims = queue_of(store).claim_many(worker.worker_id, 0.5, ["default"], 5)
+    assert [c.lease.run_id for c in claims] == ["a", "b"]  # one claim for both
+    worker._unopened.update((c.lease.run_id, c.lease) for c in claims)
+    worker._renew_unopened()  # renewed for the worker's TTL, not the claim's 0.5 s
+    for claim in claims:
+        with pytest.raises(LeaseHeldError) as held:
+            store.acquire(claim.lease.run_id, "decision:ana", 30.0)
+        assert held.value.expires_in > 1.0
+    first = claims[0].lease
+    worker._stop_renewing(first.run_id)
+    assert queue_of(store).hand_back(first, "waiting", 0)
+    worker._renew_unopened()  # renews "b" only
+    store.release(store.acquire(first.run_id, "decision:ana", 30.0))  # free at once
+    with pytest.raises(LeaseHeldError):
+        store.acquire("b", "decision:ana", 30.0)
+    worker._reopen_control()  # closes the handle

@@ -2,7 +2,10 @@
 
 Each decision is appended as an event naming who decided and why; the run
 acts on it the next time it is opened. A decision takes the run's lease for
-the moment it writes, so it never races a live worker.
+the moment it writes, so it never races a live worker. An approval that leaves
+others of the run open keeps a queued run waiting (``fleet.keep_waiting``): a
+worker takes it up once the person decided them all, so the person's next
+decision never meets a worker's lease.
 
 Decisions are idempotent, because a person (or a script) retries a command
 whose answer was lost. Repeating a decision that already stands the same way
@@ -22,6 +25,7 @@ from typing import Any, Literal, NamedTuple
 
 from .errors import AlreadyDecidedError, AmbiguousKeyError, NotPendingError
 from .events import Event, EventType
+from .fleet import keep_waiting
 from .journal import open_journal
 from .snapshots import load_state
 from .state import PendingCall, RunState
@@ -69,8 +73,11 @@ def record_approval(
             return stood  # decided meanwhile
         if approval_id not in j.state.approvals:
             raise NotPendingError(run_id, f"approval {approval_id!r}", list(j.state.approvals))
-        return Decision([j.record(EventType.APPROVAL_DECIDED, approval_id=approval_id,
-                                  approved=approved, by=by, reason=reason)], appended=True)
+        decided = j.record(EventType.APPROVAL_DECIDED, approval_id=approval_id,
+                           approved=approved, by=by, reason=reason)
+        if j.state.approvals:  # others still open: the run waits for this person still
+            keep_waiting(store, run_id, decided.seq)
+        return Decision([decided], appended=True)
 
 
 def _approval_stands(store: Store, run_id: str, state: RunState, approval_id: str,

@@ -245,11 +245,18 @@ class _ReadFirst:
     def reader(self) -> Store:
         return self._reader
 
-    def __getattr__(self, name: str) -> Any:
-        if name in _WRITES and self._writer is None:
+    @property
+    def writable(self) -> Store:
+        """The store it writes through, opened now if not yet (``fleet.queue_of``: the
+        queue of a store a command writes to, as a decision keeping a run waiting)."""
+        if self._writer is None:
             self._reader.close()  # (SQLite: a reader's read-only -shm mapping would be shared)
             self._writer = open_store(self._url)
-        return getattr(self._writer or self._reader, name)
+        return self._writer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.writable if name in _WRITES else self._writer or self._reader,
+                       name)
 
     def close(self) -> None:
         (self._writer or self._reader).close()  # (the reader was closed when the writer came)

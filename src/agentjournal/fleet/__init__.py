@@ -20,12 +20,16 @@ from .runnable import Runnable, Stopped
 from .trust import ref_problem
 
 __all__ = ["QUEUE_STATES", "Claim", "Queue", "QueueState", "QueuedRun", "Runnable", "Stopped",
-           "WorkerInfo", "queue_of", "requeue", "submit"]
+           "WorkerInfo", "keep_waiting", "queue_of", "requeue", "submit"]
 
 
 def queue_of(store: Store) -> Queue:
-    """The queue of ``store``; NoQueueError for a store that has none (JSONL)."""
+    """The queue of ``store``; NoQueueError for a store that has none (JSONL). A handle
+    standing for a store (the CLI's, read-only until a command writes) gives the store it
+    writes through as ``writable``."""
     from ..store.sqlite import SQLiteStore
+
+    store = getattr(store, "writable", store)
 
     if isinstance(store, SQLiteStore):
         from .sqlite import SQLiteQueue
@@ -38,6 +42,18 @@ def queue_of(store: Store) -> Queue:
         from .postgres import PostgresQueue
         return PostgresQueue(store)
     raise NoQueueError(store.url)
+
+
+def keep_waiting(store: Store, run_id: str, at_seq: int) -> None:
+    """A person's decision left the run waiting for more of them (approvals still open):
+    keep it waiting as of ``at_seq``, so no worker claims it, and holds its lease, while
+    the person decides the next one. Call it holding the run's lease. Nothing on a store
+    without a queue (JSONL), nor for a run that is not in the queue or not waiting."""
+    try:
+        queue = queue_of(store)
+    except NoQueueError:
+        return
+    queue.keep_waiting(run_id, at_seq)
 
 
 def submit(store: Store, agent_ref: str, task: str, run_id: str | None = None, *,

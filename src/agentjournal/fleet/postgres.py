@@ -30,10 +30,12 @@ from ..store.tenants import CHANNELS_TABLE
 from .queue import Claim, QueuedRun, QueueState, WorkerInfo
 
 # Runnable: submitted or handed back; running on an expired lease (its worker died);
-# stopped for a person, and something appended since (a person's decision).
+# stopped for a person, and something appended since (a person's decision) by a writer
+# that is done (a decision holds the lease while it writes).
 _RUNNABLE: LiteralString = """(q.state = 'queued'
-    OR (q.state = 'running' AND coalesce(r.lease_expires_at <= clock_timestamp(), true))
-    OR (q.state IN ('waiting', 'parked') AND r.last_seq > q.parked_seq))"""
+    OR (q.state IN ('running', 'waiting', 'parked')
+        AND coalesce(r.lease_expires_at <= clock_timestamp(), true)
+        AND (q.state = 'running' OR r.last_seq > q.parked_seq)))"""
 
 # One statement: pick (skipping rows another claim or an append holds), take the lease
 # with the next epoch, mark the run running. A claim of a run still marked running
@@ -126,6 +128,12 @@ class PostgresQueue:
             if mine and state == "queued":
                 self._notify(cur)
         return mine
+
+    def keep_waiting(self, run_id: str, at_seq: int) -> None:
+        with self.store._write(run_id) as cur:
+            cur.execute(self.store._q(
+                "UPDATE {s}.queue SET parked_seq = %s WHERE run_id = %s AND state = 'waiting'"
+                " AND parked_seq < %s"), (at_seq, run_id, at_seq))
 
     def absolve(self, run_id: str) -> None:
         with self.store._write(run_id) as cur:

@@ -7,18 +7,21 @@ A run is in the queue from ``submit`` on. Its state says what it waits for:
              (or stalled) and any worker may take it over, with the next epoch
     waiting  it stopped for a person (paused, waiting for an approval, escalated);
              runnable again as soon as anything is appended to its log after that
-             (a person's approval or verdict)
+             (a person's approval or verdict) and its lease is free (a person's
+             decision holds it while it writes); a decision that leaves approvals
+             open keeps it waiting (``keep_waiting``), so the person decides the
+             next one at once, never meeting a worker's lease
     parked   it killed its worker too many times (a poison run), or a worker refused
              its agent ref (not trusted, not an agent): the reason is kept with it,
              and it is escalated in its log if it has one; like waiting, runnable
              again once a person has appended a decision or requeued it
     done     finished
 
-``claim`` takes one runnable run, its lease and the next epoch in one statement
-(Postgres: ``FOR UPDATE SKIP LOCKED``; SQLite: one immediate transaction), so the
-lease and its epoch stay the only owner of a run: a worker that lost the lease
-is fenced on its next append. A claim of a run whose previous claim never handed
-it back counts a crash; a clean hand-back (done or waiting) forgets them.
+``claim`` takes a runnable run (``claim_many``: several), its lease and the next epoch
+in one statement (Postgres: ``FOR UPDATE SKIP LOCKED``; SQLite: one immediate
+transaction), so the lease and its epoch stay the only owner of a run: a worker that
+lost the lease is fenced on its next append. A claim of a run whose previous claim
+never handed it back counts a crash; a clean hand-back (done or waiting) forgets them.
 """
 
 from __future__ import annotations
@@ -86,11 +89,24 @@ class Queue(Protocol):
         """Take the most urgent runnable run of ``queues``, with its lease, or None."""
         ...
 
+    def claim_many(self, owner: str, ttl: float, queues: Sequence[str],
+                   n: int) -> list[Claim]:
+        """Up to ``n`` runs claimed at once (one statement on PostgreSQL, one transaction
+        on SQLite), most urgent first: a worker with many free slots, taking over the
+        runs of one that died."""
+        ...
+
     def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
                   reason: str | None = None) -> bool:
         """Give the run back in ``state`` (queued, waiting, parked or done) as of its log's
         ``at_seq``, and release the lease. ``reason``: why (kept with a parked run, shown
         by ``agentjournal queue``). False if the lease was no longer ours."""
+        ...
+
+    def keep_waiting(self, run_id: str, at_seq: int) -> None:
+        """A person decided part of what the waiting run waits for (an approval of
+        several): it stays waiting as of its log's ``at_seq``. Called by the decision's
+        writer while it holds the run's lease, so no claim came in between."""
         ...
 
     def absolve(self, run_id: str) -> None:

@@ -34,7 +34,8 @@ def _runnable(state: str, parked_seq: int, last_seq: int, left: float) -> bool:
         return True
     if state == "running":
         return left <= 0  # its worker died, or stalled past its lease
-    return state in ("waiting", "parked") and last_seq > parked_seq  # a person decided
+    # A person decided, and is done writing (a decision holds the lease while it writes).
+    return state in ("waiting", "parked") and last_seq > parked_seq and left <= 0
 
 
 class SQLiteQueue:
@@ -57,7 +58,13 @@ class SQLiteQueue:
         return True
 
     def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
+        claims = self.claim_many(owner, ttl, queues, 1)
+        return claims[0] if claims else None
+
+    def claim_many(self, owner: str, ttl: float, queues: Sequence[str],
+                   n: int) -> list[Claim]:
         marks = ", ".join("?" * len(queues))
+        claims: list[Claim] = []
         with self.store._tx() as db:
             wall, (boot, now) = time.time(), host_clock()
             for row in db.execute(_CANDIDATES.format(where=f"AND q.queue IN ({marks})"),
@@ -72,8 +79,11 @@ class SQLiteQueue:
                 db.execute("UPDATE queue SET state = 'running', worker = ?, claims = claims + 1,"
                            " crashes = ?, changed_at = ? WHERE run_id = ?",
                            (owner, crashes, wall, run_id))
-                return Claim(lease=lease, agent=agent, task=task, queue=queue, crashes=crashes)
-        return None
+                claims.append(Claim(lease=lease, agent=agent, task=task, queue=queue,
+                                    crashes=crashes))
+                if len(claims) == n:
+                    break
+        return claims
 
     def _lease(self, db: sqlite3.Connection, run_id: str, owner: str, epoch: int, ttl: float,
                wall: float, boot: str, now: float) -> Lease:
@@ -94,6 +104,11 @@ class SQLiteQueue:
                        " reason = ?, changed_at = ? WHERE run_id = ?",
                        (state, at_seq, state, reason, time.time(), lease.run_id))
         return True
+
+    def keep_waiting(self, run_id: str, at_seq: int) -> None:
+        with self.store._tx() as db:
+            db.execute("UPDATE queue SET parked_seq = ? WHERE run_id = ? AND state = 'waiting'"
+                       " AND parked_seq < ?", (at_seq, run_id, at_seq))
 
     def absolve(self, run_id: str) -> None:
         with self.store._tx() as db:

@@ -12,10 +12,12 @@ the store's group commit); a handle broken by a failed commit is reopened, and t
 it interrupted are handed back.
 
 The lease and its epoch are the only owner of a run: a run is claimed with the
-worker's id as the lease owner, run with ``Agent.run(..., owner=worker_id,
-keep_lease=True)`` (the same owner, so the journal renews the claimed epoch), and
-handed back with the lease released in the same transaction: ``done`` when it
-finished, ``waiting`` when it stopped for a person, ``queued`` when drained.
+worker's id as the lease owner (as many at once as there are free slots: a successor
+takes a dead worker's runs over in one claim), renewed by the worker until the run's
+journal is open, run with ``Agent.run(..., owner=worker_id, keep_lease=True)`` (the
+same owner, so the journal renews the claimed epoch), and handed back with the lease
+released in the same transaction: ``done`` when it finished, ``waiting`` when it
+stopped for a person, ``queued`` when drained.
 
 It logs through ``logging.getLogger("agentjournal.worker")``, one line per event,
 each starting with the worker id; a crash's traceback only at DEBUG.
@@ -31,7 +33,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any
@@ -72,9 +74,6 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
 #: (an append holds one for milliseconds): with the LISTEN connection, five a worker,
 #: so a default server (100 connections) serves a fleet of some 16 workers.
 POOL = 4
-#: With on_loop: runs claimed whose journal is not open yet (their lease not yet renewed
-#: by its heartbeat), at most; the claims wait for them.
-OPENING = 8
 
 logger = logging.getLogger("agentjournal.worker")
 
@@ -147,7 +146,10 @@ class Worker:
         self.compensate_parked = compensate_parked
         self.on_loop = on_loop
         self._loop: asyncio.AbstractEventLoop | None = None  # on_loop: the runs' loop
-        self._opening = threading.BoundedSemaphore(OPENING)  # on_loop: claimed, not open
+        # Claimed runs whose journal is not open yet: the worker renews their leases.
+        self._unopened: dict[str, Lease] = {}
+        self._unopened_lock = threading.Lock()  # guards _unopened
+        self._renewing = threading.Lock()  # held while a renewal of them is in flight
         self.worker_id = worker_id or default_owner()
         self._draining = threading.Event()
         self._done = threading.Event()  # run() is over: the heartbeat stops
@@ -263,16 +265,10 @@ class Worker:
             if free <= 0:
                 self._slot_free.wait(self.poll)
                 continue
-            # On the loop, a claimed run waits for a stepper thread to open it; claims
-            # wait while OPENING runs do, so none waits past its lease's TTL unrenewed.
-            if self.on_loop and not self._opening.acquire(timeout=self.poll):
-                continue
-            many = self._more_to_open(free) if self.on_loop else 1
             try:
                 queue = self._control_queue()
-                claims = self._claim(queue, many)
+                claims = queue.claim_many(self.worker_id, self.ttl, self.queues, free)
             except TROUBLE as exc:
-                self._opened_one(many)
                 if not troubled:
                     self.log(f"store unavailable, retrying claims with backoff: {exc}",
                              logging.WARNING)
@@ -285,36 +281,39 @@ class Worker:
             if troubled:
                 self.log("store answers again")
             backoff, troubled = BACKOFF_FIRST, False
-            self._opened_one(many - len(claims))
             if not claims:
                 queue.wait(self.poll)
                 continue
+            with self._unopened_lock:
+                self._unopened.update((c.lease.run_id, c.lease) for c in claims)
             for claim in claims:
                 self._start(claim)
 
-    def _claim(self, queue: Queue, n: int) -> list[Claim]:
-        """Up to ``n`` runs, in one statement where the queue can (PostgreSQL)."""
-        claim_many = getattr(queue, "claim_many", None)
-        if n > 1 and claim_many is not None:
-            claims: list[Claim] = claim_many(self.worker_id, self.ttl, self.queues, n)
-            return claims
-        claim = queue.claim(self.worker_id, self.ttl, self.queues)
-        return [claim] if claim is not None else []
+    def _renew_unopened(self) -> None:
+        """Renew the leases of the claimed runs whose journal is not open yet (with
+        hundreds claimed at once, a stepper thread may be a while coming). One the store
+        no longer grants (another worker took the run) is left to the run's open."""
+        with self._renewing:
+            with self._unopened_lock:
+                leases = list(self._unopened.values())
+            if not leases:
+                return
+            store: Any = self._run_store()  # SQLite's or PostgreSQL's: both renew_all
+            renewed = store.renew_all(leases, self.ttl)
+            with self._unopened_lock:
+                for lease in leases:
+                    if lease.run_id not in renewed:
+                        self._unopened.pop(lease.run_id, None)
 
-    def _more_to_open(self, free: int) -> int:
-        """How many runs to claim at once (on_loop): one opening slot is held already;
-        take more of them, up to the free slots."""
-        taken = 1
-        while taken < free and self._opening.acquire(blocking=False):
-            taken += 1
-        return taken
-
-    def _opened_one(self, n: int = 1) -> None:
-        """A claimed run's journal is open (its lease now renewed by the heartbeat), or
-        ``n`` claims came to nothing: claims may go ahead (on_loop)."""
-        if self.on_loop:
-            for _ in range(n):
-                self._opening.release()
+    def _stop_renewing(self, run_id: str, *, handing_back: bool = True) -> None:
+        """The run's journal renews its lease now, or the run is about to be handed back:
+        the worker renews it no more. ``handing_back``: returns once no renewal of it is
+        in flight, so none follows the hand-back's release."""
+        with self._unopened_lock:
+            self._unopened.pop(run_id, None)
+        if handing_back:
+            with self._renewing:
+                pass
 
     def _start(self, claim: Claim) -> None:
         run_id = claim.lease.run_id
@@ -367,6 +366,7 @@ class Worker:
         troubled = False
         while not self._done.is_set():
             try:
+                self._renew_unopened()
                 self._control_queue().beat(self.info())
                 troubled = False
             except TROUBLE as exc:
@@ -428,6 +428,7 @@ class Worker:
                 result = _stopped(agent.run(self._run_store(), claim.lease.run_id, claim.task,
                                             **self._run_args(claim, seen)), claim)
             elif agent is not None:
+                self._stop_renewing(claim.lease.run_id, handing_back=False)  # its journal's
                 result = self._driven(agent, claim)
         except Exception as exc:
             self._ended(claim, seen, None, exc)
@@ -440,41 +441,34 @@ class Worker:
         """:meth:`_work` as a task on the runs' loop: the run is ``Agent.arun``; what
         waits on the store before and after it waits on a stepper thread."""
         seen = {"epoch": claim.lease.epoch, "seq": 0}
-        opening = [True]
-
-        def opened() -> None:
-            if opening.pop() if opening else False:
-                self._opened_one()
-
         try:
             agent = await in_thread(self._prepared, claim)
             result: Stopped | None = None
             if isinstance(agent, Agent):
                 result = _stopped(await agent.arun(
                     self._run_store(), claim.lease.run_id, claim.task,
-                    **self._run_args(claim, seen, opened)), claim)
+                    **self._run_args(claim, seen)), claim)
             elif agent is not None:  # another framework's: its own loop, in a thread
-                opened()
+                self._stop_renewing(claim.lease.run_id, handing_back=False)
                 result = await asyncio.to_thread(self._driven, agent, claim)
         except Exception as exc:
             await in_thread(self._ended, claim, seen, None, exc)
         else:
             await in_thread(self._ended, claim, seen, result, None)
         finally:
-            opened()  # a run that appended nothing (it waits for a person), or failed
             self._let_go(claim.lease.run_id)
 
-    def _run_args(self, claim: Claim, seen: dict[str, int],
-                  first: Callable[[], None] | None = None) -> dict[str, Any]:
+    def _run_args(self, claim: Claim, seen: dict[str, int]) -> dict[str, Any]:
         """What the worker passes ``Agent.run``/``arun``: its id as the lease owner, the
         lease kept for the hand-back, the drain as the stop, and an observer keeping the
-        newest epoch and seq in ``seen`` (and calling ``first`` at each event)."""
+        newest epoch and seq in ``seen`` (at the first event, the run's journal renews
+        the lease: the worker no more)."""
 
         def observe(event: Event, _state: RunState) -> None:
+            if not seen["seq"]:
+                self._stop_renewing(claim.lease.run_id, handing_back=False)
             seen["epoch"] = max(seen["epoch"], event.epoch)
             seen["seq"] = event.seq
-            if first is not None:
-                first()
 
         return {"owner": self.worker_id, "agent_ref": claim.agent, "stop": self._draining,
                 "keep_lease": True, "observer": observe,
@@ -499,6 +493,7 @@ class Worker:
                error: Exception | None) -> None:
         """Hand the run back as it ended (``result``), or let it go as ``error`` says."""
         run_id = claim.lease.run_id
+        self._stop_renewing(run_id)  # a run that appended nothing (it waits), or failed
         try:
             if error is not None:
                 raise error
@@ -530,6 +525,7 @@ class Worker:
             logger.debug("the crash of %s", run_id, exc_info=exc)
 
     def _let_go(self, run_id: str) -> None:
+        self._stop_renewing(run_id)  # (done before any hand-back; here if cancelled)
         with self._lock:
             self._held.pop(run_id, None)
             METRICS.gauge("worker_runs_held", len(self._held))
@@ -601,6 +597,7 @@ class Worker:
         run_id = claim.lease.run_id
         with open_journal(self._run_store(), run_id, owner=self.worker_id, ttl=self.ttl,
                           keep_lease=True) as journal:
+            self._stop_renewing(run_id)  # the journal renews it
             if journal.state.last_seq:  # an empty log has no run to escalate yet
                 journal.record(EventType.RUN_ESCALATED, reason=reason, crashes=claim.crashes,
                                by="agentjournal worker", worker=self.worker_id)
