@@ -26,6 +26,9 @@ from typing import Any
 
 import msgspec
 
+from .errors import EncodingError
+from .events import canonical_payload
+
 #: Patterns for common credentials: API keys (OpenAI, Stripe, Anthropic), AWS
 #: access keys, GitHub and Slack tokens, bearer tokens, JWTs, private keys, and
 #: the password in a URL's user info.
@@ -173,8 +176,13 @@ class Redaction:
             text = _json.encode(payload)
         except (TypeError, ValueError, msgspec.EncodeError):  # (not JSON yet: walk it)
             return False
+        return self._spares(text)
+
+    def _spares(self, text: bytes) -> bool:
+        """Whether JSON ``text`` holds none of the needles (which must be known)."""
+        assert self._needles is not None
         if self._finders is None:
-            self._finders = _needle_finders(needles)
+            self._finders = _needle_finders(self._needles)
         return not any(find(text) for find in self._finders)
 
     def scrub(self, value: Any, counts: Counter[str] | None = None) -> Any:
@@ -192,6 +200,20 @@ class Redaction:
         if isinstance(value, list | tuple):
             return [self.scrub(v, counts) for v in value]
         return value
+
+    def recorded(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`payload`, put in canonical form (events.canonical_payload) first when
+        that can tell no rule matches: the canonical bytes are the JSON text the needles
+        are searched in, so a payload without secrets is encoded once, not twice."""
+        if self._needles is not None:
+            try:
+                plain, text = canonical_payload(payload)
+            except EncodingError:
+                pass  # make_events refuses it, after the walk: its words hold no secret
+            else:
+                if self._spares(text):
+                    return plain
+        return self.payload(payload)
 
     def payload(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """A payload as it may be recorded: scrubbed, with a ``redactions`` list (rule

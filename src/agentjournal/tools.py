@@ -24,6 +24,7 @@ whatever it still does is on its own thread. It can no longer write to the run.
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import math
 import os
@@ -287,9 +288,10 @@ class Tool:
         kwargs = {f: getattr(checked, f) for f in self.args_type.__struct_fields__}
         return self.fn(ctx, **kwargs) if self.takes_context else self.fn(**kwargs)
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
-        """Declared ``async def``: the async loop awaits it; the sync loop runs it to its end."""
+        """Declared ``async def``: the async loop awaits it; the sync loop runs it to its end.
+        (Asked at every call: inspect's answer, kept.)"""
         return inspect.iscoroutinefunction(self.fn)
 
     def spec(self) -> dict[str, Any]:
