@@ -183,7 +183,11 @@ class Redaction:
         assert self._needles is not None
         if self._finders is None:
             self._finders = _needle_finders(self._needles)
-        return not any(find(text) for find in self._finders)
+        # A loop, not any() over a generator: resuming it per search cost a third more.
+        for find in self._finders:  # noqa: SIM110
+            if find(text):
+                return False
+        return True
 
     def scrub(self, value: Any, counts: Counter[str] | None = None) -> Any:
         """``value`` with every match replaced; matches counted per rule in ``counts``."""
