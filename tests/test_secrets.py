@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 from agentjournal import Agent, EventType, ScriptedModel, calls, fold, open_store, reply
 from agentjournal.cli import cli
 from agentjournal.decisions import resolve_uncertain
+from agentjournal.errors import EncodingError
+from agentjournal.events import canonical_copy, encode_value
 from agentjournal.models import ModelRequest, ModelResponse
 from agentjournal.policy import RegexGuardrail
 from agentjournal.redaction import DEFAULT_RULES, Redaction
@@ -306,6 +309,18 @@ def test_the_one_search_shortcut_redacts_what_the_walk_redacts(payload: dict[str
         walked.rules, walked._hints = redaction.rules, redaction._hints
         walked._needles = None  # no shortcut: every string searched on its own
         assert canonical(redaction.payload(payload)) == canonical(walked.payload(payload))
+        # What the journal records, searched in its canonical bytes: the same, or the
+        # same refusal (an infinity) when make_events puts it in canonical form.
+        assert (stored(lambda: redaction.recorded(payload))  # noqa: B023
+                == stored(lambda: walked.payload(payload)))  # noqa: B023
+
+
+def stored(recorded: Callable[[], dict[str, Any]]) -> bytes | str:
+    """The canonical bytes of what ``recorded`` gives, or why they cannot be stored."""
+    try:
+        return encode_value(canonical_copy(recorded()))
+    except EncodingError as exc:
+        return str(exc)
 
 
 def canonical(value: Any) -> Any:

@@ -120,18 +120,21 @@ def make_events(
 
     Payloads are put in canonical form (sorted keys, plain JSON types) here, so
     the live state folded from these events is byte for byte the state a
-    replay of the stored log gives.
+    replay of the stored log gives. One :func:`canonical_payload` made is already.
     """
     ts = now()
     return [
         Event(run_id=run_id, seq=after_seq + i, type=t, ts=ts, epoch=epoch,
-              payload=_canonical(p))
+              payload=p if type(p) is _Canonical else _Canonical(canonical_copy(p)))
         for i, (t, p) in enumerate(facts, start=1)
     ]
 
 
-def _canonical(payload: Mapping[str, Any]) -> _Canonical:
-    return _Canonical(canonical_copy(payload))
+def canonical_payload(payload: Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """``payload`` in the canonical form make_events gives it (which make_events then
+    takes as it is), and its canonical bytes. EncodingError as canonical_copy."""
+    data = _canonical_bytes(payload, "value")
+    return _Canonical(_plain(payload, data, "value")), data
 
 
 def canonical_copy(value: Any, where: str = "value") -> Any:
@@ -141,11 +144,19 @@ def canonical_copy(value: Any, where: str = "value") -> Any:
     where the copy equals the value, the value held only JSON types and finite floats (a
     NaN is written as null), so the walk that names the culprit runs only where it does
     not."""
+    return _plain(value, _canonical_bytes(value, where), where)
+
+
+def _canonical_bytes(value: Any, where: str) -> bytes:
     try:
-        data = _encode(value)
+        return _encode(value)
     except EncodingError:
         check_finite(value, where)  # a non-string key, named where it is
         raise
+
+
+def _plain(value: Any, data: bytes, where: str) -> Any:
+    """``value`` decoded from its canonical bytes ``data``, checked (see canonical_copy)."""
     plain = _raw_decoder.decode(data)
     if plain != value:  # (also tuples, which are fine: the walk lets them pass)
         check_finite(value, where)

@@ -177,7 +177,7 @@ class RunJournal:
         it, not hide a secret.
         """
         if redact:
-            facts = [(kind, self.redaction.payload(p)) for kind, p in facts]
+            facts = [(kind, self.redaction.recorded(p)) for kind, p in facts]
         with self._writing:  # a tool's remember() may write from its own thread
             events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
             batch = self._staged + events
@@ -224,7 +224,7 @@ class RunJournal:
         caller must append (or :meth:`flush`) before waiting on the world; a crash
         before that loses only the staged facts, as if it came just before them.
         """
-        facts = [(kind, self.redaction.payload(p)) for kind, p in facts]
+        facts = [(kind, self.redaction.recorded(p)) for kind, p in facts]
         with self._writing:
             events = make_events(self.run_id, self.state.last_seq, self.lease.epoch, facts)
             for event in events:

@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -655,6 +655,9 @@ def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[
     by another call of the turn, or ``taken`` (by a call in the context), as some
     OpenAI-compatible servers send them. Then ``call_{turn}_{place}`` (made unique),
     which the turn records: a replay reads it, and results pair with their calls."""
+    ids = {c.id for c in calls}
+    if len(ids) == len(calls) and "" not in ids and ids.isdisjoint(taken):
+        return list(calls)  # the usual turn: every id the provider's own
     given = Counter(c.id for c in calls)
     used = set(given)  # this turn's; ``taken`` is the context's, not copied (it grows)
     out = []
@@ -671,8 +674,10 @@ def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[
     return out
 
 
-def _due(j: RunJournal, observations: Iterable[Observation]) -> list[Observation]:
+def _due(j: RunJournal, observations: Collection[Observation]) -> list[Observation]:
     """The observations the model still reads that are older than their freshness."""
+    if not observations:
+        return []
     now = datetime.now(UTC)
     aged = [o for o in observations if (now - o.at).total_seconds() > o.fresh_for]
     if not aged:

@@ -23,9 +23,11 @@ whatever it still does is on its own thread. It can no longer write to the run.
 
 from __future__ import annotations
 
+import collections
+import functools
 import inspect
 import math
-import queue
+import os
 import threading
 import typing
 import weakref
@@ -116,13 +118,44 @@ class _Job:
         self.error: BaseException | None = None
 
 
-def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
-    while (job := jobs.get()) is not None:
+class _Worker:
+    """A daemon thread that makes the calls handed to it, one at a time.
+
+    It is woken through a pipe, not a lock: ``os.write`` lets go of the GIL before it
+    wakes the thread, which can then run at once. Released under the GIL, a lock would
+    wake a thread that can only wait for it, and switch twice as often (a call cost
+    ~35 µs of wall time here, ~15 µs so). ``None`` as a job stops the thread."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()  # a forked child starts its own: this thread is not in it
+        self._jobs: collections.deque[_Job | None] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        threading.Thread(target=self._serve, name="agentjournal-tool", daemon=True).start()
+
+    def hand(self, job: _Job | None) -> None:
+        self._jobs.append(job)
+        os.write(self._wake_w, b"\0")
+
+    def forget(self) -> None:
+        """In a forked child: close its copy of the pipe, which its parent's thread reads."""
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _serve(self) -> None:
         try:
-            job.result = job.fn()
-        except BaseException as exc:  # handed to the caller, who decides
-            job.error = exc
-        job.done.release()
+            while os.read(self._wake_r, 1):
+                if not self._jobs:
+                    continue
+                if (job := self._jobs.popleft()) is None:
+                    return
+                try:
+                    job.result = job.fn()
+                except BaseException as exc:  # handed to the caller, who decides
+                    job.error = exc
+                job.done.release()
+        finally:  # the sentinel came last: nothing writes to the pipe any more
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
 
 class CallRunner:
@@ -136,14 +169,16 @@ class CallRunner:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] | None = None
+        self._worker: _Worker | None = None
         self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
 
     def call(self, fn: Callable[[], T], timeout: float, guard: CallGuard, what: str) -> T:
         """``fn()``, or ToolTimedOut after ``timeout`` seconds (``guard`` is abandoned)."""
-        jobs = self._jobs or self._start()
+        worker = self._worker
+        if worker is None or worker.pid != os.getpid():
+            worker = self._start()
         job = _Job(fn)
-        jobs.put(job)
+        worker.hand(job)
         if not job.done.acquire(timeout=timeout):
             guard.abandon()
             self._retire()
@@ -154,19 +189,20 @@ class CallRunner:
         result: T = job.result
         return result
 
-    def _start(self) -> queue.SimpleQueue[_Job | None]:
-        jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        threading.Thread(target=_serve, args=(jobs,), name="agentjournal-tool",
-                         daemon=True).start()
-        self._jobs = jobs
-        self._finalizer = weakref.finalize(self, jobs.put, None)  # runner gone: thread exits
-        return jobs
+    def _start(self) -> _Worker:
+        if self._worker is not None:  # a forked child's copy of its parent's: let it be
+            assert self._finalizer is not None
+            self._finalizer.detach()
+            self._worker.forget()
+        worker = self._worker = _Worker()
+        self._finalizer = weakref.finalize(self, worker.hand, None)  # runner gone: it exits
+        return worker
 
     def _retire(self) -> None:
         """Let the current thread go: it exits after the call it is stuck in."""
         if self._finalizer is not None:
-            self._finalizer()  # puts the sentinel now, once
-        self._jobs = self._finalizer = None
+            self._finalizer()  # hands it the sentinel now, once
+        self._worker = self._finalizer = None
 
 
 # --- what a reconcile lookup may conclude ------------------------------------------
@@ -252,9 +288,10 @@ class Tool:
         kwargs = {f: getattr(checked, f) for f in self.args_type.__struct_fields__}
         return self.fn(ctx, **kwargs) if self.takes_context else self.fn(**kwargs)
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
-        """Declared ``async def``: the async loop awaits it; the sync loop runs it to its end."""
+        """Declared ``async def``: the async loop awaits it; the sync loop runs it to its end.
+        (Asked at every call: inspect's answer, kept.)"""
         return inspect.iscoroutinefunction(self.fn)
 
     def spec(self) -> dict[str, Any]:
