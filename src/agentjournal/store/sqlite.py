@@ -431,6 +431,16 @@ def _number(db: sqlite3.Connection, run_ids: list[str]) -> None:
                        [(run_id,) for run_id in run_ids])
 
 
+def _stamps(events: Sequence[Event]) -> list[str]:
+    """Each event's time as stored; a batch mostly shares one, formatted once."""
+    last, text, out = None, "", []
+    for event in events:
+        if event.ts != last:
+            last, text = event.ts, event.ts.isoformat()
+        out.append(text)
+    return out
+
+
 def _refuse_archived(db: sqlite3.Connection, run_id: str) -> None:
     """ArchivedRunError if gc deleted the run (asked only of a run with no events)."""
     stone = db.execute("SELECT archive, last_seq FROM tombstones WHERE run_id = ?",
@@ -797,8 +807,9 @@ class SQLiteStore:
                                   "base": base, "prev": prev.encode("ascii"),
                                   "epoch": one.epoch}
         names = _ROW_NAMES[:len(events)]
-        for (k, t, b), event, body in zip(names, events, bodies, strict=True):
-            params[k], params[t], params[b] = base + event.seq, event.ts.isoformat(), body
+        for (k, t, b), event, stamp, body in zip(names, events, _stamps(events), bodies,
+                                                 strict=True):
+            params[k], params[t], params[b] = base + event.seq, stamp, body
         self._writable("write")
         with self._lock:
             if self._broken:
@@ -832,8 +843,8 @@ class SQLiteStore:
                 pending.error = exc
                 continue
             end.last = events[-1].seq
-            rows += [(end.base + e.seq, e.ts.isoformat(), body)
-                     for e, body in zip(events, bodies, strict=True)]
+            rows += [(end.base + e.seq, stamp, body)
+                     for e, stamp, body in zip(events, _stamps(events), bodies, strict=True)]
             if (scope := scope_started(events)) is not None:
                 db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
         db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
