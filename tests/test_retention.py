@@ -284,8 +284,9 @@ def every_run_in_one_place(store_url: str, archive: Path,
     """Each run is in the hot store, whole and untombstoned; or tombstoned, gone from the
     hot store, with an archive file holding its very bytes."""
     with open_store(store_url) as store:
+        stones = {t.run_id: t for t in store.tombstones()}  # one query, not one per run
         for run_id, records in before.items():
-            stone = store.tombstone(run_id)
+            stone = stones.get(run_id)
             if stone is None:
                 assert store.records(run_id) == records, run_id
             else:

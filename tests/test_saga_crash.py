@@ -103,8 +103,9 @@ def test_a_saga_killed_at_random_moments_undoes_each_effect_once(
             start = last_seq(store_url, run_id)
             proc = child("compensate", store_url, run_id, receiver.url)
             grow = rng.randint(1, 3)
-            while proc.poll() is None and last_seq(store_url, run_id) < start + grow:
-                time.sleep(0.002)
+            with open_store(store_url) as store:  # polled through one handle, not reopened
+                while proc.poll() is None and store.last_seq(run_id) < start + grow:
+                    time.sleep(0.002)
             time.sleep(rng.uniform(0, 0.02))
             if proc.poll() is None:
                 proc.kill()
