@@ -86,7 +86,7 @@ FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1
             sdk_turns=200)
 #: Every section at its smallest meaningful size, one round: for the tests, which check
 #: what each section measured, never how fast (``run_bench(plan=SMOKE)``).
-SMOKE = Plan(appends=20, reps=1, sizes=(1_000, 2_000), steps=(100, 1_000), cpu_events=300,
+SMOKE = Plan(appends=20, reps=1, sizes=(1_000, 2_000), steps=(100, 300), cpu_events=300,
              agent_steps=(20, 200), agent_reps=1, step_reps=1, group_events=5, saga_effects=10,
              temporal_steps=20, fleet_workers=(1, 2), fleet_runs=8, fleet_claims=20,
              takeover_kills=1, ui_runs=100, ui_events=2_000, density_runs=(20,),
