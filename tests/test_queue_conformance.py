@@ -26,9 +26,11 @@ from agentjournal import (
     reply,
     tool,
 )
+from agentjournal.agent import RunResult
 from agentjournal.bridge import open_run
 from agentjournal.cli import cli
 from agentjournal.fleet import queue_of, submit
+from agentjournal.fleet.queue import Claim, Queue
 from agentjournal.journal import open_journal
 from agentjournal.policy import Rules
 from agentjournal.store import Store
@@ -209,7 +211,8 @@ def pay(amount: int) -> str:
     return f"paid {amount}"
 
 
-def test_a_person_s_decision_makes_a_waiting_run_runnable(store: Store) -> None:
+def _handed_back_waiting(store: Store) -> tuple[Queue, Claim, Agent, RunResult]:
+    """Run r1, whose one call waits for approval, from a claim to its hand-back."""
     submit(store, "m:a", "pay 5", "r1")
     queue = queue_of(store)
     claim = queue.claim("w1", 30, ["default"])
@@ -219,6 +222,11 @@ def test_a_person_s_decision_makes_a_waiting_run_runnable(store: Store) -> None:
     result = agent.run(store, "r1", claim.task, owner="w1", keep_lease=True)
     assert result.status == "waiting_approval"
     assert queue.hand_back(claim.lease, "waiting", result.last_seq)
+    return queue, claim, agent, result
+
+
+def test_a_person_s_decision_makes_a_waiting_run_runnable(store: Store) -> None:
+    queue, claim, agent, result = _handed_back_waiting(store)
     assert queue.claim("w2", 30, ["default"]) is None  # nothing new: it waits
     decide_approval(store, "r1", result.approvals[0].approval_id, approved=True, by="ana")
     (row,) = queue.runs()
@@ -256,14 +264,7 @@ def test_a_run_waiting_on_two_approvals_waits_until_a_person_decided_both(
 
 def test_a_waiting_run_is_not_claimed_while_a_person_s_decision_holds_its_lease(
         store: Store) -> None:
-    submit(store, "m:a", "pay 5", "r1")
-    queue = queue_of(store)
-    claim = queue.claim("w1", 30, ["default"])
-    assert claim is not None
-    agent = Agent(ScriptedModel([calls(("pay", {"amount": 5})), reply("done")]), [pay],
-                  policy=Rules(approve_if={"pay": lambda c: True}))
-    result = agent.run(store, "r1", claim.task, owner="w1", keep_lease=True)
-    assert queue.hand_back(claim.lease, "waiting", result.last_seq)
+    queue, _, _, result = _handed_back_waiting(store)
     with open_journal(store, "r1", owner="decision:ana") as decision:
         decision.record(EventType.APPROVAL_DECIDED, approval_id=result.approvals[0].approval_id,
                         approved=True, by="ana", reason="")
