@@ -23,19 +23,16 @@ import sys
 from typing import Any
 
 from agentjournal import (
-    Absent,
-    Conflict,
-    Found,
     NeedsPerson,
-    PendingCall,
     ToolContext,
     ToolFailed,
     Turn,
-    Unknown,
     open_run,
     open_store,
 )
 from agentjournal.demo.ledger import FENCING_HEADER, http_json
+
+from .receiver_lookup import lookup_at
 
 LABELS = ("a", "b")
 
@@ -86,15 +83,7 @@ def drive(store_url: str, run_id: str, url: str, mode: str, prefix: str = "") ->
             return {"label": answer["label"], "status": answer["status"]}
         return body
 
-    def lookup(call: PendingCall) -> Found | Absent | Conflict | Unknown:
-        status, found = http_json("GET", f"{url}/effects/{call.key}")
-        if status == 404:
-            return Absent(final=True)
-        if status != 200:
-            return Unknown(f"lookup answered {status}")
-        if found["label"] != call.args["label"]:
-            return Conflict(found)
-        return Found({"label": found["label"], "status": found["status"]})
+    lookup = lookup_at(url)
 
     store = open_store(store_url)
     out: dict[str, Any] = {"needs_person": None, "outcome": None}

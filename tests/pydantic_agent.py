@@ -28,8 +28,10 @@ from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from agentjournal import Absent, Conflict, Found, PendingCall, Unknown, current_call
+from agentjournal import current_call
 from agentjournal.demo.ledger import FENCING_HEADER, http_json
+
+from .receiver_lookup import lookup_at
 
 LABELS = ("a", "b")
 
@@ -68,19 +70,6 @@ def poster(url: str, *, kill_after_post: bool = False) -> Any:
             os.kill(os.getpid(), signal.SIGKILL)
         return {"label": answer["label"], "status": answer["status"]}
     return post_effect
-
-
-def lookup_at(url: str) -> Any:
-    def applied(call: PendingCall) -> Found | Absent | Conflict | Unknown:
-        status, found = http_json("GET", f"{url}/effects/{call.key}")
-        if status == 404:
-            return Absent(final=True)
-        if status != 200:
-            return Unknown(f"lookup answered {status}")
-        if found["label"] != call.args["label"]:
-            return Conflict(found)
-        return Found({"label": found["label"], "status": found["status"]})
-    return applied
 
 
 def make_agent(url: str, model: CountingModel, capability: Any, mode: str,
