@@ -357,7 +357,6 @@ async def _invoke_async(op: Invoke, *, keep_last: bool = False) -> Callable[[], 
         i, outcome = await finished
         left -= 1
         if keep_last and not left:
-            _ranked()
             return functools.partial(op.done, i, outcome)
         await in_thread(op.done, i, outcome)  # it appends the completion
     return None
@@ -406,7 +405,6 @@ async def run_async(steps: Steps[T]) -> T:
                 last = await _invoke_async(op, keep_last=True)
             else:
                 value = await _perform_async(op)
-                _ranked()
         except Exception as exc:
             error = exc
-            _ranked()
+        _ranked()  # back from the world
