@@ -4,10 +4,14 @@ backwards cannot extend the time budget."""
 
 from __future__ import annotations
 
+import contextvars
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,6 +132,84 @@ def test_an_abandoned_call_can_no_longer_remember(store: Store, hang: threading.
     assert returned.wait(60)
     assert [type(e).__name__ for e in refused] == ["ToolTimedOut"]
     assert "memory_written" not in types(store, "r1")
+
+
+def test_a_call_after_one_abandoned_in_the_same_batch_still_runs(
+    store: Store, hang: threading.Event
+) -> None:
+    """One call at a time: the run's driver is stuck in the first call, so a new driver
+    records its timeout and makes the second."""
+    made: list[str] = []
+
+    @tool(effect="read_only", timeout=0.2)
+    def look(n: int) -> str:
+        made.append(f"look {n}")
+        if n == 1:
+            hang.wait()
+        return f"seen {n}"
+
+    model = ScriptedModel([calls(("look", {"n": 1}), ("look", {"n": 2})), reply("done")])
+    result = Agent(model, [look], parallel_calls=1).run(store, "r1", "t")
+    assert result.status == "finished" and made == ["look 1", "look 2"]
+    completed = [e.payload for e in store.read("r1") if e.type is E.TOOL_CALL_COMPLETED]
+    assert [(p.get("is_error", False), "did not return" in str(p.get("content")))
+            for p in completed] == [(True, True), (False, False)]
+
+
+def test_a_tool_sees_the_callers_context_variables(store: Store) -> None:
+    """The run is driven on a thread of its own, in a copy of the caller's context (a
+    tracing span set around ``run`` is the parent of what the tool does)."""
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    seen: list[str] = []
+
+    @tool(effect="read_only")
+    def look() -> str:
+        seen.append(request_id.get("unset"))
+        return "seen"
+
+    request_id.set("req-7")
+    Agent(one_call("look"), [look]).run(store, "r1", "t")
+    assert seen == ["req-7"]
+
+
+INTERRUPTED = """
+import os, signal, sys, threading, time
+from agentjournal import open_store
+from agentjournal.agent import Agent
+from agentjournal.models import ScriptedModel, calls, reply
+from agentjournal.tools import tool
+
+returned = threading.Event()
+
+@tool(effect="read_only")
+def look(n: int) -> str:
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C
+    time.sleep(0.5)
+    returned.set()
+    return "seen"
+
+store = open_store(sys.argv[1])
+model = ScriptedModel([calls(("look", {"n": 1})), calls(("look", {"n": 2})), reply("done")])
+try:
+    Agent(model, [look]).run(store, "r1", "t")
+except KeyboardInterrupt:
+    print("interrupted while the call ran:", not returned.is_set())
+returned.wait(60)
+time.sleep(0.5)  # a driver that went on would have recorded the outcome and asked again
+print(" ".join(e.type.value for e in store.read("r1")))
+"""
+
+
+def test_ctrl_c_stops_a_sync_run_at_once_and_no_step_goes_on(tmp_path: Path) -> None:
+    """The caller's thread is interrupted while the run's driver is in a tool call: run
+    raises KeyboardInterrupt without waiting for the call, and nothing after it is
+    recorded (the call stays started, for a resume to settle)."""
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    out = subprocess.run([sys.executable, "-c", INTERRUPTED, url], capture_output=True,
+                         text=True, timeout=120, check=True).stdout.splitlines()
+    assert out[0] == "interrupted while the call ran: True"
+    assert out[1].split()[-1] == "tool_call_started"
+    assert out[1].split().count("tool_call_started") == 1
 
 
 def test_timeout_must_be_positive() -> None:

@@ -28,7 +28,7 @@ from .journal import Observer, RunJournal, open_journal
 from .keys import run_scope
 from .limits import MAX_ARGS_BYTES, MAX_RESULT_BYTES, checked_limit
 from .models import Model
-from .ops import in_thread, run_async, run_sync
+from .ops import in_thread, run_async, run_watched
 from .peers import peers_of
 from .policy import (
     AllowAll,
@@ -246,7 +246,7 @@ class Agent(StepMachine):
         with self._opened(store, run_id, task, scope, owner, observer, agent_ref,
                           change_instructions, keep_lease) as (j, drive):
             if drive:
-                run_sync(self._drive(j, stop))
+                run_watched(self._drive(j, stop))
                 j.at_rest()
             return RunResult.of(j.state, settle=settle)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 ENV_VAR = "AGENTJOURNAL_FAULT"
@@ -57,7 +58,10 @@ def fault_point(name: str) -> None:
         return
     _seen[name] = _seen.get(name, 0) + 1
     if _seen[name] == _armed[1]:
-        os.kill(os.getpid(), _armed[2])
+        # Sent to this thread, which takes it on its way out of the call: sent to the
+        # process, another thread could take it and this one run on a moment (past a
+        # lease check, say) until the stop reached it. Both stop the whole process.
+        signal.pthread_kill(threading.get_ident(), _armed[2])
         # Only a stop returns here: say when it was woken, for the test's log.
         print(f"agentjournal fault: stopped at {name}, continued at {time.time():.3f}",
               file=sys.stderr, flush=True)
