@@ -4,7 +4,8 @@ a second one takes every run over (issue 31).
 One ``agentjournal worker --on-loop`` process holds 300 runs (``--slow``: 1,000) of the
 ledger agent with an async model (tests/density_agents.py), whose corrections go to ONE
 LedgerService process. Once it holds most runs and a tenth of the corrections have
-landed it is SIGKILLed; a second worker takes every run over once their leases expire.
+landed it is SIGKILLed; a second worker, up before the kill, takes every run over once
+their leases expire.
 Judged by the ledger's own counts: every correction applied exactly once, every run
 finished, every log contiguous, its epochs never going back. The takeover latency (the
 killed worker's last heartbeat to its successor's first event in each run it held) is
@@ -95,12 +96,17 @@ def test_a_worker_holding_hundreds_of_runs_on_one_loop_is_killed_and_taken_over(
                     and len(ledger.effects()["corrections"]) >= len(expected) // 10)
 
         wait_until(mid_flight, "the worker holding most runs, mid-flight", logs)
+        # The successor is up before the kill, as in a fleet: what is timed is the
+        # takeover, not a process start-up.
+        second = start_worker(store_url, ledger.url, runs, logs[1])
+        workers.append(second)
+        wait_until(lambda: any(w.pid == second.pid for w in queue.workers()),
+                   "the second worker's first heartbeat", logs)
         held = next(w for w in queue.workers() if w.pid == first.pid)
         first.kill()  # mid-flight: runs in model calls, in tool calls, in appends
         first.wait()
         kill = Kill(first.pid, time.time(), held.heartbeat_at, list(held.runs))
         at_kill = len(ledger.effects()["corrections"])
-        workers.append(start_worker(store_url, ledger.url, runs, logs[1]))
         wait_until(lambda: all(r.state == "done" for r in queue.runs()), "every run done",
                    logs)
         counts = ledger.effects()["corrections"]

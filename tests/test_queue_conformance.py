@@ -149,6 +149,49 @@ def test_an_expired_lease_is_taken_over_with_the_next_epoch_and_a_crash(store: S
     assert (row.state, row.crashes, row.runnable) == ("done", 0, False)
 
 
+def test_a_claimed_run_opens_on_the_claim_s_lease_without_acquiring_another(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's run adopts its claim's lease: no second acquire (a round trip and a
+    commit per run taken over). The claim says where the log ends, so a new run's open
+    reads nothing, and a run resumed after a hand-back resumes from its log."""
+    submit(store, "m:a", "t", "r1")
+    queue = queue_of(store)
+    claim = queue.claim("w1", 30, ["default"])
+    assert claim is not None and claim.lease.last_seq == 0
+
+    def no_acquire(*args: object) -> None:
+        raise AssertionError("the run acquired a lease it was given")
+
+    monkeypatch.setattr(store, "acquire", no_acquire)
+    drain = threading.Event()
+    drain.set()  # it starts, then stops at its first step: handed back queued
+    first = Agent(ScriptedModel([reply("done")]), [pay]).run(
+        store, "r1", "t", owner="w1", keep_lease=True, lease=claim.lease, stop=drain)
+    assert first.last_seq > 0 and {e.epoch for e in store.read("r1")} == {claim.lease.epoch}
+    assert queue.hand_back(claim.lease, "queued", first.last_seq)
+    again = queue.claim("w2", 30, ["default"])
+    assert again is not None and again.lease.last_seq == first.last_seq
+    done = Agent(ScriptedModel([reply("done")]), [pay]).run(
+        store, "r1", "t", owner="w2", keep_lease=True, lease=again.lease)
+    assert done.status == "finished"
+    assert [e.epoch for e in store.read("r1")][first.last_seq:] == [again.lease.epoch] * (
+        done.last_seq - first.last_seq)
+
+
+def test_a_run_on_a_claim_s_lease_lost_meanwhile_appends_nothing(store: Store) -> None:
+    submit(store, "m:a", "t", "r1")
+    queue = queue_of(store)
+    lost = queue.claim("dead", 0.3, ["default"])
+    assert lost is not None
+    time.sleep(0.4)
+    taken = queue.claim("successor", 30, ["default"])
+    assert taken is not None
+    with pytest.raises(FencedError):
+        Agent(ScriptedModel([reply("done")]), [pay]).run(
+            store, "r1", "t", owner="dead", keep_lease=True, lease=lost.lease)
+    assert store.last_seq("r1") == 0
+
+
 def test_a_run_handed_back_queued_is_claimable_at_once_without_a_crash(store: Store) -> None:
     submit(store, "m:a", "t", "r1")
     queue = queue_of(store)

@@ -22,7 +22,7 @@ from agentjournal import settle as settle_module
 from agentjournal.agent import Agent
 from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
 from agentjournal.policy import Budget
-from agentjournal.store import Store
+from agentjournal.store import Lease, Store
 from agentjournal.tools import ToolContext, tool
 
 E = EventType
@@ -286,6 +286,54 @@ def test_renewals_resume_when_a_stalled_run_makes_progress(store: Store) -> None
         release.set()
         worker.join(60)
     assert fold(list(store.read("r1"))).status == "finished"
+
+
+def renewals(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """The runs each of the shared heartbeat's renewals held, as they happen."""
+    seen: list[set[str]] = []
+    real = store.renew_all  # type: ignore[attr-defined]
+
+    def renew_all(leases: list[Lease], ttl: float) -> dict[str, Lease]:
+        seen.append({lease.run_id for lease in leases})
+        return real(leases, ttl)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(store, "renew_all", renew_all)
+    return seen
+
+
+def test_leases_opened_apart_converge_on_one_renewal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Runs opened at scattered moments are renewed together after a beat or two (one
+    statement for all, and if the process dies their leases expire together)."""
+    with open_store(f"sqlite:///{tmp_path / 'runs.db'}") as store:
+        seen = renewals(store, monkeypatch)
+        first = journal_module.open_journal(store, "r1", ttl=0.9)
+        time.sleep(0.2)  # between two beats of r1 (every 0.3 s)
+        second = journal_module.open_journal(store, "r2", ttl=0.9)
+        deadline = time.monotonic() + 60  # a hang guard, for a loaded machine
+        while len(seen) < 4 or seen[-1] != {"r1", "r2"}:
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)
+        first.close()
+        second.close()
+    assert {"r1", "r2"} in seen
+
+
+def test_a_worker_s_heartbeat_renews_every_lease_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with open_store(f"sqlite:///{tmp_path / 'runs.db'}") as store:
+        seen = renewals(store, monkeypatch)
+        journals = [journal_module.open_journal(store, f"r{i}", ttl=60) for i in range(3)]
+        journal_module.heartbeat_of(store).beat_now()  # the next beat is 20 s away
+        deadline = time.monotonic() + 10
+        while not seen:
+            assert time.monotonic() < deadline, "beat_now renewed nothing"
+            time.sleep(0.05)
+        for j in journals:
+            j.close()
+    assert seen[0] == {"r0", "r1", "r2"}
 
 
 # --- the time budget -----------------------------------------------------------------

@@ -44,7 +44,7 @@ from .settle import as_json, changed_intent, same_intent
 from .snapshots import settle as settle_maps
 from .state import Approval, PendingCall, RunState, Status
 from .steps import StepMachine, limit, not_kept
-from .store import Store, validate_run_id
+from .store import Lease, Store, validate_run_id
 from .tools import Tool
 from .workspace import Workspace
 
@@ -217,6 +217,7 @@ class Agent(StepMachine):
         stop: threading.Event | None = None,
         keep_lease: bool = False,
         settle: bool = True,
+        lease: Lease | None = None,
     ) -> RunResult:
         """Start ``run_id`` with ``task``, or resume it. Returns where the run stopped.
 
@@ -235,7 +236,9 @@ class Agent(StepMachine):
         step boundary (before a model turn or a batch of calls), still running, for
         another process to resume (a draining worker). ``keep_lease``: leave the lease
         held on return, for the caller to release (a worker's hand-back).
-        ``settle=False``: the result's state keeps a resumed run's completed calls and
+        ``lease``: a lease on the run the caller holds already (a worker's claim),
+        adopted instead of acquiring one (see open_journal). ``settle=False``: the
+        result's state keeps a resumed run's completed calls and
         attempts as lazy maps that read ``store`` (see keyed.py), for a caller that
         looks at the status only; by default they are decoded into dicts, as much work
         as a long run's resume once did.
@@ -244,7 +247,7 @@ class Agent(StepMachine):
             raise TypeError(f"{type(self.model).__name__} has no complete(): it is an async "
                             "model, so run the agent with `await agent.arun(...)`")
         with self._opened(store, run_id, task, scope, owner, observer, agent_ref,
-                          change_instructions, keep_lease) as (j, drive):
+                          change_instructions, keep_lease, lease) as (j, drive):
             if drive:
                 run_watched(self._drive(j, stop))
                 j.at_rest()
@@ -264,6 +267,7 @@ class Agent(StepMachine):
         stop: threading.Event | None = None,
         keep_lease: bool = False,
         settle: bool = True,
+        lease: Lease | None = None,
     ) -> RunResult:
         """:meth:`run` for async code: async models and tools are awaited, sync ones run
         in threads, and the calls of one turn run concurrently as tasks. The event loop
@@ -272,7 +276,7 @@ class Agent(StepMachine):
         the appends of the process's runs that arrive together are committed together
         (the store's group commit). An observer is called on those threads."""
         opened = self._opened(store, run_id, task, scope, owner, observer, agent_ref,
-                              change_instructions, keep_lease)
+                              change_instructions, keep_lease, lease)
         j, drive = await in_thread(opened.__enter__)
         try:
             if drive:
@@ -288,14 +292,14 @@ class Agent(StepMachine):
     @contextlib.contextmanager
     def _opened(self, store: Store, run_id: str, task: str | None, scope: str | None,
                 owner: str | None, observer: Observer | None, agent_ref: str | None,
-                change_instructions: bool,
-                keep_lease: bool) -> Iterator[tuple[RunJournal, bool]]:
+                change_instructions: bool, keep_lease: bool,
+                lease: Lease | None) -> Iterator[tuple[RunJournal, bool]]:
         """The run's journal, started or resumed, and whether there is anything to
         drive (not when it waits for a person)."""
         run_id = require_run_id(run_id)
         with open_journal(store, run_id, owner=owner, ttl=self.lease_ttl, observer=observer,
                           snapshot_every=self.snapshot_every, redaction=self.redaction,
-                          keep_lease=keep_lease) as j:
+                          keep_lease=keep_lease, lease=lease) as j:
             try:
                 yield j, self._start_or_resume(j, task, scope, agent_ref, change_instructions)
             finally:

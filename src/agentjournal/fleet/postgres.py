@@ -50,13 +50,15 @@ WITH pick AS (
     UPDATE {s}.runs r SET lease_owner = %(owner)s, lease_epoch = r.lease_epoch + 1,
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
     FROM pick WHERE r.run_id = pick.run_id
-    RETURNING r.run_id, r.lease_epoch, extract(epoch FROM r.lease_expires_at)::float8 AS until
+    RETURNING r.run_id, r.lease_epoch, extract(epoch FROM r.lease_expires_at)::float8 AS until,
+        r.last_seq, r.last_digest, r.archived_to IS NULL AS live
 )
 UPDATE {s}.queue q SET state = 'running', worker = %(owner)s, claims = q.claims + 1,
     crashes = q.crashes + (pick.state = 'running')::int, changed_at = clock_timestamp()
 FROM leased JOIN pick ON pick.run_id = leased.run_id
 WHERE q.run_id = leased.run_id
-RETURNING q.run_id, leased.lease_epoch, leased.until, q.agent, q.task, q.queue, q.crashes
+RETURNING q.run_id, leased.lease_epoch, leased.until, q.agent, q.task, q.queue, q.crashes,
+    leased.last_seq, leased.last_digest, leased.live
 """
 
 _HAND_BACK: LiteralString = """
@@ -114,10 +116,16 @@ class PostgresQueue:
                                       "n": n})
             rows = cur.fetchall()
         urgent = {run_id: i for i, (run_id, *_) in enumerate(rows)}
-        return [Claim(lease=Lease(run_id, owner, int(epoch), float(until)), agent=agent,
-                      task=task, queue=queue, crashes=int(crashes))
-                for run_id, epoch, until, agent, task, queue, crashes
-                in sorted(rows, key=lambda r: urgent[r[0]])]
+        claims = []
+        for run_id, epoch, until, agent, task, queue, crashes, last, digest, live in sorted(
+                rows, key=lambda r: urgent[r[0]]):
+            if live:  # as an acquire does: the run's first append under the claim is warm
+                self.store._remember(run_id, int(last), str(digest))
+            lease = Lease(run_id, owner, int(epoch), float(until),
+                          last_seq=int(last) if live else None)
+            claims.append(Claim(lease=lease, agent=agent, task=task, queue=queue,
+                                crashes=int(crashes)))
+        return claims
 
     def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
                   reason: str | None = None) -> bool:

@@ -75,7 +75,8 @@ class SQLiteQueue:
                 if not _runnable(state, parked, last, left):
                     continue
                 crashes += state == "running"
-                lease = self._lease(db, run_id, owner, (epoch or 0) + 1, ttl, wall, boot, now)
+                lease = self._lease(db, run_id, owner, (epoch or 0) + 1, ttl, wall, boot, now,
+                                    last)
                 db.execute("UPDATE queue SET state = 'running', worker = ?, claims = claims + 1,"
                            " crashes = ?, changed_at = ? WHERE run_id = ?",
                            (owner, crashes, wall, run_id))
@@ -86,11 +87,11 @@ class SQLiteQueue:
         return claims
 
     def _lease(self, db: sqlite3.Connection, run_id: str, owner: str, epoch: int, ttl: float,
-               wall: float, boot: str, now: float) -> Lease:
+               wall: float, boot: str, now: float, last: int) -> Lease:
         db.execute("INSERT OR REPLACE INTO leases (run_id, owner, epoch, expires_at, boot_id,"
                    " deadline) VALUES (?, ?, ?, ?, ?, ?)",
                    (run_id, owner, epoch, *self.store._expiry(ttl, wall, boot, now)))
-        return Lease(run_id, owner, epoch, wall + ttl)
+        return Lease(run_id, owner, epoch, wall + ttl, last_seq=last)  # read in this tx
 
     def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
                   reason: str | None = None) -> bool:

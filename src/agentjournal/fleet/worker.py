@@ -51,7 +51,7 @@ from ..errors import (
     UnsettledError,
 )
 from ..events import Event, EventType
-from ..journal import RunJournal, default_owner, open_journal
+from ..journal import RunJournal, default_owner, heartbeat_of, open_journal
 from ..metrics import METRICS
 from ..ops import in_thread
 from ..saga import run_saga
@@ -366,7 +366,10 @@ class Worker:
         troubled = False
         while not self._done.is_set():
             try:
+                # The runs' leases first, then the row: if this worker dies, they expire
+                # no later than a TTL after its last heartbeat, all together.
                 self._renew_unopened()
+                heartbeat_of(self._run_store()).beat_now()
                 self._control_queue().beat(self.info())
                 troubled = False
             except TROUBLE as exc:
@@ -471,7 +474,7 @@ class Worker:
             seen["seq"] = event.seq
 
         return {"owner": self.worker_id, "agent_ref": claim.agent, "stop": self._draining,
-                "keep_lease": True, "observer": observe,
+                "keep_lease": True, "observer": observe, "lease": claim.lease,
                 "settle": False}  # the status is enough
 
     def _prepared(self, claim: Claim) -> Driven | None:
