@@ -246,20 +246,20 @@ def takeover_times(store: Store, url: str, workdir: Path, kills: int) -> list[fl
         return sum(len(w.runs) for w in queue.workers() if w.pid in pids)
 
     def round_(name: str) -> list[float]:
-        pair = {start(name).pid, start(name).pid}
+        mine = [start(name), start(name)]
+        pair = {p.pid for p in mine}
         for i in range(2 * CONCURRENCY):
             submit(store, SLOW_AGENT_REF, "bench", f"{name}-{i:02d}", queue=name)
         _wait("two workers holding every run", lambda: holding(pair) == 2 * CONCURRENCY,
-              ROUND_TIMEOUT, procs, logs)
-        standby = start(name).pid
-        _wait("the standby's first heartbeat", lambda: standby in {
-            w.pid for w in queue.workers()}, ROUND_TIMEOUT, procs, logs)
-        victim = next(p for p in procs if p.pid in pair)
+              ROUND_TIMEOUT, mine, logs)
+        mine.append(standby := start(name))
+        _wait("the standby's first heartbeat", lambda: standby.pid in {
+            w.pid for w in queue.workers()}, ROUND_TIMEOUT, mine, logs)
+        victim = mine[0]
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         killed_at = time.time()  # the dead append nothing: later events are a successor's
-        live = [p for p in procs if p.poll() is None]
-        return _takeovers_of(store, victim.pid, killed_at, live, logs)
+        return _takeovers_of(store, victim.pid, killed_at, mine[1:], logs)
 
     try:
         latencies: list[float] = []
