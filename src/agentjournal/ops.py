@@ -275,6 +275,9 @@ class _Watch:
                     if isinstance(op, Invoke) and (len(op.calls) == 1 or op.limit <= 1):
                         if not self._calls(token, op, first, outcome):
                             return
+                    elif isinstance(op, Invoke):  # at once, each timed by its own thread
+                        _invoke_sync(Invoke(op.calls, functools.partial(self._record, token, op),
+                                            op.limit))
                     else:
                         value = _perform_sync(op)
                 except Exception as exc:  # thrown into the steps at their next advance
@@ -290,12 +293,17 @@ class _Watch:
                 outcome = self._make(token, op, i)
                 if outcome is None:
                     return False
-            with self.busy:
-                if self.driver is not token:
-                    return False
-                op.done(i, outcome)
+            self._record(token, op, i, outcome)
+            if self.driver is not token:
+                return False
             outcome = None
         return True
+
+    def _record(self, token: object, op: Invoke, i: int, outcome: Outcome) -> None:
+        """Call ``i``'s completion recorded, unless this driver may no longer go on."""
+        with self.busy:
+            if self.driver is token:
+                op.done(i, outcome)
 
     def _make(self, token: object, op: Invoke, i: int) -> Outcome | None:
         """Call ``i``'s outcome, or None if it was abandoned at its timeout meanwhile."""
