@@ -591,8 +591,9 @@ def test_unsealed_records_are_damage_only_in_a_store_created_sealed(
 def test_a_new_run_opens_without_reading_its_empty_log(
         store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lease's grant read the run's row: an empty log is not read again (two round
-    trips fewer for every new run); a run with events is loaded as ever."""
-    from agentjournal.journal import open_journal
+    trips fewer for every new run); a short one is folded from its events without a
+    look for a snapshot (a round trip fewer); a longer one is loaded as ever."""
+    from agentjournal.journal import SHORT_LOG, open_journal
 
     reads: list[str] = []
     for name in ("read", "snapshots"):
@@ -604,4 +605,10 @@ def test_a_new_run_opens_without_reading_its_empty_log(
         j.record(EventType.RUN_STARTED, task="t")
     with open_journal(store, "fresh") as j:
         assert j.state.last_seq == 1 and j.state.task == "t"
-        assert "read" in reads
+        assert reads == ["read"]
+        j.record_all([(EventType.USER_MESSAGE, {"content": f"m{i}"})
+                      for i in range(SHORT_LOG)])
+    reads.clear()
+    with open_journal(store, "fresh") as j:
+        assert j.state.last_seq == SHORT_LOG + 1
+        assert reads == ["snapshots", "read"]

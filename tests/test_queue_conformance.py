@@ -192,6 +192,22 @@ def test_a_run_on_a_claim_s_lease_lost_meanwhile_appends_nothing(store: Store) -
     assert store.last_seq("r1") == 0
 
 
+def test_an_idle_worker_learns_when_the_soonest_running_lease_expires(store: Store) -> None:
+    """So it claims a dead worker's runs as their leases expire, not at its next poll."""
+    queue = queue_of(store)
+    assert queue.next_expiry(["default"]) is None  # nothing runs
+    for run_id in ("r1", "r2"):
+        submit(store, "m:a", "t", run_id)
+    assert queue.next_expiry(["default"]) is None  # queued, not running
+    assert queue.claim("long", 30, ["default"]) is not None
+    assert queue.claim("short", 0.4, ["default"]) is not None
+    soon = queue.next_expiry(["default"])
+    assert soon is not None and 0.0 < soon <= 0.4  # the short lease, not the long one
+    assert queue.next_expiry(["elsewhere"]) is None
+    time.sleep(0.5)
+    assert queue.next_expiry(["default"]) == 0.0  # expired: claimable now
+
+
 def test_a_run_handed_back_queued_is_claimable_at_once_without_a_crash(store: Store) -> None:
     submit(store, "m:a", "t", "r1")
     queue = queue_of(store)

@@ -82,6 +82,11 @@ def holder_is_dead(owner: str) -> bool:
         return False
 
 
+#: A log at most this long is folded from its events when a journal opens, without
+#: looking for a snapshot: decoding one would cost about what the fold does.
+SHORT_LOG = 64
+
+
 def take_lease(store: Store, run_id: str, owner: str, ttl: float) -> Lease:
     """Acquire the run's lease, taking it over at once from a holder proven dead."""
     try:
@@ -471,9 +476,11 @@ def open_journal(
     else:
         leased_at = -math.inf  # granted we know not when: valid, by our clock, never
     try:
-        # A new run's log is empty, and the lease keeps it so: nothing to read.
+        # A new run's log is empty, and the lease keeps it so: nothing to read. A short
+        # one is folded from its events: looking for a snapshot would cost a round trip.
+        short = lease.last_seq is not None and lease.last_seq <= SHORT_LOG
         loaded = (Loaded(RunState(), 0, 0, []) if lease.last_seq == 0
-                  else load_state(store, run_id, lazy=True))
+                  else load_state(store, run_id, lazy=True, use_snapshots=not short))
         if must_exist and loaded.state.last_seq == 0:
             raise missing_run(store, run_id)
     except BaseException:

@@ -186,6 +186,14 @@ class PostgresQueue:
             cur.execute(self.store._q("DELETE FROM {s}.workers WHERE worker_id = %s"),
                         (worker_id,))
 
+    def next_expiry(self, queues: Sequence[str]) -> float | None:
+        with self.store._read() as conn:
+            ((left,),) = conn.execute(self.store._q(
+                "SELECT extract(epoch FROM min(r.lease_expires_at) - clock_timestamp())::float8"
+                " FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id"
+                " WHERE q.queue = ANY(%s) AND q.state = 'running'"), (list(queues),)).fetchall()
+        return None if left is None else max(0.0, float(left))
+
     def workers(self) -> list[WorkerInfo]:
         with self.store._conn() as conn:
             rows = conn.execute(self.store._q(

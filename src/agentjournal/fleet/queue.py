@@ -129,6 +129,13 @@ class Queue(Protocol):
 
     def workers(self) -> list[WorkerInfo]: ...
 
+    def next_expiry(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the soonest lease of a running run in ``queues`` expires (0.0
+        if one has), None if no run there is running: an idle worker sleeps no longer
+        than that, so it takes a dead worker's runs over as their leases expire, not at
+        its next poll."""
+        ...
+
     def wait(self, timeout: float) -> bool:
         """Block until work may be there (a coalesced wake-up) or ``timeout`` passes."""
         ...

@@ -154,6 +154,19 @@ class SQLiteQueue:
         with self.store._tx() as db:
             db.execute("DELETE FROM workers WHERE worker_id = ?", (worker_id,))
 
+    def next_expiry(self, queues: Sequence[str]) -> float | None:
+        marks = ", ".join("?" * len(queues))
+        with self.store._reading() as db:
+            rows = db.execute("SELECT l.expires_at, l.boot_id, l.deadline FROM queue q"
+                              " JOIN leases l ON l.run_id = q.run_id"
+                              f" WHERE q.state = 'running' AND q.queue IN ({marks})",
+                              tuple(queues)).fetchall()
+        if not rows:
+            return None
+        wall, (boot, now) = time.time(), host_clock()
+        return max(0.0, min(lease_left(expires, boot_id, deadline, wall, boot, now)
+                            for expires, boot_id, deadline in rows))
+
     def workers(self) -> list[WorkerInfo]:
         with self.store._reading() as db:
             rows = db.execute("SELECT info FROM workers ORDER BY worker_id").fetchall()

@@ -70,6 +70,9 @@ if TYPE_CHECKING:
 TROUBLE = (StoreUnavailableError, DurabilityError, StoreIOError)
 LOST = (FencedError, LeaseHeldError, LeaseExpiredError)
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
+#: After the soonest lease's expiry, how long an idle worker waits more before it claims
+#: (a lease that expired but cannot be claimed yet is not polled in a busy loop).
+EXPIRY_SLACK = 0.05
 #: PostgreSQL connections a worker's handle opens at most, however many runs it holds
 #: (an append holds one for milliseconds): with the LISTEN connection, five a worker,
 #: so a default server (100 connections) serves a fleet of some 16 workers.
@@ -268,6 +271,7 @@ class Worker:
             try:
                 queue = self._control_queue()
                 claims = queue.claim_many(self.worker_id, self.ttl, self.queues, free)
+                idle = self.poll if claims else self._idle_for(queue)
             except TROUBLE as exc:
                 if not troubled:
                     self.log(f"store unavailable, retrying claims with backoff: {exc}",
@@ -282,12 +286,18 @@ class Worker:
                 self.log("store answers again")
             backoff, troubled = BACKOFF_FIRST, False
             if not claims:
-                queue.wait(self.poll)
+                queue.wait(idle)
                 continue
             with self._unopened_lock:
                 self._unopened.update((c.lease.run_id, c.lease) for c in claims)
             for claim in claims:
                 self._start(claim)
+
+    def _idle_for(self, queue: Queue) -> float:
+        """How long to wait for work with nothing to claim: the poll, or until just after
+        the soonest lease of a running run expires (a dead worker's, maybe), if sooner."""
+        due = queue.next_expiry(self.queues)
+        return self.poll if due is None else min(self.poll, due + EXPIRY_SLACK)
 
     def _renew_unopened(self) -> None:
         """Renew the leases of the claimed runs whose journal is not open yet (with
