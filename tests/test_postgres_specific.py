@@ -612,3 +612,47 @@ def test_a_new_run_opens_without_reading_its_empty_log(
     with open_journal(store, "fresh") as j:
         assert j.state.last_seq == SHORT_LOG + 1
         assert reads == ["snapshots", "read"]
+
+
+def test_renewals_and_group_commits_lock_runs_in_one_order(schema: str) -> None:
+    """A worker renews every lease it holds in one statement while group commits append
+    to those runs: both lock the runs' rows in run id order. Locked in two orders, they
+    deadlock; the loser waits deadlock_timeout (a second) and fails, and a heartbeat
+    that keeps losing lets every lease lapse."""
+    from agentjournal.journal import open_journal
+
+    runs = [f"r{i:03d}" for i in range(120)]
+    errors: list[BaseException] = []
+    with PostgresStore(PG_URL, schema=schema, pool_size=8, group_commit="always") as store:
+        journals = [open_journal(store, run_id, owner="w", ttl=30) for run_id in runs]
+        going = threading.Event()
+        going.set()
+
+        def renew() -> None:
+            leases = [j.lease for j in journals]
+            try:
+                for i in range(60):  # the input order turned around each time
+                    store.renew_all(leases[::-1] if i % 2 else leases, 30)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                going.clear()
+
+        def append(mine: list[Any]) -> None:
+            try:
+                while going.is_set():
+                    for j in mine:
+                        j.record(EventType.USER_MESSAGE, content="x")
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=renew),
+                   *(threading.Thread(target=append, args=(journals[k::8][::-1 if k % 2 else 1],))
+                     for k in range(8))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for j in journals:
+            j.close()
+    assert errors == []

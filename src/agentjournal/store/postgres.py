@@ -632,6 +632,8 @@ class PostgresStore:
             group[0].result = self._claim_alone(one.run_id, one.params, one.events, one.bodies)
             return
         self._writable(group[0].item.run_id)
+        # In run id order, as renew_all locks the rows: see there.
+        group = sorted(group, key=lambda pending: pending.item.run_id)
         with self._conn(None) as conn:
             try:
                 with conn.pipeline():  # every claim and the commit: one round trip
@@ -895,12 +897,19 @@ class PostgresStore:
         if not leases:
             return {}
         with self._write(None) as cur:
+            # The rows locked in run id order, as a group commit locks them: two writers
+            # that lock several rows in different orders can deadlock, and the loser
+            # waits deadlock_timeout (a second) to fail.
             cur.execute(self._q(
-                "UPDATE {s}.runs r SET lease_expires_at = clock_timestamp()"
+                "WITH h AS (SELECT * FROM unnest(%(runs)s::text[], %(epochs)s::bigint[],"
+                " %(owners)s::text[]) AS h(run_id, epoch, owner)),"
+                " mine AS MATERIALIZED (SELECT r.run_id FROM {s}.runs r JOIN h"
+                " ON r.run_id = h.run_id AND r.lease_epoch = h.epoch"
+                " ORDER BY r.run_id FOR UPDATE OF r)"
+                " UPDATE {s}.runs r SET lease_expires_at = clock_timestamp()"
                 " + make_interval(secs => %(ttl)s::float8), lease_owner = h.owner"
-                " FROM unnest(%(runs)s::text[], %(epochs)s::bigint[], %(owners)s::text[])"
-                " AS h(run_id, epoch, owner)"
-                " WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch"
+                " FROM h WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch"
+                " AND r.run_id IN (SELECT run_id FROM mine)"
                 " RETURNING r.run_id, extract(epoch FROM r.lease_expires_at)::float8"),
                 {"ttl": ttl, "runs": [lease.run_id for lease in leases],
                  "epochs": [lease.epoch for lease in leases],
