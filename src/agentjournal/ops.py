@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from .models import Model, ModelRequest
 from .state import PendingCall
-from .tools import CallGuard, CallRunner, Tool, ToolTimedOut
+from .tools import CallGuard, CallRunner, Tool, ToolTimedOut, abandoned
 
 T = TypeVar("T")
 
@@ -235,9 +235,9 @@ class _Watch:
         now, flight = time.monotonic(), self.in_flight
         if flight is not None and flight.deadline <= now:
             flight.call.guard.abandon()
-            self._start((flight, Outcome(error=ToolTimedOut(
-                f"{flight.call.name} did not return within {flight.call.timeout:g}s; "
-                "abandoned (it may still be running)"))))
+            assert flight.call.timeout is not None  # (only a call with one is in flight)
+            self._start((flight, Outcome(error=abandoned(flight.call.name,
+                                                         flight.call.timeout))))
             return
         wait = (flight.deadline - now if flight is not None else self.patience)
         self.wake_at = now + wait if wait is not None else float("inf")

@@ -84,6 +84,13 @@ class ToolTimedOut(ToolUncertain):
 
 # --- running a call within its timeout -----------------------------------------------
 
+
+def abandoned(what: str, timeout: float) -> ToolTimedOut:
+    """The error of a sync call abandoned at its timeout (on its thread, or its run's)."""
+    return ToolTimedOut(f"{what} did not return within {timeout:g}s; abandoned "
+                        "(it may still be running)")
+
+
 T = TypeVar("T")
 
 
@@ -182,8 +189,7 @@ class CallRunner:
         if not job.done.acquire(timeout=timeout):
             guard.abandon()
             self._retire()
-            raise ToolTimedOut(f"{what} did not return within {timeout:g}s; abandoned "
-                               "(it may still be running)")
+            raise abandoned(what, timeout)
         if job.error is not None:
             raise job.error
         result: T = job.result
