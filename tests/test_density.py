@@ -16,7 +16,7 @@ import pytest
 
 from agentjournal import open_store
 from agentjournal.bench.density import density_agent, run_many
-from agentjournal.errors import ConflictError, FencedError
+from agentjournal.errors import ConflictError, FencedError, ScopeSharedError
 from agentjournal.events import Event, EventType, make_events
 from agentjournal.store import Store
 
@@ -105,18 +105,22 @@ def _waiting(store: Store) -> int:
 
 
 @grouping_backends
-def test_a_conflicting_or_fenced_batch_in_a_group_fails_alone(
+def test_a_conflicting_fenced_or_shared_batch_in_a_group_fails_alone(
         store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A commit is held while seven appends queue behind it, so they form one group: five
-    good ones, one whose run moved on (another handle appended: a conflict) and one
-    whose run another worker took over (fenced). The five commit, in one transaction;
-    the two fail with their own errors and leave their logs as they were."""
+    """A commit is held while eight appends queue behind it, so they form one group: five
+    good ones (each on condition that its run is alone in its scope, as it is), one
+    whose run moved on (another handle appended: a conflict), one whose run another
+    worker took over (fenced) and one made alone in a scope another run shares. The
+    five commit, in one transaction; the three fail with their own errors and leave
+    their logs as they were."""
     store, other = open_store(store_url), open_store(store_url)
-    runs = [f"g{i}" for i in range(7)]
+    runs = [f"g{i}" for i in range(8)]
     for run_id in ["first", *runs]:  # one event each: every append after is a warm one
         store.append(run_id, _message(run_id, 0), expected_seq=0, epoch=0)
     other.append("g5", _message("g5", 1), expected_seq=1, epoch=0)  # g5 moves on elsewhere
     other.acquire("g6", "another-worker", ttl=60)  # g6 is fenced: its epoch is now 1
+    other.append("g7-peer", _message("g7-peer", 0), expected_seq=0, epoch=0)
+    shared = {"g7": "run:g7-peer"}  # g7 appends alone in g7-peer's scope
     real_sync, held, entered, commits = store._sync, threading.Event(), threading.Event(), []  # type: ignore[attr-defined]
 
     def hold_first(*args: object) -> object:
@@ -131,7 +135,8 @@ def test_a_conflicting_or_fenced_batch_in_a_group_fails_alone(
 
     def append(run_id: str) -> None:
         try:
-            outcome[run_id] = store.append(run_id, _message(run_id, 1), expected_seq=1, epoch=0)
+            outcome[run_id] = store.append(run_id, _message(run_id, 1), expected_seq=1, epoch=0,
+                                           alone_in=shared.get(run_id, f"run:{run_id}"))
         except Exception as exc:
             outcome[run_id] = exc
 
@@ -152,12 +157,13 @@ def test_a_conflicting_or_fenced_batch_in_a_group_fails_alone(
     assert all(outcome[f"g{i}"] == 2 for i in range(5)) and outcome["first"] == 2
     assert isinstance(outcome["g5"], ConflictError)
     assert isinstance(outcome["g6"], FencedError)
+    assert isinstance(outcome["g7"], ScopeSharedError)
     reader = open_store(store_url)
     for i in range(5):
         assert [e.payload.get("content") for e in reader.read(f"g{i}")] == [None, "m1"]
     assert [e.seq for e in reader.read("g5")] == [1, 2]  # only the other handle's event
     assert [e.payload.get("content") for e in reader.read("g5")] == [None, "m1"]
-    assert [e.seq for e in reader.read("g6")] == [1]
+    assert [e.seq for e in reader.read("g6")] == [1] == [e.seq for e in reader.read("g7")]
     for s in (store, other, reader):
         s.close()
 

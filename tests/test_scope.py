@@ -248,6 +248,51 @@ def test_peers_are_folded_once_then_only_their_new_events(
     assert receiver.applied == {"warmup": 1, "a": 1, "b": 1, "c": 1}
 
 
+def test_a_run_alone_in_its_scope_asks_no_peer(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each start is appended on condition that no other run shares the scope, checked in
+    the append's own transaction: no scope query beside it (a round trip on PostgreSQL)."""
+    asked: list[str] = []
+    real_scope_runs = store.scope_runs
+
+    def spy(scope: str) -> list[str]:
+        asked.append(scope)
+        return real_scope_runs(scope)
+
+    monkeypatch.setattr(store, "scope_runs", spy)
+    receiver = Receiver()
+    assert Agent(script("a", "b"), [posting(receiver)]).run(store, "r1", "t").status == "finished"
+    assert receiver.applied == {"warmup": 1, "a": 1, "b": 1}
+    assert asked == []
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_run_joining_the_scope_of_an_open_one_is_asked_from_then_on(store_url: str) -> None:
+    """r1 is alone in its scope until, during its model's second turn, another run of the
+    same operation starts and posts "b". Then r1 asks for "b" too: its start, made on
+    condition that r1 is alone, is refused, and r1 asks the other run instead (served);
+    its next call asks it first. The receiver applies each entry once."""
+    receiver = Receiver()
+    scope = operation_scope("acme", "q3-close")
+    store = open_store(store_url)
+
+    def another_run_posts_b(_: Any) -> ModelResponse:
+        other = Agent(ScriptedModel([one("b"), reply("posted")]), [posting(receiver)])
+        assert other.run(store, "other", "post b", scope=scope).status == "finished"
+        return one("b")
+
+    model = ScriptedModel([one("a"), another_run_posts_b, one("c"), reply("posted")])
+    try:
+        result = Agent(model, [posting(receiver)]).run(store, "r1", "post a, b, c", scope=scope)
+        assert result.status == "finished"
+        assert receiver.applied == {"a": 1, "b": 1, "c": 1}
+        assert [c["source"] for c in completions(store, "r1")] == ["tool", "scope", "tool"]
+        assert len([e for e in store.read("r1") if e.type is E.TOOL_CALL_STARTED]) == 2
+    finally:
+        store.close()
+
+
 # --- acceptance: real processes, a real ledger service counting -------------------------
 
 

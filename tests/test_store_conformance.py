@@ -32,6 +32,7 @@ from agentjournal import (
     InvalidRunIdError,
     LeaseHeldError,
     NotArchivedError,
+    ScopeSharedError,
     encode,
     make_events,
     open_store,
@@ -303,6 +304,33 @@ class TestConformance:
         assert make_store().scope_runs("op:acme:7") == ["origin", "fork"]
         assert store.scope_runs("run:solo") == ["solo"]
         assert store.scope_runs("op:acme:8") == []
+
+    def test_conformance_an_append_alone_in_a_scope_is_refused_once_another_run_shares_it(
+        self, make_store: MakeStore
+    ) -> None:
+        """``alone_in``: the start of an effect that needs no peer asked, appended only
+        while no other run of the scope has events; refused, it writes nothing."""
+        store = make_store()
+        started = [(EventType.RUN_STARTED, {"task": "t", "scope": "op:acme:7"})]
+        store.append("origin", make_events("origin", 0, 0, started), expected_seq=0, epoch=0)
+
+        def alone(handle: Store, content: str, last: int) -> int:
+            return handle.append("origin", make_events("origin", last, 0, facts(
+                {"content": content})), expected_seq=last, epoch=0, alone_in="op:acme:7")
+
+        assert alone(store, "a", 1) == 2 and alone(store, "b", 2) == 3  # cold, then warm
+        store.append("fork", make_events("fork", 0, 0, started), expected_seq=0, epoch=0)
+        for handle in (store, make_store()):  # one that saw the log end, one that did not
+            with pytest.raises(ScopeSharedError) as refused:
+                alone(handle, "c", 3)
+            assert (refused.value.run_id, refused.value.scope) == ("origin", "op:acme:7")
+        with pytest.raises(ConflictError):  # a conflict is still said first
+            alone(store, "c", 2)
+        assert [e.payload.get("content") for e in make_store().read("origin")] == [
+            None, "a", "b"]
+        assert append(store, "origin", {"content": "c"}) == 4  # without the condition
+        with pytest.raises(ScopeSharedError):  # nor does a warm handle forget it
+            alone(store, "d", 4)
 
     def test_conformance_conflict_on_wrong_expected_seq(self, make_store: MakeStore) -> None:
         store = make_store()

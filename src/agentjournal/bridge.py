@@ -72,6 +72,7 @@ from .errors import (
     NondeterminismError,
     ResultNotKeptError,
     RunMismatchError,
+    ScopeSharedError,
 )
 from .events import Event, EventType, render
 from .faults import fault_point
@@ -449,10 +450,14 @@ class BridgedRun(StepMachine):
                 ready.append((i, outcome))
         if ready:
             _tell(executed, True)
-            keys = {r[2] for _, r in ready}
+            keys, calls = {r[2] for _, r in ready}, [r for _, r in ready]
             self._in_flight |= keys
             try:
-                yield from self._execute(self.journal, [r for _, r in ready])
+                yield from self._execute(self.journal, calls,
+                                         alone=self._unasked(self.journal, calls))
+            except ScopeSharedError:  # nothing was started: clear them again, peers asked
+                self._in_flight -= keys
+                return (yield from self._calls(specs, executed))
             finally:
                 self._in_flight -= keys
             for i, (_, _, key) in ready:

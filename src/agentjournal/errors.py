@@ -16,6 +16,7 @@
     ├── ResultNotKeptError          a bridged call happened, its result was not kept
     ├── ConflictError               the log moved on: expected_seq is stale
     ├── FencedError                 the writer's lease epoch was superseded
+    ├── ScopeSharedError            an append made on condition its run was alone in its scope
     ├── LeaseHeldError              another owner holds a live lease
     ├── LeaseExpiredError           the lease lapsed before an effect; the worker stopped first
     ├── CorruptLogError             damage before the tail of a log
@@ -210,6 +211,23 @@ class FencedError(JournalError):
         )
         self.epoch = epoch
         self.current_epoch = current_epoch
+
+
+class ScopeSharedError(JournalError):
+    """An append made on condition that its run was the only run of its idempotency
+    scope found another run there, and wrote nothing. Ask the scope's other runs
+    whether they made the effect (peers.py), then append without the condition."""
+
+    retryable = True
+
+    def __init__(self, run_id: str, scope: str) -> None:
+        super().__init__(
+            f"run {run_id!r} is not the only run of its idempotency scope {scope!r}: "
+            "nothing was appended. Ask the scope's other runs before making the effect, "
+            "then append again.",
+            run_id=run_id,
+        )
+        self.scope = scope
 
 
 class LeaseHeldError(JournalError):

@@ -32,6 +32,7 @@ from .errors import (
     JournalError,
     LeaseExpiredError,
     LeaseHeldError,
+    ScopeSharedError,
 )
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
@@ -133,6 +134,10 @@ class RunJournal:
         # The run's stored snapshot segments this writer knows: each is written once.
         self._segments = Segments() if segments is None else segments
         self._staged: list[Event] = []  # folded, not yet stored (see stage)
+        #: Another run shares the run's idempotency scope: each effect asks the peers
+        #: first. False until an append ``alone_in`` the scope was refused (a scope only
+        #: grows): until then a start is appended on condition that none exists.
+        self.shared_scope = False
         self._stop = threading.Event()
         self._writing = threading.RLock()
         #: Leave the lease held on close: its taker releases it (a worker hands the run
@@ -172,7 +177,7 @@ class RunJournal:
         return self.redaction.scrub(value)
 
     def record_all(self, facts: list[tuple[EventType, dict[str, Any]]], *,
-                   redact: bool = True) -> list[Event]:
+                   redact: bool = True, alone: bool = False) -> list[Event]:
         """Append facts that must stand or fall together, in one atomic batch.
 
         Staged facts (see :meth:`stage`) go first in the same batch. Each payload is
@@ -180,7 +185,8 @@ class RunJournal:
         the state (so snapshots, observers, the model) is folded from exactly what was
         stored. ``redact=False`` only for payloads that are opaque encodings (a LangGraph
         checkpoint's serialized values, base64): a rule matching inside one would corrupt
-        it, not hide a secret.
+        it, not hide a secret. ``alone``: only if no other run of the scope has events;
+        else ScopeSharedError, nothing is stored, and :attr:`shared_scope` is set.
         """
         if redact:
             facts = [(kind, self.redaction.recorded(p)) for kind, p in facts]
@@ -189,8 +195,13 @@ class RunJournal:
             batch = self._staged + events
             if not batch:
                 return events
-            self.store.append(self.run_id, batch, expected_seq=batch[0].seq - 1,
-                              epoch=self.lease.epoch)
+            try:
+                self.store.append(self.run_id, batch, expected_seq=batch[0].seq - 1,
+                                  epoch=self.lease.epoch,
+                                  alone_in=self.state.scope if alone else None)
+            except ScopeSharedError:
+                self.shared_scope = True
+                raise
             staged, self._staged = self._staged, []  # kept on failure: tried again next
             self._progress_at = _clock()
             for event in staged:

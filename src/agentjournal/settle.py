@@ -84,7 +84,8 @@ class Settling:
     max_result_bytes: int | None
 
     if TYPE_CHECKING:  # provided by StepMachine
-        def _execute(self, j: RunJournal, ready: list[Ready]) -> Steps[bool]: ...
+        def _execute(self, j: RunJournal, ready: list[Ready], *,
+                     alone: bool = False) -> Steps[bool]: ...
         def _completion(self, started_seq: int | None, call: ToolCall, key: str, result: Any,
                         *, source: str, args: dict[str, Any] | None = None,
                         origin: dict[str, Any] | None = None,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .errors import EncodingError
+from .errors import EncodingError, ScopeSharedError
 from .events import EventType, render
 from .faults import fault_point
 from .keys import canonical_args, idempotency_key
@@ -278,7 +278,13 @@ class StepMachine(Settling):
                 return False
             if cleared is not True and all(cleared[2] != key for _, _, key in ready):
                 ready.append(cleared)
-        if ready and not (yield from self._execute(j, ready)):
+        if not ready:
+            return True
+        try:
+            made = yield from self._execute(j, ready, alone=self._unasked(j, ready))
+        except ScopeSharedError:  # nothing was started: clear them again, the peers asked
+            return (yield from self._answer(j))
+        if not made:
             names = ", ".join(f"{p.tool} {p.key[:12]}" for p in j.state.pending.values())
             self._pause(j, f"call {names} is uncertain")
             return False
@@ -317,7 +323,7 @@ class StepMachine(Settling):
                 return False
         if key in j.state.completed:
             return (yield from self._clear(j, call))  # settled as found: serve it
-        if tool.effect is not Effect.READ_ONLY and not tool.local and not (
+        if j.shared_scope and self._asks_peers(tool) and not (
                 yield from self._clear_in_scope(j, call, tool, key)):
             return j.state.status == "running"  # answered from another run, or stopped
         decision = self.policy.decide(call, tool, j.state)
@@ -368,13 +374,25 @@ class StepMachine(Settling):
 
     # --- making the calls ------------------------------------------------------------
 
-    def _execute(self, j: RunJournal, ready: list[Ready]) -> Steps[bool]:
+    @staticmethod
+    def _asks_peers(tool: Tool) -> bool:
+        """A call whose effect another run of the scope may have made (settle.py)."""
+        return tool.effect is not Effect.READ_ONLY and not tool.local
+
+    def _unasked(self, j: RunJournal, ready: list[Ready]) -> bool:
+        """Whether ``_clear`` left the peers unasked for some of ``ready``: while no other
+        run is known to share the scope, the starts are appended on condition that none
+        does (one round trip, the check and the start in one transaction)."""
+        return not j.shared_scope and any(self._asks_peers(tool) for _, tool, _ in ready)
+
+    def _execute(self, j: RunJournal, ready: list[Ready], *, alone: bool = False) -> Steps[bool]:
         """Start ``ready`` (one durable batch), run them, complete each as it returns.
-        False if a call ends uncertain and cannot be settled."""
+        False if a call ends uncertain and cannot be settled. ``alone``: the starts only
+        if no other run shares the scope, else ScopeSharedError (nothing started)."""
         starts = j.record_all([(E.TOOL_CALL_STARTED, {
             "key": key, "tool": tool.name, "args": call.args, "call_id": call.id,
             "effect": tool.effect.value, "attempt": j.state.attempts.get(key, 0) + 1,
-            **_retention(tool)}) for call, tool, key in ready])
+            **_retention(tool)}) for call, tool, key in ready], alone=alone)
         calls = [self._prepared(j, start.seq, start.payload["attempt"], *r)
                  for start, r in zip(starts, ready, strict=True)]
         for _, tool, _ in ready:  # each call's window, as if it ran alone

@@ -3,7 +3,9 @@
 - ``append(run_id, events, expected_seq=, epoch=) -> last_seq``: atomic for the
   batch; seqs contiguous from 1; ``ConflictError`` if the log does not end at
   ``expected_seq``; ``FencedError`` if ``epoch`` is not the run's lease epoch.
-  Acknowledged means durable under the store's ``Durability``.
+  Acknowledged means durable under the store's ``Durability``. ``alone_in=scope``:
+  ``ScopeSharedError`` (nothing written) if another run of ``scope`` has events, checked
+  in the append's own transaction: a start that needs no peer asked, in one round trip.
 - ``read(run_id, after_seq=0)`` yields events in order.
 - Leases: ``acquire`` takes over only an expired or released lease (or none)
   and then increments the epoch, the fencing token; ``renew``; ``release``.
@@ -296,7 +298,8 @@ class Store(Protocol):
     durability: Durability
 
     def append(
-        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int
+        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int,
+        alone_in: str | None = None,
     ) -> int: ...
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]: ...

@@ -103,6 +103,7 @@ from ..errors import (
     NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
+    ScopeSharedError,
     StoreIOError,
     StoreUrlError,
 )
@@ -753,7 +754,8 @@ class JsonlStore:
     # --- the log ---------------------------------------------------------------
 
     @_os_errors("append to a run", write=True)
-    def append(self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int) -> int:
+    def append(self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int,
+               alone_in: str | None = None) -> int:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
         with self._locked(run_id, write=True):
@@ -766,6 +768,8 @@ class JsonlStore:
                 raise FencedError(run_id, epoch, current)
             if tail.last_seq != expected_seq:
                 raise ConflictError(run_id, expected_seq, tail.last_seq)
+            if alone_in is not None and any(r != run_id for r in self.scope_runs(alone_in)):
+                raise ScopeSharedError(run_id, alone_in)
             if (scope := scope_started(events)) is not None:
                 self._register_scope(scope, run_id)  # before the log: never missing
             bodies, digest = seal(events, tail.digest)

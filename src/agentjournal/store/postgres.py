@@ -81,6 +81,7 @@ from ..errors import (
     NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
+    ScopeSharedError,
     StoreIOError,
     StoreLockedError,
     StoreUnavailableError,
@@ -265,6 +266,10 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     """,
 )
 
+# Another run of scope %(alone_in)s with events (an append ``alone_in`` it is refused).
+_SHARED = ("SELECT 1 FROM {s}.runs o WHERE o.scope = %(alone_in)s::text"
+           " AND o.run_id <> %(run)s AND o.last_seq > 0")
+
 # An append's one statement: move the run's end (its WHERE is the whole check) and,
 # only if that claimed the row, insert the events. {rows}: one event's values as
 # scalars (a third cheaper than arrays, and most appends are one event), or arrays.
@@ -275,6 +280,7 @@ _CLAIM = (
     " updated_at = greatest(updated_at, %(last_ts)s)"
     " WHERE run_id = %(run)s AND last_seq = %(expected)s"
     " AND lease_epoch = %(epoch)s AND last_digest = %(prev)s AND archived_to IS NULL"
+    " AND (%(alone_in)s::text IS NULL OR NOT EXISTS (" + _SHARED + "))"
     " RETURNING run_id),"
     " added AS (INSERT INTO {s}.events {rows} WHERE EXISTS (SELECT 1 FROM claimed))"
     " SELECT count(*) FROM claimed"
@@ -675,7 +681,8 @@ class PostgresStore:
     # --- the log ---------------------------------------------------------------
 
     def append(
-        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int
+        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int,
+        alone_in: str | None = None,
     ) -> int:
         validate_run_id(run_id)
         check_batch(run_id, events, expected_seq, epoch)
@@ -683,6 +690,7 @@ class PostgresStore:
         params = {
             "run": run_id, "expected": expected_seq, "epoch": epoch, "last": events[-1].seq,
             "first_ts": min(stamps), "last_ts": max(stamps), "scope": scope_started(events),
+            "alone_in": alone_in,
         }
         prev = self._guess_prev(run_id, expected_seq)
         try:
@@ -697,8 +705,10 @@ class PostgresStore:
                     return events[-1].seq
                 prev = None  # a stale guess, a fence or a conflict: lock, and see which
             with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
-                if prev is None:  # nothing to guess from: read the row (and lock it) first
+                if prev is None or alone_in is not None:  # read the row (and lock it) first
                     prev = self._checked_prev(cur, run_id, expected_seq, epoch)
+                    if alone_in is not None and cur.execute(self._q(_SHARED), params).fetchone():
+                        raise ScopeSharedError(run_id, alone_in)
                 for _ in range(2):
                     bodies, digest = seal(events, prev)
                     params.update(prev=prev, digest=digest)

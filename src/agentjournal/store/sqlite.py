@@ -51,6 +51,7 @@ from ..errors import (
     NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
+    ScopeSharedError,
     StoreIOError,
     StoreUnavailableError,
     StoreUrlError,
@@ -376,8 +377,12 @@ _ALONE_MAX = 16  # events in a warm append made one statement (more: a transacti
 _ROW_NAMES = [(f"k{i}", f"t{i}", f"b{i}") for i in range(_ALONE_MAX)]  # see _alone
 
 
+# Another run of scope :scope than :run (an append ``alone_in`` it is refused).
+_SHARED = "SELECT 1 FROM scopes WHERE scope = :scope AND run_id <> :run"
+
+
 @functools.cache
-def _alone(n: int) -> str:
+def _alone(n: int, alone_in: bool = False) -> str:
     """A warm append of ``n`` events, its own transaction (see
     SQLiteStore._append_alone): row i is (:k<i>, :t<i>, :b<i>), the first key :key.
     A sealed record starts {"digest":"<32 hex>": bytes 12 to 43 are its digest."""
@@ -387,6 +392,7 @@ def _alone(n: int) -> str:
         f" WHERE (SELECT max(key) FROM events WHERE {_keys_from(':base')})"
         " = :key - 1 AND (SELECT substr(body, 12, 32) FROM events WHERE key = :key - 1)"
         " = :prev AND (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = :run) = :epoch"
+        + (f" AND NOT EXISTS ({_SHARED})" if alone_in else "")
     )
 
 
@@ -457,6 +463,7 @@ class _Append:
     events: Sequence[Event]
     expected_seq: int
     epoch: int
+    alone_in: str | None = None
 
 
 class SQLiteStore:
@@ -754,7 +761,8 @@ class SQLiteStore:
     # --- the log ---------------------------------------------------------------
 
     def append(
-        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int
+        self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int,
+        alone_in: str | None = None,
     ) -> int:
         """Append ``events`` atomically. Group commit: appends that arrive while another
         group commits wait, then go together in the next transaction, one sync for all;
@@ -765,7 +773,7 @@ class SQLiteStore:
         if events[-1].seq > MAX_SEQ:
             raise ValueError(f"run {run_id!r}: an SQLite store keeps at most {MAX_SEQ:,} "
                              "events per run")
-        self._grouper.submit(_Append(run_id, events, expected_seq, epoch))
+        self._grouper.submit(_Append(run_id, events, expected_seq, epoch, alone_in))
         return events[-1].seq
 
     def _commit_group(self, group: list[Pending]) -> None:
@@ -805,7 +813,7 @@ class SQLiteStore:
         bodies, digest = seal(events, prev)
         params: dict[str, Any] = {"run": one.run_id, "key": base + events[0].seq,
                                   "base": base, "prev": prev.encode("ascii"),
-                                  "epoch": one.epoch}
+                                  "epoch": one.epoch, "scope": one.alone_in}
         names = _ROW_NAMES[:len(events)]
         for (k, t, b), event, stamp, body in zip(names, events, _stamps(events), bodies,
                                                  strict=True):
@@ -814,7 +822,8 @@ class SQLiteStore:
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
-            inserted = self._commit(_alone(len(events)), params, alone=True)
+            inserted = self._commit(_alone(len(events), one.alone_in is not None), params,
+                                    alone=True)
         if inserted:
             self._known[one.run_id] = (base, digest)
         return inserted == len(events)
@@ -838,6 +847,9 @@ class SQLiteStore:
                     raise FencedError(run_id, one.epoch, end.epoch)
                 if end.last != one.expected_seq:
                     raise ConflictError(run_id, one.expected_seq, end.last)
+                if one.alone_in is not None and db.execute(
+                        _SHARED, {"scope": one.alone_in, "run": run_id}).fetchone():
+                    raise ScopeSharedError(run_id, one.alone_in)
                 bodies, end.digest = seal(events, end.digest)
             except JournalError as exc:
                 pending.error = exc
