@@ -336,6 +336,25 @@ def test_a_worker_s_heartbeat_renews_every_lease_at_once(
     assert seen[0] == {"r0", "r1", "r2"}
 
 
+def test_a_worker_beating_every_third_of_a_ttl_is_the_only_one_renewing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Between a worker's beats the heartbeat thread renews nothing: a renewal after the
+    worker's heartbeat row would outlive it, and a successor would wait that much longer
+    after the heartbeat the worker was last seen at."""
+    ttl = 3.0
+    with open_store(f"sqlite:///{tmp_path / 'runs.db'}") as store:
+        seen = renewals(store, monkeypatch)
+        journals = [journal_module.open_journal(store, f"r{i}", ttl=ttl) for i in range(3)]
+        beats = 4
+        for _ in range(beats):  # as Worker._heartbeat: the beat, then a wait of ttl / 3
+            journal_module.heartbeat_of(store).beat_now()
+            time.sleep(ttl / 3 + 0.05)
+        for j in journals:
+            j.close()
+    assert seen == [{"r0", "r1", "r2"}] * beats
+
+
 # --- the time budget -----------------------------------------------------------------
 
 

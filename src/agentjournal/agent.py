@@ -28,7 +28,7 @@ from .journal import Observer, RunJournal, open_journal
 from .keys import run_scope
 from .limits import MAX_ARGS_BYTES, MAX_RESULT_BYTES, checked_limit
 from .models import Model
-from .ops import in_thread, run_async, run_watched
+from .ops import in_thread, run_async, run_watched, to_the_back
 from .peers import peers_of
 from .policy import (
     AllowAll,
@@ -278,6 +278,7 @@ class Agent(StepMachine):
         opened = self._opened(store, run_id, task, scope, owner, observer, agent_ref,
                               change_instructions, keep_lease, lease)
         j, drive = await in_thread(opened.__enter__)
+        to_the_back()
         try:
             if drive:
                 await run_async(self._drive(j, stop))

@@ -364,10 +364,12 @@ class Heartbeat:
         self._renewing = threading.Lock()  # held while a renewal is in flight
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beaten_at = -math.inf  # the last beat_now
 
     def add(self, journal: RunJournal) -> None:
         with self._lock:
-            self._journals[journal] = _clock() + journal.ttl / 3
+            self._journals[journal] = max(_clock() + journal.ttl / 3,
+                                          self._beaten_at + journal.ttl / 2)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._beat, daemon=True,
                                                 name=f"leases:{id(self.store):x}")
@@ -377,9 +379,13 @@ class Heartbeat:
     def beat_now(self) -> None:
         """Renew every lease now, in this thread: a worker renews them right before its
         own heartbeat, so that if it dies they expire when its heartbeat says it was
-        last alive, plus the TTL (or sooner), all together."""
+        last alive, plus the TTL (or sooner), all together. This thread's own renewals
+        then wait half a TTL, not a third, so the worker's next beat (a third of a TTL
+        on) comes first: one renewal a period, never one after the heartbeat that the
+        takeover is timed from."""
         with self._renewing:
-            self._renew_due(everything=True)
+            self._beaten_at = _clock()
+            self._renew_due(everything=True, next_in=0.5)
 
     def remove(self, journal: RunJournal) -> None:
         """Stop renewing ``journal``'s lease; returns once no renewal of it is in flight."""
@@ -398,13 +404,15 @@ class Heartbeat:
             with self._renewing:
                 self._renew_due()
 
-    def _renew_due(self, everything: bool = False) -> None:
+    def _renew_due(self, everything: bool = False, next_in: float = 1 / 3) -> None:
+        """Renew the leases due (within half a period; ``everything``: all), each next
+        due ``next_in`` of its TTL from now."""
         now_ = _clock()
         with self._lock:
             due = [j for j, at in self._journals.items()
                    if everything or at <= now_ + j.ttl / 6]
             for j in due:
-                self._journals[j] = now_ + j.ttl / 3
+                self._journals[j] = now_ + j.ttl * next_in
         by_ttl: dict[float, list[RunJournal]] = {}
         for j in due:
             if not j.stalled():

@@ -440,6 +440,13 @@ def _ranked() -> None:
     _rank.set((time.monotonic(), next(_order)))
 
 
+def to_the_back() -> None:
+    """Rank this task's next work behind the work waiting now. A run goes there once it
+    is open: a worker that took hundreds of runs over opens them all (the successor's
+    first event in each) before any goes on."""
+    _ranked()
+
+
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on a stepper thread, awaited without blocking the loop. Cancelled,
     it still waits for ``fn`` to return (a generator cannot be closed while another

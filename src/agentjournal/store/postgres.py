@@ -386,6 +386,8 @@ class PostgresStore:
         self._unreleased: dict[str, Lease] = {}  # releases lost to a dropped connection
         self._ends: dict[str, tuple[int, str]] = {}  # run -> (last seq, its digest), a guess
         self._ends_lock = threading.Lock()
+        # run -> its whole log and head, read ahead for its next read (see prefetch)
+        self._prefetched: dict[str, tuple[list[tuple[int, bytes]], Head | None]] = {}
         try:
             params = conninfo_to_dict(conninfo)
         except (psycopg.Error, ValueError) as exc:
@@ -735,6 +737,7 @@ class PostgresStore:
         """Where the run's log ends, as this handle last saw it: the next append's prev
         without a round trip. Only a guess; the claim checks it against the row."""
         with self._ends_lock:
+            self._prefetched.pop(run_id, None)  # the log moved on: read it afresh
             self._ends.pop(run_id, None)
             self._ends[run_id] = (seq, digest)
             if len(self._ends) > _ENDS:
@@ -790,9 +793,44 @@ class PostgresStore:
         " LEFT JOIN LATERAL (SELECT seq, body FROM {s}.events WHERE run_id = %(run)s"
         " AND seq >= %(after)s ORDER BY seq LIMIT %(limit)s) e ON true ORDER BY e.seq")
 
+    # Runs' whole logs with their heads, in one statement (see prefetch).
+    _LOGS_AND_HEADS: LiteralString = (
+        "SELECT r.run_id, r.last_seq, r.last_digest, e.seq, e.body FROM {s}.runs r"
+        " LEFT JOIN {s}.events e ON e.run_id = r.run_id"
+        " WHERE r.run_id = ANY(%(runs)s) AND r.last_seq <= %(most)s ORDER BY r.run_id, e.seq")
+
+    def prefetch(self, run_ids: Sequence[str]) -> None:
+        """Read the logs of ``run_ids`` in one round trip, each kept for the next read of
+        that run from its start: a worker that took hundreds of runs over opens them
+        without a round trip apiece. (Logs of more than a page are left to their read.)
+
+        Only a hint, as :attr:`_ends` is: the caller holds the runs' leases, so nothing
+        else appends meanwhile; an append through this handle drops the run's copy, and
+        one made around it (a lease lost meanwhile) is refused at the next append, its
+        expected seq or its epoch stale, as after any read."""
+        if not run_ids:
+            return
+        logs: dict[str, tuple[list[tuple[int, bytes]], Head | None]] = {}
+        with self._read() as conn:
+            rows = conn.execute(self._q(self._LOGS_AND_HEADS),
+                                {"runs": list(run_ids), "most": _PAGE}).fetchall()
+        for run_id, last, digest, seq, body in rows:
+            records, _ = logs.setdefault(run_id, ([], (int(last), str(digest))))
+            if seq is not None:
+                records.append((int(seq), bytes(body)))
+        with self._ends_lock:
+            self._prefetched.update(logs)
+            while len(self._prefetched) > _ENDS:
+                del self._prefetched[next(iter(self._prefetched))]  # the oldest
+
     def _page(self, run_id: str, after_seq: int,
               limit: int | None) -> tuple[list[tuple[int, bytes]], Head | None]:
         """The run's records from ``after_seq`` on (at most ``limit``), and its head."""
+        if after_seq == 0 and self._prefetched:
+            with self._ends_lock:
+                log = self._prefetched.pop(run_id, None)
+            if log is not None:
+                return log
         with self._read() as conn:
             rows = conn.execute(self._q(self._PAGE_AND_HEAD),
                                 {"run": run_id, "after": after_seq, "limit": limit}).fetchall()
