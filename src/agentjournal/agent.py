@@ -278,7 +278,8 @@ class Agent(StepMachine):
         opened = self._opened(store, run_id, task, scope, owner, observer, agent_ref,
                               change_instructions, keep_lease, lease)
         j, drive = await in_thread(opened.__enter__)
-        to_the_back()
+        if j.state.resumes:  # see to_the_back; a new run asks its model at once
+            to_the_back()
         try:
             if drive:
                 await run_async(self._drive(j, stop))

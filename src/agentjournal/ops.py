@@ -441,9 +441,11 @@ def _ranked() -> None:
 
 
 def to_the_back() -> None:
-    """Rank this task's next work behind the work waiting now. A run goes there once it
-    is open: a worker that took hundreds of runs over opens them all (the successor's
-    first event in each) before any goes on."""
+    """Rank this task's next work behind the work waiting now. A resumed run goes there
+    once it is open: a worker that took hundreds of runs over opens them all (the
+    successor's first event in each) before any goes on. (Not a new run: a thousand
+    started at once would then all ask their models at once, turn after turn, where
+    going on as each opens spreads their turns out.)"""
     _ranked()
 
 
