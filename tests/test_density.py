@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from agentjournal import open_store
+from agentjournal import Agent, open_store
 from agentjournal.bench.density import density_agent, run_many
 from agentjournal.errors import ConflictError, FencedError, ScopeSharedError
 from agentjournal.events import Event, EventType, make_events
+from agentjournal.models import ScriptedModel, calls
 from agentjournal.store import Store
+from agentjournal.tools import tool
 
+from .builders import Crash
 from .conftest import backend_params
 
 RUNS = 300
@@ -86,6 +89,41 @@ def test_arun_never_blocks_the_loop_while_300_runs_append(
           f"worst {worst * 1e3:.1f} ms")
     assert len(probe.lateness) > 10
     assert worst <= LATE, f"the loop was blocked {worst * 1e3:.0f} ms"
+
+
+def test_a_worker_taking_runs_over_records_each_resumed_before_any_goes_on(
+        tmp_path: Path) -> None:
+    """300 runs each left a read-only call uncertain (the process died in it); resumed
+    at once on one loop, each records its resume (the successor's first event) before
+    runs go on to settle their calls: a resumed run goes to the back once open."""
+    store = open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+    runs = [f"r{i:03d}" for i in range(300)]
+
+    @tool(effect="read_only")
+    def lookup(order: str) -> dict[str, str]:
+        """Look an order up."""
+        raise Crash
+
+    model = ScriptedModel([calls(("lookup", {"order": "ord-1"}))])
+    for run_id in runs:
+        with pytest.raises(Crash):
+            Agent(model, [lookup]).run(store, run_id, "reconcile")
+
+    async def resume_all() -> list[str]:
+        agent = density_agent(0.0, 2)
+        results = await asyncio.gather(*(agent.arun(store, r) for r in runs))
+        return [r.status for r in results]
+
+    assert asyncio.run(resume_all()) == ["finished"] * len(runs)
+    logs = {r: list(store.read(r)) for r in runs}
+    store.close()
+    resumed = {r: next(e for e in log if e.type is EventType.RUN_RESUMED)
+               for r, log in logs.items()}
+    last_resumed = max(e.ts for e in resumed.values())
+    went_on_early = [r for r, log in logs.items() if log[resumed[r].seq].ts < last_resumed]
+    assert logs[runs[0]][resumed[runs[0]].seq].type is EventType.TOOL_CALL_RECONCILED
+    # Without it, all but the first stepper threads' worth go on before the last opens.
+    assert len(went_on_early) < len(runs) // 2, len(went_on_early)
 
 
 # --- group commit across runs: each batch checked on its own ------------------------------
