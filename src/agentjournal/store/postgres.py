@@ -291,6 +291,11 @@ _ROWS = ("SELECT * FROM unnest(%(runs)s::text[], %(seqs)s::bigint[], %(types)s::
 #: Batches of up to this many events are sent as rows of plain parameters, not arrays:
 #: psycopg dumps an array in Python, element by element, a scalar in C.
 _VALUES_MAX = 8
+#: A claim whose records are larger than this commits on its own, never in a group's
+#: pipeline: a 10 MB claim pipelined with its COMMIT now and then never got its answer
+#: on a loaded machine (psycopg waiting in commit for 300 s; never unpipelined), and a
+#: pipeline saves nothing where the transfer is the cost.
+_PIPELINE_BYTES = 1 << 20
 
 
 def _values(n: int) -> str:
@@ -702,7 +707,9 @@ class PostgresStore:
                     expected_seq or self._ends.get(run_id) == (0, GENESIS)):
                 bodies, digest = seal(events, prev)
                 params.update(prev=prev, digest=digest)
-                if self._grouper.submit(_Claim(run_id, params, events, bodies)):
+                if (self._claim_alone(run_id, params, events, bodies)
+                        if sum(map(len, bodies)) > _PIPELINE_BYTES
+                        else self._grouper.submit(_Claim(run_id, params, events, bodies))):
                     self._remember(run_id, events[-1].seq, digest)
                     return events[-1].seq
                 prev = None  # a stale guess, a fence or a conflict: lock, and see which
