@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentjournal import Agent, EventType, fold, fork, open_store, operation_scope
+from agentjournal import Agent, EventType, fold, fork, open_run, open_store, operation_scope
 from agentjournal.decisions import resolve_uncertain
 from agentjournal.demo.ledger import LedgerService
 from agentjournal.demo.reconcile import LEDGERS
@@ -291,6 +291,27 @@ def test_a_run_joining_the_scope_of_an_open_one_is_asked_from_then_on(store_url:
         assert len([e for e in store.read("r1") if e.type is E.TOOL_CALL_STARTED]) == 2
     finally:
         store.close()
+
+
+def test_a_bridged_run_joined_by_another_of_its_scope_is_answered_from_it(
+        store: Store) -> None:
+    """The bridge clears its calls as the loop does: alone, a start asks no peer; once
+    another run of the operation has posted "b", the bridged run's own "b" is refused
+    alone, then answered from that run (its body never runs)."""
+    receiver = Receiver()
+    scope = operation_scope("acme", "q3-close")
+
+    def post_via_bridge(run: Any, name: str, call_id: str) -> Any:
+        return run.call("post", {"name": name, "amount": 1}, call_id=call_id,
+                        identity=["name"], body=lambda ctx: receiver.post(ctx.key, name, 1))
+
+    with open_run(store, "bridged", input="close q3", scope=scope) as run:
+        assert post_via_bridge(run, "a", "c1")["n"] == 1
+        other = Agent(ScriptedModel([one("b"), reply("posted")]), [posting(receiver)])
+        assert other.run(store, "other", "post b", scope=scope).status == "finished"
+        assert post_via_bridge(run, "b", "c2") == {"name": "b", "amount": 1, "n": 1}
+    assert receiver.applied == {"a": 1, "b": 1}
+    assert [c["source"] for c in completions(store, "bridged")] == ["tool", "scope"]
 
 
 # --- acceptance: real processes, a real ledger service counting -------------------------

@@ -456,8 +456,8 @@ class BridgedRun(StepMachine):
                 yield from self._execute(self.journal, calls,
                                          alone=self._unasked(self.journal, calls))
             except ScopeSharedError:  # nothing was started: clear them again, peers asked
-                self._in_flight -= keys
-                return (yield from self._calls(specs, executed))
+                self._in_flight -= keys  # (``executed`` was told already: not again)
+                return (yield from self._calls(specs, None))
             finally:
                 self._in_flight -= keys
             for i, (_, _, key) in ready:
