@@ -39,7 +39,9 @@ _RUNNABLE: LiteralString = """(q.state = 'queued'
 
 # One statement: pick (skipping rows another claim or an append holds), take the lease
 # with the next epoch, mark the run running. A claim of a run still marked running
-# counts a crash of the worker that held it.
+# counts a crash of the worker that held it. (``leased`` carries the picked state on:
+# joined back to ``pick``, two CTEs the planner takes for one row each, a claim of
+# 1,000 compared a million pairs, 0.22 of its 0.23 s.)
 _CLAIM: LiteralString = """
 WITH pick AS (
     SELECT q.run_id, q.state FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id
@@ -51,11 +53,11 @@ WITH pick AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
     FROM pick WHERE r.run_id = pick.run_id
     RETURNING r.run_id, r.lease_epoch, extract(epoch FROM r.lease_expires_at)::float8 AS until,
-        r.last_seq, r.last_digest, r.archived_to IS NULL AS live
+        r.last_seq, r.last_digest, r.archived_to IS NULL AS live, pick.state AS was
 )
 UPDATE {s}.queue q SET state = 'running', worker = %(owner)s, claims = q.claims + 1,
-    crashes = q.crashes + (pick.state = 'running')::int, changed_at = clock_timestamp()
-FROM leased JOIN pick ON pick.run_id = leased.run_id
+    crashes = q.crashes + (leased.was = 'running')::int, changed_at = clock_timestamp()
+FROM leased
 WHERE q.run_id = leased.run_id
 RETURNING q.run_id, leased.lease_epoch, leased.until, q.agent, q.task, q.queue, q.crashes,
     leased.last_seq, leased.last_digest, leased.live
