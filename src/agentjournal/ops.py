@@ -435,18 +435,14 @@ def _forget_steppers() -> None:
 os.register_at_fork(after_in_child=_forget_steppers)
 
 
-def _ranked() -> None:
-    """Rank this task's next work as coming back from the world now."""
-    _rank.set((time.monotonic(), next(_order)))
-
-
 def to_the_back() -> None:
-    """Rank this task's next work behind the work waiting now. A resumed run goes there
-    once it is open: a worker that took hundreds of runs over opens them all (the
+    """Rank this task's next work behind the work waiting now: a task new to the
+    stepper threads, or coming back from the world. A resumed run goes there too once
+    it is open: a worker that took hundreds of runs over opens them all (the
     successor's first event in each) before any goes on. (Not a new run: a thousand
     started at once would then all ask their models at once, turn after turn, where
     going on as each opens spreads their turns out.)"""
-    _ranked()
+    _rank.set((time.monotonic(), next(_order)))
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -458,7 +454,7 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     hold one from every run."""
     rank = _rank.get(None)
     if rank is None:
-        _ranked()
+        to_the_back()
         rank = _rank.get()
     job = _Job(fn, args, asyncio.get_running_loop())
     _stepper_threads().submit(rank, job)
@@ -575,4 +571,4 @@ async def run_async(steps: Steps[T]) -> T:
                 value = await _perform_async(op)
         except Exception as exc:
             error = exc
-        _ranked()  # back from the world
+        to_the_back()  # back from the world

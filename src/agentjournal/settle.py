@@ -106,12 +106,18 @@ class Settling:
             self._pause(j, "uncertain tool calls need a decision")
         return j.state.status == "running"
 
+    @staticmethod
+    def _asks_peers(tool: Tool) -> bool:
+        """A call whose effect another run of the scope may have made: not read-only,
+        nor ``local`` (its effect stays with its run)."""
+        return tool.effect is not Effect.READ_ONLY and not tool.local
+
     def _settle(self, j: RunJournal, p: PendingCall) -> Steps[bool]:
         """Resolve one uncertain call from evidence; True if it is settled."""
         tool = self.tools.get(p.tool)
         if tool is None:
             return self._verdict(j, p, "unknown", reason=f"tool {p.tool!r} is not registered")
-        if tool.effect is not Effect.READ_ONLY and not tool.local and self._done_in_scope(j, p):
+        if self._asks_peers(tool) and self._done_in_scope(j, p):
             return True
         if tool.reconcile is not None:
             evidence = yield from self._look_up(tool, p)

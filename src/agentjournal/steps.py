@@ -374,11 +374,6 @@ class StepMachine(Settling):
 
     # --- making the calls ------------------------------------------------------------
 
-    @staticmethod
-    def _asks_peers(tool: Tool) -> bool:
-        """A call whose effect another run of the scope may have made (settle.py)."""
-        return tool.effect is not Effect.READ_ONLY and not tool.local
-
     def _unasked(self, j: RunJournal, ready: list[Ready]) -> bool:
         """Whether ``_clear`` left the peers unasked for some of ``ready``: while no other
         run is known to share the scope, the starts are appended on condition that none

@@ -382,7 +382,7 @@ _SHARED = "SELECT 1 FROM scopes WHERE scope = :scope AND run_id <> :run"
 
 
 @functools.cache
-def _alone(n: int, alone_in: bool = False) -> str:
+def _alone(n: int, only_run_of_scope: bool = False) -> str:
     """A warm append of ``n`` events, its own transaction (see
     SQLiteStore._append_alone): row i is (:k<i>, :t<i>, :b<i>), the first key :key.
     A sealed record starts {"digest":"<32 hex>": bytes 12 to 43 are its digest."""
@@ -392,7 +392,7 @@ def _alone(n: int, alone_in: bool = False) -> str:
         f" WHERE (SELECT max(key) FROM events WHERE {_keys_from(':base')})"
         " = :key - 1 AND (SELECT substr(body, 12, 32) FROM events WHERE key = :key - 1)"
         " = :prev AND (SELECT coalesce(max(epoch), 0) FROM leases WHERE run_id = :run) = :epoch"
-        + (f" AND NOT EXISTS ({_SHARED})" if alone_in else "")
+        + (f" AND NOT EXISTS ({_SHARED})" if only_run_of_scope else "")
     )
 
 
