@@ -6,6 +6,8 @@ idempotency key for the same action; the world does not fork with the log. Befor
 a run makes an effect it asks its peers whether one of them has already made it (a
 completion there) or may have (a start without a completion there). A tool declared
 ``local`` is not asked about: its effect stays with its run (the run's workspace).
+While a run has no peer, it asks nobody: its start is appended on condition that
+none exists (``Store.append(alone_in=)``), and it asks from the first refusal on.
 
 Each peer is folded once per run session (snapshot + tail, like any load) and then
 only its new events are applied, so asking again costs one scope query and one tail

@@ -248,7 +248,8 @@ class Settling:
     #
     # A fork keeps its origin's scope and another run of one operation shares it, so
     # both compute the same key for the same action; the world does not fork with the
-    # log. Before making an effect, a run asks the other runs of its scope (peers.py).
+    # log. Before making an effect, a run asks the other runs of its scope (peers.py),
+    # or, while it knows of none, appends the start on condition that none exists.
     # The window that remains: two live runs of one scope reaching the same key at the
     # same instant both find it untouched and both make the call (or one finds the
     # other's start a moment before its effect lands and its lookup says "absent").
