@@ -679,3 +679,87 @@ def test_renewals_and_group_commits_lock_runs_in_one_order(schema: str) -> None:
         for j in journals:
             j.close()
     assert errors == []
+
+
+def _grouped(store: PostgresStore, grouper: Any, calls: list[tuple[str, Any]],
+             monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], int]:
+    """Each call (a label, a function) made in a thread of its own while the first one's
+    commit is held, so that all the others queue and go in one group: (each label's
+    result or error, the commits made)."""
+    import time
+
+    real_sync, held, entered, commits = store._sync, threading.Event(), threading.Event(), []
+
+    def hold_first(*args: Any) -> Any:
+        commits.append(1)
+        if len(commits) == 1:
+            entered.set()
+            held.wait(60)
+        return real_sync(*args)
+
+    monkeypatch.setattr(store, "_sync", hold_first)
+    outcome: dict[str, Any] = {}
+
+    def call(label: str, fn: Any) -> None:
+        try:
+            outcome[label] = fn()
+        except Exception as exc:
+            outcome[label] = exc
+
+    (label, fn), *rest = calls
+    threads = [threading.Thread(target=call, args=(label, fn))]
+    threads[0].start()
+    assert entered.wait(60)
+    threads += [threading.Thread(target=call, args=one) for one in rest]
+    for t in threads[1:]:
+        t.start()
+    deadline = time.monotonic() + 60  # a hang guard
+    while len(grouper._waiting) < len(rest):
+        assert time.monotonic() < deadline, "the calls never queued"
+        time.sleep(0.01)
+    held.set()
+    for t in threads:
+        t.join(60)
+    monkeypatch.setattr(store, "_sync", real_sync)
+    return outcome, len(commits)
+
+
+def test_leases_of_runs_opened_or_closed_together_commit_together(
+        schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acquires that meet go in one transaction, each granted or refused on its own: a
+    new run (epoch 1), a released one (taken over: epoch 2), its holder's own again (a
+    renewal, same epoch), another's (held: LeaseHeldError, that one alone) and the same
+    new run asked for twice (the second, by another owner, finds it held). Releases that
+    meet likewise go in one transaction."""
+    from agentjournal.errors import LeaseHeldError
+
+    with PostgresStore(PG_URL, schema=schema) as store:
+        store.release(store.acquire("released", "w0", 60))
+        store.acquire("mine", "w1", 60)
+        store.acquire("theirs", "w2", 60)
+        calls = [("first", lambda: store.acquire("first", "w1", 60)),
+                 ("new", lambda: store.acquire("new", "w1", 60)),
+                 ("released", lambda: store.acquire("released", "w1", 60)),
+                 ("mine", lambda: store.acquire("mine", "w1", 60)),
+                 ("theirs", lambda: store.acquire("theirs", "w1", 60)),
+                 ("twice", lambda: store.acquire("twice", "w1", 60)),
+                 ("twice-again", lambda: store.acquire("twice", "w3", 60))]
+        got, commits = _grouped(store, store._acquirer, calls, monkeypatch)
+        # The held first, the group, and the second ask for "twice" after it.
+        assert commits == 3
+        assert {k: v.epoch for k, v in got.items() if not isinstance(v, Exception)} == {
+            "first": 1, "new": 1, "released": 2, "mine": 1, "twice": 1}
+        assert got["new"].last_seq == 0 and got["new"].expires_at > 0
+        assert isinstance(got["theirs"], LeaseHeldError) and got["theirs"].owner == "w2"
+        assert isinstance(got["twice-again"], LeaseHeldError) and got["twice-again"].owner == "w1"
+        assert _sql(f'SELECT run_id, lease_owner, lease_epoch FROM "{schema}".runs'
+                    " ORDER BY run_id") == [
+            ("first", "w1", 1), ("mine", "w1", 1), ("new", "w1", 1), ("released", "w1", 2),
+            ("theirs", "w2", 1), ("twice", "w1", 1)]
+
+        leases = [got[k] for k in ("first", "new", "released", "mine", "twice")]
+        got, commits = _grouped(store, store._releaser,
+                                [(lease.run_id, lambda lease=lease: store.release(lease))
+                                 for lease in leases], monkeypatch)
+        assert commits == 2 and set(got.values()) == {None}
+        assert {store.acquire(lease.run_id, "w4", 60).epoch for lease in leases[1:]} == {2, 3}

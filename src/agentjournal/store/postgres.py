@@ -57,7 +57,7 @@ import errno
 import logging
 import re
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
@@ -315,6 +315,55 @@ class _Claim:
     bodies: list[bytes]
 
 
+# A run's row as the lease and the log's end need it (see PostgresStore._lock_run).
+_ROW: LiteralString = (
+    "r.last_seq, r.lease_epoch, r.lease_owner,"
+    " coalesce(extract(epoch FROM r.lease_expires_at), 0)::float8,"
+    " extract(epoch FROM clock_timestamp())::float8, r.last_digest, r.archived_to,"
+    " r.archived_seq")
+_LOCK_ONE: LiteralString = (
+    "INSERT INTO {s}.runs AS r (run_id, last_seq) VALUES (%s, 0)"
+    " ON CONFLICT (run_id) DO UPDATE SET run_id = r.run_id RETURNING " + _ROW)
+# Many runs' rows, locked in run id order (as every write of several rows locks them).
+_LOCK_RUNS: LiteralString = (
+    "INSERT INTO {s}.runs AS r (run_id, last_seq)"
+    " SELECT id, 0 FROM unnest(%s::text[]) AS u(id) ORDER BY id"
+    " ON CONFLICT (run_id) DO UPDATE SET run_id = r.run_id RETURNING r.run_id, " + _ROW)
+_SET_EXPIRIES: LiteralString = (
+    "UPDATE {s}.runs r SET lease_owner = g.owner, lease_epoch = g.epoch,"
+    " lease_expires_at = clock_timestamp() + make_interval(secs => g.ttl)"
+    " FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::float8[])"
+    " AS g(run_id, owner, epoch, ttl) WHERE r.run_id = g.run_id")
+_RELEASE: LiteralString = (
+    "UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)"
+    " WHERE run_id = %s AND lease_epoch = %s")
+
+
+def _granted(run_id: str, owner: str, ttl: float, row: tuple[Any, ...]) -> Lease | JournalError:
+    """The lease on ``run_id`` for ``owner``, given its row as read locked (see
+    ``_LOCK_RUNS``), or LeaseHeldError if another holds it."""
+    last, current, holder, expires, now, _, archived_to, _ = row
+    if holder is None or current == 0:
+        epoch = 1
+    elif holder == owner and expires > now:
+        epoch = current  # the holder re-acquiring: a renewal
+    elif expires > now:
+        return LeaseHeldError(run_id, holder, current, expires - now)
+    else:
+        epoch = current + 1  # takeover of an expired or released lease
+    return Lease(run_id, owner, epoch, now + ttl,
+                 last_seq=int(last) if archived_to is None else None)
+
+
+def _settle_each(group: list[Pending], fn: Callable[[Any], Any]) -> None:
+    """``fn`` of each pending item on its own: its result, or its error."""
+    for pending in group:
+        try:
+            pending.result, pending.error = fn(pending.item), None
+        except JournalError as exc:
+            pending.result, pending.error = None, exc
+
+
 Conn = psycopg.Connection[tuple[Any, ...]]
 Cursor = psycopg.Cursor[tuple[Any, ...]]
 
@@ -383,7 +432,11 @@ class PostgresStore:
         self.schema = schema
         # Warm appends of concurrent runs claimed in one transaction (see _commit_group).
         self.group_commit = GroupCommit(group_commit)
-        self._grouper = Grouper(self._commit_group, alone=self.group_commit is GroupCommit.OFF)
+        off = self.group_commit is GroupCommit.OFF
+        self._grouper = Grouper(self._commit_group, alone=off)
+        # Leases of runs opened or closed together, likewise (a commit each, else).
+        self._acquirer = Grouper(self._acquire_group, alone=off)
+        self._releaser = Grouper(self._release_group, alone=off)
         self.lock_timeout = lock_timeout
         self.durability = Durability(durability)
         self.readonly = readonly
@@ -403,6 +456,9 @@ class PostgresStore:
             raise StoreUrlError(self.url, f"schema {schema!r} is not a plain lowercase identifier")
         self._s = sql.Identifier(schema)
         # Composed once: building and rendering SQL per append is measurable.
+        self._lock_one, self._lock_runs, self._set_expiries, self._release_one = (
+            sql.SQL(text).format(s=self._s).as_bytes(None)
+            for text in (_LOCK_ONE, _LOCK_RUNS, _SET_EXPIRIES, _RELEASE))
         self._claim_one, self._claim_many, *self._claim_rows = (
             sql.SQL(_CLAIM).format(s=self._s, rows=sql.SQL(rows)).as_bytes(None)
             for rows in (_ONE_ROW, _ROWS, *map(_values, range(2, _VALUES_MAX + 1))))
@@ -671,17 +727,7 @@ class PostgresStore:
         (last_seq, lease_epoch, lease_owner, lease expiry, now, last_digest, archived_to,
         archived_seq), times in epoch seconds.
         """
-        cur.execute(
-            self._q(
-                "INSERT INTO {s}.runs AS r (run_id, last_seq) VALUES (%s, 0)"
-                " ON CONFLICT (run_id) DO UPDATE SET run_id = r.run_id"
-                " RETURNING r.last_seq, r.lease_epoch, r.lease_owner,"
-                " coalesce(extract(epoch FROM r.lease_expires_at), 0)::float8,"
-                " extract(epoch FROM clock_timestamp())::float8, r.last_digest,"
-                " r.archived_to, r.archived_seq"
-            ),
-            (run_id,),
-        )
+        cur.execute(self._lock_one, (run_id,))
         (row,) = cur.fetchall()
         return row
 
@@ -919,22 +965,65 @@ class PostgresStore:
 
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease:
         validate_run_id(run_id)
-        with self._write(run_id, pipelined=True) as cur:
-            last, current, holder, expires, now, digest, archived_to, _ = self._lock_run(
-                cur, run_id)
-            if holder is None or current == 0:
-                epoch = 1
-            elif holder == owner and expires > now:
-                epoch = current  # the holder re-acquiring: a renewal
-            elif expires > now:
-                raise LeaseHeldError(run_id, holder, current, expires - now)
+        return self._acquirer.submit((run_id, owner, ttl))  # type: ignore[no-any-return]
+
+    def _acquire_group(self, group: list[Pending]) -> None:
+        """The acquires of runs opened together (see :meth:`_acquire`), in one
+        transaction. A statement the server refused rolled the group back: each then
+        goes alone, and meets its own error; one it did not answer breaks the handle."""
+        firsts: dict[str, Pending] = {}
+        for pending in group:
+            firsts.setdefault(pending.item[0], pending)
+        together = list(firsts.values())
+        try:
+            outcomes = self._acquire([pending.item for pending in together])
+        except DurabilityError:
+            raise
+        except JournalError:
+            if len(together) == 1:
+                raise
+            outcomes = [self._acquire_one(pending.item) for pending in together]
+        for pending, outcome in zip(together, outcomes, strict=True):
+            if isinstance(outcome, Lease):
+                pending.result = outcome
             else:
-                epoch = current + 1  # takeover of an expired or released lease
-            expires_at = self._set_expiry(cur, run_id, owner, epoch, ttl, now)
-        if archived_to is None:  # the row exists now: even a new run's first append is warm
-            self._remember(run_id, int(last), str(digest))
-        return Lease(run_id, owner, epoch, expires_at,
-                     last_seq=int(last) if archived_to is None else None)
+                pending.error = outcome
+        # The same run twice in a group: the later ones after, as if they came later.
+        for pending in group:
+            if firsts[pending.item[0]] is not pending:
+                outcome = self._acquire_one(pending.item)
+                pending.result, pending.error = (
+                    (outcome, None) if isinstance(outcome, Lease) else (None, outcome))
+
+    def _acquire_one(self, wanted: tuple[str, str, float]) -> Lease | JournalError:
+        try:
+            return self._acquire([wanted])[0]
+        except JournalError as exc:
+            return exc
+
+    def _acquire(self, wanted: list[tuple[str, str, float]]) -> list[Lease | JournalError]:
+        """Leases on distinct runs ((run id, owner, ttl) each), each granted or held by
+        another (LeaseHeldError): the rows locked in run id order (created if missing)
+        and read in one statement, the expiries set in a second that goes with the
+        COMMIT."""
+        with self._write(wanted[0][0] if len(wanted) == 1 else None, pipelined=True) as cur:
+            cur.execute(self._lock_runs, ([run_id for run_id, _, _ in wanted],))
+            rows = {row[0]: row[1:] for row in cur.fetchall()}
+            outcomes = [_granted(run_id, owner, ttl, rows[run_id])
+                        for run_id, owner, ttl in wanted]
+            granted = [(lease, ttl) for lease, (_, _, ttl) in zip(outcomes, wanted, strict=True)
+                       if isinstance(lease, Lease)]
+            if granted:
+                # Each expiry is the server's clock now plus its TTL: never earlier than
+                # the one granted (the clock when its row was locked, plus the TTL).
+                cur.execute(self._set_expiries, (
+                    [lease.run_id for lease, _ in granted], [lease.owner for lease, _ in granted],
+                    [lease.epoch for lease, _ in granted], [ttl for _, ttl in granted]))
+        for lease, _ in granted:
+            if lease.last_seq is not None:  # the row exists now: even a new run's first
+                last, *_, digest, _, _ = rows[lease.run_id]  # append is warm
+                self._remember(lease.run_id, int(last), str(digest))
+        return outcomes
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         with self._write(lease.run_id, pipelined=True) as cur:
@@ -979,26 +1068,35 @@ class PostgresStore:
         one (the pool discards the dead one); if the server is still away, the release is
         kept and retried on this handle's next write and on ``close``."""
         try:
-            self._release(lease)
+            self._releaser.submit(lease)
         except StoreUnavailableError:
             try:
-                self._release(lease)
+                self._release([lease])
             except StoreUnavailableError:
                 self._unreleased[lease.run_id] = lease
                 raise
 
-    def _release(self, lease: Lease) -> None:
+    def _release_group(self, group: list[Pending]) -> None:
+        """The releases of runs closed together, in one transaction; if the server
+        refused one, each on its own (and meets its own error)."""
+        try:
+            self._release([pending.item for pending in group])
+        except StoreUnavailableError:
+            raise  # for every one: each retries on its own (see release)
+        except JournalError:
+            if len(group) == 1:
+                raise
+            _settle_each(group, lambda lease: self._release([lease]))
+
+    def _release(self, leases: list[Lease]) -> None:
         # Not waited for on disk: a release a server crash loses only leaves the lease to
-        # expire by its TTL.
-        with self._write(lease.run_id, batched=True, pipelined=True) as cur:
-            cur.execute(
-                self._q(
-                    "UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)"
-                    " WHERE run_id = %s AND lease_epoch = %s"
-                ),
-                (lease.run_id, lease.epoch),
-            )
-        self._unreleased.pop(lease.run_id, None)
+        # expire by its TTL. In run id order, as every write of several rows locks them.
+        with self._write(leases[0].run_id if len(leases) == 1 else None, batched=True,
+                         pipelined=True) as cur:
+            for lease in sorted(leases, key=lambda lease: lease.run_id):
+                cur.execute(self._release_one, (lease.run_id, lease.epoch))
+        for lease in leases:
+            self._unreleased.pop(lease.run_id, None)
 
     def _retry_releases(self) -> None:
         """Best effort: a release that failed earlier (a newer lease of the run is never
@@ -1006,7 +1104,7 @@ class PostgresStore:
         pending, self._unreleased = self._unreleased, {}
         for run_id, lease in pending.items():
             try:
-                self._release(lease)
+                self._release([lease])
             except JournalError:
                 self._unreleased.setdefault(run_id, lease)
 
