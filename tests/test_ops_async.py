@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+import time
 
 import pytest
 
@@ -75,3 +76,37 @@ def test_the_oldest_ranked_work_goes_first() -> None:
 
     asyncio.run(main())
     assert order == [1, 2, 3]
+
+
+def test_trips_that_end_while_the_loop_is_busy_wake_it_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty trips end while the loop is busy (blocked in a callback): the loop is
+    woken once for all of them (one callback from the threads), and each still gets
+    its own value or error."""
+    woken: list[object] = []
+    real = asyncio.BaseEventLoop.call_soon_threadsafe
+
+    def counted(self: asyncio.BaseEventLoop, callback: object, *args: object) -> object:
+        woken.append(callback)
+        return real(self, callback, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "call_soon_threadsafe", counted)
+
+    def work(i: int) -> int:
+        if i % 5 == 0:
+            raise ValueError(i)
+        return i * i
+
+    async def main() -> list[object]:
+        trips = [asyncio.ensure_future(ops.in_thread(work, i)) for i in range(20)]
+        await asyncio.sleep(0)  # the trips are submitted
+        ended, deadline = ops._ended_on(asyncio.get_running_loop()), time.monotonic() + 30
+        while len(ended.jobs) < 20:  # the loop busy until every one has ended
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        return await asyncio.gather(*trips, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert [r if isinstance(r, int) else repr(r) for r in results] == [
+        repr(ValueError(i)) if i % 5 == 0 else i * i for i in range(20)]
+    assert len(woken) == 1, woken

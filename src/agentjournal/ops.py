@@ -12,6 +12,7 @@ into the generator; its exception is thrown into it at the ``yield``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import functools
@@ -21,6 +22,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -358,11 +360,14 @@ _order = itertools.count()
 class _Job:
     """One function for a stepper thread, and how it ended (set on the loop's thread)."""
 
-    __slots__ = ("args", "context", "finished", "fn", "future", "loop", "waiter")
+    __slots__ = ("args", "context", "error", "finished", "fn", "future", "loop", "value",
+                 "waiter")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...],
                  loop: asyncio.AbstractEventLoop) -> None:
         self.fn, self.args, self.loop = fn, args, loop
+        self.value: Any = None
+        self.error: BaseException | None = None
         # In the caller's context (as asyncio.to_thread): a context variable the loop's
         # code set (a tracing span, the current call) is seen by what runs there.
         self.context = contextvars.copy_context()
@@ -372,21 +377,60 @@ class _Job:
 
     def run(self) -> None:
         try:
-            value, error = self.context.run(self.fn, *self.args), None
+            self.value = self.context.run(self.fn, *self.args)
         except BaseException as exc:
-            value, error = None, exc
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self.loop.call_soon_threadsafe(self._ended, value, error)
+            self.error = exc
+        _ended_on(self.loop).add(self)
 
-    def _ended(self, value: Any, error: BaseException | None) -> None:
+    def _ended(self) -> None:
         self.finished = True
         if not self.future.done():
-            if error is None:
-                self.future.set_result(value)
+            if self.error is None:
+                self.future.set_result(self.value)
             else:
-                self.future.set_exception(error)
+                self.future.set_exception(self.error)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+
+
+class _Ended:
+    """The jobs a loop's stepper threads finished, handed to the loop in batches: one
+    wake-up of the loop (a write to its self-pipe) for all the jobs that end while it
+    is busy, not one each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.jobs: collections.deque[_Job] = collections.deque()
+        self.lock = threading.Lock()
+        self.woken = False  # a drain is scheduled and has not begun
+
+    def add(self, job: _Job) -> None:
+        self.jobs.append(job)
+        with self.lock:
+            if self.woken:
+                return  # the drain to come takes this one too
+            self.woken = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self.lock:
+            self.woken = False  # from here on, a job added schedules another drain
+        while self.jobs:
+            self.jobs.popleft()._ended()
+
+
+_ended_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Ended] = (
+    weakref.WeakKeyDictionary())
+_ended_lock = threading.Lock()
+
+
+def _ended_on(loop: asyncio.AbstractEventLoop) -> _Ended:
+    ended = _ended_by_loop.get(loop)
+    if ended is None:
+        with _ended_lock:
+            ended = _ended_by_loop.setdefault(loop, _Ended(loop))
+    return ended
 
 
 class _Steppers:
