@@ -434,3 +434,50 @@ def test_a_claimed_run_s_lease_is_kept_until_its_journal_opens_and_never_after_h
     with pytest.raises(LeaseHeldError):
         store.acquire("b", "decision:ana", 30.0)
     worker._reopen_control()  # closes the handle
+
+
+def test_runs_claimed_and_let_go_between_beats_renew_no_lease(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker renews every lease it holds once a third of a TTL (here 10 s); a run it
+    claims or lets go in between only has its row written again, keeping the time of
+    the last renewal (a takeover is timed from it). Six runs claimed and finished: one
+    beat, and a row that lists none of them once they are done."""
+    import threading
+
+    from agentjournal import journal as journal_module
+    from agentjournal.fleet.worker import Worker
+
+    monkeypatch.setenv(ENV, str(tmp_path / "effects.txt"))
+    beats: list[float] = []
+    real = journal_module.Heartbeat.beat_now
+
+    def counted(self: Any) -> None:
+        beats.append(time.time())
+        real(self)
+
+    monkeypatch.setattr(journal_module.Heartbeat, "beat_now", counted)
+    worker = Worker(url, agents=["tests.fleet_agents"], ttl=30.0, poll=0.05)
+    with open_store(url) as store:
+        for i in range(6):
+            submit(store, "tests.fleet_agents:counter", "count", f"r{i}")
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        with open_store(url) as store:
+            queue = queue_of(store)
+            deadline = time.monotonic() + 60  # a hang guard only
+
+            def settled() -> bool:
+                rows = queue.workers()
+                return ({r.state for r in queue.runs()} == {"done"} and len(rows) == 1
+                        and rows[0].runs == [])
+
+            while not settled():
+                assert thread.is_alive() and time.monotonic() < deadline
+                time.sleep(0.05)
+            (row,) = queue.workers()
+    finally:
+        worker.drain()
+        thread.join(timeout=60)
+    assert len(beats) == 1, beats
+    assert beats[0] <= row.heartbeat_at == worker._renewed_at

@@ -73,6 +73,9 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0
 #: After the soonest lease's expiry, how long an idle worker waits more before it claims
 #: (a lease that expired but cannot be claimed yet is not polled in a busy loop).
 EXPIRY_SLACK = 0.05
+#: Seconds at least between two writes of a worker's row between heartbeats (a run
+#: claimed or let go changes it; a takeover claims hundreds at once).
+ROW_EVERY = 0.2
 #: PostgreSQL connections a worker's handle opens at most, however many runs it holds
 #: (an append holds one for milliseconds): with the LISTEN connection, five a worker,
 #: so a default server (100 connections) serves a fleet of some 16 workers.
@@ -156,7 +159,8 @@ class Worker:
         self.worker_id = worker_id or default_owner()
         self._draining = threading.Event()
         self._done = threading.Event()  # run() is over: the heartbeat stops
-        self._beat_now = threading.Event()
+        self._beat_now = threading.Event()  # the row says something new: write it soon
+        self._renewed_at = time.time()  # the last heartbeat that renewed every lease
         self._slot_free = threading.Event()
         self._lock = threading.Lock()
         self._held: dict[str, threading.Thread | Future[None]] = {}
@@ -380,17 +384,25 @@ class Worker:
     def info(self) -> WorkerInfo:
         return WorkerInfo(worker_id=self.worker_id, host=socket.gethostname(),
                           pid=os.getpid(), queues=list(self.queues), runs=self.held(),
-                          started_at=self._started_at, heartbeat_at=time.time(),
+                          started_at=self._started_at, heartbeat_at=self._renewed_at,
                           draining=self.draining)
 
     def _heartbeat(self) -> None:
-        troubled = False
+        """Every third of a TTL, renew every lease this worker holds, then write its row
+        (the heartbeat a takeover is timed from). Between, a change the row shows (a run
+        claimed or let go, a drain) is written on its own, at most every ROW_EVERY
+        seconds, with the time of the last renewal: a run started or ended renews no
+        lease (a thousand runs starting would otherwise renew a thousand leases each)."""
+        troubled, renew_at = False, 0.0
         while not self._done.is_set():
             try:
-                # The runs' leases first, then the row: if this worker dies, they expire
-                # no later than a TTL after its last heartbeat, all together.
-                self._renew_unopened()
-                heartbeat_of(self._run_store()).beat_now()
+                if time.monotonic() >= renew_at:
+                    renew_at = time.monotonic() + self.ttl / 3
+                    # The runs' leases first, then the row: if this worker dies, they
+                    # expire no later than a TTL after its last heartbeat, all together.
+                    self._renew_unopened()
+                    heartbeat_of(self._run_store()).beat_now()
+                    self._renewed_at = time.time()
                 self._control_queue().beat(self.info())
                 troubled = False
             except TROUBLE as exc:
@@ -402,7 +414,8 @@ class Worker:
             except Exception as exc:  # never let the heartbeat die silently
                 self.log(f"heartbeat failed: {type(exc).__name__}: {exc}", logging.ERROR)
                 logger.debug("the heartbeat's failure", exc_info=True)
-            self._beat_now.wait(self.ttl / 3)
+            if self._beat_now.wait(max(0.0, renew_at - time.monotonic())):
+                self._done.wait(min(ROW_EVERY, max(0.0, renew_at - time.monotonic())))
             self._beat_now.clear()
 
     def _forget(self) -> None:
