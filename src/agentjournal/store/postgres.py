@@ -334,9 +334,15 @@ _SET_EXPIRIES: LiteralString = (
     " lease_expires_at = clock_timestamp() + make_interval(secs => g.ttl)"
     " FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::float8[])"
     " AS g(run_id, owner, epoch, ttl) WHERE r.run_id = g.run_id")
+# Leases released: each only at its epoch (a newer lease of the run is never touched),
+# the rows locked in run id order (see renew_all).
 _RELEASE: LiteralString = (
-    "UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)"
-    " WHERE run_id = %s AND lease_epoch = %s")
+    "WITH g AS (SELECT * FROM unnest(%s::text[], %s::bigint[]) AS g(run_id, epoch)),"
+    " mine AS MATERIALIZED (SELECT r.run_id FROM {s}.runs r JOIN g"
+    " ON r.run_id = g.run_id AND r.lease_epoch = g.epoch ORDER BY r.run_id FOR UPDATE OF r)"
+    " UPDATE {s}.runs r SET lease_expires_at = to_timestamp(0) FROM g"
+    " WHERE r.run_id = g.run_id AND r.lease_epoch = g.epoch"
+    " AND r.run_id IN (SELECT run_id FROM mine)")
 
 
 def _granted(run_id: str, owner: str, ttl: float, row: tuple[Any, ...]) -> Lease | JournalError:
@@ -456,7 +462,7 @@ class PostgresStore:
             raise StoreUrlError(self.url, f"schema {schema!r} is not a plain lowercase identifier")
         self._s = sql.Identifier(schema)
         # Composed once: building and rendering SQL per append is measurable.
-        self._lock_one, self._lock_runs, self._set_expiries, self._release_one = (
+        self._lock_one, self._lock_runs, self._set_expiries, self._release_all = (
             sql.SQL(text).format(s=self._s).as_bytes(None)
             for text in (_LOCK_ONE, _LOCK_RUNS, _SET_EXPIRIES, _RELEASE))
         self._claim_one, self._claim_many, *self._claim_rows = (
@@ -1090,11 +1096,11 @@ class PostgresStore:
 
     def _release(self, leases: list[Lease]) -> None:
         # Not waited for on disk: a release a server crash loses only leaves the lease to
-        # expire by its TTL. In run id order, as every write of several rows locks them.
+        # expire by its TTL. One statement, however many.
         with self._write(leases[0].run_id if len(leases) == 1 else None, batched=True,
                          pipelined=True) as cur:
-            for lease in sorted(leases, key=lambda lease: lease.run_id):
-                cur.execute(self._release_one, (lease.run_id, lease.epoch))
+            cur.execute(self._release_all, ([lease.run_id for lease in leases],
+                                            [lease.epoch for lease in leases]))
         for lease in leases:
             self._unreleased.pop(lease.run_id, None)
 
