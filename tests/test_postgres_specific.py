@@ -763,3 +763,30 @@ def test_leases_of_runs_opened_or_closed_together_commit_together(
                                  for lease in leases], monkeypatch)
         assert commits == 2 and set(got.values()) == {None}
         assert {store.acquire(lease.run_id, "w4", 60).epoch for lease in leases[1:]} == {2, 3}
+
+
+def test_batched_appends_of_runs_that_meet_commit_together_without_a_sync(
+        schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With durability=batched, warm appends that meet go in one transaction (as with
+    fsync) that turns synchronous_commit off; before, each took the locked way alone (two
+    round trips and a commit each: a third of the appends a second of the default)."""
+    with PostgresStore(PG_URL, schema=schema, durability=Durability.BATCHED) as store:
+        runs = [f"b{i}" for i in range(6)]
+        for run_id in runs:  # one event each: every append after is a warm one
+            store.append(run_id, make_events(run_id, 0, 0, _facts(1)), expected_seq=0, epoch=0)
+        settings: list[str] = []
+        real = store._sync
+
+        def spy(conn: Any) -> None:
+            settings.append(conn.execute("SHOW synchronous_commit").fetchone()[0])
+            real(conn)
+
+        monkeypatch.setattr(store, "_sync", spy)
+        got, commits = _grouped(store, store._grouper, [
+            (run_id, lambda run_id=run_id: store.append(
+                run_id, make_events(run_id, 1, 0, _facts(1)), expected_seq=1, epoch=0))
+            for run_id in runs], monkeypatch)
+        assert got == {run_id: 2 for run_id in runs}
+        # The held one alone (autocommit: durable at once), then the group of five.
+        assert commits == 2 and settings[1:] == ["off"], settings
+        assert all(len(list(store.read(run_id))) == 2 for run_id in runs)
