@@ -479,7 +479,11 @@ class Worker:
         waits on the store before and after it waits on a stepper thread."""
         seen = {"epoch": claim.lease.epoch, "seq": 0}
         try:
-            agent = await in_thread(self._prepared, claim)
+            # An agent already loaded needs no trip to a thread (a takeover of hundreds
+            # would make one each before the first of their opens).
+            agent = self._loaded(claim)
+            if agent is None:
+                agent = await in_thread(self._prepared, claim)
             result: Stopped | None = None
             if isinstance(agent, Agent):
                 result = _stopped(await agent.arun(
@@ -510,6 +514,13 @@ class Worker:
         return {"owner": self.worker_id, "agent_ref": claim.agent, "stop": self._draining,
                 "keep_lease": True, "observer": observe, "lease": claim.lease,
                 "settle": False}  # the status is enough
+
+    def _loaded(self, claim: Claim) -> Driven | None:
+        """The claimed run's agent if it is loaded and the run is not to be parked."""
+        if claim.crashes >= self.max_crashes:
+            return None
+        with self._lock:
+            return self._agents.get(claim.agent)
 
     def _prepared(self, claim: Claim) -> Driven | None:
         """The claimed run's agent; None when the run was parked instead (poison, or an
