@@ -110,3 +110,31 @@ def test_trips_that_end_while_the_loop_is_busy_wake_it_once(
     assert [r if isinstance(r, int) else repr(r) for r in results] == [
         repr(ValueError(i)) if i % 5 == 0 else i * i for i in range(20)]
     assert len(woken) == 1, woken
+
+
+def test_an_async_run_makes_one_trip_to_open_one_per_advance_and_one_to_close(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose model answers at once: its open, the step machine's two advances
+    (to the model's question, then to the end) and one trip for the rest (at rest, its
+    result, its journal closed): four trips to a stepper thread, not six."""
+    from agentjournal import Agent, open_store
+    from agentjournal.models import ScriptedModel, reply
+
+    trips: list[str] = []
+    real = ops.in_thread
+
+    async def counted(fn: object, *args: object) -> object:
+        trips.append(getattr(fn, "__name__", repr(fn)))
+        return await real(fn, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ops, "in_thread", counted)
+    import agentjournal.agent as agent_module
+
+    monkeypatch.setattr(agent_module, "in_thread", counted)
+    store = open_store(f"sqlite:///{tmp_path}/runs.db")
+    try:
+        result = asyncio.run(Agent(ScriptedModel([reply("done")]), []).arun(store, "r", "t"))
+    finally:
+        store.close()
+    assert result.status == "finished"
+    assert trips == ["__enter__", "_advance", "_advance", "_closed"], trips

@@ -283,13 +283,10 @@ class Agent(StepMachine):
         try:
             if drive:
                 await run_async(self._drive(j, stop))
-                await in_thread(j.at_rest)
-            result = await in_thread(lambda: RunResult.of(j.state, settle=settle))
         except BaseException as exc:
             await in_thread(opened.__exit__, type(exc), exc, exc.__traceback__)
             raise
-        await in_thread(opened.__exit__, None, None, None)
-        return result
+        return await in_thread(_closed, opened, j, drive, settle)  # one trip, not three
 
     @contextlib.contextmanager
     def _opened(self, store: Store, run_id: str, task: str | None, scope: str | None,
@@ -417,3 +414,18 @@ def segment_hook(observer: Observer | None, name: str, state: RunState) -> Any:
     A tracer (otel.py) marks a process's segment so; a plain function has neither."""
     hook = getattr(observer, name, None)
     return hook(state) if callable(hook) else None
+
+
+def _closed(opened: contextlib.AbstractContextManager[tuple[RunJournal, bool]], j: RunJournal,
+            drove: bool, settle: bool) -> RunResult:
+    """The run at rest (snapshotted if due, once it was driven), its result, and its
+    journal closed."""
+    try:
+        if drove:
+            j.at_rest()
+        result = RunResult.of(j.state, settle=settle)
+    except BaseException as exc:
+        opened.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    opened.__exit__(None, None, None)
+    return result
