@@ -138,3 +138,27 @@ def test_an_async_run_makes_one_trip_to_open_one_per_advance_and_one_to_close(
         store.close()
     assert result.status == "finished"
     assert trips == ["__enter__", "_advance", "_advance", "_closed"], trips
+
+
+def test_a_loop_that_made_trips_is_not_kept_alive_after_it_ends() -> None:
+    """Each asyncio.run makes a new loop; once it has ended, nothing of the stepper
+    threads' keeps it (a process running many would otherwise keep them all)."""
+    import gc
+    import weakref
+
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def main() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        await ops.in_thread(lambda: None)
+
+    for _ in range(20):
+        asyncio.run(main())
+    deadline = time.monotonic() + 30  # a stepper thread may not have dropped its last job yet
+    while True:
+        gc.collect()
+        alive = [ref for ref in loops if ref() is not None]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert alive == []

@@ -399,7 +399,9 @@ class _Ended:
     is busy, not one each."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        # Weakly: held strongly, the loop would outlive its last use as a key of
+        # _ended_by_loop (a process that runs asyncio.run often would keep every loop).
+        self.loop = weakref.ref(loop)
         self.jobs: collections.deque[_Job] = collections.deque()
         self.lock = threading.Lock()
         self.woken = False  # a drain is scheduled and has not begun
@@ -410,8 +412,10 @@ class _Ended:
             if self.woken:
                 return  # the drain to come takes this one too
             self.woken = True
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self.loop.call_soon_threadsafe(self._drain)
+        loop = self.loop()
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
         with self.lock:
@@ -455,6 +459,7 @@ class _Steppers:
                     self._ready.wait()
                 job = heapq.heappop(self._jobs)[2]
             job.run()
+            del job  # (it holds its loop: a thread waiting for work keeps none alive)
 
 
 _steppers: _Steppers | None = None
