@@ -200,12 +200,11 @@ print(" ".join(e.type.value for e in store.read("r1")))
 """
 
 
-def test_ctrl_c_stops_a_sync_run_at_once_and_no_step_goes_on(tmp_path: Path) -> None:
+def test_ctrl_c_stops_a_sync_run_at_once_and_no_step_goes_on(each_backend: str) -> None:
     """The caller's thread is interrupted while the run's driver is in a tool call: run
     raises KeyboardInterrupt without waiting for the call, and nothing after it is
-    recorded (the call stays started, for a resume to settle)."""
-    url = f"sqlite:///{tmp_path / 'runs.db'}"
-    out = subprocess.run([sys.executable, "-c", INTERRUPTED, url], capture_output=True,
+    recorded (the call stays started, for a resume to settle). On every backend."""
+    out = subprocess.run([sys.executable, "-c", INTERRUPTED, each_backend], capture_output=True,
                          text=True, timeout=120, check=True).stdout.splitlines()
     assert out[0] == "interrupted while the call ran: True"
     assert out[1].split()[-1] == "tool_call_started"
