@@ -625,3 +625,29 @@ def test_a_row_inserted_by_another_program_moves_no_head(tmp_path: Path) -> None
     raw(path, "INSERT INTO events SELECT (run_no << 32) + 3, 'ts', ? FROM run_numbers", (body,))
     with SQLiteStore(path) as store, pytest.raises(CorruptLogError, match="newest event"):
         list(store.read("r1"))
+
+
+def test_a_short_log_with_a_snapshot_opens_from_the_snapshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On SQLite looking for a snapshot is a local query: a log longer than the store's
+    short_log (16 events, against 64 on PostgreSQL) looks for one and loads from it,
+    where a log of at most 16 is folded from its events."""
+    from agentjournal.journal import SHORT_LOG, open_journal
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    looked: list[str] = []
+    real = store.snapshots
+    monkeypatch.setattr(store, "snapshots", lambda run_id, **kw: (looked.append(run_id),
+                                                                  real(run_id, **kw))[1])
+    for run_id, events in (("short", store.short_log), ("longer", store.short_log + 1)):
+        with open_journal(store, run_id) as j:
+            j.record(EventType.RUN_STARTED, task="t")
+            j.record_all([(EventType.USER_MESSAGE, {"content": f"m{i}"})
+                          for i in range(events - 1)])
+            write_snapshot(store, j.state)
+        looked.clear()
+        with open_journal(store, run_id) as j:
+            assert j.state.last_seq == events
+            assert looked == ([] if events <= store.short_log else [run_id])
+    assert store.short_log < SHORT_LOG
+    store.close()

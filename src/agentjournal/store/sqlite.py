@@ -467,6 +467,10 @@ class _Append:
 
 
 class SQLiteStore:
+    #: A log folded at open without looking for a snapshot, at most (journal.SHORT_LOG):
+    #: the look is a local query, and from 16 events a snapshot is the cheaper load.
+    short_log = 16
+
     def __init__(
         self,
         path: str | Path,
