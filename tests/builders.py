@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import msgspec
+import pytest
 
 from agentjournal.events import Event
 from agentjournal.store.base import Snapshot
@@ -29,3 +33,45 @@ def unsealed(events: Iterable[Event]) -> list[Event]:
 
 class Crash(BaseException):
     """The process dies mid-call: nothing after the start is recorded."""
+
+
+def in_one_group(store: Any, grouper: Any, calls: list[tuple[str, Any]],
+                 monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], int]:
+    """Each call (a label, a function) made in a thread of its own while the first one's
+    commit (``store._sync``) is held, so that all the others queue in ``grouper`` (a
+    store's group.Grouper) and go in one group: (each label's result or error, the
+    commits made)."""
+    real_sync, held, entered, commits = store._sync, threading.Event(), threading.Event(), []
+
+    def hold_first(*args: Any) -> Any:
+        commits.append(1)
+        if len(commits) == 1:
+            entered.set()
+            held.wait(60)
+        return real_sync(*args)
+
+    monkeypatch.setattr(store, "_sync", hold_first)
+    outcome: dict[str, Any] = {}
+
+    def call(label: str, fn: Any) -> None:
+        try:
+            outcome[label] = fn()
+        except Exception as exc:
+            outcome[label] = exc
+
+    (label, fn), *rest = calls
+    threads = [threading.Thread(target=call, args=(label, fn))]
+    threads[0].start()
+    assert entered.wait(60)
+    threads += [threading.Thread(target=call, args=one) for one in rest]
+    for t in threads[1:]:
+        t.start()
+    deadline = time.monotonic() + 60  # a hang guard
+    while len(grouper._waiting) < len(rest):
+        assert time.monotonic() < deadline, "the calls never queued"
+        time.sleep(0.01)
+    held.set()
+    for t in threads:
+        t.join(60)
+    monkeypatch.setattr(store, "_sync", real_sync)
+    return outcome, len(commits)

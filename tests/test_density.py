@@ -4,13 +4,14 @@ committed together, each checked on its own (issue 31)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import random
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,10 +20,9 @@ from agentjournal.bench.density import density_agent, run_many
 from agentjournal.errors import ConflictError, FencedError, ScopeSharedError
 from agentjournal.events import Event, EventType, make_events
 from agentjournal.models import ScriptedModel, calls
-from agentjournal.store import Store
 from agentjournal.tools import tool
 
-from .builders import Crash
+from .builders import Crash, in_one_group
 from .conftest import backend_params
 
 RUNS = 300
@@ -137,11 +137,6 @@ def _message(run_id: str, after: int, epoch: int = 0) -> list[Event]:
     return make_events(run_id, after, epoch, [(kind, payload)])
 
 
-def _waiting(store: Store) -> int:
-    """Appends queued for the next group."""
-    return len(store._grouper._waiting)  # type: ignore[attr-defined]
-
-
 @grouping_backends
 def test_a_conflicting_fenced_or_shared_batch_in_a_group_fails_alone(
         store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,39 +154,16 @@ def test_a_conflicting_fenced_or_shared_batch_in_a_group_fails_alone(
     other.acquire("g6", "another-worker", ttl=60)  # g6 is fenced: its epoch is now 1
     other.append("g7-peer", _message("g7-peer", 0), expected_seq=0, epoch=0)
     shared = {"g7": "run:g7-peer"}  # g7 appends alone in g7-peer's scope
-    real_sync, held, entered, commits = store._sync, threading.Event(), threading.Event(), []  # type: ignore[attr-defined]
 
-    def hold_first(*args: object) -> object:
-        commits.append(threading.current_thread().name)
-        if len(commits) == 1:
-            entered.set()
-            held.wait(60)
-        return real_sync(*args)
+    def append(run_id: str) -> Any:
+        return store.append(run_id, _message(run_id, 1), expected_seq=1, epoch=0,
+                            alone_in=shared.get(run_id, f"run:{run_id}"))
 
-    monkeypatch.setattr(store, "_sync", hold_first)
-    outcome: dict[str, object] = {}
-
-    def append(run_id: str) -> None:
-        try:
-            outcome[run_id] = store.append(run_id, _message(run_id, 1), expected_seq=1, epoch=0,
-                                           alone_in=shared.get(run_id, f"run:{run_id}"))
-        except Exception as exc:
-            outcome[run_id] = exc
-
-    first = threading.Thread(target=append, args=("first",))
-    first.start()
-    assert entered.wait(60)
-    rest = [threading.Thread(target=append, args=(run_id,)) for run_id in runs]
-    for t in rest:
-        t.start()
-    deadline = time.monotonic() + 60  # a hang guard
-    while _waiting(store) < len(runs):
-        assert time.monotonic() < deadline, "the appends never queued"
-        time.sleep(0.01)
-    held.set()
-    for t in [first, *rest]:
-        t.join(60)
-    assert len(commits) == 2, commits  # the held one, then the group's one transaction
+    outcome, commits = in_one_group(
+        store, store._grouper,  # type: ignore[attr-defined]
+        [(run_id, functools.partial(append, run_id)) for run_id in ["first", *runs]],
+        monkeypatch)
+    assert commits == 2, commits  # the held one, then the group's one transaction
     assert all(outcome[f"g{i}"] == 2 for i in range(5)) and outcome["first"] == 2
     assert isinstance(outcome["g5"], ConflictError)
     assert isinstance(outcome["g6"], FencedError)

@@ -30,7 +30,7 @@ from agentjournal.store import postgres as pg_module  # noqa: E402
 from agentjournal.store.base import Durability  # noqa: E402
 from agentjournal.store.postgres import PostgresStore  # noqa: E402
 
-from .builders import snapshot_at, unsealed  # noqa: E402
+from .builders import in_one_group, snapshot_at, unsealed  # noqa: E402
 
 PG_URL = os.environ.get("AGENTJOURNAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -681,49 +681,6 @@ def test_renewals_and_group_commits_lock_runs_in_one_order(schema: str) -> None:
     assert errors == []
 
 
-def _grouped(store: PostgresStore, grouper: Any, calls: list[tuple[str, Any]],
-             monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], int]:
-    """Each call (a label, a function) made in a thread of its own while the first one's
-    commit is held, so that all the others queue and go in one group: (each label's
-    result or error, the commits made)."""
-    import time
-
-    real_sync, held, entered, commits = store._sync, threading.Event(), threading.Event(), []
-
-    def hold_first(*args: Any) -> Any:
-        commits.append(1)
-        if len(commits) == 1:
-            entered.set()
-            held.wait(60)
-        return real_sync(*args)
-
-    monkeypatch.setattr(store, "_sync", hold_first)
-    outcome: dict[str, Any] = {}
-
-    def call(label: str, fn: Any) -> None:
-        try:
-            outcome[label] = fn()
-        except Exception as exc:
-            outcome[label] = exc
-
-    (label, fn), *rest = calls
-    threads = [threading.Thread(target=call, args=(label, fn))]
-    threads[0].start()
-    assert entered.wait(60)
-    threads += [threading.Thread(target=call, args=one) for one in rest]
-    for t in threads[1:]:
-        t.start()
-    deadline = time.monotonic() + 60  # a hang guard
-    while len(grouper._waiting) < len(rest):
-        assert time.monotonic() < deadline, "the calls never queued"
-        time.sleep(0.01)
-    held.set()
-    for t in threads:
-        t.join(60)
-    monkeypatch.setattr(store, "_sync", real_sync)
-    return outcome, len(commits)
-
-
 def test_leases_of_runs_opened_or_closed_together_commit_together(
         schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Acquires that meet go in one transaction, each granted or refused on its own: a
@@ -744,7 +701,7 @@ def test_leases_of_runs_opened_or_closed_together_commit_together(
                  ("theirs", lambda: store.acquire("theirs", "w1", 60)),
                  ("twice", lambda: store.acquire("twice", "w1", 60)),
                  ("twice-again", lambda: store.acquire("twice", "w3", 60))]
-        got, commits = _grouped(store, store._acquirer, calls, monkeypatch)
+        got, commits = in_one_group(store, store._acquirer, calls, monkeypatch)
         # The held first, the group, and the second ask for "twice" after it.
         assert commits == 3
         assert {k: v.epoch for k, v in got.items() if not isinstance(v, Exception)} == {
@@ -758,7 +715,7 @@ def test_leases_of_runs_opened_or_closed_together_commit_together(
             ("theirs", "w2", 1), ("twice", "w1", 1)]
 
         leases = [got[k] for k in ("first", "new", "released", "mine", "twice")]
-        got, commits = _grouped(store, store._releaser,
+        got, commits = in_one_group(store, store._releaser,
                                 [(lease.run_id, lambda lease=lease: store.release(lease))
                                  for lease in leases], monkeypatch)
         assert commits == 2 and set(got.values()) == {None}
@@ -782,7 +739,7 @@ def test_batched_appends_of_runs_that_meet_commit_together_without_a_sync(
             real(conn)
 
         monkeypatch.setattr(store, "_sync", spy)
-        got, commits = _grouped(store, store._grouper, [
+        got, commits = in_one_group(store, store._grouper, [
             (run_id, lambda run_id=run_id: store.append(
                 run_id, make_events(run_id, 1, 0, _facts(1)), expected_seq=1, epoch=0))
             for run_id in runs], monkeypatch)
