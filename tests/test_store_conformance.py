@@ -31,6 +31,7 @@ from agentjournal import (
     FencedError,
     InvalidRunIdError,
     LeaseHeldError,
+    LeaseReleasedError,
     NotArchivedError,
     ScopeSharedError,
     encode,
@@ -361,6 +362,22 @@ class TestConformance:
         assert renewed.epoch == 3 and renewed.expires_at >= third.expires_at
         with pytest.raises(FencedError):
             store.renew(second, ttl=30)
+
+    def test_conformance_a_released_lease_is_not_renewed(self, make_store: MakeStore) -> None:
+        """Renewing a lease its holder released would take the run back from whoever
+        is about to acquire it (a person deciding on a run a worker handed back): the
+        store refuses it, alone or in a heartbeat's renew_all, and the run stays free."""
+        store = make_store()
+        lease = store.acquire("r1", "worker-a", ttl=30)
+        kept = store.acquire("r2", "worker-a", ttl=30)
+        store.release(lease)
+        with pytest.raises(LeaseReleasedError) as info:
+            store.renew(lease, ttl=30)
+        assert info.value.epoch == lease.epoch
+        renew_all = getattr(store, "renew_all", None)
+        if renew_all is not None:
+            assert set(renew_all([lease, kept], 30)) == {"r2"}
+        assert store.acquire("r1", "a-person", ttl=30).epoch == lease.epoch + 1
 
     def test_conformance_lease_expiry_is_not_judged_by_the_acquirers_wall_clock(
         self, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch

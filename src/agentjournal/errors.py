@@ -245,6 +245,19 @@ class LeaseHeldError(JournalError):
         self.expires_in = expires_in
 
 
+class LeaseReleasedError(JournalError):
+    """A renewal of a lease its holder had released: refused, so that the run stays
+    free for whoever acquires it next (a person deciding on a run handed back)."""
+
+    def __init__(self, run_id: str, epoch: int) -> None:
+        super().__init__(
+            f"run {run_id!r}: the lease (epoch {epoch}) was released and is not renewed. "
+            "Its holder let the run go; acquire it again to hold it.",
+            run_id=run_id,
+        )
+        self.epoch = epoch
+
+
 class LeaseExpiredError(JournalError):
     """A worker's lease lapsed by its own clock and could not be renewed, right before a
     tool with an effect: another worker may own the run, so the effect was not made."""

@@ -100,6 +100,7 @@ from ..errors import (
     FencedError,
     InvalidRunIdError,
     LeaseHeldError,
+    LeaseReleasedError,
     NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
@@ -984,6 +985,8 @@ class JsonlStore:
             current = row.epoch if row else 0
             if row is None or current != lease.epoch:
                 raise FencedError(lease.run_id, lease.epoch, current)
+            if row.expires_at <= 0:  # released: see release
+                raise LeaseReleasedError(lease.run_id, lease.epoch)
             record = _new_lease(row.owner, row.epoch, ttl)
             self._write_lease(lease.run_id, record)
         return Lease(lease.run_id, lease.owner, lease.epoch, record.expires_at)

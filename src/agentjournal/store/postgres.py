@@ -78,6 +78,7 @@ from ..errors import (
     FencedError,
     JournalError,
     LeaseHeldError,
+    LeaseReleasedError,
     NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
@@ -1036,9 +1037,11 @@ class PostgresStore:
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         with self._write(lease.run_id, pipelined=True) as cur:
-            _, current, _, _, now, *_ = self._lock_run(cur, lease.run_id)
+            _, current, _, expires, now, *_ = self._lock_run(cur, lease.run_id)
             if current != lease.epoch:
                 raise FencedError(lease.run_id, lease.epoch, current)
+            if expires <= 0:  # released: see release
+                raise LeaseReleasedError(lease.run_id, lease.epoch)
             expires_at = self._set_expiry(cur, lease.run_id, lease.owner, lease.epoch, ttl,
                                           now)
         return Lease(lease.run_id, lease.owner, lease.epoch, expires_at)
@@ -1058,10 +1061,12 @@ class PostgresStore:
                 " %(owners)s::text[]) AS h(run_id, epoch, owner)),"
                 " mine AS MATERIALIZED (SELECT r.run_id FROM {s}.runs r JOIN h"
                 " ON r.run_id = h.run_id AND r.lease_epoch = h.epoch"
+                " AND r.lease_expires_at > to_timestamp(0)"  # not one released
                 " ORDER BY r.run_id FOR UPDATE OF r)"
                 " UPDATE {s}.runs r SET lease_expires_at = clock_timestamp()"
                 " + make_interval(secs => %(ttl)s::float8), lease_owner = h.owner"
                 " FROM h WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch"
+                " AND r.lease_expires_at > to_timestamp(0)"
                 " AND r.run_id IN (SELECT run_id FROM mine)"
                 " RETURNING r.run_id, extract(epoch FROM r.lease_expires_at)::float8"),
                 {"ttl": ttl, "runs": [lease.run_id for lease in leases],

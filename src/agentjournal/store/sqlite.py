@@ -48,6 +48,7 @@ from ..errors import (
     FencedError,
     JournalError,
     LeaseHeldError,
+    LeaseReleasedError,
     NotArchivedError,
     NotAStoreError,
     ReadOnlyStoreError,
@@ -993,9 +994,13 @@ class SQLiteStore:
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         with self._tx(light=True) as db:
-            current = self._epoch(db, lease.run_id)
+            row = db.execute("SELECT epoch, expires_at FROM leases WHERE run_id = ?",
+                             (lease.run_id,)).fetchone()
+            current = int(row[0]) if row else 0
             if current != lease.epoch:
                 raise FencedError(lease.run_id, lease.epoch, current)
+            if row is not None and row[1] <= 0:  # released: see release
+                raise LeaseReleasedError(lease.run_id, lease.epoch)
             wall, (boot, now) = time.time(), host_clock()
             db.execute(
                 "UPDATE leases SET expires_at = ?, boot_id = ?, deadline = ? WHERE run_id = ?",
@@ -1015,7 +1020,8 @@ class SQLiteStore:
             for lease in leases:
                 moved = db.execute(
                     "UPDATE leases SET expires_at = ?, boot_id = ?, deadline = ?"
-                    " WHERE run_id = ? AND epoch = ?", (*expiry, lease.run_id, lease.epoch))
+                    " WHERE run_id = ? AND epoch = ? AND expires_at > 0",  # not released
+                    (*expiry, lease.run_id, lease.epoch))
                 if moved.rowcount:
                     renewed[lease.run_id] = Lease(lease.run_id, lease.owner, lease.epoch,
                                                   wall + ttl)
