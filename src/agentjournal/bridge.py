@@ -455,11 +455,14 @@ class BridgedRun(StepMachine):
             try:
                 yield from self._execute(self.journal, calls,
                                          alone=self._unasked(self.journal, calls))
-            except ScopeSharedError:  # nothing was started: clear them again, peers asked
-                self._in_flight -= keys  # (``executed`` was told already: not again)
-                return (yield from self._calls(specs, None))
+            except ScopeSharedError:
+                shared = True
+            else:
+                shared = False
             finally:
                 self._in_flight -= keys
+            if shared:  # nothing was started: clear them again, peers asked
+                return (yield from self._calls(specs, None))  # (executed was told: not again)
             for i, (_, _, key) in ready:
                 outcomes[i] = self._outcome(specs[i], key)
         for i in later:  # now answered from the call before it (served), or made

@@ -992,24 +992,19 @@ class PostgresStore:
         except JournalError:
             if len(together) == 1:
                 raise
-            outcomes = [self._acquire_one(pending.item) for pending in together]
-        for pending, outcome in zip(together, outcomes, strict=True):
-            if isinstance(outcome, Lease):
-                pending.result = outcome
-            else:
-                pending.error = outcome
-        # The same run twice in a group: the later ones after, as if they came later.
-        for pending in group:
-            if firsts[pending.item[0]] is not pending:
-                outcome = self._acquire_one(pending.item)
+            _settle_each(together, self._acquire_alone)
+        else:
+            for pending, outcome in zip(together, outcomes, strict=True):
                 pending.result, pending.error = (
                     (outcome, None) if isinstance(outcome, Lease) else (None, outcome))
+        # The same run twice in a group: the later ones after, as if they came later.
+        _settle_each([p for p in group if firsts[p.item[0]] is not p], self._acquire_alone)
 
-    def _acquire_one(self, wanted: tuple[str, str, float]) -> Lease | JournalError:
-        try:
-            return self._acquire([wanted])[0]
-        except JournalError as exc:
-            return exc
+    def _acquire_alone(self, wanted: tuple[str, str, float]) -> Lease:
+        outcome = self._acquire([wanted])[0]
+        if isinstance(outcome, Lease):
+            return outcome
+        raise outcome
 
     def _acquire(self, wanted: list[tuple[str, str, float]]) -> list[Lease | JournalError]:
         """Leases on distinct runs ((run id, owner, ttl) each), each granted or held by
