@@ -3,6 +3,7 @@ guardrails, compaction, budgets, forking, and live state against replay at every
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from agentjournal import EventType, RunState, fold, open_store
 from agentjournal.agent import Agent
 from agentjournal.decisions import NotPendingError, decide_approval, resolve_uncertain
 from agentjournal.events import Event
-from agentjournal.journal import fork
+from agentjournal.journal import fork, stateless
 from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
 from agentjournal.policy import Budget, Compaction, RegexGuardrail, Rules
 from agentjournal.state import PendingCall, ToolCall
@@ -570,11 +571,51 @@ def test_a_redaction_is_appended_with_the_content_it_redacts(
     model = ScriptedModel([calls(("lookup", {"customer": "ann"})), reply("ok")])
     Agent(model, [lookup], guardrails=[card]).run(store, "r1", "card 1111-2222-3333-4444?")
     assert batches[0] == ["run_started", "user_message", "guardrail_triggered"]
-    assert ["tool_call_completed", "guardrail_triggered"] in batches
-    assert batches[-1] == ["model_turn", "run_finished"]
+    # The read's result, redacted, is stored with the turn it brings (reads_ride).
+    assert batches[1:] == [["model_turn", "tool_call_started"],
+                           ["tool_call_completed", "guardrail_triggered", "model_turn",
+                            "run_finished"]]
     state = fold(store.read("r1"))
     assert [m.content for m in state.messages if m.role != "assistant"] == [
         "card [redacted]?", "card [redacted]"]
+
+
+@pytest.mark.parametrize("how", ["run", "arun", "observed", "observed_stateless"])
+def test_a_reads_result_is_stored_with_the_next_turn_and_an_effects_at_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    @tool(effect="read_only")
+    def look(order: str) -> str:
+        return "delivered"
+
+    @tool(effect="idempotent")
+    def post(order: str) -> str:
+        return "posted"
+
+    batches = spy_on_batches(store, monkeypatch)
+    model = ScriptedModel([calls(("look", {"order": "a"})), calls(("post", {"order": "a"})),
+                           reply("done")])
+    agent = Agent(model, [look, post])
+    if how == "arun":
+        result = asyncio.run(agent.arun(store, "r1", "go"))
+    else:
+        seen: list[str] = []
+
+        def observe(event: Event, _state: RunState) -> None:
+            seen.append(event.type.value)
+
+        observer = {"run": None, "observed": observe,
+                    "observed_stateless": stateless(lambda e, st: observe(e, st))}
+        result = agent.run(store, "r1", "go", observer=observer[how])
+        if observer[how] is not None:  # each fact stored, then observed
+            assert seen == [e for batch in batches for e in batch]
+    assert result.status == "finished"
+    if how == "observed":  # each fact is given with the state as of it: none waits
+        look_done = [["tool_call_completed"], ["model_turn", "tool_call_started"]]
+    else:
+        look_done = [["tool_call_completed", "model_turn", "tool_call_started"]]
+    assert batches == [["run_started", "user_message"], ["model_turn", "tool_call_started"],
+                       *look_done, ["tool_call_completed"], ["model_turn", "run_finished"]]
 
 
 HIDDEN = "pay\u200bme \u202eevil\u202c \U000e0041\U000e0042 ok\ufeff"

@@ -42,7 +42,9 @@ def assert_resumed_exactly_once(code: int, out: dict[str, Any], tmp_path: Path) 
     assert kinds(out)[:3] == ["started", "killed", "resumed"] and kinds(out)[-1] == "finished"
 
 
-@pytest.mark.parametrize("kill_at, verdicts", [("model", []), ("tool", ["absent"])])
+# Killed while the model thinks, the reads whose results were to be stored with its
+# turn are made again; no correction is.
+@pytest.mark.parametrize("kill_at, verdicts", [("model", ["retry"] * 3), ("tool", ["absent"])])
 def test_kill_in_window_then_resume_applies_each_correction_once(
     tmp_path: Path, kill_at: str, verdicts: list[str]
 ) -> None:

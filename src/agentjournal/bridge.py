@@ -215,6 +215,8 @@ class _Approvals:
 class BridgedRun(StepMachine):
     """An open run stepped through by another framework. Made by :func:`open_run`."""
 
+    reads_ride = False  # the framework asks the model: a result is stored as it comes
+
     def __init__(self, journal: RunJournal, *, tool_timeout: float | None,
                  max_attempts: int, max_recoveries: int,
                  max_result_bytes: int | None) -> None:

@@ -44,6 +44,15 @@ from .workspace import WorkspaceError, version_at, versions
 
 Observer = Callable[[Event, RunState], None]
 
+
+def stateless(observer: Observer) -> Observer:
+    """``observer``, marked as one that reads the event it is given, never the state: a
+    run it observes may store a read's result with its next facts (StepMachine.reads_ride),
+    since such an observer is not called with the state as of each fact."""
+    observer.reads_state = False  # type: ignore[attr-defined]
+    return observer
+
+
 #: The share of a lease's TTL this writer does not count on: its clock and the
 #: store's may run at slightly different rates, and the check comes a moment
 #: before the effect leaves the process.
@@ -234,6 +243,11 @@ class RunJournal:
                     self.state.last_seq - self._snapshot_seq
                     >= max(1, self.snapshot_every // 4)):
                 self._snapshot()
+
+    @property
+    def observes_state(self) -> bool:
+        """Whether an observer is given each fact with the state as of it (see stateless)."""
+        return self.observer is not None and getattr(self.observer, "reads_state", True)
 
     def _observe(self, event: Event) -> None:
         if self.observer is not None:

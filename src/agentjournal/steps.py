@@ -96,8 +96,17 @@ class StepMachine(Settling):
     max_args_bytes: int | None
     max_result_bytes: int | None
 
+    #: A read-only call's result is staged, to be stored with the run's next facts (the
+    #: model's next turn: see _drive) rather than on its own: a step of reads is then
+    #: one append, not two. A crash while the model answers loses the result, and the
+    #: read is made again. Not for a driver that stores nothing staged before it waits
+    #: (BridgedRun: its framework asks the model), nor for a run with an observer given
+    #: each fact with the state as of that fact (unless it is ``journal.stateless``).
+    reads_ride = True
+
     def _drive(self, j: RunJournal, stop: threading.Event | None = None) -> Steps[None]:
-        """The loop, with every staged fact stored before the world is waited on."""
+        """The loop, with every staged fact stored before the world is waited on, but for
+        a model: a crash while it answers loses only facts whose loss is safe."""
         steps = self._loop(j, stop)
         value: Any = None
         error: BaseException | None = None
@@ -107,7 +116,8 @@ class StepMachine(Settling):
             except StopIteration:
                 j.flush()
                 return
-            j.flush()
+            if not isinstance(op, Ask):  # an answer depends on nothing stored: what is
+                j.flush()  # staged is stored with the turn it brings (see stage)
             value, error = None, None
             try:
                 value = yield op
@@ -442,7 +452,8 @@ class StepMachine(Settling):
         seq = starts[i].seq
         error = outcome.error
         # With a workspace, a turn's results wait for the checkpoint of what they did.
-        keep = j.record_all if self.workspace is None else j.stage
+        rides = self.reads_ride and tool.effect is Effect.READ_ONLY and not j.observes_state
+        keep = j.stage if self.workspace is not None or rides else j.record_all
         if error is None:
             fault_point("after_effect")
             keep(self._guarded(j, [self._completion(seq, call, key, outcome.value,

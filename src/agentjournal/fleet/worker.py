@@ -51,7 +51,7 @@ from ..errors import (
     UnsettledError,
 )
 from ..events import Event, EventType
-from ..journal import SHORT_LOG, RunJournal, default_owner, heartbeat_of, open_journal
+from ..journal import SHORT_LOG, RunJournal, default_owner, heartbeat_of, open_journal, stateless
 from ..metrics import METRICS
 from ..ops import in_thread
 from ..saga import run_saga
@@ -505,6 +505,7 @@ class Worker:
         newest epoch and seq in ``seen`` (at the first event, the run's journal renews
         the lease: the worker no more)."""
 
+        @stateless  # (so a read's result may wait for the next turn)
         def observe(event: Event, _state: RunState) -> None:
             if not seen["seq"]:
                 self._stop_renewing(claim.lease.run_id, handing_back=False)
