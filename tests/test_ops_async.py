@@ -162,3 +162,32 @@ def test_a_loop_that_made_trips_is_not_kept_alive_after_it_ends() -> None:
             break
         time.sleep(0.01)
     assert alive == []
+
+
+FIRST_TRIP = """
+import asyncio, threading
+from agentjournal import ops
+
+loop_thread, starts, real_start = threading.get_ident(), [], threading.Thread.start
+
+def start(thread):
+    starts.append(threading.get_ident())
+    real_start(thread)
+
+threading.Thread.start = start
+assert asyncio.run(ops.in_thread(lambda: 7)) == 7
+print(starts.count(loop_thread), ops.STEPPER_THREADS)
+"""
+
+
+def test_the_first_trip_of_a_process_waits_for_one_thread_to_start_not_all() -> None:
+    """Thread.start waits until the new thread runs: the loop that makes a process's
+    first trip starts one stepper thread, which starts the others (on a loaded machine,
+    32 starts held that loop ~100 ms)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FIRST_TRIP], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    on_loop, threads = map(int, out)
+    assert (on_loop, threads) == (1, 32)
