@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -75,3 +75,23 @@ def in_one_group(store: Any, grouper: Any, calls: list[tuple[str, Any]],
         t.join(60)
     monkeypatch.setattr(store, "_sync", real_sync)
     return outcome, len(commits)
+
+
+def drive_until(worker: Any, url: str, settled: Callable[[Any], bool]) -> None:
+    """Run ``worker`` in a thread until ``settled(queue)``, then drain it (a hang guard
+    of 60 s)."""
+    from agentjournal import open_store
+    from agentjournal.fleet import queue_of
+
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        with open_store(url) as store:
+            queue = queue_of(store)
+            deadline = time.monotonic() + 60
+            while not settled(queue):
+                assert thread.is_alive() and time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        worker.drain()
+        thread.join(timeout=60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ import pytest
 
 from agentjournal import Agent, ScriptedModel, open_store, reply
 from agentjournal.errors import AgentRefError
-from agentjournal.fleet import Runnable, Stopped, queue_of, submit
+from agentjournal.fleet import Runnable, Stopped, submit
 from agentjournal.fleet.trust import AgentTrust
 from agentjournal.fleet.worker import Worker
 
 from . import fleet_agents
+from .builders import drive_until
 from .conftest import fresh_url
 
 
@@ -127,20 +127,14 @@ def test_a_worker_with_a_registry_runs_its_agents_and_parks_the_rest(
         submit(store, "mine:counter", "count", "good")
         submit(store, "never_imported_module:agent", "t", "bad")
     worker = Worker(url, agents={"mine:counter": fleet_agents.counter}, poll=0.05)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        with open_store(url) as store:
-            queue = queue_of(store)
-            deadline = time.monotonic() + 60  # a hang guard only
-            while {r.run_id: r.state for r in queue.runs()} != {"good": "done",
-                                                               "bad": "parked"}:
-                assert thread.is_alive() and time.monotonic() < deadline
-                queue.wait(0.05)
-            (bad,) = [r for r in queue.runs() if r.run_id == "bad"]
-    finally:
-        worker.drain()
-        thread.join(timeout=60)
+    runs: list[Any] = []
+
+    def settled(queue: Any) -> bool:
+        runs[:] = queue.runs()
+        return {r.run_id: r.state for r in runs} == {"good": "done", "bad": "parked"}
+
+    drive_until(worker, url, settled)
+    (bad,) = [r for r in runs if r.run_id == "bad"]
     assert "never_imported_module" not in sys.modules
     assert (bad.claims, bad.crashes) == (1, 0)
     assert bad.reason is not None and "not among the agents this worker trusts" in bad.reason

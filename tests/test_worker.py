@@ -23,6 +23,7 @@ from agentjournal import EventType, open_store
 from agentjournal.fleet import QueuedRun, queue_of, submit
 from agentjournal.snapshots import load_state
 
+from .builders import drive_until
 from .conftest import fresh_url
 from .fleet_agents import ENV
 
@@ -442,7 +443,6 @@ def test_runs_claimed_and_let_go_between_beats_renew_no_lease(
     claims or lets go in between only has its row written again, keeping the time of
     the last renewal (a takeover is timed from it). Six runs claimed and finished: one
     beat, and a row that lists none of them once they are done."""
-    import threading
 
     from agentjournal import journal as journal_module
     from agentjournal.fleet.worker import Worker
@@ -460,24 +460,39 @@ def test_runs_claimed_and_let_go_between_beats_renew_no_lease(
     with open_store(url) as store:
         for i in range(6):
             submit(store, "tests.fleet_agents:counter", "count", f"r{i}")
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        with open_store(url) as store:
-            queue = queue_of(store)
-            deadline = time.monotonic() + 60  # a hang guard only
 
-            def settled() -> bool:
-                rows = queue.workers()
-                return ({r.state for r in queue.runs()} == {"done"} and len(rows) == 1
-                        and rows[0].runs == [])
+    rows: list[Any] = []
 
-            while not settled():
-                assert thread.is_alive() and time.monotonic() < deadline
-                time.sleep(0.05)
-            (row,) = queue.workers()
-    finally:
-        worker.drain()
-        thread.join(timeout=60)
+    def settled(queue: Any) -> bool:
+        rows[:] = queue.workers()
+        return ({r.state for r in queue.runs()} == {"done"} and len(rows) == 1
+                and rows[0].runs == [])
+
+    drive_until(worker, url, settled)
+    (row,) = rows
     assert len(beats) == 1, beats
     assert beats[0] <= row.heartbeat_at == worker._renewed_at
+
+
+def test_a_takeover_of_many_runs_wakes_the_runs_loop_once_to_start_them(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs claimed together become tasks on the worker's loop in one call there (a
+    takeover of hundreds made one wake-up of the loop each)."""
+    from agentjournal.fleet.worker import Worker
+
+    monkeypatch.setenv(ENV, str(tmp_path / "effects.txt"))
+    spawned: list[int] = []
+    real = Worker._spawn
+
+    def counted(self: Any, claims: Any, held: Any) -> None:
+        spawned.append(len(claims))
+        real(self, claims, held)
+
+    monkeypatch.setattr(Worker, "_spawn", counted)
+    with open_store(url) as store:
+        for i in range(6):
+            submit(store, "tests.fleet_agents:counter", "count", f"r{i}")
+    worker = Worker(url, agents=["tests.fleet_agents"], concurrency=10, poll=0.05,
+                    on_loop=True)
+    drive_until(worker, url, lambda q: [r.state for r in q.runs()] == ["done"] * 6)
+    assert spawned == [6]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import logging
 import os
 import socket
@@ -295,8 +296,7 @@ class Worker:
             with self._unopened_lock:
                 self._unopened.update((c.lease.run_id, c.lease) for c in claims)
             self._read_ahead(claims)
-            for claim in claims:
-                self._start(claim)
+            self._start(claims)
 
     def _read_ahead(self, claims: list[Claim]) -> None:
         """The short logs of the runs just claimed, read in one round trip where the store
@@ -340,22 +340,32 @@ class Worker:
             with self._renewing:
                 pass
 
-    def _start(self, claim: Claim) -> None:
-        run_id = claim.lease.run_id
-        self.log(f"claimed {run_id} (epoch {claim.lease.epoch}, agent {claim.agent!r}, "
-                 f"crashes {claim.crashes})")
+    def _start(self, claims: list[Claim]) -> None:
+        """Each run claimed started: on a thread of its own, or as a task on the runs'
+        loop, all made there in one call (a takeover of hundreds wakes the loop once)."""
+        for claim in claims:
+            self.log(f"claimed {claim.lease.run_id} (epoch {claim.lease.epoch}, agent "
+                     f"{claim.agent!r}, crashes {claim.crashes})")
         with self._lock:
-            if self._loop is not None:  # a task on the runs' loop
-                self._held[run_id] = asyncio.run_coroutine_threadsafe(self._awork(claim),
-                                                                      self._loop)
+            if self._loop is not None:
+                held: dict[str, Future[None]] = {c.lease.run_id: Future() for c in claims}
+                self._held.update(held)
+                self._loop.call_soon_threadsafe(self._spawn, claims, held)
             else:
-                thread = threading.Thread(target=self._work, args=(claim,),
-                                          name=f"run:{run_id}", daemon=True)
-                self._held[run_id] = thread
-                thread.start()
+                for claim in claims:
+                    thread = threading.Thread(target=self._work, args=(claim,),
+                                              name=f"run:{claim.lease.run_id}", daemon=True)
+                    self._held[claim.lease.run_id] = thread
+                    thread.start()
             METRICS.gauge("worker_runs_held", len(self._held))
-        METRICS.count("worker_claims")
+        METRICS.count("worker_claims", len(claims))
         self._beat_now.set()
+
+    def _spawn(self, claims: list[Claim], held: dict[str, Future[None]]) -> None:
+        """(On the runs' loop) a task for each claim, its end told to its future in held."""
+        for claim in claims:
+            task = asyncio.ensure_future(self._awork(claim))
+            task.add_done_callback(functools.partial(_tell, held[claim.lease.run_id]))
 
     def _wait_for_runs(self) -> None:
         held = self.held()
@@ -683,6 +693,16 @@ class Worker:
         if result.status != "compensated":
             self.log(f"the saga of {claim.lease.run_id} stopped for a person: {result.status}",
                      logging.WARNING)
+
+
+def _tell(future: Future[None], task: asyncio.Future[None]) -> None:
+    """``task``'s end, told to the ``future`` that stands for it off the loop."""
+    if task.cancelled():
+        future.cancel()
+    elif (error := task.exception()) is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(None)
 
 
 def _stopped(result: RunResult, claim: Claim) -> Stopped:
