@@ -102,10 +102,13 @@ def test_a_worker_holding_hundreds_of_runs_on_one_loop_is_killed_and_taken_over(
         workers.append(second)
         wait_until(lambda: any(w.pid == second.pid for w in queue.workers()),
                    "the second worker's first heartbeat", logs)
-        held = next(w for w in queue.workers() if w.pid == first.pid)
         first.kill()  # mid-flight: runs in model calls, in tool calls, in appends
         first.wait()
-        kill = Kill(first.pid, time.time(), held.heartbeat_at, list(held.runs))
+        killed_at = time.time()
+        # The row it left (read before the kill, it could be a beat older than the
+        # leases, and the takeover timed from a beat a third of a TTL too early).
+        held = next(w for w in queue.workers() if w.pid == first.pid)
+        kill = Kill(first.pid, killed_at, held.heartbeat_at, list(held.runs))
         at_kill = len(ledger.effects()["corrections"])
         wait_until(lambda: all(r.state == "done" for r in queue.runs()), "every run done",
                    logs)
