@@ -60,7 +60,7 @@ from .errors import (
     UnsupportedVersionError,
 )
 from .events import SCHEMA_VERSION, Event, EventType, decode, encode, make_events
-from .journal import fork
+from .journal import fork, stateless
 from .keys import canonical_args, idempotency_key, operation_scope, run_scope
 from .models import (
     PRICES,
@@ -230,5 +230,6 @@ __all__ = [
     "resolve_uncertain",
     "restore",
     "run_scope",
+    "stateless",
     "tool",
 ]

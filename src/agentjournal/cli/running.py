@@ -22,6 +22,7 @@ from .. import (
 from ..agent import load_agent as load_agent_ref
 from ..agent import require_run_id
 from ..errors import AgentRefError
+from ..journal import stateless
 from ..store import validate_run_id
 from ..workspace import WorkspaceError
 from ._base import (
@@ -60,8 +61,8 @@ def drive(store: Store, agent: Agent, run_id: str, task: str | None, ref: str) -
     """Start or resume the run, with a spinner naming the last event on a terminal."""
     with progress(f"{run_id}: opening") as update:
         try:
-            return agent.run(store, run_id, task, agent_ref=ref, observer=lambda e, _s: update(
-                f"{run_id}: seq {e.seq} {e.type.value}"))
+            return agent.run(store, run_id, task, agent_ref=ref, observer=stateless(
+                lambda e, _s: update(f"{run_id}: seq {e.seq} {e.type.value}")))
         except RunMismatchError as exc:  # refused, like an unknown or leased run
             raise CliError(str(exc), 2) from None
 
