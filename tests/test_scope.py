@@ -18,6 +18,7 @@ from agentjournal.decisions import resolve_uncertain
 from agentjournal.demo.ledger import LedgerService
 from agentjournal.demo.reconcile import LEDGERS
 from agentjournal.models import ModelResponse, ScriptedModel, calls, reply
+from agentjournal.policy import Rules
 from agentjournal.state import PendingCall
 from agentjournal.store import Store
 from agentjournal.tools import Conflict, Found, ToolContext, tool
@@ -106,6 +107,20 @@ def test_another_run_of_the_same_operation_serves_it_too(store: Store) -> None:
     Agent(script("a"), [posting(receiver)]).run(store, "monday", "close q3", scope=scope)
     Agent(script("a"), [posting(receiver)]).run(store, "tuesday", "close q3", scope=scope)
     assert receiver.applied == {"warmup": 1, "a": 1}
+    assert [c["source"] for c in completions(store, "tuesday")] == ["scope", "scope"]
+
+
+def test_a_call_another_run_of_the_scope_made_is_served_without_asking_a_person(
+        store: Store) -> None:
+    """An approval is asked only for a call the scope has not made: the peers are asked
+    first, even by a run that has not yet found it shares its scope."""
+    receiver = Receiver()
+    scope = operation_scope("acme", "q3-close")
+    Agent(script("a"), [posting(receiver)]).run(store, "monday", "close q3", scope=scope)
+    gated = Agent(script("a"), [posting(receiver)], policy=Rules(require_approval={"post"}))
+    assert gated.run(store, "tuesday", "close q3", scope=scope).status == "finished"
+    assert receiver.applied == {"warmup": 1, "a": 1}
+    assert not [e for e in store.read("tuesday") if e.type is E.APPROVAL_REQUESTED]
     assert [c["source"] for c in completions(store, "tuesday")] == ["scope", "scope"]
 
 

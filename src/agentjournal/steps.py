@@ -333,14 +333,20 @@ class StepMachine(Settling):
                 return False
         if key in j.state.completed:
             return (yield from self._clear(j, call))  # settled as found: serve it
-        if j.shared_scope and self._asks_peers(tool) and not (
-                yield from self._clear_in_scope(j, call, tool, key)):
+        asked = j.shared_scope and self._asks_peers(tool)
+        if asked and not (yield from self._clear_in_scope(j, call, tool, key)):
             return j.state.status == "running"  # answered from another run, or stopped
         decision = self.policy.decide(call, tool, j.state)
         if isinstance(decision, Deny):
             return self._deny(j, call, key, decision.reason)
-        if isinstance(decision, RequireApproval) and not self._approved(j, call, key, decision):
-            return j.state.status == "running"
+        if isinstance(decision, RequireApproval):
+            # A person is asked only about a call the scope has not made: the peers first,
+            # even while none is known (else the start's refusal would only tell later).
+            if not asked and self._asks_peers(tool) and not (
+                    yield from self._clear_in_scope(j, call, tool, key)):
+                return j.state.status == "running"
+            if not self._approved(j, call, key, decision):
+                return j.state.status == "running"
         if tool.requires_fresh and not (yield from self._fresh_enough(j, call, tool)):
             return True  # denied: the model decides again on what it reads now
         return call, tool, key
