@@ -14,8 +14,9 @@ block forever after the receiver answered (a test kills the process there).
 
 ``receiver`` serves on a free loopback port, prints ``listening on URL`` and counts every
 POST it is sent, by key and label, deduping nothing; ``PUT``/``GET /facts/{name}`` hold a
-value a read-only tool reads, counting every read. ``GET /effects/{key}`` is the lookup
-(404: never applied), ``GET /effects`` the counts. Run from the repository root.
+value the read-only tool (``read_fact``) reads, counting every read. ``GET
+/effects/{key}`` is the lookup (404: never applied), ``GET /effects`` the counts. Run
+from the repository root.
 """
 
 from __future__ import annotations
@@ -92,11 +93,23 @@ def effect_tool(url: str, block_before: set[str], block_after: set[str]) -> Tool
     return post_effect
 
 
+def read_tool(url: str) -> Tool:
+    @tool(effect="read_only")
+    def read_fact(name: str) -> Any:
+        """Read the fact `name` at the receiver (it counts each read)."""
+        status, fact = http_json("GET", f"{url}/facts/{name}")
+        if status != 200:
+            raise ToolFailed(f"receiver answered {status}: {fact}")
+        return fact
+
+    return read_fact
+
+
 def run(args: argparse.Namespace) -> int:
     model = make_model(args.provider, args.base_url, background=args.background)
     before = set(filter(None, args.block_before.split(",")))
     after = set(filter(None, args.block_after.split(",")))
-    agent = Agent(model, [effect_tool(args.receiver, before, after)])
+    agent = Agent(model, [effect_tool(args.receiver, before, after), read_tool(args.receiver)])
     store = open_store(args.store)
     try:
         result = agent.run(store, args.run_id, TASK)

@@ -54,6 +54,9 @@ class Receiver:
     def by_label(self) -> dict[str, int]:
         return dict(http_json("GET", f"{self.url}/effects")[1]["by_label"])
 
+    def reads(self) -> dict[str, int]:
+        return dict(http_json("GET", f"{self.url}/effects")[1]["reads"])
+
     def by_key(self) -> dict[str, int]:
         return dict(http_json("GET", f"{self.url}/effects")[1]["by_key"])
 
@@ -185,6 +188,38 @@ def test_kill_while_waiting_for_the_model_then_resume(
     events = check_log(log, out)
     assert [e.type for e in events].count(E.MODEL_TURN) == 2
     assert [e.type for e in events].count(E.RUN_RESUMED) == 1
+
+
+@pytest.mark.parametrize("store_url", ["jsonl", "sqlite", "postgres"], indirect=True)
+def test_kill_while_the_model_answers_a_read_makes_the_read_again_and_no_effect(
+    store_url: str, stub: StubServer, receiver: Receiver, log: Log
+) -> None:
+    """A read's result is stored with the next turn (StepMachine.reads_ride): killed
+    while the model answers, the run has the read's start only; resumed, it reads again
+    and makes no effect again (by the receiver's own counts)."""
+    http_json("PUT", f"{receiver.url}/facts/cash", {"balance": 100})
+    asked = threading.Event()
+
+    def slow(body: dict[str, Any]) -> Reply:  # turn 3: answers only after the kill
+        asked.set()
+        return Reply(text="never delivered", delay=SLOW)
+
+    stub.script([Reply(calls=[("post_effect", {"label": "e1"})]),
+                 Reply(calls=[("read_fact", {"name": "cash"})]), slow, Reply(text="all done")])
+    cmd = agent_cmd(store_url, stub, receiver, "openai-chat")
+    child = start(cmd)
+    wait_for(asked.is_set, "the turn-3 request reached the stub", child)
+    assert receiver.by_label() == {"e1": 1} and receiver.reads() == {"cash": 1}
+    assert log.count(E.TOOL_CALL_COMPLETED) == 1  # the effect's; the read's waits
+    kill(child)
+
+    out = resume(cmd)
+    assert out["outcome"] == "all done"
+    assert receiver.by_label() == {"e1": 1}  # the effect was not made again
+    assert receiver.reads() == {"cash": 2}  # the read was
+    events = check_log(log, out)
+    assert [e.payload["verdict"] for e in events if e.type is E.TOOL_CALL_RECONCILED] == [
+        "retry"]
 
 
 # --- 2. Responses background mode: SIGKILL while polling ----------------------------------
