@@ -419,13 +419,9 @@ def segment_hook(observer: Observer | None, name: str, state: RunState) -> Any:
 def _closed(opened: contextlib.AbstractContextManager[tuple[RunJournal, bool]], j: RunJournal,
             drove: bool, settle: bool) -> RunResult:
     """The run at rest (snapshotted if due, once it was driven), its result, and its
-    journal closed."""
-    try:
+    journal closed (``opened`` was entered on another trip)."""
+    with contextlib.ExitStack() as stack:
+        stack.push(opened)
         if drove:
             j.at_rest()
-        result = RunResult.of(j.state, settle=settle)
-    except BaseException as exc:
-        opened.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    opened.__exit__(None, None, None)
-    return result
+        return RunResult.of(j.state, settle=settle)
