@@ -178,6 +178,34 @@ def test_a_conflicting_fenced_or_shared_batch_in_a_group_fails_alone(
         s.close()
 
 
+@grouping_backends
+def test_two_batches_of_one_run_in_a_group_one_is_claimed(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two appends of one run at one expected seq meet in a group (two journals of it in
+    one process, one of them stale): one is claimed, with its events alone; the other
+    is refused as a conflict; their neighbour commits."""
+    store = open_store(store_url)
+    for run_id in ("first", "twice", "beside"):
+        store.append(run_id, _message(run_id, 0), expected_seq=0, epoch=0)
+
+    def append(run_id: str, content: str) -> Any:
+        events = make_events(run_id, 1, 0, [(EventType.USER_MESSAGE, {"content": content})])
+        return store.append(run_id, events, expected_seq=1, epoch=0)
+
+    outcome, _ = in_one_group(store, store._grouper, [  # type: ignore[attr-defined]
+        ("first", functools.partial(append, "first", "f")),
+        ("a", functools.partial(append, "twice", "a")),
+        ("beside", functools.partial(append, "beside", "n")),
+        ("b", functools.partial(append, "twice", "b"))], monkeypatch)
+    assert outcome["first"] == 2 == outcome["beside"]
+    (won,) = [label for label in "ab" if outcome[label] == 2]
+    (lost,) = set("ab") - {won}
+    assert isinstance(outcome[lost], ConflictError), outcome
+    assert [e.payload.get("content") for e in store.read("twice")] == [None, won]
+    assert [e.payload.get("content") for e in store.read("beside")] == [None, "n"]
+    store.close()
+
+
 _ACKING_WRITERS = """
 import sys, threading
 from agentjournal import EventType, make_events, open_store
