@@ -110,12 +110,14 @@ def test_another_run_of_the_same_operation_serves_it_too(store: Store) -> None:
     assert [c["source"] for c in completions(store, "tuesday")] == ["scope", "scope"]
 
 
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
 def test_a_call_another_run_of_the_scope_made_is_served_without_asking_a_person(
-        store: Store) -> None:
+        store_url: str) -> None:
     """An approval is asked only for a call the scope has not made: the peers are asked
     first, even by a run that has not yet found it shares its scope."""
     receiver = Receiver()
     scope = operation_scope("acme", "q3-close")
+    store = open_store(store_url)
     Agent(script("a"), [posting(receiver)]).run(store, "monday", "close q3", scope=scope)
     gated = Agent(script("a"), [posting(receiver)], policy=Rules(require_approval={"post"}))
     assert gated.run(store, "tuesday", "close q3", scope=scope).status == "finished"
