@@ -293,13 +293,13 @@ _CLAIM = (
 # go in binary: psycopg dumps a text array element by element in Python, escaping each:
 # twenty times slower for bytea and timestamps.
 _CLAIM_GROUP = (
-    "WITH c AS (SELECT * FROM unnest(%(runs)b::text[], %(expected)b::int8[],"
-    " %(epochs)b::int8[], %(lasts)b::int8[], %(prevs)b::text[], %(digests)b::text[],"
-    " %(scopes)b::text[], %(firsts)b::timestamptz[], %(latest)b::timestamptz[],"
-    " %(alone)b::text[]) WITH ORDINALITY AS c(run_id, expected, epoch, last, prev,"
+    "WITH c AS (SELECT * FROM unnest(%(run)b::text[], %(expected)b::int8[],"
+    " %(epoch)b::int8[], %(last)b::int8[], %(prev)b::text[], %(digest)b::text[],"
+    " %(scope)b::text[], %(first_ts)b::timestamptz[], %(last_ts)b::timestamptz[],"
+    " %(alone_in)b::text[]) WITH ORDINALITY AS c(run_id, expected, epoch, last, prev,"
     " digest, scope, first_ts, last_ts, alone_in, i)),"
     " locked AS MATERIALIZED (SELECT r.run_id FROM {s}.runs r"
-    " WHERE r.run_id = ANY(%(runs)b::text[]) ORDER BY r.run_id FOR UPDATE),"
+    " WHERE r.run_id = ANY(%(run)b::text[]) ORDER BY r.run_id FOR UPDATE),"
     " claimed AS (UPDATE {s}.runs r SET last_seq = c.last, last_digest = c.digest,"
     " scope = coalesce(c.scope, r.scope), created_at = least(r.created_at, c.first_ts),"
     " updated_at = greatest(r.updated_at, c.last_ts) FROM c"
@@ -309,11 +309,14 @@ _CLAIM_GROUP = (
     "SELECT 1 FROM {s}.runs o WHERE o.scope = c.alone_in AND o.run_id <> c.run_id"
     " AND o.last_seq > 0)) RETURNING c.i),"
     " added AS (INSERT INTO {s}.events SELECT e.run_id, e.seq, e.type, e.ts, e.body"
-    " FROM unnest(%(claims)b::int8[], %(event_runs)b::text[], %(seqs)b::int8[],"
-    " %(types)b::text[], %(stamps)b::timestamptz[], %(bodies)b::bytea[])"
+    " FROM unnest(%(of_claim)b::int8[], %(event_run)b::text[], %(seq)b::int8[],"
+    " %(type)b::text[], %(ts)b::timestamptz[], %(body)b::bytea[])"
     " AS e(i, run_id, seq, type, ts, body) WHERE e.i IN (SELECT i FROM claimed))"
     " SELECT array_agg(i) FROM claimed"
 )
+#: The parameters of an append's claim that _CLAIM_GROUP takes, one array each.
+_GROUPED = ("run", "expected", "epoch", "last", "prev", "digest", "scope", "first_ts",
+            "last_ts", "alone_in")
 _ONE_ROW = "SELECT %(run)s, %(last)s, %(type)s, %(last_ts)s, %(body)s"
 _ROWS = ("SELECT * FROM unnest(%(runs)s::text[], %(seqs)s::bigint[], %(types)s::text[],"
          " %(stamps)s::timestamptz[], %(bodies)s::bytea[])")
@@ -345,26 +348,14 @@ class _Claim:
 
 
 def _group_params(claims: list[_Claim]) -> dict[str, list[Any]]:
-    """The parameters of _CLAIM_GROUP: an array per column of the claims, and of their
-    events (each with its claim's place in the group, counted from 1)."""
-    columns = ("runs", "expected", "epochs", "lasts", "prevs", "digests", "scopes",
-               "firsts", "latest", "alone", "claims", "event_runs", "seqs", "types",
-               "stamps", "bodies")
-    params: dict[str, list[Any]] = {column: [] for column in columns}
-    for i, one in enumerate(claims, 1):
-        p = one.params
-        for column, key in (("runs", "run"), ("expected", "expected"), ("epochs", "epoch"),
-                            ("lasts", "last"), ("prevs", "prev"), ("digests", "digest"),
-                            ("scopes", "scope"), ("firsts", "first_ts"),
-                            ("latest", "last_ts"), ("alone", "alone_in")):
-            params[column].append(p[key])
-        for e, body in zip(one.events, one.bodies, strict=True):
-            params["claims"].append(i)
-            params["event_runs"].append(e.run_id)
-            params["seqs"].append(e.seq)
-            params["types"].append(e.type.value)
-            params["stamps"].append(e.ts)
-            params["bodies"].append(body)
+    """The parameters of _CLAIM_GROUP: an array per parameter of the claims, and per
+    column of their events (each with its claim's place in the group, from 1)."""
+    params = {key: [one.params[key] for one in claims] for key in _GROUPED}
+    rows = [(i, e, body) for i, one in enumerate(claims, 1)
+            for e, body in zip(one.events, one.bodies, strict=True)]
+    params.update(of_claim=[i for i, _, _ in rows], event_run=[e.run_id for _, e, _ in rows],
+                  seq=[e.seq for _, e, _ in rows], type=[e.type.value for _, e, _ in rows],
+                  ts=[e.ts for _, e, _ in rows], body=[body for _, _, body in rows])
     return params
 
 
