@@ -18,7 +18,8 @@ Figure families (a name up to its first dot):
     storage, storage_growth        bytes per event and per step as the run grows
     cpu_per_event                  envelope + encode + write with syncing off
     chain                          the digest chain per event: seal vs encode, check vs decode
-    agent_step, agent_step_growth  a real Agent loop: µs per step at 200 and 2,000 steps
+    agent_step, agent_step_growth  a real Agent loop, syncing off: µs per step at 200 and 2,000
+                                   steps vs 1 INSERT+COMMIT per step (hand-written)
     step                           the Agent as shipped (synced, snapshots on) per step vs
                                    2 records per step, each INSERT+COMMIT (hand-written)
     group_commit                   100 concurrent runs appending to one SQLite store, durable
