@@ -167,6 +167,15 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
                          "saga bookkeeping per effect undone vs one durable effect")
           for backend in ("sqlite", "jsonl", "postgres")),
         _group_commit(by_name),
+        _against_floor("agent_step.fixed_model.2000", get("agent_step.fixed_model.2000"), 300,
+                       "max", "the Agent's loop, syncing off, µs per step, absolute",
+                       on="value"),
+        *(_against_floor(f"density.{backend}.1000", get(f"density.{backend}.1000.wall"), 1.15,
+                         "max", "1,000 runs on one loop, wall / ideal (bench --density)",
+                         on="value")
+          for backend in ("sqlite", "postgres")),
+        _against_floor("density.commits_per_step", get("density.postgres.1000.commits_per_step"),
+                       1, "max", "PostgreSQL commits per step at 1,000 runs", on="value"),
         _against_floor("takeover.p99", get("takeover.p99"), TAKEOVER_TTL + 1, "max",
                        "a SIGKILLed worker's runs continued, p99, its last heartbeat to a "
                        "successor's first event; ratio: TTLs", on="value"),
