@@ -34,9 +34,12 @@ runs themselves: `agentjournal uncertain`.
 
 from __future__ import annotations
 
+import functools
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported when serving: http.server costs every process ~20 ms
+    from http.server import ThreadingHTTPServer
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -128,26 +131,35 @@ def _exposed(series: dict[tuple[str, Labels], Any], name: str) -> list[tuple[Lab
 METRICS = Metrics()
 
 
-class _Exposition(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        if self.path.split("?")[0] != "/metrics":
-            self.send_error(404, "metrics are at /metrics")
-            return
-        body = METRICS.prometheus().encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+@functools.cache
+def _exposition() -> type:
+    """The request handler of ``/metrics``."""
+    from http.server import BaseHTTPRequestHandler
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a scrape every few seconds is not news
+    class Exposition(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404, "metrics are at /metrics")
+                return
+            body = METRICS.prometheus().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # a scrape every few seconds is not news
+
+    return Exposition
 
 
 def serve(host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """Serve ``/metrics`` (Prometheus text) from a daemon thread; returns the server
     (``server.server_address`` has the port when 0 asked for any free one)."""
-    server = ThreadingHTTPServer((host, port), _Exposition)
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer((host, port), _exposition())
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="agentjournal-metrics",
                      daemon=True).start()
