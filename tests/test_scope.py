@@ -314,13 +314,16 @@ def test_a_bridged_run_joined_by_another_of_its_scope_is_answered_from_it(
         store: Store) -> None:
     """The bridge clears its calls as the loop does: alone, a start asks no peer; once
     another run of the operation has posted "b", the bridged run's own "b" is refused
-    alone, then answered from that run (its body never runs)."""
+    alone, then answered from that run (its body never runs, and the framework is never
+    told it did)."""
     receiver = Receiver()
     scope = operation_scope("acme", "q3-close")
+    told: list[tuple[str, bool]] = []
 
     def post_via_bridge(run: Any, name: str, call_id: str) -> Any:
         return run.call("post", {"name": name, "amount": 1}, call_id=call_id,
-                        identity=["name"], body=lambda ctx: receiver.post(ctx.key, name, 1))
+                        identity=["name"], body=lambda ctx: receiver.post(ctx.key, name, 1),
+                        executed=lambda ran: told.append((name, ran)))
 
     with open_run(store, "bridged", input="close q3", scope=scope) as run:
         assert post_via_bridge(run, "a", "c1")["n"] == 1
@@ -329,6 +332,7 @@ def test_a_bridged_run_joined_by_another_of_its_scope_is_answered_from_it(
         assert post_via_bridge(run, "b", "c2") == {"name": "b", "amount": 1, "n": 1}
     assert receiver.applied == {"a": 1, "b": 1}
     assert [c["source"] for c in completions(store, "bridged")] == ["tool", "scope"]
+    assert told == [("a", True)]
 
 
 # --- acceptance: real processes, a real ledger service counting -------------------------

@@ -451,7 +451,6 @@ class BridgedRun(StepMachine):
             else:
                 ready.append((i, outcome))
         if ready:
-            _tell(executed, True)
             keys, calls = {r[2] for _, r in ready}, [r for _, r in ready]
             self._in_flight |= keys
             try:
@@ -464,7 +463,8 @@ class BridgedRun(StepMachine):
             finally:
                 self._in_flight -= keys
             if shared:  # nothing was started: clear them again, peers asked
-                return (yield from self._calls(specs, None))  # (executed was told: not again)
+                return (yield from self._calls(specs, executed))
+            _tell(executed, True)
             for i, (_, _, key) in ready:
                 outcomes[i] = self._outcome(specs[i], key)
         for i in later:  # now answered from the call before it (served), or made
