@@ -333,8 +333,8 @@ class StepMachine(Settling):
                 return False
         if key in j.state.completed:
             return (yield from self._clear(j, call))  # settled as found: serve it
-        asked = j.shared_scope and self._asks_peers(tool)
-        if asked and not (yield from self._clear_in_scope(j, call, tool, key)):
+        peers = self._asks_peers(tool)
+        if peers and j.shared_scope and not (yield from self._clear_in_scope(j, call, tool, key)):
             return j.state.status == "running"  # answered from another run, or stopped
         decision = self.policy.decide(call, tool, j.state)
         if isinstance(decision, Deny):
@@ -342,7 +342,7 @@ class StepMachine(Settling):
         if isinstance(decision, RequireApproval):
             # A person is asked only about a call the scope has not made: the peers first,
             # even while none is known (else the start's refusal would only tell later).
-            if not asked and self._asks_peers(tool) and not (
+            if peers and not j.shared_scope and not (
                     yield from self._clear_in_scope(j, call, tool, key)):
                 return j.state.status == "running"
             if not self._approved(j, call, key, decision):

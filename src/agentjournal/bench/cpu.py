@@ -168,16 +168,33 @@ ONE_COMMIT = ("hand-written: 1 x sqlite3 INSERT+COMMIT per step (the call's inte
               "outcome), WAL+NORMAL")
 
 
-def one_commit_us(workdir: Path, steps: int) -> float:
-    """The store's least part of an unsynced step: one row committed, without a sync, as
-    the Agent's step of reads is one append."""
-    db, write = raw_sqlite(workdir / f"one-commit-{uuid.uuid4().hex[:8]}.db", "NORMAL")
+def step_records(i: int) -> tuple[bytes, bytes]:
+    """Step ``i``'s two hand-written records: the call's intent, then its outcome."""
+    encode = msgspec.json.encode
+    args = {"order": f"ord-{i:06d}"}
+    return (encode({"step": i, "tool": "lookup", "args": args}),
+            encode({"step": i, "result": order_result(i)}))
+
+
+def hand_written_us(workdir: Path, steps: int, synchronous: str, *, apart: bool) -> float:
+    """µs per step of committing each step's records by hand: ``apart``, each a row
+    committed on its own; else the two as one row, one commit."""
+    db, write = raw_sqlite(workdir / f"hand-written-{uuid.uuid4().hex[:8]}.db", synchronous)
+    seq = itertools.count(1)
     start = time.perf_counter()
     for i in range(steps):
-        write(i + 1, b"".join(step_records(i)))
+        records = step_records(i)
+        for record in records if apart else (b"".join(records),):
+            write(next(seq), record)
     elapsed = time.perf_counter() - start
     db.close()
     return elapsed / steps * 1e6
+
+
+def one_commit_us(workdir: Path, steps: int) -> float:
+    """The store's least part of an unsynced step: one row committed, without a sync, as
+    the Agent's step of reads is one append."""
+    return hand_written_us(workdir, steps, "NORMAL", apart=False)
 
 
 def agent_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
@@ -212,26 +229,10 @@ def synced_agent_us(workdir: Path, steps: int, lookup: Tool) -> float:
     return _agent_run_us(workdir, "fixed_model", steps, lookup, synced=True)
 
 
-def step_records(i: int) -> tuple[bytes, bytes]:
-    """Step ``i``'s two hand-written records: the call's intent, then its outcome."""
-    encode = msgspec.json.encode
-    args = {"order": f"ord-{i:06d}"}
-    return (encode({"step": i, "tool": "lookup", "args": args}),
-            encode({"step": i, "result": order_result(i)}))
-
-
 def two_records_us(workdir: Path, steps: int) -> float:
     """The least a durable step can cost here: its intent made durable before the tool runs,
     its outcome after, each one row committed on its own (the tool runs inside the step)."""
-    db, write = raw_sqlite(workdir / f"two-records-{uuid.uuid4().hex[:8]}.db", "FULL")
-    start = time.perf_counter()
-    for i in range(steps):
-        intent, outcome = step_records(i)
-        write(2 * i + 1, intent)
-        write(2 * i + 2, outcome)
-    elapsed = time.perf_counter() - start
-    db.close()
-    return elapsed / steps * 1e6
+    return hand_written_us(workdir, steps, "FULL", apart=True)
 
 
 def step_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
