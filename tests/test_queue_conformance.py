@@ -24,6 +24,7 @@ from agentjournal import (
     make_events,
     open_store,
     reply,
+    resolve_uncertain,
     tool,
 )
 from agentjournal.agent import RunResult
@@ -34,6 +35,7 @@ from agentjournal.fleet.queue import Claim, Queue
 from agentjournal.journal import open_journal
 from agentjournal.policy import Rules
 from agentjournal.store import Store
+from agentjournal.tools import Unknown
 
 from .conftest import fresh_url
 
@@ -330,6 +332,60 @@ def test_a_waiting_run_is_not_claimed_while_a_person_s_decision_holds_its_lease(
         assert queue.claim("w2", 30, ["default"]) is None  # the person writes still
     again = queue.claim("w2", 30, ["default"])
     assert again is not None and again.lease.epoch == decision.lease.epoch + 1
+
+
+@tool(effect="irreversible")
+def post(name: str) -> str:
+    """Times out (its outcome unknown), as a call cut off mid-request would."""
+    raise TimeoutError(f"posting {name}: read timed out")
+
+
+@tool(effect="irreversible", reconcile=lambda pending: Unknown("the ledger is away"))
+def post_looked_up(name: str) -> str:
+    raise TimeoutError(f"posting {name}: read timed out")
+
+
+def _paused_on_two_uncertain(store: Store, second: str) -> tuple[Queue, list[str]]:
+    """Run r1 to a pause on two uncertain calls (``post``, then ``second``), handed back
+    waiting; their keys."""
+    submit(store, "m:a", "post x and y", "r1")
+    queue = queue_of(store)
+    claim = queue.claim("w1", 30, ["default"])
+    assert claim is not None
+    model = ScriptedModel([calls(("post", {"name": "x"}), (second, {"name": "y"})),
+                           reply("done")])
+    result = Agent(model, [post, post_looked_up]).run(store, "r1", claim.task, owner="w1",
+                                                     keep_lease=True)
+    assert result.status == "paused" and len(result.uncertain) == 2
+    assert queue.hand_back(claim.lease, "waiting", result.last_seq)
+    return queue, [p.key for p in result.uncertain]
+
+
+def test_a_run_paused_on_two_uncertain_calls_waits_until_a_person_resolved_both(
+        url: str, store: Store) -> None:
+    # Neither tool can be looked up: a resume would hand both back to the person.
+    queue, (x, y) = _paused_on_two_uncertain(store, "post")
+    resolved = CliRunner().invoke(cli, ["resolve", "r1", x, "--did-not-happen", "--store", url])
+    assert resolved.exit_code == 0, resolved.output
+    # Still waiting for the person: no worker takes the run (and its lease) from under
+    # the second resolution, which is recorded at once.
+    (row,) = queue.runs()
+    assert row.state == "waiting" and not row.runnable
+    assert queue.claim("w2", 30, ["default"]) is None
+    resolve_uncertain(store, "r1", y, outcome="happened", by="ana", result="posted y")
+    (row,) = queue.runs()
+    assert row.state == "waiting" and row.runnable
+    again = queue.claim("w2", 30, ["default"])
+    assert again is not None and again.lease.run_id == "r1"
+
+
+def test_a_resolution_leaving_a_call_a_lookup_may_settle_makes_the_run_runnable(
+        store: Store) -> None:
+    # The second call's lookup said "unknown": a resume asks it again, so a worker may.
+    queue, (x, _) = _paused_on_two_uncertain(store, "post_looked_up")
+    resolve_uncertain(store, "r1", x, outcome="did_not_happen", by="ana")
+    (row,) = queue.runs()
+    assert row.state == "waiting" and row.runnable
 
 
 def test_workers_are_seen_and_forgotten(store: Store) -> None:

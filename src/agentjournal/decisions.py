@@ -2,10 +2,11 @@
 
 Each decision is appended as an event naming who decided and why; the run
 acts on it the next time it is opened. A decision takes the run's lease for
-the moment it writes, so it never races a live worker. An approval that leaves
-others of the run open keeps a queued run waiting (``fleet.keep_waiting``): a
-worker takes it up once the person decided them all, so the person's next
-decision never meets a worker's lease.
+the moment it writes, so it never races a live worker. A decision that leaves
+the run waiting for the person still (another approval open, or another
+uncertain call a resume would hand back to them) keeps a queued run waiting
+(``fleet.keep_waiting``): a worker takes it up once the person decided them
+all, so the person's next decision never meets a worker's lease.
 
 Decisions are idempotent, because a person (or a script) retries a command
 whose answer was lost. Repeating a decision that already stands the same way
@@ -150,7 +151,10 @@ def record_resolution(
             return stood  # decided meanwhile
         pending = find_uncertain(run_id, list(j.state.pending.values()), key)
         facts = resolution_facts(pending, outcome, by=by, reason=reason, result=result)
-        return Decision(j.record_all(facts), appended=True)
+        recorded = j.record_all(facts)
+        if _awaits_a_person(store, run_id, j.state):  # the run waits for this person still
+            keep_waiting(store, run_id, recorded[-1].seq)
+        return Decision(recorded, appended=True)
 
 
 def resolution_facts(pending: PendingCall, outcome: Outcome, *, by: str, reason: str = "",
@@ -219,6 +223,25 @@ def _resolution_stands(store: Store, run_id: str, state: RunState, key: str,
         raise AlreadyDecidedError(run_id, f"uncertain call {full[:16]!r}", standing,
                                   events[0].seq)
     return Decision(events, appended=False)
+
+
+def _awaits_a_person(store: Store, run_id: str, state: RunState) -> bool:
+    """Whether a call still uncertain is one a resume would hand back to a person: it
+    may have made an effect, and its last settling recorded no verdict on it (its tool
+    has no lookup; one with a lookup gets a verdict, and a resume asks again)."""
+    held = [p for p in state.pending.values() if p.effect in _PERSONS_EFFECTS]
+    if not held:
+        return False
+    first = min(p.started_seq for p in held)
+    looked_up = {e.payload["key"] for e in store.read(run_id, after_seq=first)
+                 if e.type is EventType.TOOL_CALL_RECONCILED
+                 and e.payload.get("by", "agentjournal") == "agentjournal"}
+    return any(p.key not in looked_up for p in held)
+
+
+# An uncertain call of these, with no lookup, goes to a person (settle.py): a retry
+# could make its effect twice.
+_PERSONS_EFFECTS = frozenset({"reversible", "irreversible"})
 
 
 def _named(key: str, keys: list[str]) -> list[str]:

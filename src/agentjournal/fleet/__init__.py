@@ -45,10 +45,11 @@ def queue_of(store: Store) -> Queue:
 
 
 def keep_waiting(store: Store, run_id: str, at_seq: int) -> None:
-    """A person's decision left the run waiting for more of them (approvals still open):
-    keep it waiting as of ``at_seq``, so no worker claims it, and holds its lease, while
-    the person decides the next one. Call it holding the run's lease. Nothing on a store
-    without a queue (JSONL), nor for a run that is not in the queue or not waiting."""
+    """A person's decision left the run waiting for more of them (approvals, or uncertain
+    calls only a person settles, still open): keep it waiting as of ``at_seq``, so no
+    worker claims it, and holds its lease, while the person decides the next one. Call
+    it holding the run's lease. Nothing on a store without a queue (JSONL), nor for a
+    run that is not in the queue or not waiting."""
     try:
         queue = queue_of(store)
     except NoQueueError:

@@ -8,9 +8,10 @@ A run is in the queue from ``submit`` on. Its state says what it waits for:
     waiting  it stopped for a person (paused, waiting for an approval, escalated);
              runnable again as soon as anything is appended to its log after that
              (a person's approval or verdict) and its lease is free (a person's
-             decision holds it while it writes); a decision that leaves approvals
-             open keeps it waiting (``keep_waiting``), so the person decides the
-             next one at once, never meeting a worker's lease
+             decision holds it while it writes); a decision that leaves it waiting
+             for the person still (approvals open, uncertain calls without a
+             lookup) keeps it waiting (``keep_waiting``), so the person decides
+             the next one at once, never meeting a worker's lease
     parked   it killed its worker too many times (a poison run), or a worker refused
              its agent ref (not trusted, not an agent): the reason is kept with it,
              and it is escalated in its log if it has one; like waiting, runnable
@@ -104,9 +105,10 @@ class Queue(Protocol):
         ...
 
     def keep_waiting(self, run_id: str, at_seq: int) -> None:
-        """A person decided part of what the waiting run waits for (an approval of
-        several): it stays waiting as of its log's ``at_seq``. Called by the decision's
-        writer while it holds the run's lease, so no claim came in between."""
+        """A person decided part of what the waiting run waits for (an approval, or an
+        uncertain call, of several): it stays waiting as of its log's ``at_seq``. Called
+        by the decision's writer while it holds the run's lease, so no claim came in
+        between."""
         ...
 
     def absolve(self, run_id: str) -> None:
