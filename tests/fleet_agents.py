@@ -61,6 +61,26 @@ def needs_approval() -> Agent:
                  [_record()], policy=Rules(require_approval={"record"}))
 
 
+@tool(effect="irreversible")
+def cut_off(ctx: ToolContext, label: str, lands: bool) -> str:
+    """Record ``label``; the first try's answer is lost (a timeout), after the effect
+    landed if ``lands``, before it otherwise: an uncertain call either way."""
+    tried = f"{os.environ[ENV]}.tried-{ctx.run_id}-{label}"
+    if not os.path.exists(tried):
+        open(tried, "w").close()
+        if lands:
+            _append(ctx, label)
+        raise TimeoutError(f"recording {label}: read timed out")
+    return _append(ctx, label)
+
+
+def two_uncertain() -> Agent:
+    """Two calls of one turn cut off, one after its effect landed: a person resolves both."""
+    return Agent(ScriptedModel([calls(("cut_off", {"label": "landed", "lands": True}),
+                                      ("cut_off", {"label": "lost", "lands": False})),
+                                reply("done")]), [cut_off])
+
+
 @tool(effect="read_only")
 def explode(ctx: ToolContext) -> str:
     """Kill the process running this run (a poison run: retried, it kills again)."""

@@ -232,6 +232,25 @@ def test_a_waiting_run_is_finished_after_a_person_approves(fleet: Fleet) -> None
     assert fleet.stop(proc) == 0
 
 
+def test_a_person_resolves_a_paused_run_s_uncertain_calls_one_after_the_other(
+        fleet: Fleet) -> None:
+    _submit(fleet.url, "two_uncertain", "post both", "cut")
+    proc = fleet.worker()
+    fleet.until("the run to wait", lambda: fleet.runs()["cut"].state == "waiting")
+    with open_store(fleet.url) as store:
+        pending = {p.args["label"]: p.key for p in load_state(store, "cut").state.pending.values()}
+    assert fleet.effects() == {("cut", "landed"): 1}
+    # At once, one after the other: the first verdict leaves the run waiting for the
+    # second, so no worker holds its lease when the second is recorded.
+    for label, verdict in (("landed", "--happened"), ("lost", "--did-not-happen")):
+        resolved = fleet.cli("resolve", "cut", pending[label], verdict, "--by", "ana")
+        assert resolved.returncode == 0, resolved.stderr
+    fleet.until("the run to finish", lambda: fleet.runs()["cut"].state == "done")
+    assert fleet.effects() == {("cut", "landed"): 1, ("cut", "lost"): 1}
+    assert fleet.runs()["cut"].claims == 2  # not taken up between the two verdicts
+    assert fleet.stop(proc) == 0
+
+
 def test_submit_is_idempotent_through_the_cli(fleet: Fleet) -> None:
     args = ("submit", "--agent", "tests.fleet_agents:counter", "--task", "once", "--run-id", "x")
     first, second = fleet.cli(*args), fleet.cli(*args)
