@@ -31,6 +31,7 @@ from .journal import open_journal
 from .snapshots import load_state
 from .state import PendingCall, RunState
 from .store import Store
+from .tools import Effect
 
 Outcome = Literal["happened", "did_not_happen", "conflict"]
 
@@ -241,7 +242,7 @@ def _awaits_a_person(store: Store, run_id: str, state: RunState) -> bool:
 
 # An uncertain call of these, with no lookup, goes to a person (settle.py): a retry
 # could make its effect twice.
-_PERSONS_EFFECTS = frozenset({"reversible", "irreversible"})
+_PERSONS_EFFECTS = frozenset({Effect.REVERSIBLE, Effect.IRREVERSIBLE})
 
 
 def _named(key: str, keys: list[str]) -> list[str]:
