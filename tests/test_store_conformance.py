@@ -379,6 +379,24 @@ class TestConformance:
             assert set(renew_all([lease, kept], 30)) == {"r2"}
         assert store.acquire("r1", "a-person", ttl=30).epoch == lease.epoch + 1
 
+    def test_conformance_renew_all_renews_only_the_leases_still_held(
+            self, make_store: MakeStore) -> None:
+        """A heartbeat's renew_all leaves out a lease another worker took over (its epoch
+        moved on): renewing it would take the run back from its new holder."""
+        store = make_store()
+        renew_all = getattr(store, "renew_all", None)
+        if renew_all is None:
+            pytest.skip("this store renews lease by lease")
+        held = store.acquire("r1", "worker-a", ttl=30)
+        lapsed = store.acquire("r2", "worker-a", ttl=0.05)
+        time.sleep(0.15)
+        taken = store.acquire("r2", "worker-b", ttl=30)
+        renewed = renew_all([lapsed, held], 60)
+        assert set(renewed) == {"r1"} and renewed["r1"].expires_at >= held.expires_at
+        with pytest.raises(FencedError):  # still worker-b's, at its epoch
+            store.renew(lapsed, ttl=30)
+        assert store.renew(taken, ttl=30).epoch == taken.epoch == lapsed.epoch + 1
+
     def test_conformance_lease_expiry_is_not_judged_by_the_acquirers_wall_clock(
         self, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:

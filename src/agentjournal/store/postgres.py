@@ -1090,19 +1090,18 @@ class PostgresStore:
         with self._write(None) as cur:
             # The rows locked in run id order, as a group commit locks them: two writers
             # that lock several rows in different orders can deadlock, and the loser
-            # waits deadlock_timeout (a second) to fail.
+            # waits deadlock_timeout (a second) to fail. Locking re-checks the conditions
+            # on a row changed meanwhile, and a locked row stays as it was checked.
             cur.execute(self._q(
                 "WITH h AS (SELECT * FROM unnest(%(runs)s::text[], %(epochs)s::bigint[],"
                 " %(owners)s::text[]) AS h(run_id, epoch, owner)),"
-                " mine AS MATERIALIZED (SELECT r.run_id FROM {s}.runs r JOIN h"
+                " mine AS MATERIALIZED (SELECT r.run_id, h.owner FROM {s}.runs r JOIN h"
                 " ON r.run_id = h.run_id AND r.lease_epoch = h.epoch"
                 " AND r.lease_expires_at > to_timestamp(0)"  # not one released
                 " ORDER BY r.run_id FOR UPDATE OF r)"
                 " UPDATE {s}.runs r SET lease_expires_at = clock_timestamp()"
-                " + make_interval(secs => %(ttl)s::float8), lease_owner = h.owner"
-                " FROM h WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch"
-                " AND r.lease_expires_at > to_timestamp(0)"
-                " AND r.run_id IN (SELECT run_id FROM mine)"
+                " + make_interval(secs => %(ttl)s::float8), lease_owner = mine.owner"
+                " FROM mine WHERE r.run_id = mine.run_id"
                 " RETURNING r.run_id, extract(epoch FROM r.lease_expires_at)::float8"),
                 {"ttl": ttl, "runs": [lease.run_id for lease in leases],
                  "epochs": [lease.epoch for lease in leases],
