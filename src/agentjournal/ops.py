@@ -135,8 +135,14 @@ def _outcome(fn: Callable[[], Any]) -> Outcome:
         return Outcome(error=exc)
 
 
+def _one_by_one(op: Invoke) -> bool:
+    """Whether ``op``'s calls are made one after the other (one call, or a limit of one);
+    else at once, on a pool."""
+    return len(op.calls) == 1 or op.limit <= 1
+
+
 def _invoke_sync(op: Invoke) -> None:
-    if len(op.calls) == 1 or op.limit <= 1:
+    if _one_by_one(op):
         for i, call in enumerate(op.calls):
             op.done(i, _outcome(lambda call=call: call_in_thread(call)))  # type: ignore[misc]
         return
@@ -274,7 +280,7 @@ class _Watch:
                     first, outcome = 0, None
                 value, error = None, None
                 try:
-                    if isinstance(op, Invoke) and (len(op.calls) == 1 or op.limit <= 1):
+                    if isinstance(op, Invoke) and _one_by_one(op):
                         if not self._calls(token, op, first, outcome):
                             return
                     elif isinstance(op, Invoke):  # at once, each timed by its own thread
