@@ -382,7 +382,9 @@ def test_a_run_paused_on_two_uncertain_calls_waits_until_a_person_resolved_both(
 def test_a_resolution_leaving_a_call_a_lookup_may_settle_makes_the_run_runnable(
         store: Store) -> None:
     # The second call's lookup said "unknown": a resume asks it again, so a worker may.
-    queue, (x, _) = _paused_on_two_uncertain(store, "post_looked_up")
+    queue, (x, y) = _paused_on_two_uncertain(store, "post_looked_up")
+    assert [(e.payload["key"], e.payload["verdict"]) for e in store.read("r1")
+            if e.type is EventType.TOOL_CALL_RECONCILED] == [(y, "unknown")]
     resolve_uncertain(store, "r1", x, outcome="did_not_happen", by="ana")
     (row,) = queue.runs()
     assert row.state == "waiting" and row.runnable
