@@ -122,18 +122,35 @@ def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
 
 
 def run_until_blocked(store_url: str, receiver: str, block: str, *, tell: Connection,
-                      session: str | None = None, **options: Any) -> None:
+                      session: str | None = None, streamed: bool = False,
+                      **options: Any) -> None:
     """Run the poster with JournalRunner until it blocks at ``block`` (then the test
     kills this process); tell the test the outcome if it ends first. ``session``: the
-    id of a JournalSession in the same store to keep the conversation in."""
-    from agentjournal.integrations.openai_agents import JournalRunner
-
+    id of a JournalSession in the same store to keep the conversation in. ``streamed``:
+    with ``JournalRunner.run_streamed``, its events read as they come."""
     agent, policies = poster(receiver, block=block, tell=tell, **options)
     store = open_store(store_url)
     memory = JournalSession(store, session) if session is not None else None
-    result = JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies,
-                                    session=memory)
+    result = run_poster(agent, store, policies, streamed=streamed, session=memory)
     tell.send(f"ended: {result.final_output!r} {len(result.interruptions)} interruption(s)")
+
+
+def run_poster(agent: Any, store: Any, policies: dict[str, Any], *, streamed: bool,
+               **options: Any) -> Any:
+    """The poster's run with JournalRunner (``streamed``: its stream read to the end)."""
+    from agentjournal.integrations.openai_agents import JournalRunner
+
+    run = dict(store=store, run_id=RUN, policies=policies, **options)
+    if not streamed:
+        return JournalRunner.run_sync(agent, TASK, **run)
+
+    async def listen() -> Any:
+        stream = JournalRunner.run_streamed(agent, TASK, **run)
+        async for _ in stream.stream_events():
+            pass
+        return stream
+
+    return asyncio.run(listen())
 
 
 def run_plain_until_blocked(db_path: str, receiver: str, block: str, *,

@@ -6,6 +6,7 @@ become SDK interruptions, replay, and the trace kept for ``agentjournal show``."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from tests.openai_agents_child import (
     TASK,
     poster,
     run_plain_until_blocked,
+    run_poster,
     run_until_blocked,
     spawn,
 )
@@ -84,9 +86,9 @@ class Posting:
             process.join()
         assert process.exitcode == -9
 
-    def resume(self, store: Store, **options: Any) -> Any:
+    def resume(self, store: Store, *, streamed: bool = False, **options: Any) -> Any:
         agent, policies = self.agent(**options)
-        return JournalRunner.run_sync(agent, TASK, store=store, run_id=RUN, policies=policies)
+        return run_poster(agent, store, policies, streamed=streamed)
 
     def counts(self) -> dict[str, int]:
         """Effects the receiver applied for this test, by label (without the prefix)."""
@@ -162,6 +164,130 @@ def test_an_uncertain_call_no_lookup_settles_is_an_interruption_a_person_decides
     done = posting.resume(store, lookup=False)
     assert done.final_output == "posted 2" and not done.interruptions
     assert posting.counts() == {"a": 1, "b": 1}
+
+
+#: The streamed kill: each window on another backend than the run's by default.
+STREAMED_WINDOWS = {("model", "sqlite"), ("before", "jsonl"), ("after", "postgres")}
+
+
+@backend_params()
+@pytest.mark.parametrize("window", ["model", "before", "after"])
+def test_a_streamed_run_killed_in_each_window_lands_every_effect_once(
+        request: pytest.FixtureRequest, store_url: str, store: Store, posting: Posting,
+        window: str) -> None:
+    slow_or(request, STREAMED_WINDOWS, window)
+    posting.kill_at(window, store_url, streamed=True)
+    result = posting.resume(store, streamed=True)
+    assert result.final_output == "posted 2" and not result.interruptions
+    assert posting.counts() == {"a": 1, "b": 1}
+    assert [e.type for e in store.read(RUN)].count(E.MODEL_TURN) == 2
+
+
+def test_a_streamed_answer_passes_on_as_it_comes_and_completes_once_recorded(
+        tmp_path: Any, posting: Posting) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+
+    async def listen(agent: Any, policies: Any) -> tuple[list[str], list[int]]:
+        """The raw events' types, and how many answers the log held at each call's
+        output and at the end."""
+        stream = JournalRunner.run_streamed(agent, TASK, store=store, run_id=RUN,
+                                            policies=policies)
+        raw, recorded = [], []
+        async for event in stream.stream_events():
+            if event.type == "raw_response_event":
+                raw.append(event.data.type)
+            elif event.type == "run_item_stream_event" and event.name == "tool_output":
+                recorded.append(types(store).count(E.MODEL_TURN))
+        recorded.append(types(store).count(E.MODEL_TURN))
+        assert stream.final_output == "posted 2"
+        return raw, recorded
+
+    agent, policies = posting.agent()
+    raw, recorded = asyncio.run(listen(agent, policies))
+    assert recorded == [1, 1, 2]  # the answer is in the log once its calls were made
+    assert {"response.function_call_arguments.delta", "response.output_text.delta"} <= set(raw)
+    assert raw.count("response.completed") == 2
+    assert posting.counts() == {"a": 1, "b": 1}
+    agent, policies = posting.agent()
+    raw, recorded = asyncio.run(listen(agent, policies))  # the finished run, replayed
+    assert raw == ["response.completed"] * 2 and recorded == [2, 2, 2]
+    assert agent.model.calls == ()  # every answer from the log
+    assert posting.counts() == {"a": 1, "b": 1}
+    store.close()
+
+
+def test_a_stream_left_early_stops_the_run_and_it_resumes_from_its_log(
+        tmp_path: Any, posting: Posting) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+
+    async def listen_then_leave(agent: Any, policies: Any) -> None:
+        events = JournalRunner.run_streamed(agent, TASK, store=store, run_id=RUN,
+                                            policies=policies).stream_events()
+        async with contextlib.aclosing(events) as stream:  # closed: the run is cancelled
+            async for event in stream:
+                if event.type == "run_item_stream_event":
+                    break
+
+    agent, policies = posting.agent()
+    asyncio.run(listen_then_leave(agent, policies))
+    assert E.RUN_FINISHED not in types(store)
+    done = posting.resume(store)  # the lease is free: the run goes on from its log
+    assert done.final_output == "posted 2"
+    assert posting.counts() == {"a": 1, "b": 1}
+    store.close()
+
+
+def test_a_streamed_run_stops_at_an_uncertain_call_for_a_person(
+        tmp_path: Any, posting: Posting) -> None:
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    store = open_store(url)
+    posting.kill_at("after", url, lookup=False, streamed=True)
+    stopped = posting.resume(store, lookup=False, streamed=True)
+    called = sorted(i.raw_item.call_id for i in stopped.interruptions)  # (a, if in flight)
+    assert "call_b" in called and stopped.final_output is None
+    assert fold(store.read(RUN)).status == "paused"
+    starts = {e.payload["call_id"]: e.payload["key"] for e in store.read(RUN)
+              if e.type is E.TOOL_CALL_STARTED}
+    applied = posting.receiver.by_key()
+    for call_id in called:  # the person looks at the receiver and says what happened
+        happened = starts[call_id] in applied
+        resolve_uncertain(store, RUN, starts[call_id], by="ops",
+                          outcome="happened" if happened else "did_not_happen",
+                          result="posted" if happened else None)
+    done = posting.resume(store, lookup=False, streamed=True)
+    assert done.final_output == "posted 2" and not done.interruptions
+    assert posting.counts() == {"a": 1, "b": 1}
+    store.close()
+
+
+def test_a_call_cut_off_in_a_stream_ends_it_at_an_interruption_shown_once(
+        tmp_path: Any) -> None:
+    from agents import Agent, function_tool
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    @function_tool
+    def pay(cents: int) -> str:
+        """Pay; the answer is lost (a timeout): the effect may have been made."""
+        raise TimeoutError("read timed out")
+
+    pays = function_call("pay", {"cents": 5}, call_id="call_pay")
+    model = ScriptedModel([ModelStep(output=[pays]), ModelStep(output=[assistant_message("paid")])])
+    agent = Agent(name="payer", model=model, tools=[pay])
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+
+    async def listen() -> tuple[Any, list[str]]:
+        stream = JournalRunner.run_streamed(agent, "pay 5", store=store, run_id=RUN)
+        shown = [e.data.type async for e in stream.stream_events()
+                 if e.type == "raw_response_event"]
+        return stream, shown
+
+    stream, shown = asyncio.run(listen())
+    # The run is opened again for the SDK to meet the call as an interruption; that
+    # replay is not streamed: the caller saw the answer once.
+    assert shown.count("response.completed") == 1
+    assert [i.tool_name for i in stream.interruptions] == ["pay"]
+    assert stream.final_output is None and fold(store.read(RUN)).status == "paused"
+    store.close()
 
 
 @backend_params()

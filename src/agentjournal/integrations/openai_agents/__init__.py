@@ -4,7 +4,8 @@
   agentjournal log: atomic batches, pops and clears recorded, an orphaned tool output
   refused. It does not import the SDK (which takes seconds to import).
 - :class:`JournalRunner`: the SDK's ``Runner`` with model calls and tool calls
-  journaled (see runner.py), :class:`ToolPolicy` per tool, ``mcp_effect``.
+  journaled (see runner.py), streamed too (:class:`JournaledStream`),
+  :class:`ToolPolicy` per tool, ``mcp_effect``.
 - :class:`JournalAgent`: an SDK agent that a fleet worker drives (a ``Runnable``).
 """
 
@@ -15,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from .session import JournalSession, OrphanToolOutputError, session_run_id
 
 if TYPE_CHECKING:
-    from .runner import JournalAgent, JournalRunner, ToolPolicy, mcp_effect
+    from .runner import JournalAgent, JournaledStream, JournalRunner, ToolPolicy, mcp_effect
 
-__all__ = ["JournalAgent", "JournalRunner", "JournalSession", "OrphanToolOutputError", "ToolPolicy",
-           "mcp_effect", "session_run_id"]
+__all__ = ["JournalAgent", "JournalRunner", "JournalSession", "JournaledStream",
+           "OrphanToolOutputError", "ToolPolicy", "mcp_effect", "session_run_id"]
 
-_RUNNER = ("JournalAgent", "JournalRunner", "ToolPolicy", "mcp_effect")
+_RUNNER = ("JournalAgent", "JournalRunner", "JournaledStream", "ToolPolicy", "mcp_effect")
 
 
 def __getattr__(name: str) -> Any:

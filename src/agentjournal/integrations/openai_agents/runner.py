@@ -27,7 +27,9 @@ model again for a turn it answered, and without making a recorded call again:
 
 A segment is the part of a run between two stored ``RunState``s: segment 0 starts
 from the input, segment k goes on from the k-th state stored (``state.<k-1>``).
-Streaming is not journaled yet.
+A streamed run (``JournalRunner.run_streamed``) is journaled the same way: a model's
+stream passes through as it comes, but its ``response.completed`` waits until the answer
+is recorded; on resume a recorded answer comes as that one event, without its deltas.
 """
 
 from __future__ import annotations
@@ -40,17 +42,34 @@ import inspect
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from agents import Agent, Handoff, Model, RunConfig, Runner, RunResult, RunState
+from agents import (
+    Agent,
+    Handoff,
+    Model,
+    RunConfig,
+    Runner,
+    RunResult,
+    RunResultStreaming,
+    RunState,
+    StreamEvent,
+)
+from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse, ToolApprovalItem
 from agents.tool import FunctionTool, maybe_invoke_function_tool_failure_error_function
 from agents.tool_context import ToolContext as SdkToolContext
 from agents.tracing import gen_trace_id
-from agents.usage import deserialize_usage, serialize_usage
-from openai.types.responses import ResponseOutputItem
+from agents.usage import Usage, deserialize_usage, serialize_usage
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseOutputItem,
+    ResponseOutputItemDoneEvent,
+    ResponseUsage,
+)
 from pydantic import TypeAdapter
 
 from ...bridge import BridgedRun, Turn, open_run
@@ -63,7 +82,7 @@ from ...store import Store
 from ...tools import Absent, Effect, Found, Reconciler, ToolContext
 from . import tracing
 
-__all__ = ["JournalAgent", "JournalRunner", "ToolPolicy", "mcp_effect"]
+__all__ = ["JournalAgent", "JournalRunner", "JournaledStream", "ToolPolicy", "mcp_effect"]
 
 log = logging.getLogger("agentjournal.openai_agents")
 
@@ -73,6 +92,13 @@ _OUTPUT_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseOutputItem)
 #: Seconds a call waits for the call before it in the model's answer to start: past it,
 #: that call is taken to be one the SDK does not run (the order is then not kept).
 ORDER_WAIT = 5.0
+
+#: Where a run stopped: its status, the seq of its last event, its lease epoch.
+Ended = tuple[str, int, int]
+#: What the SDK's Runner gave: a run's result, or a streamed run's once it ended.
+SdkResult = RunResult | RunResultStreaming
+#: Where a streamed run's events go, as they come.
+Emit = Callable[[StreamEvent], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,19 +160,27 @@ class JournalRunner:
         the bridge's ``NondeterminismError`` when the agent asked the model something
         other than what the log recorded.
         """
-        args: dict[str, Any] = dict(
-            store=store, run_id=run_id, policies=policies or {}, context=context,
-            max_turns=max_turns, hooks=hooks, run_config=run_config or RunConfig(),
-            session=session, owner=owner, ttl=ttl, trace=trace,
-            serializer=context_serializer, deserializer=context_deserializer)
-        result, _ = await _run(starting_agent, input, **args)
-        return result
+        result, _ = await _run(starting_agent, input, **_run_args(
+            store=store, run_id=run_id, policies=policies, context=context,
+            max_turns=max_turns, hooks=hooks, run_config=run_config, session=session,
+            owner=owner, ttl=ttl, trace=trace, context_serializer=context_serializer,
+            context_deserializer=context_deserializer))
+        return cast(RunResult, result)
 
     @classmethod
     def run_sync(cls, starting_agent: Agent[Any], input: str | list[Any] | RunState[Any],
                  **kwargs: Any) -> RunResult:
         """:meth:`run` in a new event loop (not from inside a running one)."""
         return asyncio.run(cls.run(starting_agent, input, **kwargs))
+
+    @classmethod
+    def run_streamed(cls, starting_agent: Agent[Any], input: str | list[Any] | RunState[Any],
+                     **kwargs: Any) -> JournaledStream:
+        """:meth:`run`, streamed as ``Runner.run_streamed`` streams: iterate
+        ``stream_events()``, then read ``final_output`` / ``interruptions``. Takes
+        :meth:`run`'s arguments. The run starts (or resumes) when the iteration does."""
+        args = _run_args(**kwargs)
+        return JournaledStream(lambda emit: _run(starting_agent, input, emit=emit, **args))
 
 
 class JournalAgent:
@@ -186,20 +220,83 @@ class JournalAgent:
         return Stopped(status, last_seq, epoch)
 
 
+class JournaledStream:
+    """A journaled run, streamed (:meth:`JournalRunner.run_streamed`).
+
+    ``stream_events()`` yields the SDK's stream events as the run makes them. A model's
+    ``response.completed`` comes once its answer is recorded; a resumed run's recorded
+    answers come as that one event each, without their deltas. Stopping the iteration
+    early cancels the run (it resumes from its log). Then ``result`` is the run's
+    result: ``final_output``, ``interruptions``, ``to_state()``.
+    """
+
+    def __init__(self, run: Callable[[Emit], Awaitable[tuple[SdkResult, Ended]]]) -> None:
+        self._run = run
+        self.result: SdkResult | None = None
+
+    async def stream_events(self) -> AsyncIterator[StreamEvent]:
+        events: asyncio.Queue[Any] = asyncio.Queue()
+        end = object()
+
+        async def run() -> None:
+            try:
+                self.result, _ = await self._run(events.put_nowait)
+            finally:
+                events.put_nowait(end)
+
+        task = asyncio.ensure_future(run())
+        try:
+            while (event := await events.get()) is not end:
+                yield event
+            await task  # raises what the run raised
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    @property
+    def final_output(self) -> Any:
+        return self._ended().final_output
+
+    @property
+    def interruptions(self) -> list[ToolApprovalItem]:
+        return self._ended().interruptions
+
+    def _ended(self) -> SdkResult:
+        if self.result is None:
+            raise RuntimeError("the run has not ended: iterate stream_events() first")
+        return self.result
+
+
 # --- one open run --------------------------------------------------------------------
 
-#: Where a run stopped: its status, the seq of its last event, its lease epoch.
-Ended = tuple[str, int, int]
+
+def _run_args(*, store: Store, run_id: str,
+              policies: Mapping[str, ToolPolicy | Effect | str] | None = None,
+              context: Any = None, max_turns: int | None = None, hooks: Any = None,
+              run_config: RunConfig | None = None, session: Any = None,
+              owner: str | None = None, ttl: float = 30.0, trace: bool = True,
+              context_serializer: Callable[[Any], Mapping[str, Any]] | None = None,
+              context_deserializer: Callable[[Mapping[str, Any]], Any] | None = None,
+              ) -> dict[str, Any]:
+    """:meth:`JournalRunner.run`'s arguments, as :func:`_run_once` takes them."""
+    return dict(store=store, run_id=run_id, policies=policies or {}, context=context,
+                max_turns=max_turns, hooks=hooks, run_config=run_config or RunConfig(),
+                session=session, owner=owner, ttl=ttl, trace=trace,
+                serializer=context_serializer, deserializer=context_deserializer)
 
 
-async def _run(agent: Agent[Any], input: Any, **args: Any) -> tuple[RunResult, Ended]:
+async def _run(agent: Agent[Any], input: Any, *, emit: Emit | None = None,
+               **args: Any) -> tuple[SdkResult, Ended]:
     try:
-        return await _run_once(agent, input, **args)
+        return await _run_once(agent, input, emit=emit, **args)
     except Exception as error:
         if _needs_person(error) is None:
             raise
     # A call's effect became uncertain as it ran, and nothing settled it: the run is
-    # paused. Opened again, the SDK meets that call in the log, as an interruption.
+    # paused. Opened again, the SDK meets that call in the log, as an interruption (a
+    # replay of what a stream already showed: not streamed again).
     return await _run_once(agent, input, **args)
 
 
@@ -207,7 +304,7 @@ async def _run_once(agent: Agent[Any], input: Any, *, store: Store, run_id: str,
                     policies: Mapping[str, ToolPolicy | Effect | str], owner: str | None,
                     ttl: float, trace: bool, run_config: RunConfig,
                     agent_ref: str | None = None, keep_lease: bool = False,
-                    **runner: Any) -> tuple[RunResult, Ended]:
+                    **runner: Any) -> tuple[SdkResult, Ended]:
     given_state = input if isinstance(input, RunState) else None
     recorded_input = None if given_state is not None else _plain(input)
     with open_run(store, run_id, agent=agent_ref or f"openai-agents:{agent.name}",
@@ -230,6 +327,18 @@ async def _run_once(agent: Agent[Any], input: Any, *, store: Store, run_id: str,
         if not result.interruptions:
             run.finish(to_json(result.final_output, "final_output"))
         return result, (run.status, run.state.last_seq, run.journal.lease.epoch)
+
+
+async def _sdk_run(agent: Agent[Any], start: Any, emit: Emit | None,
+                   **runner: Any) -> SdkResult:
+    """``Runner.run``; or, given ``emit``, ``Runner.run_streamed`` with each event told to
+    it, cancelled if this is (the caller stopped listening)."""
+    if emit is None:
+        return await Runner.run(agent, start, **runner)
+    streamed = Runner.run_streamed(agent, start, **runner)
+    async for event in streamed.stream_events():  # (cancelled, it cancels the run)
+        emit(event)
+    return streamed
 
 
 def _needs_person(error: BaseException | None) -> NeedsPerson | None:
@@ -256,7 +365,7 @@ class _Driver:
 
     async def drive(self, agent: Agent[Any], given: RunState[Any] | None, input: Any, *,
                     context: Any, serializer: Any, deserializer: Any, run_config: RunConfig,
-                    **runner: Any) -> RunResult:
+                    emit: Emit | None = None, **runner: Any) -> SdkResult:
         self.config = run_config
         if run_config.model is not None:  # it answers for every agent of the run
             model = _JournaledModel(self, run_config.model)
@@ -277,9 +386,9 @@ class _Driver:
             state = await RunState.from_json(wrapped, saved[-1], context_override=context,
                                              context_deserializer=deserializer)
             self.apply_decisions(state)
-            result = await Runner.run(wrapped, state, **runner)
+            result = await _sdk_run(wrapped, state, emit, **runner)
         else:
-            result = await Runner.run(wrapped, input, context=context, **runner)
+            result = await _sdk_run(wrapped, input, emit, context=context, **runner)
         if result.interruptions:
             self.save_state(result.to_state(), serializer, index=self.segment)
             self.pause_for_uncertain(result.interruptions)
@@ -528,22 +637,72 @@ class _JournaledModel(Model):
         inner = self._model()
         asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
                              kwargs)
-        tool_names = {t.name for t in tools if isinstance(t, FunctionTool)}
 
         async def ask() -> ModelResponse:
             return await inner.get_response(system_instructions, input, model_settings,
                                             tools, output_schema, handoffs, tracing, **kwargs)
 
-        run = self.driver.run
-        response: ModelResponse = await run.astep(
+        return await self._answer(asked, ask, tools, inner)
+
+    async def _answer(self, asked: str, ask: Callable[[], Awaitable[ModelResponse]],
+                      tools: list[Any], inner: Model) -> ModelResponse:
+        """The answer to ``asked``: recorded, or asked of the model and recorded."""
+        tool_names = {t.name for t in tools if isinstance(t, FunctionTool)}
+        response: ModelResponse = await self.driver.run.astep(
             f"{MODEL_STEP}.{self.driver.segment}", asked, ask, encode=_encode_response,
             decode=_decode_response, turn=lambda value: _turn(value, tool_names, inner))
         self.driver.expect_calls(response)
         return response
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "JournalRunner does not journal streamed runs yet: use JournalRunner.run")
+    async def stream_response(self, system_instructions: str | None, input: Any,
+                              model_settings: Any, tools: list[Any], output_schema: Any,
+                              handoffs: list[Any], tracing: Any,
+                              **kwargs: Any) -> AsyncIterator[Any]:
+        """The model's stream, its events passed on as they come, but for the last
+        (``response.completed``): that one waits until the answer is recorded, so the SDK
+        acts on no answer a crash could lose. A recorded answer is that one event."""
+        inner = self._model()
+        asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
+                             kwargs)
+        passing: asyncio.Queue[Any] = asyncio.Queue()
+        end = object()  # the last of ``passing``: the answer is recorded (or failed)
+        completed: list[ResponseCompletedEvent] = []
+
+        async def ask() -> ModelResponse:
+            finished = []
+            async for event in inner.stream_response(system_instructions, input,
+                                                     model_settings, tools, output_schema,
+                                                     handoffs, tracing, **kwargs):
+                if isinstance(event, ResponseCompletedEvent):
+                    completed.append(event)
+                elif not completed:
+                    passing.put_nowait(event)
+                    if isinstance(event, ResponseOutputItemDoneEvent):
+                        finished.append(event.item)
+            if not completed:
+                raise ModelBehaviorError("the model's stream ended without response.completed")
+            final = completed[0].response
+            if not final.output:  # some backends give the items only as each is done
+                final.output = finished
+            return _model_response(final)
+
+        async def answered() -> ModelResponse:
+            try:
+                return await self._answer(asked, ask, tools, inner)
+            finally:
+                passing.put_nowait(end)
+
+        answer = asyncio.ensure_future(answered())
+        try:
+            while (event := await passing.get()) is not end:
+                yield event
+            response = await answer
+        finally:
+            if not answer.done():  # the SDK stopped listening: so does the model
+                answer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await answer
+        yield completed[0] if completed else _completed_event(response, inner)
 
     async def close(self) -> None:
         if isinstance(self.inner, Model):
@@ -672,6 +831,31 @@ def _decode_response(value: Mapping[str, Any]) -> ModelResponse:
                          usage=deserialize_usage(value.get("usage") or {}),
                          response_id=value.get("response_id"),
                          request_id=value.get("request_id"))
+
+
+def _model_response(response: Response) -> ModelResponse:
+    """A streamed answer's final ``Response`` as the SDK makes it a ``ModelResponse``."""
+    u = response.usage
+    usage = Usage() if u is None else Usage(
+        requests=1, input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+        total_tokens=u.total_tokens, input_tokens_details=u.input_tokens_details,
+        output_tokens_details=u.output_tokens_details)
+    return ModelResponse(output=list(response.output), usage=usage, response_id=response.id)
+
+
+def _completed_event(answer: ModelResponse, model: Any) -> ResponseCompletedEvent:
+    """A recorded answer as the one event of its replayed stream."""
+    u = answer.usage
+    usage = None if not u.requests else ResponseUsage(
+        input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+        total_tokens=u.total_tokens, input_tokens_details=u.input_tokens_details,
+        output_tokens_details=u.output_tokens_details)
+    response = Response(id=answer.response_id or "", created_at=0.0, object="response",
+                        model=str(getattr(model, "model", "") or ""),
+                        output=list(answer.output), parallel_tool_calls=True,
+                        tool_choice="auto", tools=[], usage=usage)
+    return ResponseCompletedEvent(type="response.completed", response=response,
+                                  sequence_number=0)
 
 
 def _turn(value: Mapping[str, Any], tool_names: set[str], model: Any) -> Turn:
