@@ -44,7 +44,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from agents import (
     Agent,
@@ -93,6 +93,7 @@ _OUTPUT_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseOutputItem)
 #: that call is taken to be one the SDK does not run (the order is then not kept).
 ORDER_WAIT = 5.0
 
+T = TypeVar("T")
 #: Where a run stopped: its status, the seq of its last event, its lease epoch.
 Ended = tuple[str, int, int]
 #: What the SDK's Runner gave: a run's result, or a streamed run's once it ended.
@@ -234,26 +235,11 @@ class JournaledStream:
         self._run = run
         self.result: SdkResult | None = None
 
-    async def stream_events(self) -> AsyncIterator[StreamEvent]:
-        events: asyncio.Queue[Any] = asyncio.Queue()
-        end = object()
+    def stream_events(self) -> AsyncIterator[StreamEvent]:
+        return _relayed(self._run, self._keep)
 
-        async def run() -> None:
-            try:
-                self.result, _ = await self._run(events.put_nowait)
-            finally:
-                events.put_nowait(end)
-
-        task = asyncio.ensure_future(run())
-        try:
-            while (event := await events.get()) is not end:
-                yield event
-            await task  # raises what the run raised
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    def _keep(self, ended: tuple[SdkResult, Ended]) -> None:
+        self.result = ended[0]
 
     @property
     def final_output(self) -> Any:
@@ -664,45 +650,34 @@ class _JournaledModel(Model):
         inner = self._model()
         asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
                              kwargs)
-        passing: asyncio.Queue[Any] = asyncio.Queue()
-        end = object()  # the last of ``passing``: the answer is recorded (or failed)
         completed: list[ResponseCompletedEvent] = []
 
-        async def ask() -> ModelResponse:
-            finished = []
-            async for event in inner.stream_response(system_instructions, input,
-                                                     model_settings, tools, output_schema,
-                                                     handoffs, tracing, **kwargs):
-                if isinstance(event, ResponseCompletedEvent):
-                    completed.append(event)
-                elif not completed:
-                    passing.put_nowait(event)
-                    if isinstance(event, ResponseOutputItemDoneEvent):
-                        finished.append(event.item)
-            if not completed:
-                raise ModelBehaviorError("the model's stream ended without response.completed")
-            final = completed[0].response
-            if not final.output:  # some backends give the items only as each is done
-                final.output = finished
-            return _model_response(final)
+        async def answer(put: Callable[[Any], None]) -> ModelResponse:
+            async def ask() -> ModelResponse:
+                finished = []
+                async for event in inner.stream_response(
+                        system_instructions, input, model_settings, tools, output_schema,
+                        handoffs, tracing, **kwargs):
+                    if isinstance(event, ResponseCompletedEvent):
+                        completed.append(event)
+                    elif not completed:
+                        put(event)
+                        if isinstance(event, ResponseOutputItemDoneEvent):
+                            finished.append(event.item)
+                if not completed:
+                    raise ModelBehaviorError(
+                        "the model's stream ended without response.completed")
+                final = completed[0].response
+                if not final.output:  # some backends give the items only as each is done
+                    final.output = finished
+                return _model_response(final)
 
-        async def answered() -> ModelResponse:
-            try:
-                return await self._answer(asked, ask, tools, inner)
-            finally:
-                passing.put_nowait(end)
+            return await self._answer(asked, ask, tools, inner)
 
-        answer = asyncio.ensure_future(answered())
-        try:
-            while (event := await passing.get()) is not end:
-                yield event
-            response = await answer
-        finally:
-            if not answer.done():  # the SDK stopped listening: so does the model
-                answer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await answer
-        yield completed[0] if completed else _completed_event(response, inner)
+        answered: list[ModelResponse] = []
+        async for event in _relayed(answer, answered.append):
+            yield event
+        yield completed[0] if completed else _completed_event(answered[0], inner)
 
     async def close(self) -> None:
         if isinstance(self.inner, Model):
@@ -785,6 +760,32 @@ class _Turns:
     def release(self, call_id: str) -> None:
         if (passed := self._passed.get(call_id)) is not None:
             passed.set()
+
+
+async def _relayed(work: Callable[[Callable[[Any], None]], Awaitable[T]],
+                   ended: Callable[[T], None]) -> AsyncIterator[Any]:
+    """What ``work`` puts, passed on as it comes, ``work`` running as a task of its own;
+    its result told to ``ended``, its error raised. Left early, the task is cancelled
+    (a streamed run, or a model's answer, nobody listens to any more)."""
+    items: asyncio.Queue[Any] = asyncio.Queue()
+    end = object()
+
+    async def run() -> None:
+        try:
+            ended(await work(items.put_nowait))
+        finally:
+            items.put_nowait(end)
+
+    task = asyncio.ensure_future(run())
+    try:
+        while (item := await items.get()) is not end:
+            yield item
+        await task  # raises what work raised
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 # --- encodings -------------------------------------------------------------------------------
