@@ -161,6 +161,29 @@ def test_openai_responses_length_is_incomplete(stub: StubServer, oai: openai.Ope
     assert out.output_text == "partial"
 
 
+def test_openai_responses_stream_as_the_client_reads_it(
+        stub: StubServer, oai: openai.OpenAI) -> None:
+    stub.script([Reply(calls=[("add", {"a": 1})]), Reply(text="three")])
+    with oai.responses.create(model="m", input="add", stream=True) as stream:
+        events = list(stream)
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    (call,) = events[-1].response.output  # type: ignore[union-attr]
+    assert call.type == "function_call" and call.arguments == '{"a": 1}'
+    with oai.responses.create(model="m", input="add", stream=True) as stream:
+        texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
+    assert texts == ["three"] and stub.counts["responses_create"] == 2
+
+
+def test_streaming_chat_or_messages_is_refused(stub: StubServer, oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="streaming is supported for /v1/responses"):
+        oai.chat.completions.create(model="m", messages=[USER], stream=True)
+    assert stub.counts["rejected"] == 1
+
+
 def responses_call_turn(oai: openai.OpenAI) -> tuple[list[dict[str, Any]], str]:
     out = oai.responses.create(model="m", input=[USER], store=False)
     call_id = out.output[-1].call_id  # type: ignore[union-attr]

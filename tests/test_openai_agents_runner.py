@@ -216,6 +216,41 @@ def test_a_streamed_answer_passes_on_as_it_comes_and_completes_once_recorded(
     store.close()
 
 
+def test_a_stream_from_the_openai_client_is_journaled_and_replayed_without_asking(
+        tmp_path: Any, posting: Posting) -> None:
+    # The SDK's own OpenAIResponsesModel and the real openai client, streaming from the
+    # loopback stub (server-sent events, as the Responses API sends them).
+    from agents import OpenAIResponsesModel
+    from openai import AsyncOpenAI
+
+    from agentjournal.testing.llm_stub import Reply, StubServer
+
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    turns = [Reply(calls=[("post_effect", {"label": f"{posting.prefix}a"})]),
+             Reply(text="posted 1")]
+    with StubServer(turns) as stub:
+        async def listen() -> tuple[Any, list[str]]:
+            client = AsyncOpenAI(base_url=f"{stub.url}/v1", api_key="stub", max_retries=0)
+            scripted, policies = posting.agent()
+            agent = scripted.clone(model=OpenAIResponsesModel("gpt-stub", client))
+            stream = JournalRunner.run_streamed(agent, TASK, store=store, run_id=RUN,
+                                                policies=policies)
+            raw = [e.data.type async for e in stream.stream_events()
+                   if e.type == "raw_response_event"]
+            await client.close()
+            return stream, raw
+
+        stream, raw = asyncio.run(listen())
+        assert stream.final_output == "posted 1" and stub.rejections == []
+        assert {"response.function_call_arguments.delta", "response.output_text.delta"} <= set(raw)
+        assert posting.counts() == {"a": 1}
+        stream, raw = asyncio.run(listen())  # the finished run, replayed
+        assert stream.final_output == "posted 1" and raw == ["response.completed"] * 2
+        assert stub.counts["responses_create"] == 2  # not asked again
+    assert posting.counts() == {"a": 1}
+    store.close()
+
+
 def test_a_stream_left_early_stops_the_run_and_it_resumes_from_its_log(
         tmp_path: Any, posting: Posting) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'j.db'}")

@@ -34,6 +34,7 @@ from .wire import (
     render_chat,
     render_message,
     render_response,
+    response_events,
 )
 
 COUNT_KEYS = (
@@ -265,8 +266,10 @@ class _Handler(BaseHTTPRequestHandler):
         render: Callable[[Reply, Json, Memory], Json],
     ) -> None:
         self.stub.count(key)
+        streamed = bool(body.get("stream"))
         with self.stub.lock:
-            reason = "stub: streaming is not supported" if body.get("stream") else check()
+            reason = ("stub: streaming is supported for /v1/responses only"
+                      if streamed and key != "responses_create" else check())
         if reason:
             self._reject(self.path, reason)
             return
@@ -282,7 +285,10 @@ class _Handler(BaseHTTPRequestHandler):
             payload = render(outcome, body, self.stub.memory)
         if key == "responses_create":
             payload = self._keep_response(payload, body, outcome.delay)
-        self._send(200, payload)
+        if streamed:
+            self._send_events(response_events(payload))
+        else:
+            self._send(200, payload)
 
     def _keep_response(self, response: Json, body: Json, delay: float) -> Json:
         if not body.get("background"):
@@ -357,6 +363,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_events(self, events: list[Json]) -> None:
+        """Server-sent events, the body ending with the connection (as a stream may)."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("x-request-id", Memory.new_id("req_"))
+        self.send_header("connection", "close")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+        self.close_connection = True
 
     def _drop(self) -> None:
         self.close_connection = True

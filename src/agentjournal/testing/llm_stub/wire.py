@@ -266,6 +266,48 @@ def render_response(reply: Reply, body: Json, mem: Memory) -> Json:
     return response
 
 
+def response_events(response: Json) -> list[Json]:
+    """A rendered response as the Responses API streams it (``stream: true``): created
+    and in progress, each output item added, its text or arguments in one delta, done;
+    then completed (or incomplete), holding the whole response."""
+    events: list[Json] = []
+
+    def add(kind: str, **fields: Any) -> None:
+        events.append({"type": kind, "sequence_number": len(events), **fields})
+
+    begun = {**response, "status": "in_progress", "output": [], "usage": None}
+    add("response.created", response=begun)
+    add("response.in_progress", response=begun)
+    for index, item in enumerate(response["output"]):
+        at = {"item_id": item["id"], "output_index": index}
+        add("response.output_item.added", output_index=index, item=_begun(item))
+        if item["type"] == "function_call":
+            add("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            add("response.function_call_arguments.done", **at, name=item["name"],
+                arguments=item["arguments"])
+        for part_index, part in enumerate(item.get("content") or ()):
+            text = part["type"] == "output_text"
+            part_at = {**at, "content_index": part_index}
+            add("response.content_part.added", **part_at,
+                part={**part, "text": ""} if text else part)
+            if text:
+                add("response.output_text.delta", **part_at, delta=part["text"], logprobs=[])
+                add("response.output_text.done", **part_at, text=part["text"], logprobs=[])
+            add("response.content_part.done", **part_at, part=part)
+        add("response.output_item.done", output_index=index, item=item)
+    add(f"response.{response['status']}", response=response)
+    return events
+
+
+def _begun(item: Json) -> Json:
+    """An output item as it is added to a stream, before its content."""
+    if item["type"] == "message":
+        return {**item, "status": "in_progress", "content": []}
+    if item["type"] == "function_call":
+        return {**item, "status": "in_progress", "arguments": ""}
+    return item
+
+
 def _reasoning_item(reply: Reply, mem: Memory, output: list[Json]) -> str | None:
     if not reply.reasoning:
         return None
