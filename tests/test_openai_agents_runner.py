@@ -113,19 +113,23 @@ def slow_or(request: pytest.FixtureRequest, default: set[tuple[str, str]], *key:
         pytest.skip("this case runs on another backend by default (--slow: all)")
 
 
-#: Each window on one backend by default; every pair with --slow.
-WINDOWS = {("model", "jsonl"), ("before", "postgres"), ("after", "sqlite")}
+#: Each window on one backend by default (streamed: on another); every one with --slow.
+WINDOWS = {("model", "run", "jsonl"), ("before", "run", "postgres"), ("after", "run", "sqlite"),
+           ("model", "streamed", "sqlite"), ("before", "streamed", "jsonl"),
+           ("after", "streamed", "postgres")}
 
 
 @backend_params()
 @pytest.mark.parametrize("window", ["model", "before", "after"])
+@pytest.mark.parametrize("how", ["run", "streamed"])
 def test_killed_in_each_window_every_effect_lands_once(
         request: pytest.FixtureRequest, store_url: str, store: Store, posting: Posting,
-        window: str) -> None:
-    slow_or(request, WINDOWS, window)
-    posting.kill_at(window, store_url)
-    result = posting.resume(store)
-    assert result.final_output == "posted 2"
+        window: str, how: str) -> None:
+    slow_or(request, WINDOWS, window, how)
+    streamed = how == "streamed"  # (killed and resumed through run_streamed)
+    posting.kill_at(window, store_url, streamed=streamed)
+    result = posting.resume(store, streamed=streamed)
+    assert result.final_output == "posted 2" and not result.interruptions
     assert posting.counts() == {"a": 1, "b": 1}
     log = list(store.read(RUN))
     starts = [e.payload["call_id"] for e in log if e.type is E.TOOL_CALL_STARTED]
@@ -164,23 +168,6 @@ def test_an_uncertain_call_no_lookup_settles_is_an_interruption_a_person_decides
     done = posting.resume(store, lookup=False)
     assert done.final_output == "posted 2" and not done.interruptions
     assert posting.counts() == {"a": 1, "b": 1}
-
-
-#: The streamed kill: each window on another backend than the run's by default.
-STREAMED_WINDOWS = {("model", "sqlite"), ("before", "jsonl"), ("after", "postgres")}
-
-
-@backend_params()
-@pytest.mark.parametrize("window", ["model", "before", "after"])
-def test_a_streamed_run_killed_in_each_window_lands_every_effect_once(
-        request: pytest.FixtureRequest, store_url: str, store: Store, posting: Posting,
-        window: str) -> None:
-    slow_or(request, STREAMED_WINDOWS, window)
-    posting.kill_at(window, store_url, streamed=True)
-    result = posting.resume(store, streamed=True)
-    assert result.final_output == "posted 2" and not result.interruptions
-    assert posting.counts() == {"a": 1, "b": 1}
-    assert [e.type for e in store.read(RUN)].count(E.MODEL_TURN) == 2
 
 
 def test_a_streamed_answer_passes_on_as_it_comes_and_completes_once_recorded(
