@@ -2,13 +2,14 @@
 by ``JournalDurability`` (or, for the comparison, by Pydantic AI's own ``DBOSDurability``).
 
     python -m tests.pydantic_agent --store URL --run-id ID --receiver URL [--prefix P]
-                                   [--mode lookup|none] [--dbos SQLITE_FILE]
+                                   [--mode lookup|none] [--dbos SQLITE_FILE] [--stream]
 
 The model is a ``FunctionModel`` that counts how often it is asked (in this process): its
 first answer asks for ``post_effect(Pa)`` and ``post_effect(Pb)`` in one turn (parallel
 calls), its second says what was posted. ``post_effect`` is irreversible: it POSTs to the
 receiver (tests/crash_agent.py), which counts what it is sent. Mode ``lookup`` declares the
-receiver's lookup in the tool's metadata; ``none`` declares none. Prints one JSON line.
+receiver's lookup in the tool's metadata; ``none`` declares none. ``--stream`` runs it
+with ``agent.run_stream`` (the model streams the same answers). Prints one JSON line.
 ``AGENTJOURNAL_FAULT`` kills it in a window (agentjournal.faults); ``KILL_AFTER_POST=1``
 kills it inside the tool right after its POST, the same window for either engine (DBOS has
 no fault points of ours). A test resumes runs in its own process with
@@ -18,6 +19,7 @@ no fault points of ours). A test resumes runs in its own process with
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -26,7 +28,7 @@ from typing import Any
 
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 from agentjournal import current_call
 from agentjournal.demo.ledger import FENCING_HEADER, http_json
@@ -54,6 +56,19 @@ class CountingModel:
             f"{r['label']} ({r['status']})" if isinstance(r, dict) else str(r)
             for r in returns))])
 
+    async def stream(self, messages: list[ModelMessage], info: AgentInfo) -> Any:
+        """The same answers, streamed: each call whole, the text a word at a time."""
+        for part in self(messages, info).parts:
+            if isinstance(part, ToolCallPart):
+                yield {part.tool_call_id: DeltaToolCall(
+                    name=part.tool_name, json_args=json.dumps(part.args),
+                    tool_call_id=part.tool_call_id)}
+            elif isinstance(part, TextPart):
+                first, *rest = part.content.split(" ")
+                yield first
+                for word in rest:
+                    yield " " + word
+
 
 def poster(url: str, *, kill_after_post: bool = False) -> Any:
     """The tool body: POST the effect with the call's key (when journaled)."""
@@ -78,24 +93,29 @@ def make_agent(url: str, model: CountingModel, capability: Any, mode: str,
     if mode == "lookup":
         declared["lookup"] = lookup_at(url)
     agent: Agent[None, str | DeferredToolRequests] = Agent(
-        FunctionModel(model), name="poster", output_type=[str, DeferredToolRequests],
-        capabilities=[capability])
+        FunctionModel(model, stream_function=model.stream), name="poster",
+        output_type=[str, DeferredToolRequests], capabilities=[capability])
     agent.tool_plain(metadata={"agentjournal": declared})(
         poster(url, kill_after_post=kill_after_post))
     return agent
 
 
 def drive(store_url: str, run_id: str, url: str, mode: str = "lookup",
-          prefix: str = "", *, kill_after_post: bool = False) -> dict[str, Any]:
+          prefix: str = "", *, kill_after_post: bool = False,
+          stream: bool = False) -> dict[str, Any]:
     """Run (or resume) the run once, durable on agentjournal; what it did."""
     from agentjournal.integrations.pydantic_ai import JournalDurability
 
     model = CountingModel([prefix + label for label in LABELS])
     durability = JournalDurability(store_url, run_id)
     agent = make_agent(url, model, durability, mode, kill_after_post=kill_after_post)
-    result = agent.run_sync(
-        f"post {', '.join(model.labels)}")
-    output = result.output
+    prompt = f"post {', '.join(model.labels)}"
+
+    async def streamed() -> Any:
+        async with agent.run_stream(prompt) as result:
+            return await result.get_output()
+
+    output = asyncio.run(streamed()) if stream else agent.run_sync(prompt).output
     deferred = ([c.tool_call_id for c in output.calls]
                 if isinstance(output, DeferredToolRequests) else None)
     run = durability.last_run
@@ -150,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="")
     parser.add_argument("--mode", choices=["lookup", "none"], default="lookup")
     parser.add_argument("--dbos", default="", help="run under DBOSDurability on this SQLite file")
+    parser.add_argument("--stream", action="store_true", help="with agent.run_stream")
     args = parser.parse_args(argv)
     kill = os.environ.get("KILL_AFTER_POST") == "1"
     if args.dbos:
@@ -157,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                          kill_after_post=kill)
     else:
         out = drive(args.store, args.run_id, args.receiver, args.mode, args.prefix,
-                    kill_after_post=kill)
+                    kill_after_post=kill, stream=args.stream)
     print(json.dumps(out))
     return 0
 

@@ -70,30 +70,38 @@ def done_text(prefix: str) -> str:
 
 #: By default (the suite's time budget) each window on one backend and the after-POST
 #: one on jsonl and postgres too; on SQLite the after-POST kill is the comparison with
-#: DBOSDurability below (the same window, killed inside the tool). --slow: every pair.
-DEFAULT_PAIRS = {("model_call:1", "sqlite"), ("before_effect:1", "postgres"),
-                 ("after_effect:1", "jsonl"), ("after_effect:1", "postgres")}
+#: DBOSDurability below (the same window, killed inside the tool). Streamed
+#: (``run_stream``), each window on another backend. --slow: every one.
+DEFAULT_PAIRS = {("model_call:1", "run", "sqlite"), ("before_effect:1", "run", "postgres"),
+                 ("after_effect:1", "run", "jsonl"), ("after_effect:1", "run", "postgres"),
+                 ("model_call:1", "stream", "postgres"), ("before_effect:1", "stream", "jsonl"),
+                 ("after_effect:1", "stream", "sqlite")}
 
 
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
 @pytest.mark.parametrize("fault, asked", [
     ("model_call:1", 2), ("before_effect:1", 1), ("after_effect:1", 1)],
     ids=["during-model-request", "start-durable-before-post", "after-post-before-completion"])
+@pytest.mark.parametrize("how", ["run", "stream"])
 def test_killed_in_each_window_then_resumed_each_effect_happens_once(
         request: pytest.FixtureRequest, store_url: str, module_receiver: Any, fault: str,
-        asked: int) -> None:
+        asked: int, how: str) -> None:
     backend = request.node.callspec.params["store_url"]
-    if (fault, backend) not in DEFAULT_PAIRS and not request.config.getoption("--slow"):
+    if (fault, how, backend) not in DEFAULT_PAIRS and not request.config.getoption("--slow"):
         pytest.skip("this window runs on another backend by default (--slow: all)")
     prefix = f"{request.node.callspec.id}-"
+    stream = how == "stream"  # killed and resumed through agent.run_stream
     killed_child("--store", store_url, "--run-id", RUN, "--receiver", module_receiver.url,
-                 "--prefix", prefix, env={"AGENTJOURNAL_FAULT": fault})
-    out = drive(store_url, RUN, module_receiver.url, "lookup", prefix)  # resumed here
+                 "--prefix", prefix, *(["--stream"] if stream else []),
+                 env={"AGENTJOURNAL_FAULT": fault})
+    out = drive(store_url, RUN, module_receiver.url, "lookup", prefix,
+                stream=stream)  # resumed here
     assert out["status"] == "finished" and out["output"] == done_text(prefix)
     assert counted(module_receiver, prefix) == {"a": 1, "b": 1}
     assert out["model_calls"] == asked  # a recorded turn is not asked again
     log = log_of(store_url)
-    assert sum(e.type is E.MODEL_TURN for e in log) == 2
+    unit = "poster__model.request_stream" if stream else "poster__model.request"
+    assert [e.payload["step"]["name"] for e in log if e.type is E.MODEL_TURN] == [unit] * 2
     # The same output as a run that was never interrupted, on the same receiver.
     plain = drive(store_url, "uninterrupted", module_receiver.url, "lookup", prefix + "u-")
     assert plain["output"] == done_text(prefix + "u-") and plain["model_calls"] == 2
