@@ -5,7 +5,8 @@ in a window (``--block``: it prints ``WINDOW <name>`` and waits there) and resum
 a new process.
 
 ``--saver journal``: JournalSaver on ``--store`` and the ToolNode wrapped by
-``exactly_once`` (agentjournal's call protocol). ``--saver stock``: LangGraph's
+``exactly_once`` (agentjournal's call protocol), run by ``invoke`` (``--stream``:
+by ``stream``). ``--saver stock``: LangGraph's
 SqliteSaver on ``--db`` and a plain ToolNode.
 """
 
@@ -123,12 +124,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out = build(args, SqliteSaver(conn)).invoke(given, config,
                                                       durability=args.durability)
         return result(out)
-    from agentjournal.integrations.langgraph import JournalSaver, invoke
+    from agentjournal.integrations.langgraph import JournalSaver, invoke, stream
 
     store = open_store(args.store)
     try:
         with JournalSaver(store) as saver:
-            out = invoke(build(args, saver), given, config, durability=args.durability)
+            graph = build(args, saver)
+            if not args.stream:
+                out = invoke(graph, given, config, durability=args.durability)
+            else:  # the state after each step; an interrupt comes as a chunk of its own
+                out = {}
+                for chunk in stream(graph, given, config, durability=args.durability,
+                                    stream_mode="values"):
+                    out = {**out, **chunk}
     finally:
         store.close()
     return result(out)
@@ -154,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decide", help="resume with Command(resume={'verdict': ...})")
     p.add_argument("--lookup", action="store_true", help="the tool has a reconcile lookup")
     p.add_argument("--durability", default="sync", choices=["sync", "async", "exit"])
+    p.add_argument("--stream", action="store_true", help="with stream(), not invoke()")
     args = p.parse_args(argv)
     try:
         print(json.dumps(run(args)), flush=True)

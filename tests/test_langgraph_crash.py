@@ -38,10 +38,10 @@ HANG = 120  # seconds: a hang guard, never a timing assertion
 @pytest.fixture(autouse=True)
 def default_size(request: pytest.FixtureRequest) -> None:
     """Each child imports LangGraph (2-3 s of CPU): the default suite kills ours in every
-    window on SQLite, and the stock saver after the effect (the window LangGraph
-    repeats); --slow kills in every window on every backend (the saver's appends are the
-    same code on each, which the conformance and graph tests run on all three). Decided
-    before the receiver starts."""
+    window on SQLite (streamed: after the effect), and the stock saver after the effect
+    (the window LangGraph repeats); --slow kills in every window on every backend (the
+    saver's appends are the same code on each, which the conformance and graph tests
+    run on all three). Decided before the receiver starts."""
     params = getattr(request.node, "callspec", None)
     given = params.params if params is not None else {}
     if request.config.getoption("--slow"):
@@ -49,7 +49,8 @@ def default_size(request: pytest.FixtureRequest) -> None:
     if given.get("store_url", "sqlite") != "sqlite":
         pytest.skip("on this backend with --slow (the default suite kills on sqlite)")
     stock = request.node.name.startswith("test_stock")
-    if stock and given.get("window", "after") != "after":
+    streamed = given.get("how") == "stream"
+    if (stock or streamed) and given.get("window", "after") != "after":
         pytest.skip("in this window with --slow (the default suite kills after the effect)")
 
 
@@ -118,10 +119,12 @@ def log_of(store_url: str) -> list[Any]:
 
 @backend_params()
 @pytest.mark.parametrize("window", ["model", "before", "after"])
+@pytest.mark.parametrize("how", ["invoke", "stream"])
 def test_killed_in_each_window_the_effect_happens_once(
-        store_url: str, receiver: Receiver, window: str) -> None:
-    kill_in(journal(store_url, receiver, "--lookup", "--block", window), window)
-    out = finish(journal(store_url, receiver, "--lookup", "--resume"))
+        store_url: str, receiver: Receiver, window: str, how: str) -> None:
+    streamed = ["--stream"] if how == "stream" else []  # killed and resumed by stream()
+    kill_in(journal(store_url, receiver, "--lookup", *streamed, "--block", window), window)
+    out = finish(journal(store_url, receiver, "--lookup", *streamed, "--resume"))
     assert out["messages"][-1] == ["AIMessage", "Refunded order 42."], out
     assert receiver.by_label() == {LABEL: 1}
     kinds = [e.type for e in log_of(store_url)]
@@ -129,6 +132,7 @@ def test_killed_in_each_window_the_effect_happens_once(
     assert kinds.count(EventType.TOOL_CALL_COMPLETED) == 1
     if window == "after":  # settled by the lookup, not by calling again
         assert EventType.TOOL_CALL_RECONCILED in kinds
+    assert kinds[-1] is EventType.RUN_FINISHED
 
 
 @backend_params()

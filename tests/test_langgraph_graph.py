@@ -226,10 +226,11 @@ def test_show_and_events_display_a_thread(store: Store, store_url: str) -> None:
 
 
 @backend_params()
-def test_async_graph_tools_run_once_through_the_call_protocol(store: Store) -> None:
-    """ainvoke, awrap_tool_call: an async ToolNode's call is started durably, completed,
-    and when LangGraph runs the node again (a replay from an earlier checkpoint) answered
-    from the log, the tool not called."""
+@pytest.mark.parametrize("how", ["ainvoke", "astream"])
+def test_async_graph_tools_run_once_through_the_call_protocol(store: Store, how: str) -> None:
+    """ainvoke (or astream), awrap_tool_call: an async ToolNode's call is started durably,
+    completed, and when LangGraph runs the node again (a replay from an earlier
+    checkpoint) answered from the log, the tool not called."""
     import asyncio
 
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -239,6 +240,7 @@ def test_async_graph_tools_run_once_through_the_call_protocol(store: Store) -> N
     from agentjournal.integrations.langgraph import (
         ToolEffect,
         ainvoke,
+        astream,
         current_call,
         exactly_once,
     )
@@ -269,15 +271,24 @@ def test_async_graph_tools_run_once_through_the_call_protocol(store: Store) -> N
     builder.add_conditional_edges("model", tools_condition, ["tools", END])
     builder.add_edge("tools", "model")
     graph = builder.compile(checkpointer=saver)
-    out = asyncio.run(ainvoke(graph, {"messages": [HumanMessage("charge o-9")]},
-                              config("async")))
+
+    async def run(given: Any, conf: Any) -> Any:
+        if how == "ainvoke":
+            return await ainvoke(graph, given, conf)
+        states = [s async for s in astream(graph, given, conf, stream_mode="values")]
+        return states[-1]  # the state after each step, as it comes
+
+    out = asyncio.run(run({"messages": [HumanMessage("charge o-9")]}, config("async")))
     assert [m.content for m in out["messages"]][-2:] == ["charged o-9", "done"]
     assert len(made) == 1 and len(made[0]) == 64  # the idempotency key the tool sent
+    log = list(store.read(thread_run_id("async")))
+    assert log[-1].type is E.RUN_FINISHED  # and the thread's lease is free again:
+    store.release(store.acquire(thread_run_id("async"), "someone else", ttl=30))
     # Time travel: replaying from the checkpoint before the tools node runs the node
     # again with the same call (LangGraph re-executes it); the journal serves it.
     before_tools = next(s for s in graph.get_state_history(config("async"))
                         if s.next == ("tools",))
-    replayed = asyncio.run(ainvoke(graph, None, before_tools.config))
+    replayed = asyncio.run(run(None, before_tools.config))
     assert [m.content for m in replayed["messages"]][-2:] == ["charged o-9", "done"]
     assert len(made) == 1
     kinds = [e.type for e in store.read(thread_run_id("async"))]

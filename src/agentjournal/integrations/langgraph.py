@@ -73,7 +73,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     raise MissingExtraError("langgraph", "langgraph") from exc
 
 __all__ = ["DELETED", "ExactlyOnce", "JournalSaver", "Thread", "ToolEffect", "ainvoke",
-           "current_call", "exactly_once", "invoke", "thread_run_id"]
+           "astream", "current_call", "exactly_once", "invoke", "stream", "thread_run_id"]
 
 AGENT = "langgraph"
 
@@ -671,6 +671,41 @@ async def ainvoke(graph: Any, input: Any, config: RunnableConfig, *,
         if await asyncio.to_thread(_ended, graph, config):
             await asyncio.to_thread(saver.finish, config)
         return result
+    finally:
+        if release:
+            await asyncio.to_thread(saver.release, thread_id)
+
+
+def stream(graph: Any, input: Any, config: RunnableConfig, *, durability: str = "sync",
+           release: bool = True, **kwargs: Any) -> Iterator[Any]:
+    """``invoke``, streamed: ``graph.stream``'s chunks as they come (``stream_mode`` and
+    the rest as ``graph.stream`` takes them), under the same lease, with the input
+    recorded first and the finish at the end. The lease is taken at the first chunk
+    asked for, and released when the iteration ends or is closed."""
+    saver = _saver_of(graph)
+    thread_id, _ = _conf(config)
+    try:
+        given = saver.record_input(config, input)
+        yield from graph.stream(given, config, durability=durability, **kwargs)
+        if _ended(graph, config):
+            saver.finish(config)
+    finally:
+        if release:
+            saver.release(thread_id)
+
+
+async def astream(graph: Any, input: Any, config: RunnableConfig, *,
+                  durability: str = "sync", release: bool = True,
+                  **kwargs: Any) -> AsyncIterator[Any]:
+    """``stream`` for async code."""
+    saver = _saver_of(graph)
+    thread_id, _ = _conf(config)
+    try:
+        given = await asyncio.to_thread(saver.record_input, config, input)
+        async for chunk in graph.astream(given, config, durability=durability, **kwargs):
+            yield chunk
+        if await asyncio.to_thread(_ended, graph, config):
+            await asyncio.to_thread(saver.finish, config)
     finally:
         if release:
             await asyncio.to_thread(saver.release, thread_id)
