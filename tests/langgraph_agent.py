@@ -5,9 +5,8 @@ in a window (``--block``: it prints ``WINDOW <name>`` and waits there) and resum
 a new process.
 
 ``--saver journal``: JournalSaver on ``--store`` and the ToolNode wrapped by
-``exactly_once`` (agentjournal's call protocol), run by ``invoke`` (``--stream``:
-by ``stream``). ``--saver stock``: LangGraph's
-SqliteSaver on ``--db`` and a plain ToolNode.
+``exactly_once`` (agentjournal's call protocol), run by ``invoke`` (``--stream``: by
+``stream``). ``--saver stock``: LangGraph's SqliteSaver on ``--db`` and a plain ToolNode.
 """
 
 from __future__ import annotations
