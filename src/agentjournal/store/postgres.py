@@ -267,22 +267,44 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     """,
 )
 
-# Another run of scope %(alone_in)s with events (an append ``alone_in`` it is refused).
-_SHARED = ("SELECT 1 FROM {s}.runs o WHERE o.scope = %(alone_in)s::text"
-           " AND o.run_id <> %(run)s AND o.last_seq > 0")
+def _param(name: str) -> str:
+    """A statement's parameter ``name``."""
+    return f"%({name})s"
 
-# An append's one statement: move the run's end (its WHERE is the whole check) and,
-# only if that claimed the row, insert the events. {rows}: one event's values as
-# scalars (a third cheaper than arrays, and most appends are one event), or arrays.
+
+def _others_in_scope(value: Callable[[str], str]) -> str:
+    """Another run of scope ``alone_in`` with events (an append ``alone_in`` it is
+    refused); ``value`` as for _claim_update."""
+    return (f"SELECT 1 FROM {{s}}.runs o WHERE o.scope = {value('alone_in')}::text"
+            f" AND o.run_id <> {value('run')} AND o.last_seq > 0")
+
+
+_SHARED = _others_in_scope(_param)
+
+
+def _claim_update(value: Callable[[str], str], source: str = "") -> str:
+    """The UPDATE that claims an append: it moves the run's end, and its WHERE is the
+    whole check (the expected end, the lease's epoch, the digest the batch was sealed
+    from, not archived, and, for an append ``alone_in`` a scope, no other run of it with
+    events). ``value(name)``: the SQL of the claim's value ``name``, a parameter or a
+    column of ``source`` (the group's claims), which the UPDATE reads FROM."""
+    return (
+        f"UPDATE {{s}}.runs r SET last_seq = {value('last')}, last_digest = {value('digest')},"
+        f" scope = coalesce({value('scope')}::text, r.scope),"
+        f" created_at = least(r.created_at, {value('first_ts')}),"
+        f" updated_at = greatest(r.updated_at, {value('last_ts')})"
+        + (f" FROM {source}" if source else "") +
+        f" WHERE r.run_id = {value('run')} AND r.last_seq = {value('expected')}"
+        f" AND r.lease_epoch = {value('epoch')} AND r.last_digest = {value('prev')}"
+        f" AND r.archived_to IS NULL AND ({value('alone_in')}::text IS NULL"
+        f" OR NOT EXISTS ({_others_in_scope(value)}))")
+
+
+# An append's one statement: claim (see _claim_update) and, only if that claimed the
+# row, insert the events. {rows}: one event's values as scalars (a third cheaper than
+# arrays, and most appends are one event), or arrays.
 _CLAIM = (
-    "WITH claimed AS (UPDATE {s}.runs SET last_seq = %(last)s,"
-    " last_digest = %(digest)s, scope = coalesce(%(scope)s::text, scope),"
-    " created_at = least(created_at, %(first_ts)s),"
-    " updated_at = greatest(updated_at, %(last_ts)s)"
-    " WHERE run_id = %(run)s AND last_seq = %(expected)s"
-    " AND lease_epoch = %(epoch)s AND last_digest = %(prev)s AND archived_to IS NULL"
-    " AND (%(alone_in)s::text IS NULL OR NOT EXISTS (" + _SHARED + "))"
-    " RETURNING run_id),"
+    "WITH claimed AS (" + _claim_update(_param) + " RETURNING r.run_id),"
     " added AS (INSERT INTO {s}.events {rows} WHERE EXISTS (SELECT 1 FROM claimed))"
     " SELECT count(*) FROM claimed"
 )
@@ -296,18 +318,12 @@ _CLAIM_GROUP = (
     "WITH c AS (SELECT * FROM unnest(%(run)b::text[], %(expected)b::int8[],"
     " %(epoch)b::int8[], %(last)b::int8[], %(prev)b::text[], %(digest)b::text[],"
     " %(scope)b::text[], %(first_ts)b::timestamptz[], %(last_ts)b::timestamptz[],"
-    " %(alone_in)b::text[]) WITH ORDINALITY AS c(run_id, expected, epoch, last, prev,"
+    " %(alone_in)b::text[]) WITH ORDINALITY AS c(run, expected, epoch, last, prev,"
     " digest, scope, first_ts, last_ts, alone_in, i)),"
     " locked AS MATERIALIZED (SELECT r.run_id FROM {s}.runs r"
     " WHERE r.run_id = ANY(%(run)b::text[]) ORDER BY r.run_id FOR UPDATE),"
-    " claimed AS (UPDATE {s}.runs r SET last_seq = c.last, last_digest = c.digest,"
-    " scope = coalesce(c.scope, r.scope), created_at = least(r.created_at, c.first_ts),"
-    " updated_at = greatest(r.updated_at, c.last_ts) FROM c"
-    " WHERE r.run_id = c.run_id AND r.run_id IN (SELECT run_id FROM locked)"
-    " AND r.last_seq = c.expected AND r.lease_epoch = c.epoch AND r.last_digest = c.prev"
-    " AND r.archived_to IS NULL AND (c.alone_in IS NULL OR NOT EXISTS ("
-    "SELECT 1 FROM {s}.runs o WHERE o.scope = c.alone_in AND o.run_id <> c.run_id"
-    " AND o.last_seq > 0)) RETURNING c.i),"
+    " claimed AS (" + _claim_update(lambda name: f"c.{name}", "c") +
+    " AND r.run_id IN (SELECT run_id FROM locked) RETURNING c.i),"
     " added AS (INSERT INTO {s}.events SELECT e.run_id, e.seq, e.type, e.ts, e.body"
     " FROM unnest(%(of_claim)b::int8[], %(event_run)b::text[], %(seq)b::int8[],"
     " %(type)b::text[], %(ts)b::timestamptz[], %(body)b::bytea[])"
@@ -846,9 +862,15 @@ class PostgresStore:
             if len(self._ends) > _ENDS:
                 del self._ends[next(iter(self._ends))]  # the least recently used
 
-    def _send_claim(self, cur: Cursor, params: dict[str, Any], events: Sequence[Event],
-                    bodies: list[bytes]) -> None:
-        """Execute the claim statement (see :meth:`_claim_and_insert`)."""
+    def _claim_and_insert(self, cur: Cursor, params: dict[str, Any], events: Sequence[Event],
+                          bodies: list[bytes]) -> bool:
+        """Move the run's end from expected to last and insert the events, in one round trip.
+
+        The UPDATE's WHERE is the whole check: under concurrency Postgres re-evaluates
+        it on the row's newest version after waiting for its lock, so exactly one of
+        two writers at the same expected seq and epoch claims it; and only a batch
+        sealed from the digest the log really ends with is claimed. False: not claimed.
+        """
         if len(events) == 1:
             params.update(type=events[0].type.value, body=bodies[0])
             cur.execute(self._claim_one, params)
@@ -862,17 +884,6 @@ class PostgresStore:
                           types=[e.type.value for e in events], stamps=[e.ts for e in events],
                           bodies=bodies)
             cur.execute(self._claim_many, params)
-
-    def _claim_and_insert(self, cur: Cursor, params: dict[str, Any], events: Sequence[Event],
-                          bodies: list[bytes]) -> bool:
-        """Move the run's end from expected to last and insert the events, in one round trip.
-
-        The UPDATE's WHERE is the whole check: under concurrency Postgres re-evaluates
-        it on the row's newest version after waiting for its lock, so exactly one of
-        two writers at the same expected seq and epoch claims it; and only a batch
-        sealed from the digest the log really ends with is claimed. False: not claimed.
-        """
-        self._send_claim(cur, params, events, bodies)
         (row,) = cur.fetchall()
         return bool(row[0])
 
