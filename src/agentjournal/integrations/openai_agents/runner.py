@@ -180,7 +180,9 @@ class JournalRunner:
         """:meth:`run`, streamed as ``Runner.run_streamed`` streams: iterate
         ``stream_events()``, then read ``final_output`` / ``interruptions``. Takes
         :meth:`run`'s arguments. The run starts (or resumes) when the iteration does."""
-        args = _run_args(**kwargs)
+        given = inspect.signature(cls.run).bind(starting_agent, input, **kwargs)  # checked now
+        given.apply_defaults()
+        args = _run_args(**given.kwargs)
         return JournaledStream(lambda emit: _run(starting_agent, input, emit=emit, **args))
 
 
@@ -258,18 +260,11 @@ class JournaledStream:
 # --- one open run --------------------------------------------------------------------
 
 
-def _run_args(*, store: Store, run_id: str,
-              policies: Mapping[str, ToolPolicy | Effect | str] | None = None,
-              context: Any = None, max_turns: int | None = None, hooks: Any = None,
-              run_config: RunConfig | None = None, session: Any = None,
-              owner: str | None = None, ttl: float = 30.0, trace: bool = True,
-              context_serializer: Callable[[Any], Mapping[str, Any]] | None = None,
-              context_deserializer: Callable[[Mapping[str, Any]], Any] | None = None,
-              ) -> dict[str, Any]:
-    """:meth:`JournalRunner.run`'s arguments, as :func:`_run_once` takes them."""
-    return dict(store=store, run_id=run_id, policies=policies or {}, context=context,
-                max_turns=max_turns, hooks=hooks, run_config=run_config or RunConfig(),
-                session=session, owner=owner, ttl=ttl, trace=trace,
+def _run_args(*, policies: Mapping[str, ToolPolicy | Effect | str] | None,
+              run_config: RunConfig | None, context_serializer: Any,
+              context_deserializer: Any, **given: Any) -> dict[str, Any]:
+    """:meth:`JournalRunner.run`'s keyword arguments, as :func:`_run_once` takes them."""
+    return dict(given, policies=policies or {}, run_config=run_config or RunConfig(),
                 serializer=context_serializer, deserializer=context_deserializer)
 
 
