@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -647,33 +648,15 @@ def invoke(graph: Any, input: Any, config: RunnableConfig, *, durability: str = 
     before the graph runs (``input=None`` resumes, with the input of an invocation
     that crashed before its first checkpoint if there is one), and record the finish
     when the graph ends. ``durability`` defaults to LangGraph's ``"sync"``."""
-    saver = _saver_of(graph)
-    thread_id, _ = _conf(config)
-    try:
-        given = saver.record_input(config, input)
-        result = graph.invoke(given, config, durability=durability, **kwargs)
-        if _ended(graph, config):
-            saver.finish(config)
-        return result
-    finally:
-        if release:
-            saver.release(thread_id)
+    with _durably(graph, input, config, release) as given:
+        return graph.invoke(given, config, durability=durability, **kwargs)
 
 
 async def ainvoke(graph: Any, input: Any, config: RunnableConfig, *,
                   durability: str = "sync", release: bool = True, **kwargs: Any) -> Any:
     """``invoke`` for async code."""
-    saver = _saver_of(graph)
-    thread_id, _ = _conf(config)
-    try:
-        given = await asyncio.to_thread(saver.record_input, config, input)
-        result = await graph.ainvoke(given, config, durability=durability, **kwargs)
-        if await asyncio.to_thread(_ended, graph, config):
-            await asyncio.to_thread(saver.finish, config)
-        return result
-    finally:
-        if release:
-            await asyncio.to_thread(saver.release, thread_id)
+    async with _adurably(graph, input, config, release) as given:
+        return await graph.ainvoke(given, config, durability=durability, **kwargs)
 
 
 def stream(graph: Any, input: Any, config: RunnableConfig, *, durability: str = "sync",
@@ -682,11 +665,28 @@ def stream(graph: Any, input: Any, config: RunnableConfig, *, durability: str = 
     the rest as ``graph.stream`` takes them), under the same lease, with the input
     recorded first and the finish at the end. The lease is taken at the first chunk
     asked for, and released when the iteration ends or is closed."""
+    with _durably(graph, input, config, release) as given:
+        yield from graph.stream(given, config, durability=durability, **kwargs)
+
+
+async def astream(graph: Any, input: Any, config: RunnableConfig, *,
+                  durability: str = "sync", release: bool = True,
+                  **kwargs: Any) -> AsyncIterator[Any]:
+    """``stream`` for async code."""
+    async with _adurably(graph, input, config, release) as given:
+        async for chunk in graph.astream(given, config, durability=durability, **kwargs):
+            yield chunk
+
+
+@contextlib.contextmanager
+def _durably(graph: Any, input: Any, config: RunnableConfig, release: bool) -> Iterator[Any]:
+    """Around one run of ``graph`` on a thread: the input recorded (the lease taken) and
+    given to the graph; once the graph returned, its finish recorded if it ended; the
+    lease released after, whatever happened, if ``release``."""
     saver = _saver_of(graph)
     thread_id, _ = _conf(config)
     try:
-        given = saver.record_input(config, input)
-        yield from graph.stream(given, config, durability=durability, **kwargs)
+        yield saver.record_input(config, input)
         if _ended(graph, config):
             saver.finish(config)
     finally:
@@ -694,16 +694,14 @@ def stream(graph: Any, input: Any, config: RunnableConfig, *, durability: str = 
             saver.release(thread_id)
 
 
-async def astream(graph: Any, input: Any, config: RunnableConfig, *,
-                  durability: str = "sync", release: bool = True,
-                  **kwargs: Any) -> AsyncIterator[Any]:
-    """``stream`` for async code."""
+@contextlib.asynccontextmanager
+async def _adurably(graph: Any, input: Any, config: RunnableConfig,
+                    release: bool) -> AsyncIterator[Any]:
+    """``_durably`` for async code: the saver's calls on a thread, off the loop."""
     saver = _saver_of(graph)
     thread_id, _ = _conf(config)
     try:
-        given = await asyncio.to_thread(saver.record_input, config, input)
-        async for chunk in graph.astream(given, config, durability=durability, **kwargs):
-            yield chunk
+        yield await asyncio.to_thread(saver.record_input, config, input)
         if await asyncio.to_thread(_ended, graph, config):
             await asyncio.to_thread(saver.finish, config)
     finally:
