@@ -298,6 +298,22 @@ def test_a_person_s_decision_makes_a_waiting_run_runnable(store: Store) -> None:
     assert done.status == "finished" and queue.hand_back(again.lease, "done", done.last_seq)
 
 
+def _waits_for_the_person(queue: Queue) -> None:
+    """Still waiting for the person: no worker takes the run (and its lease) from under
+    the person's next decision, which is recorded at once."""
+    (row,) = queue.runs()
+    assert row.state == "waiting" and not row.runnable
+    assert queue.claim("w2", 30, ["default"]) is None
+
+
+def _taken_up_again(queue: Queue) -> None:
+    """The person decided all: a worker takes the run up."""
+    (row,) = queue.runs()
+    assert row.state == "waiting" and row.runnable
+    again = queue.claim("w2", 30, ["default"])
+    assert again is not None and again.lease.run_id == "r1"
+
+
 def test_a_run_waiting_on_two_approvals_waits_until_a_person_decided_both(
         url: str, store: Store) -> None:
     # Two calls of one turn wait for approval at once, as an SDK run stops (the bridge).
@@ -311,16 +327,9 @@ def test_a_run_waiting_on_two_approvals_waits_until_a_person_decided_both(
     assert queue.hand_back(claim.lease, "waiting", run.state.last_seq)
     approved = CliRunner().invoke(cli, ["approve", "r1", asked[0], "--store", url])
     assert approved.exit_code == 0, approved.output
-    # Still waiting for the person: no worker takes the run (and its lease) from under
-    # the second decision, which is recorded at once.
-    (row,) = queue.runs()
-    assert row.state == "waiting" and not row.runnable
-    assert queue.claim("w2", 30, ["default"]) is None
+    _waits_for_the_person(queue)
     decide_approval(store, "r1", asked[1], approved=False, by="ana", reason="not 7")
-    (row,) = queue.runs()
-    assert row.state == "waiting" and row.runnable
-    again = queue.claim("w2", 30, ["default"])
-    assert again is not None and again.lease.run_id == "r1"
+    _taken_up_again(queue)
 
 
 def test_a_waiting_run_is_not_claimed_while_a_person_s_decision_holds_its_lease(
@@ -367,16 +376,9 @@ def test_a_run_paused_on_two_uncertain_calls_waits_until_a_person_resolved_both(
     queue, (x, y) = _paused_on_two_uncertain(store, "post")
     resolved = CliRunner().invoke(cli, ["resolve", "r1", x, "--did-not-happen", "--store", url])
     assert resolved.exit_code == 0, resolved.output
-    # Still waiting for the person: no worker takes the run (and its lease) from under
-    # the second resolution, which is recorded at once.
-    (row,) = queue.runs()
-    assert row.state == "waiting" and not row.runnable
-    assert queue.claim("w2", 30, ["default"]) is None
+    _waits_for_the_person(queue)
     resolve_uncertain(store, "r1", y, outcome="happened", by="ana", result="posted y")
-    (row,) = queue.runs()
-    assert row.state == "waiting" and row.runnable
-    again = queue.claim("w2", 30, ["default"])
-    assert again is not None and again.lease.run_id == "r1"
+    _taken_up_again(queue)
 
 
 def test_a_resolution_leaving_a_call_a_lookup_may_settle_makes_the_run_runnable(
