@@ -1,0 +1,143 @@
+"""How a stopped run goes on: the one answer the CLI and the viewer both give.
+
+A run is continued by whatever drove it. A native ``Agent`` run that recorded its
+``MODULE:OBJECT`` is resumed by ``agentjournal resume RUN``; a run in the fleet's queue
+by a worker; a run made by an integration only by that framework's own call, made again
+with the same run (a Pydantic AI agent with ``JournalDurability(run_id=...)``, LangGraph's
+``invoke(graph, None, thread)``, the Agents SDK's ``JournalRunner.run(..., run_id=...)``):
+``agentjournal resume`` cannot import those (their recorded agent is
+``pydantic_ai:NAME``, ``langgraph`` or ``openai-agents:NAME``), so it is never offered
+for them.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from .state import RunState
+
+#: What continues the run:
+#:  ``resume``        ``agentjournal resume RUN`` (a native agent that recorded its ref)
+#:  ``run``           ``agentjournal run MODULE:OBJECT TASK --run-id RUN`` (it recorded none)
+#:  ``worker``        nothing to do: a worker of the queue takes it up
+#:  ``requeue``       ``agentjournal requeue RUN`` (a worker parked it)
+#:  ``pydantic_ai``   the Pydantic AI agent run again with the same prompt and run id
+#:  ``langgraph``     ``invoke(graph, None, thread)`` with the same thread id
+#:  ``openai_agents`` ``JournalRunner.run(agent, None, store=..., run_id=RUN)``
+#:  ``done``          nothing: the run ended (finished, cancelled, compensated)
+Kind = Literal["resume", "run", "worker", "requeue", "pydantic_ai", "langgraph",
+               "openai_agents", "done"]
+
+#: Statuses after which nothing continues the run.
+ENDED = ("finished", "cancelled", "compensated")
+
+
+class Continuation(msgspec.Struct, frozen=True, kw_only=True):
+    """How run ``run_id`` goes on.
+
+    ``sentence`` is the whole hint for a person ("continue it with: ..."); ``command``
+    is the text to copy (a shell command, or a line of Python for an integration's
+    call), empty when there is nothing to type (``worker``, ``done``); ``shell`` says
+    whether ``command`` is a shell command (True) or Python (False)."""
+
+    kind: Kind
+    run_id: str
+    sentence: str
+    command: str = ""
+    shell: bool = True
+
+
+def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
+                 queue_state: str | None = None, store_hint: str = "") -> Continuation:
+    """How to continue the run whose folded state is ``state``.
+
+    ``started``: the payload of its ``run_started`` event, when the caller has it (a
+    LangGraph thread's id is read from its ``input``; without it, from the task).
+    ``queue_state``: its state in the fleet's queue (``QueuedRun.state``), None when it
+    is not in one. ``store_hint``: appended to shell commands (e.g. `` --store URL``).
+
+    Native agent with a recorded ``MODULE:OBJECT``: ``agentjournal resume RUN``;
+    queued (or waiting, now decided): "a worker will take it up"; Pydantic AI /
+    LangGraph / Agents SDK: the call that continues that run.
+    """
+    rid = state.run_id
+    if state.status in ENDED:
+        return Continuation(kind="done", run_id=rid,
+                            sentence=f"run {rid} is {state.status}: nothing to continue")
+    queued = _in_queue(rid, queue_state, store_hint)
+    if queued is not None:
+        return queued
+    agent = state.agent or ""
+    if agent.startswith("pydantic_ai:"):
+        return _pydantic_ai(state, agent.partition(":")[2])
+    if agent == "langgraph":
+        return _langgraph(state, started)
+    if agent.startswith("openai-agents:"):
+        return _openai_agents(state, agent.partition(":")[2])
+    if not agent:
+        command = (f"agentjournal run MODULE:OBJECT {shlex.quote(state.task)} "
+                   f"--run-id {shlex.quote(rid)}{store_hint}")
+        return Continuation(kind="run", run_id=rid, command=command, sentence=(
+            f"run {rid} recorded no agent: continue it by running its agent with the "
+            f"same task and run id: {command}"))
+    command = f"agentjournal resume {shlex.quote(rid)}{store_hint}"
+    return Continuation(kind="resume", run_id=rid, command=command,
+                        sentence=f"continue it with: {command}")
+
+
+def _in_queue(rid: str, queue_state: str | None, store_hint: str) -> Continuation | None:
+    if queue_state in ("queued", "waiting"):
+        return Continuation(kind="worker", run_id=rid,
+                            sentence=f"run {rid} is in the queue: a worker will take it up")
+    if queue_state == "running":
+        return Continuation(kind="worker", run_id=rid,
+                            sentence=f"run {rid} is held by a worker, which goes on with it")
+    if queue_state == "parked":
+        command = f"agentjournal requeue {shlex.quote(rid)}{store_hint}"
+        return Continuation(kind="requeue", run_id=rid, command=command, sentence=(
+            f"a worker parked run {rid}; once its cause is fixed, hand it back to the "
+            f"workers with: {command}"))
+    return None  # not in a queue, or done there: what drove it continues it
+
+
+def _pydantic_ai(state: RunState, name: str) -> Continuation:
+    rid = state.run_id
+    command = f"agent.run_sync({state.task!r})"
+    return Continuation(kind="pydantic_ai", run_id=rid, shell=False, command=command,
+                        sentence=(
+        f"run {rid} is a Pydantic AI run (agent {name!r}): continue it by running that "
+        f"agent again with the same prompt, its JournalDurability given run_id={rid!r} "
+        f"and the same store: {command}"))
+
+
+def _langgraph(state: RunState, started: Mapping[str, Any] | None) -> Continuation:
+    thread = _thread_id(state, started)
+    config = {"configurable": {"thread_id": thread}}
+    command = f"invoke(graph, None, {config!r})"
+    return Continuation(kind="langgraph", run_id=state.run_id, shell=False, command=command,
+                        sentence=(
+        f"run {state.run_id} is LangGraph thread {thread!r}: continue it with "
+        "agentjournal.integrations.langgraph's invoke on the graph compiled with a "
+        f"JournalSaver of the same store: {command}"))
+
+
+def _thread_id(state: RunState, started: Mapping[str, Any] | None) -> str:
+    given = (started or {}).get("input")
+    if isinstance(given, Mapping) and isinstance(given.get("thread_id"), str):
+        return str(given["thread_id"])
+    prefix = "LangGraph thread "  # the task the saver records
+    return state.task[len(prefix):] if state.task.startswith(prefix) else "THREAD_ID"
+
+
+def _openai_agents(state: RunState, name: str) -> Continuation:
+    rid = state.run_id
+    command = f"JournalRunner.run_sync(agent, None, store=store, run_id={rid!r})"
+    return Continuation(kind="openai_agents", run_id=rid, shell=False, command=command,
+                        sentence=(
+        f"run {rid} is an OpenAI Agents SDK run (agent {name!r}): continue it with "
+        f"JournalRunner on that agent and the same store (input None resumes with the "
+        f"recorded one): {command}"))
