@@ -30,7 +30,14 @@ from agentjournal import EventType, open_store
 from agentjournal.cli import cli
 from agentjournal.ui import Viewer, create_app
 
-from .ui_runs import HOSTILE, approval_run, long_run, markup_run, uncertain_run
+from .ui_runs import (
+    HOSTILE,
+    approval_run,
+    big_result_run,
+    long_run,
+    markup_run,
+    uncertain_run,
+)
 
 BASE = "http://127.0.0.1"
 
@@ -315,3 +322,101 @@ def test_fork_from_a_seq_and_cancel(viewer: tuple[str, TestClient]) -> None:
     assert (last.type, last.payload["by"], last.payload["reason"]) == (
         EventType.RUN_CANCELLED, "ops", "wrong payee")
     assert client.get("/runs/pay-bob.json").json()["run"]["status"] == "cancelled"
+
+
+# --- hostile or huge input: a clear refusal, never a 500, a redirect off the viewer, a page
+# of megabytes or a file made by a read-only viewer ---------------------------------------
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_huge_or_foreign_number_is_a_400_with_a_message(viewer: tuple[str, TestClient]) -> None:
+    _, client = viewer
+    client = TestClient(client.app, base_url=BASE, follow_redirects=False,
+                        raise_server_exceptions=False)
+    huge = str(10**30)
+    for path in (f"/runs/long?after={huge}", f"/runs/long/events?after={huge}",
+                 f"/runs/long/events.json?after={huge}", f"/runs/long.json?limit={huge}",
+                 f"/runs/long/state?seq={huge}", f"/runs/long/diff?a=1&b={huge}",
+                 f"/runs/long/tail?after={huge}", f"/runs?page={huge}", "/runs/long?after=ten"):
+        answer = client.get(path)
+        assert answer.status_code == 400, path
+        assert "a whole number from" in answer.text, path
+    assert client.get("/runs/long?after=3&limit=5").status_code == 200
+
+
+def test_a_login_redirects_only_to_the_viewers_own_paths(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    made(url)
+    store = open_store(url, readonly=True)
+    try:
+        client = TestClient(create_app(store, url, host="0.0.0.0", token="t0ken"),
+                            base_url="http://10.1.2.3", follow_redirects=False)
+        for path, target in (("//other.host/x", "/other.host/x"),
+                             ("///other.host/x", "/other.host/x"), ("/runs", "/runs")):
+            login = client.get(f"http://10.1.2.3{path}?token=t0ken&status=paused")
+            assert login.status_code == 303, path
+            assert login.headers["location"] == f"{target}?status=paused", path
+        location = client.get("http://10.1.2.3/\\other.host/x?token=t0ken").headers["location"]
+        assert location[:2] not in ("//", "/\\"), location  # a browser reads both as a site
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_decision_redirects_back_only_to_a_page_of_the_viewer(
+        viewer: tuple[str, TestClient]) -> None:
+    _, client = viewer
+    approval_id = client.get("/index.json").json()["items"][0]["id"]
+    done = client.post(f"/runs/pay-bob/approvals/{approval_id}",
+                       headers={"referer": "http://other.host/phish"},
+                       data={"decision": "deny", "csrf": csrf_of(client)})
+    assert done.status_code == 303
+    assert done.headers["location"].startswith("/") and "other.host" not in \
+        done.headers["location"]
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_a_megabyte_result_is_cut_with_a_link_to_the_full_value(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        big_result_run(store, "big")
+    finally:
+        store.close()
+    v = Viewer(store_url)
+    try:
+        client = TestClient(v.app, base_url=BASE)
+        full = "ab" * (3 * 1024 * 1024 // 2)
+        for path in ("/runs/big", "/runs/big/events", "/runs/big/state?seq=6",
+                     "/runs/big/diff?a=1&b=6"):
+            page = client.get(path)
+            assert page.status_code == 200, path
+            assert len(page.text) < 200_000, (path, len(page.text))
+            links = [part.split('"', 1)[0] for part in page.text.split('class="full" href="')[1:]]
+            assert links, path  # each cut value links to its full value
+            assert any(full in json.dumps(client.get(link.replace("&amp;", "&")).json())
+                       for link in links), path
+    finally:
+        v.close()
+
+
+def test_a_read_only_viewer_stopped_by_sigterm_leaves_no_file_behind(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    made(url)
+    before = fingerprint(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "agentjournal", "ui", "--store", url,
+                               "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # a loaded machine starts it slowly
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/runs/pay-bob") as page:
+                    assert page.status == 200
+                break
+            except OSError:
+                time.sleep(0.1)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+    assert fingerprint(tmp_path) == before  # no -wal, no -shm: read-only made nothing

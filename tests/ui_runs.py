@@ -54,3 +54,15 @@ def long_run(store: Store, run_id: str, turns: int) -> None:
     """A finished run of about 3 events a turn."""
     script = [calls(("fetch_page", {"url": f"http://x/{n}"})) for n in range(turns)]
     Agent(ScriptedModel([*script, reply("done")]), [fetch_page]).run(store, run_id, "read")
+
+
+@tool(effect="read_only")
+def dump(name: str) -> str:
+    """A tool whose result is megabytes long."""
+    return name * (3 * 1024 * 1024 // len(name))
+
+
+def big_result_run(store: Store, run_id: str) -> None:
+    """Finishes; its one call returned 3 MiB (under the 4 MiB default limit)."""
+    Agent(ScriptedModel([calls(("dump", {"name": "ab"})), reply("dumped")]), [dump]).run(
+        store, run_id, "dump")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import signal
 
 import click
 
@@ -52,9 +53,17 @@ def ui(store_url: str, host: str, port: int, allow_decisions: bool, token: str |
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
     note(f"agentjournal ui on {url} over {mask_secrets(store_url)}"
          f"{' (decisions on)' if allow_decisions else ' (read only)'}; Ctrl-C stops it")
+    # uvicorn stops gracefully on SIGTERM, then raises it again: its default action would
+    # end the process before the store is closed, leaving the -wal and -shm files a
+    # read-only SQLite handle makes while open. Raised as an exit, it closes first.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(viewer.app, host=host, port=port, log_level="warning",
                     proxy_headers=False, server_header=False,
                     timeout_graceful_shutdown=2)  # live tails never end by themselves
     finally:
         viewer.close()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -121,7 +121,8 @@ def create_app(store: Store, store_url: str, *, allow_decisions: bool = False,
               name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={
-        NotFound: pages.not_found, 404: pages.not_found, JournalError: pages.journal_error})
+        NotFound: pages.not_found, 404: pages.not_found, JournalError: pages.journal_error,
+        Refused: pages.refused})
     app.add_middleware(Guard, token=token, loopback_only=is_loopback(host) and not token)
     return app
 
@@ -181,10 +182,17 @@ class Guard:
     def _login(self, request: Request) -> Response:
         """A ``?token=`` visit: keep the token in a cookie, and drop it from the URL."""
         query = {k: v for k, v in parse_qs(request.url.query).items() if k != "token"}
-        target = request.url.path + (f"?{urlencode(query, doseq=True)}" if query else "")
+        target = own_path(request.url.path) + (f"?{urlencode(query, doseq=True)}"
+                                               if query else "")
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(TOKEN_COOKIE, self.token or "", httponly=True, samesite="strict")
         return response
+
+
+def own_path(path: str) -> str:
+    """``path`` as a path of this viewer: a browser reads ``//host/x`` (and ``/\\host/x``)
+    as another site's address, so leading slashes and backslashes fold into one."""
+    return "/" + path.lstrip("/\\")
 
 
 # --- pages -------------------------------------------------------------------------------
@@ -195,11 +203,25 @@ def wants_json(request: Request) -> bool:
             or "application/json" in request.headers.get("accept", ""))
 
 
+#: The largest number a page takes (a seq, a page, a limit): far past any run's length,
+#: and small enough for every store's integer column and ``islice``.
+MAX_NUMBER = 2**53
+
+
 def _int(request: Request, name: str, default: int, low: int = 0) -> int:
-    try:
-        return max(low, int(request.query_params.get(name, default)))
-    except ValueError:
+    """The query's ``name`` as a whole number (below ``low``: ``low``); a word or a
+    number past MAX_NUMBER is a 400 that says what would do."""
+    given = request.query_params.get(name)
+    if given is None or given == "":
         return default
+    try:
+        number = int(given)
+    except ValueError:
+        number = None
+    if number is None or number > MAX_NUMBER:
+        raise Refused(400, f"{name}={given[:40]!r}: give a whole number from {low} to "
+                      f"{MAX_NUMBER}")
+    return max(low, number)
 
 
 def _seconds(text: str | None) -> float | None:
@@ -220,8 +242,8 @@ class Pages:
         self.config = config
         self.env = Environment(loader=PackageLoader("agentjournal.ui", "templates"),
                                autoescape=select_autoescape(default=True))
-        self.env.filters["pretty"] = lambda v: json.dumps(v, indent=2, default=str,
-                                                          ensure_ascii=False)
+        self.env.filters["pretty"] = _pretty
+        self.env.globals["CUT_AT"] = CUT_AT
         self.env.filters["short"] = _short
         self.env.filters["age"] = _human_age
 
@@ -374,8 +396,16 @@ class Pages:
             return JSONResponse({"run_id": run_id, "appended": appended,
                                  "events": json.loads(json.dumps(views.as_json(events),
                                                                  default=str))})
-        return RedirectResponse(request.headers.get("referer") or f"/runs/{run_id}",
-                                status_code=303)
+        return RedirectResponse(self._back(request) or f"/runs/{run_id}", status_code=303)
+
+    @staticmethod
+    def _back(request: Request) -> str | None:
+        """The page the form was on, when it is a page of this viewer (a Referer naming
+        another site is not followed)."""
+        referer = urlsplit(request.headers.get("referer") or "")
+        if referer.netloc != request.headers.get("host") or not referer.path:
+            return None
+        return own_path(referer.path) + (f"?{referer.query}" if referer.query else "")
 
     async def decide_approval(self, request: Request) -> Response:
         try:
@@ -448,6 +478,10 @@ class Pages:
         data = {"error": "not found", "detail": "no such run or page"}
         return self.render(request, "error.html", data, 404)
 
+    async def refused(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Refused)
+        return exc.response()
+
     async def journal_error(self, request: Request, exc: Exception) -> Response:
         data = {"error": type(exc).__name__, "detail": mask_secrets(str(exc))}
         return self.render(request, "error.html", data, 409)
@@ -469,6 +503,15 @@ def _event_at(store: Store, run_id: str, seq: int) -> Any:
 def _sse(event: str, data: str) -> str:
     lines = "".join(f"data: {line}\n" for line in data.splitlines() or [""])
     return f"event: {event}\n{lines}\n"
+
+
+#: A value longer than this (as indented JSON) is cut on a page, with a link to the whole
+#: of it: a 40 MB tool result must not make a 40 MB page.
+CUT_AT = 20_000
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str, ensure_ascii=False)
 
 
 def _short(value: Any, width: int = 80) -> str:
