@@ -549,6 +549,8 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, heads_file: s
     errors: list[JournalError] = []  # runs that could not be checked at all (--all only)
     heads: dict[str, str | None] = {}  # run -> what is wrong with its head (None: fine)
     with opened(store_url) as store:
+        if run_id is not None:  # a LangGraph thread id too, as show and events take it
+            run_id = thread_run(store, run_id) or run_id
         ids = [run_id] if run_id is not None else [i.run_id for i in store.list_runs()]
         for rid in ids:
             try:
