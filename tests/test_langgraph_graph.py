@@ -137,9 +137,12 @@ def test_a_second_saver_is_refused_while_the_first_holds_the_thread(store_url: s
     second = JournalSaver(second_store, owner="worker-b", ttl=60)
     graph_a, graph_b = chat_graph(first), chat_graph(second)
     graph_a.invoke({"messages": [HumanMessage("one")]}, config("shared"), durability="sync")
-    with pytest.raises(LeaseHeldError):
+    with pytest.raises(LeaseHeldError) as held:
         graph_b.invoke({"messages": [HumanMessage("two")]}, config("shared"),
                        durability="sync")
+    # The error names the thread as the caller knows it, and the run that holds it.
+    assert "LangGraph thread 'shared'" in str(held.value)
+    assert thread_run_id("shared") in str(held.value) and held.value.owner == "worker-a"
     first.release("shared")
     graph_b.invoke({"messages": [HumanMessage("two")]}, config("shared"), durability="sync")
     # The first saver took the lease again? No: the second holds it now, and the first's
@@ -167,9 +170,10 @@ def test_a_writer_whose_lease_was_taken_over_is_fenced(store_url: str) -> None:
     b = JournalSaver(b_store, owner="worker-b", ttl=60)
     chat_graph(b).invoke({"messages": [HumanMessage("two")]}, config("fenced"),
                          durability="sync")
-    with pytest.raises(FencedError):
+    with pytest.raises(FencedError) as fenced:
         graph_a.invoke({"messages": [HumanMessage("three")]}, config("fenced"),
                        durability="sync")
+    assert "LangGraph thread 'fenced'" in str(fenced.value)
     b.close()
     a_store.close()
     b_store.close()
@@ -223,6 +227,12 @@ def test_show_and_events_display_a_thread(store: Store, store_url: str) -> None:
     runs = runner.invoke(cli, ["runs", "--store", store_url, "--json"])
     (row,) = json.loads(runs.output)
     assert row["agent"] == "langgraph" and row["status"] == "finished"
+    # verify takes the thread id as show does (the same resolution), and checks its run.
+    verified = runner.invoke(cli, ["verify", "shown", "--store", store_url, "--json"])
+    assert verified.exit_code == 0, verified.output
+    (report,) = json.loads(verified.output)
+    assert report["run_id"] == thread_run_id("shown") and report["ok"] is True
+    assert report["events"] == len(lines)
 
 
 @backend_params()

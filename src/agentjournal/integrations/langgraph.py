@@ -33,7 +33,14 @@ from typing import Any
 
 from ..bridge import BridgedRun, open_run
 from ..bridge import current_call as bridge_current_call
-from ..errors import ArchivedRunError, CallRefused, FencedError, MissingExtraError, NeedsPerson
+from ..errors import (
+    ArchivedRunError,
+    CallRefused,
+    FencedError,
+    LeaseHeldError,
+    MissingExtraError,
+    NeedsPerson,
+)
 from ..events import Event, EventType, now
 from ..journal import default_owner
 from ..store import Store
@@ -114,6 +121,17 @@ def _same_full_chunk(before: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
         a is b for a, b in zip(before, now, strict=True))
 
 
+@contextlib.contextmanager
+def _naming(thread_id: str) -> Iterator[None]:
+    """A lease error names the run (``lg-…``), which the caller never saw: say which
+    thread it is, as the caller named it (the error's type and fields unchanged)."""
+    try:
+        yield
+    except (LeaseHeldError, FencedError) as exc:
+        exc.args = (f"LangGraph thread {thread_id!r}: {exc}", *exc.args[1:])
+        raise
+
+
 def _conf(config: RunnableConfig) -> tuple[str, str]:
     conf = config["configurable"]
     return str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
@@ -168,9 +186,10 @@ class JournalSaver(BaseCheckpointSaver[str]):
         t = self.thread(thread_id)
         with t.lock:
             if t.run is None:
-                run = open_run(self.store, t.run_id, agent=AGENT, owner=self.owner,
-                               ttl=self.ttl, input={"thread_id": thread_id},
-                               task=f"LangGraph thread {thread_id}")
+                with _naming(thread_id):
+                    run = open_run(self.store, t.run_id, agent=AGENT, owner=self.owner,
+                                   ttl=self.ttl, input={"thread_id": thread_id},
+                                   task=f"LangGraph thread {thread_id}")
                 try:  # the log as it is now that nobody else may write it
                     t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
                 except BaseException:
@@ -212,7 +231,8 @@ class JournalSaver(BaseCheckpointSaver[str]):
             if t.index.finished:
                 facts = [(EventType.RUN_RESUMED, {"reopened": True}), *facts]
             try:
-                events = run.record(facts, redact=False)
+                with _naming(thread_id):
+                    events = run.record(facts, redact=False)
             except FencedError:
                 self._drop(t)  # another process took the thread over: let go of it
                 raise
