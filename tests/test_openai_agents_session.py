@@ -265,6 +265,37 @@ def test_an_output_whose_call_is_not_in_the_session_is_refused_whole(
     assert store.last_seq(session_run_id("orphans")) == 2  # the refused batches left nothing
 
 
+def test_an_output_naming_no_call_or_an_item_that_is_not_a_call_is_refused_whole(
+        make_store: Callable[[], Store]) -> None:
+    store = make_store()
+    session = JournalSession(store, "unnamed")
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "call_id": "msg_1",
+               "content": [{"type": "output_text", "text": "Looking.", "annotations": []}]}
+    unanswerable = {
+        "an empty call id": output(""),
+        "no call id": {"type": "function_call_output", "output": "sunny"},
+        "a null call id": {"type": "function_call_output", "call_id": None, "output": "x"},
+        "a message's id": output("msg_1"),
+        "a call of another kind": {"type": "computer_call_output", "call_id": "call_1",
+                                   "output": {"type": "computer_screenshot"}},
+    }
+
+    async def go() -> None:
+        await session.add_items(cast(Any, [message, call("call_1")]))
+        for why, orphan in unanswerable.items():
+            with pytest.raises(OrphanToolOutputError, match="nothing of this batch") as refused:
+                await session.add_items(cast(Any, [output("call_1"), orphan]))
+            assert refused.value.item_type == orphan["type"], why
+            assert refused.value.call_id == (orphan.get("call_id") or ""), why
+        assert len(await session.get_items()) == 2
+        # An anonymous tool search (the API's own, without ids) answers the one before it.
+        await session.add_items(cast(Any, [{"type": "tool_search_call", "arguments": {}},
+                                           {"type": "tool_search_output", "tools": []}]))
+
+    run(go())
+    assert store.last_seq(session_run_id("unnamed")) == 2  # the refused batches left nothing
+
+
 def test_the_sdk_limit_boundary_drops_an_output_whose_call_it_cut(
         make_store: Callable[[], Store]) -> None:
     # The session returns the raw tail; the SDK drops the output whose call the limit cut.

@@ -9,10 +9,11 @@ A session is the SDK's conversation memory. Here it is a log of its own in the s
   the log keeps every item ever added;
 - ``get_items(limit)`` is the fold of those facts (``RunState.session``).
 
-It refuses to store a tool's output whose call is not in the session: that is the
-state which makes every later request fail with "No tool call found for function call
-output" (openai-agents-python#4827), refused when it would be written instead of found
-at the next turn. Several writers (processes, hosts on PostgreSQL) may share a session:
+It refuses to store a tool's output whose call is not in the session (nor one with no
+call_id, an empty one, or one naming no call of its kind, such as a message's id): that
+is the state which makes every later request fail with "No tool call found for function
+call output" (openai-agents-python#4827), refused when it would be written instead of
+found at the next turn. Several writers (processes, hosts on PostgreSQL) may share a session:
 each append names the seq it follows, and one that lost the race reads what it missed
 and tries again.
 
@@ -45,18 +46,22 @@ Facts = list[tuple[EventType, dict[str, Any]]]
 
 
 class OrphanToolOutputError(JournalError, ValueError):
-    """A tool output whose call is not in the session (nor earlier in the same batch).
+    """A tool output that answers no call of the session (nor one earlier in the same
+    batch): its ``call_id`` is missing or empty, or names no call of its kind (e.g. a
+    message's id).
 
     Stored, it would make every later request of the conversation fail with "No tool
     call found for function call output"; nothing of the batch was stored."""
 
     def __init__(self, session_id: str, call_id: str, item_type: str) -> None:
+        named = f"for call {call_id!r}, which is not in the session" if call_id else (
+            "with no call_id: it answers no call")
         super().__init__(
-            f"session {session_id!r}: refusing a {item_type} for call {call_id!r}, which is "
-            "not in the session: the model would be sent an output without its call, and "
-            "every later turn would fail (HTTP 400 'No tool call found for function call "
-            "output'). Add the call's item first (in the same add_items batch, before its "
-            "output); nothing of this batch was stored.",
+            f"session {session_id!r}: refusing a {item_type} {named}: the model would be "
+            "sent an output without its call, and every later turn would fail (HTTP 400 "
+            "'No tool call found for function call output'). Add the call's item first (in "
+            "the same add_items batch, before its output) and give the output that call's "
+            "call_id; nothing of this batch was stored.",
             run_id=session_run_id(session_id))
         self.session_id, self.call_id, self.item_type = session_id, call_id, item_type
 
@@ -66,23 +71,65 @@ def session_run_id(session_id: str) -> str:
     return validate_run_id(f"session:{session_id}")
 
 
+#: Each kind of tool output and the kind of call it answers (as the SDK pairs them).
+_CALL_OF_OUTPUT = {
+    "function_call_output": "function_call", "computer_call_output": "computer_call",
+    "custom_tool_call_output": "custom_tool_call", "shell_call_output": "shell_call",
+    "local_shell_call_output": "local_shell_call", "apply_patch_call_output": "apply_patch_call",
+    "program_output": "program", "tool_search_output": "tool_search_call",
+}
+_CALLS = frozenset(_CALL_OF_OUTPUT.values())
+#: A tool search the API ran itself may have no ids: its output answers such a call.
+_ANONYMOUS = frozenset({"tool_search_call"})
+#: A call as an output names it: (the call's kind, its call_id; None when it has none).
+Named = tuple[str, str | None]
+
+
 def _is_output(item: dict[str, Any]) -> bool:
     kind = item.get("type")
-    return isinstance(kind, str) and kind.endswith("_output") and bool(item.get("call_id"))
+    return isinstance(kind, str) and kind.endswith("_output")
+
+
+def _call_id(item: dict[str, Any]) -> str | None:
+    """The call an item names: its ``call_id`` (a local shell output's may be its ``id``,
+    as the API's type has it); None when it has none or an empty one."""
+    call_id = item.get("call_id")
+    if call_id is None and item.get("type") == "local_shell_call_output":
+        call_id = item.get("id")
+    return call_id if isinstance(call_id, str) and call_id else None
+
+
+def _named_call(item: dict[str, Any]) -> Named | None:
+    """The name an output would give this item if it is a call (only a call is: a
+    message's or an output's id is not), else None."""
+    kind, call_id = item.get("type"), _call_id(item)
+    if kind in _CALLS and (call_id is not None or kind in _ANONYMOUS):
+        return (str(kind), call_id)
+    return None
+
+
+def _answers(output: dict[str, Any], calls: set[Named]) -> bool:
+    """Whether a tool output answers one of ``calls``: a call of its kind with its
+    non-empty call_id (an unknown kind of output: a call of any kind with it)."""
+    call_id, kind = _call_id(output), _CALL_OF_OUTPUT.get(str(output["type"]))
+    if kind is None:
+        return call_id is not None and any(call_id == named for _, named in calls)
+    return (kind, call_id) in calls and (call_id is not None or kind in _ANONYMOUS)
 
 
 def orphan_outputs(held: list[dict[str, Any]], batch: list[dict[str, Any]]) -> list[
         dict[str, Any]]:
-    """The items of ``batch`` that answer a call neither ``held`` nor ``batch`` (before
-    them) holds: a ``*_output`` item with a ``call_id`` no earlier call item has."""
-    calls = {i.get("call_id") for i in held if not _is_output(i)}
+    """The items of ``batch`` that are tool outputs answering no call ``held`` or
+    ``batch`` (before them) holds: with no call_id, an empty one, or one that names no
+    call of the output's kind."""
+    calls = {named for i in held if (named := _named_call(i)) is not None}
     orphans = []
     for item in batch:
         if _is_output(item):
-            if item["call_id"] not in calls:
+            if not _answers(item, calls):
                 orphans.append(item)
-        else:
-            calls.add(item.get("call_id"))
+        elif (named := _named_call(item)) is not None:
+            calls.add(named)
     return orphans
 
 
@@ -136,7 +183,7 @@ class JournalSession:
 
         def facts(state: RunState) -> Facts:
             if orphans := orphan_outputs(state.session or [], batch):
-                raise OrphanToolOutputError(self.session_id, orphans[0]["call_id"],
+                raise OrphanToolOutputError(self.session_id, _call_id(orphans[0]) or "",
                                             orphans[0]["type"])
             return [(EventType.SESSION_ITEMS_ADDED, {"items": batch})]
 
