@@ -363,6 +363,23 @@ class TestConformance:
         with pytest.raises(FencedError):
             store.renew(second, ttl=30)
 
+    def test_conformance_holder_reads_the_lease_as_it_stands(self, make_store: MakeStore) -> None:
+        """Who holds a run, until when: held, released (0) and lapsed (in the past)."""
+        store = make_store()
+        assert store.holder("r1") is None
+        lease = store.acquire("r1", "worker-a", ttl=30)
+        held = store.holder("r1")
+        assert held is not None and (held.owner, held.epoch) == ("worker-a", 1)
+        assert time.time() + 20 < held.expires_at <= time.time() + 31
+        store.release(lease)
+        released = store.holder("r1")
+        assert released is not None and (released.owner, released.expires_at) == ("worker-a", 0)
+        store.acquire("r1", "worker-b", ttl=0.05)
+        time.sleep(0.15)
+        lapsed = store.holder("r1")
+        assert lapsed is not None and (lapsed.owner, lapsed.epoch) == ("worker-b", 2)
+        assert 0 < lapsed.expires_at <= time.time()
+
     def test_conformance_a_released_lease_is_not_renewed(self, make_store: MakeStore) -> None:
         """Renewing a lease its holder released would take the run back from whoever
         is about to acquire it (a person deciding on a run a worker handed back): the

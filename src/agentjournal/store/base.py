@@ -321,6 +321,13 @@ class Store(Protocol):
 
     def release(self, lease: Lease) -> None: ...
 
+    def holder(self, run_id: str) -> Lease | None:
+        """The run's lease as it stands (a read: who holds it, at which epoch, until
+        when), for a person asking whether anyone drives the run. ``expires_at`` is on
+        this machine's wall clock: in the past once it lapsed, 0 once its holder released
+        it. None: nobody ever took it."""
+        ...
+
     def close(self) -> None: ...
 
     # --- snapshots: a cache beside the log ---------------------------------------------

@@ -977,6 +977,15 @@ class JsonlStore:
             self._write_lease(run_id, record)
         return Lease(run_id, owner, epoch, record.expires_at)
 
+    @_os_errors("read a lease", write=False)
+    def holder(self, run_id: str) -> Lease | None:
+        validate_run_id(run_id)
+        row = self._read_lease(run_id)
+        if row is None:
+            return None
+        expires_at = time.time() + row.remaining() if row.expires_at > 0 else 0.0
+        return Lease(run_id, row.owner, row.epoch, expires_at)
+
     @_os_errors("renew a lease", write=True)
     def renew(self, lease: Lease, ttl: float) -> Lease:
         validate_run_id(lease.run_id)

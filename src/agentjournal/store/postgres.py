@@ -57,6 +57,7 @@ import errno
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
@@ -1080,6 +1081,19 @@ class PostgresStore:
                 last, *_, digest, _, _ = rows[lease.run_id]  # append is warm
                 self._remember(lease.run_id, int(last), str(digest))
         return outcomes
+
+    def holder(self, run_id: str) -> Lease | None:
+        validate_run_id(run_id)
+        with self._read() as conn:
+            row = conn.execute(self._q(
+                "SELECT lease_owner, lease_epoch, extract(epoch FROM lease_expires_at"
+                " - clock_timestamp())::float8, lease_expires_at <= to_timestamp(0)"
+                " FROM {s}.runs WHERE run_id = %s AND lease_owner IS NOT NULL"),
+                (run_id,)).fetchone()
+        if row is None:
+            return None
+        owner, epoch, left, released = row
+        return Lease(run_id, owner, int(epoch), 0.0 if released else time.time() + left)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         with self._write(lease.run_id, pipelined=True) as cur:

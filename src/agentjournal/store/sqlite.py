@@ -992,6 +992,17 @@ class SQLiteStore:
         expires_at, boot_id, deadline = lease_expiry(ttl, wall, boot, now)
         return expires_at, boot_id or None, deadline if boot_id else None
 
+    def holder(self, run_id: str) -> Lease | None:
+        validate_run_id(run_id)
+        with self._reading():
+            row = self._db.execute("SELECT owner, epoch, expires_at, boot_id, deadline"
+                                   " FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        wall = time.time()
+        left = lease_left(row[2], row[3], row[4], wall, *host_clock())
+        return Lease(run_id, row[0], row[1], wall + left if row[2] > 0 else 0.0)
+
     def renew(self, lease: Lease, ttl: float) -> Lease:
         with self._tx(light=True) as db:
             row = db.execute("SELECT epoch, expires_at FROM leases WHERE run_id = ?",
