@@ -11,7 +11,8 @@ work done here, as the GenAI execution conventions (``gen-ai-execution.md``) req
   ``agentjournal.tool.effect`` and ``agentjournal.tool.outcome``: ``completed``,
   ``uncertain`` (its effect unknown), ``reconciled`` (a lookup on resume settled a call
   an earlier process left open: the lookup is what ran here, never the effect again) or
-  ``denied``.
+  ``denied``. A call to a tool the agent does not have is a plain ``execute_tool`` span
+  with no ``gen_ai.tool.name``: that name is the model's output, not a tool's.
 
 The segment's trace context (W3C ``traceparent``) is recorded in the run_started /
 run_resumed event, so after a crash the next process's segment carries a span link to
@@ -182,10 +183,15 @@ class GenAITracer:
 
     def _denied(self, event: Event) -> None:
         p = event.payload
-        span = self._child(f"execute_tool {p.get('tool')}", SpanKind.INTERNAL, event.ts, {
-            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": p.get("tool") or "",
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.call.id": p.get("call_id") or "", "gen_ai.tool.type": "function",
-            "agentjournal.tool.outcome": "denied", "agentjournal.seq": event.seq})
+            "agentjournal.tool.outcome": "denied", "agentjournal.seq": event.seq}
+        name = "execute_tool"
+        if not p.get("unknown_tool"):  # a name the model made up is not a tool's: never
+            attributes["gen_ai.tool.name"] = p.get("tool") or ""  # a span name or label
+            name = f"execute_tool {p.get('tool')}"
+        span = self._child(name, SpanKind.INTERNAL, event.ts, attributes)
         span.end(end_time=_ns(event.ts))
 
 

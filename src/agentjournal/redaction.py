@@ -31,14 +31,17 @@ from .events import canonical_payload
 
 #: Patterns for common credentials: API keys (OpenAI, Stripe, Anthropic), AWS
 #: access keys, GitHub and Slack tokens, bearer tokens, JWTs, private keys, and
-#: the password in a URL's user info.
+#: the password in a URL's user info. A key starts where no letter or digit is
+#: before it (``_START``), not at a word boundary: ``tool_sk-live-...`` or
+#: ``TOKEN_ghp_...`` hold a key after an underscore, which ``\b`` does not see.
+_START = r"(?<![^\W_])"
 DEFAULT_RULES: dict[str, str] = {
-    "api_key": r"\b(?:sk|rk)[-_][A-Za-z0-9_-]{16,}",
-    "aws_access_key": r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
-    "github_token": r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
-    "slack_token": r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
+    "api_key": _START + r"(?:sk|rk)[-_][A-Za-z0-9_-]{16,}",
+    "aws_access_key": _START + r"(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+    "github_token": _START + r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
+    "slack_token": _START + r"xox[abposr]-[A-Za-z0-9-]{10,}",
     "bearer_token": r"\b[Bb]earer\s+[A-Za-z0-9._~+/=-]{20,}",
-    "jwt": r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+    "jwt": _START + r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
     "private_key": (r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?"
                     r"-----END [A-Z ]*PRIVATE KEY-----"),
     "url_password": r"(?<=://)[^\s/:@]+:[^\s/@]+(?=@)",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import threading
 import time
 from collections import Counter
@@ -225,6 +226,7 @@ class StepMachine(Settling):
         the finish stand together; a turn cut short pauses the run instead. Arguments
         over the limit are recorded as their size only (limits.py), then denied."""
         response = within_args_limit(response, self.max_args_bytes)
+        response = named_plainly(response, self.tools)
         given = [c.id for c in response.tool_calls]
         response = msgspec.structs.replace(response, tool_calls=distinct_ids(
             response.tool_calls, j.state.turns, j.call_ids_in_context()))
@@ -307,7 +309,7 @@ class StepMachine(Settling):
             return self._deny(j, call, None, args_refused(call.too_large, self.max_args_bytes))
         tool = self.tools.get(call.name)
         if tool is None:
-            return self._deny(j, call, None, f"unknown tool {call.name!r}")
+            return self._deny(j, call, None, self._unknown(call.name), unknown_tool=True)
         if call.raw_arguments is not None:
             return self._deny(j, call, None, bad_arguments(call.raw_arguments))
         live = j.live_args.get(call.id)
@@ -384,9 +386,26 @@ class StepMachine(Settling):
             self._deny(j, call, key, "the call changed after it was approved")
         return decided.approved and same
 
-    def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str) -> bool:
-        j.record(E.TOOL_CALL_DENIED, call_id=call.id, tool=call.name, key=key, reason=reason)
+    def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str, *,
+              unknown_tool: bool = False) -> bool:
+        """Record the call's denial. ``unknown_tool``: the name is the model's, not one of
+        the agent's tools, so no trace or metric takes it for a tool's name (otel.py)."""
+        marked = {"unknown_tool": True} if unknown_tool else {}
+        j.record(E.TOOL_CALL_DENIED, call_id=call.id, tool=call.name, key=key, reason=reason,
+                 **marked)
         return True
+
+    def _unknown(self, name: str) -> str:
+        """Why a call to a tool this agent does not have is denied, in words the model
+        can act on (the name as recorded: redacted, or NOT_A_TOOL_NAME in its place)."""
+        names = sorted(self.tools)
+        listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20
+                                          else "")
+        asked = (f"named {name!r}" if name != NOT_A_TOOL_NAME else
+                 "by the name you gave, which is not a tool name (a name is 1 to 64 letters, "
+                 "digits, '_', '-' or '.') and was not kept")
+        use = f"call one of its tools by name: {listed}" if names else "it has no tools"
+        return f"this agent has no tool {asked}: the call was not made; {use}"
 
     # --- making the calls ------------------------------------------------------------
 
@@ -678,6 +697,32 @@ class StepMachine(Settling):
         j.record_all([(E.BUDGET_EXCEEDED, {"budget": name, "limit": cap, "used": used}),
                       (E.RUN_PAUSED, {"reason": f"budget exceeded: {name} {used:g} of {cap:g}"})])
         return True
+
+
+#: A name of a tool the agent does not have that a turn keeps as the model sent it
+#: (redacted, as all its text is): a name as providers define one (1 to 64 letters, digits,
+#: ``_``, ``-``, ``.``). Anything else the model sends as a name (quotes, braces, control
+#: characters, kilobytes) is not one: NOT_A_TOOL_NAME is kept in its place.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+NOT_A_TOOL_NAME = "not_a_tool_name"
+
+
+def named_plainly(response: ModelResponse, tools: Collection[str]) -> ModelResponse:
+    """``response`` with each call to a name that is neither one of ``tools`` nor a tool
+    name at all renamed NOT_A_TOOL_NAME, in its calls and in the provider items that repeat
+    the name, before anything is recorded: a name the agent lacks is untrusted model output,
+    and such a one is never stored, shown, sent back to the provider (which would refuse
+    it) or made a span name. The call is then denied (``_clear``)."""
+    odd = {c.name for c in response.tool_calls
+           if c.name not in tools and not _TOOL_NAME.fullmatch(c.name)}
+    if not odd:
+        return response
+    tool_calls = [msgspec.structs.replace(c, name=NOT_A_TOOL_NAME) if c.name in odd else c
+                  for c in response.tool_calls]
+    items = [{**item, "name": NOT_A_TOOL_NAME}
+             if isinstance(item.get("name"), str) and item["name"] in odd else item
+             for item in response.items]
+    return msgspec.structs.replace(response, tool_calls=tool_calls, items=items)
 
 
 def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[ToolCall]:
