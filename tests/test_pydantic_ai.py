@@ -404,6 +404,87 @@ def test_replayed_units_are_reported_as_replayed(tmp_path: Path, module_receiver
     assert spans[1] == ["invoke_agent"]  # everything replayed: nothing reported as done
 
 
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_call_settled_by_its_lookup_is_exported_as_reconciled_not_executed(
+        request: pytest.FixtureRequest, store_url: str, module_receiver: Any) -> None:
+    """SIGKILL right after a POST, resumed here with Pydantic AI's instrumentation: the
+    call its lookup found is one ``execute_tool`` span with outcome ``reconciled`` (as
+    the native loop's GenAITracer exports it), under the run's span, never a span of
+    the tool running with the lookup's result as its output."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    prefix = f"otel-settled-{request.node.callspec.id}-"
+    killed_child("--store", store_url, "--run-id", RUN, "--receiver", module_receiver.url,
+                 "--prefix", prefix, env={"KILL_AFTER_POST": "1"})
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    agent = make_agent(module_receiver.url, CountingModel([prefix + "a", prefix + "b"]),
+                       JournalDurability(store_url, RUN), "lookup")
+    agent.instrument = InstrumentationSettings(tracer_provider=provider)
+    assert agent.run_sync(f"post {prefix}a, {prefix}b").output == done_text(prefix)
+    assert counted(module_receiver, prefix) == {"a": 1, "b": 1}
+    log = log_of(store_url)
+    labels = {e.payload["key"]: e.payload["args"]["label"] for e in log
+              if e.type is E.TOOL_CALL_STARTED}
+    verdicts = {f"call-{labels[e.payload['key']]}": e.payload["verdict"] for e in log
+                if e.type is E.TOOL_CALL_RECONCILED}
+    assert "found" in verdicts.values()  # the premise: the kill left a call its lookup finds
+    spans = exporter.get_finished_spans()
+    (run_span,) = [s for s in spans if s.name == "invoke_agent poster"]
+    for call_id in (f"call-{prefix}a", f"call-{prefix}b"):
+        shown = [s for s in spans if s.name == "execute_tool post_effect"
+                 and s.attributes.get("gen_ai.tool.call.id") == call_id]
+        outcomes = [s.attributes.get("agentjournal.tool.outcome") for s in shown]
+        if verdicts.get(call_id) == "found":  # settled: the tool did not run here
+            (span,) = shown
+            assert dict(span.attributes or {}) | {"agentjournal.seq": 0} == {
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "post_effect",
+                "gen_ai.tool.call.id": call_id, "gen_ai.tool.type": "function",
+                "agentjournal.tool.effect": "irreversible",
+                "agentjournal.tool.outcome": "reconciled",
+                "agentjournal.tool.verdict": "found", "agentjournal.seq": 0}
+            assert span.parent is not None
+            assert span.parent.span_id == run_span.context.span_id
+        elif verdicts.get(call_id) == "absent":  # looked up, then made here
+            assert sorted(outcomes, key=str) == [None, "reconciled"]
+            (made,) = [s for s in shown if "agentjournal.tool.outcome" not in s.attributes]
+            assert "gen_ai.tool.call.result" in made.attributes
+        else:  # never started before the kill: made here
+            assert outcomes == [None]
+
+
+def test_a_call_served_from_another_run_of_the_scope_is_not_exported_as_made(
+        tmp_path: Path, module_receiver: Any) -> None:
+    """A second run of the same operation (scope) is answered from the first's effects:
+    as the native loop, no ``execute_tool`` span says the tool ran; the model's turn
+    after it, which did run, is exported."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    url, prefix = f"sqlite:///{tmp_path / 'j.db'}", "served-"
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spans = {}
+    for run_id in ("first", "second"):
+        agent = make_agent(module_receiver.url, CountingModel([prefix + "a", prefix + "b"]),
+                           JournalDurability(url, run_id, scope="op-served"), "lookup")
+        agent.instrument = InstrumentationSettings(tracer_provider=provider)
+        assert agent.run_sync(f"post {prefix}a, {prefix}b").output == done_text(prefix)
+        spans[run_id] = sorted(s.name.split()[0] for s in exporter.get_finished_spans())
+        exporter.clear()
+    assert counted(module_receiver, prefix) == {"a": 1, "b": 1}
+    sources = [e.payload["source"] for e in log_of(url, "second")
+               if e.type is E.TOOL_CALL_COMPLETED]
+    assert sources == ["scope", "scope"]  # the premise: the second run made no call
+    assert spans["first"] == ["chat", "chat", "execute_tool", "execute_tool", "invoke_agent"]
+    assert spans["second"] == ["chat", "chat", "invoke_agent"]
+
+
 def test_the_effects_map_wins_over_the_tools_metadata(tmp_path: Path, module_receiver: Any) -> None:
     url = f"sqlite:///{tmp_path / 'j.db'}"
     agent = make_agent(module_receiver.url, CountingModel(["map-a", "map-b"]),

@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -57,6 +58,9 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is installed in tests
     raise MissingExtraError("pydantic-ai", "pydantic-ai-slim") from exc
 
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
 from pydantic_ai import DeferredToolRequests
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
@@ -96,10 +100,12 @@ from agentjournal import (
     ToolFailed,
     Turn,
     canonical_args,
+    idempotency_key,
     open_run,
     open_store,
 )
 from agentjournal.agent import require_run_id
+from agentjournal.events import EventType
 from agentjournal.fleet import Stopped
 
 __all__ = ["DurableAgent", "JournalDurability", "ToolEffect", "effect_of_annotations"]
@@ -114,6 +120,10 @@ Reconciler = Callable[[PendingCall], Any]
 #: The digests of a run's messages, by message object (see request_fingerprint).
 _DIGESTS: ContextVar[dict[int, tuple[Any, str]] | None] = ContextVar(
     "agentjournal.pydantic_ai.digests", default=None)
+#: The trace context of the agent's run (its ``invoke_agent`` span): where a span of a
+#: call settled here goes, beside the spans of the calls made here.
+_RUN_TRACE: ContextVar[Context | None] = ContextVar(
+    "agentjournal.pydantic_ai.run_trace", default=None)
 #: Message keys Pydantic AI makes anew on every run: not part of what a request asks.
 _VOLATILE = ("timestamp", "run_id", "conversation_id")
 
@@ -242,12 +252,14 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                 if binding is not None:
                     binding.run = run
                 token, digests = self._active.set(run), _DIGESTS.set({})
+                trace_token = _RUN_TRACE.set(otel_context.get_current())
                 try:
                     with replay_scope():
                         result = await super().wrap_run(ctx, handler=handler)
                 finally:
                     self._active.reset(token)
                     _DIGESTS.reset(digests)
+                    _RUN_TRACE.reset(trace_token)
                 self._record_outcome(run, result.output)
                 return result
         finally:
@@ -405,19 +417,40 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
             run.decide_approval(approval_id, approved=True, by="caller",
                                 reason="approved in DeferredToolResults")
 
+        made: list[bool] = []  # the tool's body ran in this process
+        told: list[bool] = []  # the bridge's word: made (True) or answered from the log
+
         async def make(_: ToolContext) -> object:
+            made.append(True)
             payload = await body()
             kind = payload.get("kind") if isinstance(payload, dict) else None
             if kind not in _ANSWERED:  # it did not act: recorded as a proven failure
                 raise ToolFailed(_FLOW + json.dumps(payload, sort_keys=True))
             return payload
 
+        key = idempotency_key(run.state.scope, tool_name, call_args,
+                              tuple(declared.identity) or None)
+        uncertain = any(p.key == key for p in run.state.pending.values())
+        since, began = run.state.last_seq, time.time_ns()
+        payload = await self._answer(run, tool_name, call_args, call_id, make, declared,
+                                     approval, told)
+        verdicts = _verdicts_since(run, key, since) if uncertain else []
+        _report_call(run, call_id, made=bool(made), told=told, settled=bool(verdicts))
+        for verdict in verdicts:
+            _reconciled_span(ctx, verdict, call_id, Effect(declared.effect), began)
+        return payload
+
+    @staticmethod
+    async def _answer(run: BridgedRun, tool_name: str, call_args: dict[str, Any],
+                      call_id: str, make: Callable[[ToolContext], Awaitable[object]],
+                      declared: ToolEffect, approval: bool, told: list[bool]) -> object:
+        """The call made or answered by the call protocol, as Pydantic AI's payload."""
         try:
             return await run.acall(
                 tool_name, call_args, call_id=call_id, body=make, effect=declared.effect,
                 identity=declared.identity, lookup=declared.lookup,
                 key_retention=declared.key_retention, approval=approval,
-                encode=_tool_result, decode=_tool_payload, executed=_report)
+                encode=_tool_result, decode=_tool_payload, executed=told.append)
         except ToolFailed as failed:
             return _flow_payload(str(failed))
         except NeedsApproval as waiting:
@@ -432,6 +465,44 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
 
 def _report(executed: bool) -> None:
     record_durable_unit(executed=executed)
+
+
+def _report_call(run: BridgedRun, call_id: str, *, made: bool, told: list[bool],
+                 settled: bool) -> None:
+    """Tell Pydantic AI's telemetry whether the tool ran here. A call answered without
+    running it (from the log, by a lookup, from another run of the scope) is not
+    reported as executed, so no span of the tool running is exported for it. A call
+    stopped here (an approval, a person's decision, a denial) is left to Pydantic AI,
+    whose span says so."""
+    if made:
+        _report(True)
+    elif told or settled or getattr(run.answer(call_id), "kind", None) == "result":
+        _report(False)
+
+
+def _verdicts_since(run: BridgedRun, key: str, since: int) -> list[Any]:
+    """The verdicts this process reached on the uncertain call ``key`` (its lookup, the
+    scope's record, a retry), recorded after seq ``since``."""
+    return [e for e in run.journal.store.read(run.run_id, after_seq=since)
+            if e.type is EventType.TOOL_CALL_RECONCILED and e.payload.get("key") == key
+            and e.payload.get("by") == "agentjournal"]
+
+
+def _reconciled_span(ctx: RunContext[Any], verdict: Any, call_id: str, effect: Effect,
+                     began: int) -> None:
+    """The span of a verdict reached here, as the native loop's tracer exports it
+    (agentjournal.otel): ``execute_tool`` with outcome ``reconciled``, under the run's
+    span. The lookup ran here, never the tool, so it carries no result."""
+    p = verdict.payload
+    span = ctx.tracer.start_span(
+        f"execute_tool {p['tool']}", context=_RUN_TRACE.get(), kind=SpanKind.INTERNAL,
+        start_time=began, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": p["tool"],
+            "gen_ai.tool.call.id": call_id, "gen_ai.tool.type": "function",
+            "agentjournal.tool.effect": str(effect), "agentjournal.tool.outcome": "reconciled",
+            "agentjournal.tool.verdict": p.get("verdict") or "",
+            "agentjournal.seq": verdict.seq})
+    span.end(end_time=max(began, int(verdict.ts.timestamp() * 1_000_000_000)))
 
 
 def _tool_result(payload: Any) -> Any:
