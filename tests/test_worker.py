@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -263,6 +264,87 @@ def test_submit_is_idempotent_through_the_cli(fleet: Fleet) -> None:
     bad = fleet.cli("submit", "--agent", "no-colon", "--task", "t")
     assert bad.returncode == 2
     assert list(fleet.runs()) == ["x"]
+
+
+#: An agent module of a new user's own, in the directory they run `submit` from.
+USER_AGENTS = """import os
+
+from agentjournal import Agent, ScriptedModel, calls, reply, tool
+from agentjournal.tools import ToolContext
+
+
+@tool(effect="irreversible")
+def record(ctx: ToolContext, label: str) -> str:
+    \"\"\"Record that `label` happened.\"\"\"
+    with open(os.environ["FLEET_EFFECTS"], "a") as effects:
+        effects.write(f"{ctx.run_id} {label} {ctx.key}\\n")
+    return f"recorded {label}"
+
+
+def counter() -> Agent:
+    return Agent(ScriptedModel([calls(("record", {"label": "a"})), reply("done")]), [record])
+"""
+
+
+def _printed_worker_command(stderr: str) -> str:
+    found = re.search(r"start workers with: (agentjournal worker .*)$", stderr, re.M)
+    assert found, stderr
+    return found.group(1)
+
+
+def test_the_worker_command_submit_prints_runs_the_run_as_printed(fleet: Fleet) -> None:
+    """A new user's agent module sits in the directory they submit from: the worker
+    command `submit` prints, pasted in that directory, imports it and runs the run
+    (it used to leave the directory off the import path and park every run)."""
+    cwd = fleet.tmp / "project"
+    cwd.mkdir()
+    (cwd / "myagents.py").write_text(USER_AGENTS)
+    env = {**fleet.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    submitted = subprocess.run(["agentjournal", "submit", "--agent", "myagents:counter",
+                                "--task", "count", "--run-id", "mine", "--store", fleet.url],
+                               cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    printed = _printed_worker_command(submitted.stderr)
+    log = fleet.tmp / "printed-worker.log"
+    with open(log, "wb") as err:  # the command as a shell would split it, nothing added
+        proc = subprocess.Popen(shlex.split(printed), cwd=cwd, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    fleet.procs.append((proc, log))
+    fleet.until("the run handed back", lambda: fleet.runs()["mine"].state in ("done", "parked"))
+    assert fleet.stop(proc) == 0, fleet.logs()  # bounded: drained once the run is back
+    row = fleet.runs()["mine"]
+    assert (row.state, row.reason) == ("done", None), (printed, row)
+    assert fleet.effects() == {("mine", "a"): 1}
+
+
+def test_submit_refuses_a_ref_no_worker_would_run_and_suggests_no_command(
+        fleet: Fleet) -> None:
+    """`submit --agent os:fork` suggested `worker --agents os`, which refuses it too. A ref
+    that imports here and is no agent is refused at submit, nothing queued; a worker
+    command is printed only for a ref it would run (run as printed, it does)."""
+    for ref, why in (("os:fork", "a builtin"), ("tests.fleet_agents:explode", "not an Agent"),
+                     ("tests.fleet_agents:nothing", "has no 'nothing'")):
+        refused = fleet.cli("submit", "--agent", ref, "--task", "t", "--run-id", "no")
+        assert refused.returncode == 2 and why in refused.stderr, (ref, refused.stderr)
+        assert "agentjournal worker" not in refused.stderr, refused.stderr
+    assert fleet.runs() == {}
+    elsewhere = fleet.cli("submit", "--agent", "not_here.agents:x", "--task", "t",
+                          "--run-id", "elsewhere")
+    assert elsewhere.returncode == 0, elsewhere.stderr  # its workers may import it
+    assert "start workers with" not in elsewhere.stderr
+    assert "cannot import module 'not_here.agents'" in elsewhere.stderr, elsewhere.stderr
+    ok = fleet.cli("submit", "--agent", "tests.fleet_agents:counter", "--task", "t",
+                   "--run-id", "ok")
+    assert ok.returncode == 0, ok.stderr
+    printed = shlex.split(_printed_worker_command(ok.stderr))
+    log = fleet.tmp / "printed-worker.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", *printed], cwd=ROOT, env=fleet.env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    fleet.procs.append((proc, log))
+    fleet.until("the run handed back", lambda: fleet.runs()["ok"].state in ("done", "parked"))
+    assert fleet.stop(proc) == 0, fleet.logs()
+    assert fleet.runs()["ok"].state == "done", fleet.logs()
 
 
 def test_a_jsonl_store_has_no_queue_for_workers_or_submit(tmp_path: Path) -> None:

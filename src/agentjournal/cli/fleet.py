@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -17,10 +18,10 @@ import msgspec
 
 from .. import RunMismatchError
 from ..agent import new_run_id, require_run_id
-from ..errors import NoQueueError
+from ..errors import AgentRefError, NoQueueError
 from ..fleet import QUEUE_STATES, Queue, queue_of
 from ..fleet import requeue as requeue_run
-from ..fleet.trust import ref_problem
+from ..fleet.trust import AgentTrust, ref_problem
 from ..fleet.worker import Worker
 from ..metrics import serve
 from ..redaction import Redaction
@@ -87,6 +88,7 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
     """
     if problem := ref_problem(agent_ref):
         raise CliError(f"--agent {agent_ref!r}: {problem}", 2)
+    import_args, unimportable = _worker_import_args(agent_ref)
     # As fleet.submit does, keeping whether the run was created.
     submitted = new_run_id() if run_id is None else require_run_id(run_id)
     with queue_at(store_url, create=True) as queue:
@@ -101,10 +103,47 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
     click.echo(submitted)
     if not created:
         note(f"run {submitted} was already submitted with this agent and task: nothing changed")
+    elif unimportable is not None:
+        note(f"submitted {submitted} to queue {queue_name!r}; a worker started here would "
+             f"park it: {unimportable}. Its workers trust it with --agents "
+             f"{agent_ref.partition(':')[0]}")
     else:
         note(f"submitted {submitted} to queue {queue_name!r}; start workers with: "
-             f"agentjournal worker --agents {agent_ref.partition(':')[0]}"
+             f"agentjournal worker --agents {agent_ref.partition(':')[0]}{import_args}"
              f"{store_hint(store_url)}")
+
+
+def _worker_import_args(agent_ref: str) -> tuple[str, str | None]:
+    """What a worker started in this directory needs, besides ``--agents MODULE``, to
+    run ``agent_ref``: ``""`` when it imports it as installed, ``" --import-path ."``
+    when only from this directory (a worker leaves its working directory off the import
+    path). Imports its module as the worker would, and calls nothing. A ref that imports
+    and is no agent (``os:fork``) would be parked by any worker: CliError (exit 2). One
+    whose module does not import here: ``("", why)``, its workers may be elsewhere."""
+    here, saved = os.getcwd(), sys.path[:]
+    module = agent_ref.partition(":")[0]
+    trust = AgentTrust([module])
+    refusal: AgentRefError | None = None
+    try:
+        trust.check(agent_ref)  # as text (a private name): refused before any import
+    except AgentRefError as exc:
+        raise CliError(f"a worker would refuse {exc}", 2) from None
+    try:
+        for import_args, dirs in (("", ()), (" --import-path .", (here,))):
+            sys.path[:] = saved
+            _set_import_path(dirs)  # as `worker` sets it, with or without --import-path
+            importlib.invalidate_caches()
+            try:
+                trust.resolve(agent_ref)
+                return import_args, None
+            except AgentRefError as exc:
+                refusal = exc
+    finally:
+        sys.path[:] = saved
+    assert refusal is not None
+    if module in sys.modules:  # it imported: what it names is no agent
+        raise CliError(f"a worker would refuse {refusal}", 2)
+    return "", str(refusal)
 
 
 def _trusted(_ctx: click.Context, _param: click.Parameter,

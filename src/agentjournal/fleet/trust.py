@@ -101,16 +101,21 @@ class AgentTrust:
     def load(self, ref: str) -> Driven:
         """The Agent (or Runnable) ``ref`` names, checked before anything is imported or
         called."""
+        return _made(ref, self.resolve(ref))
+
+    def resolve(self, ref: str) -> Driven | AgentFactory:
+        """What ``ref`` names, imported, if :meth:`load` would run it: an Agent, a
+        Runnable, or a factory it may call (never called here); else AgentRefError."""
         self.check(ref)
         if self.registry is not None:
-            return _made(ref, self.registry[ref])
+            return self.registry[ref]
         found = _resolve(ref)
         if _driven(found):
             return typing.cast(Driven, found)
         if problem := self._not_a_factory(found):
             raise AgentRefError(ref, f"it is {problem}, not an Agent, a Runnable or a "
                                 f"factory of one ({_FACTORY})")
-        return _made(ref, typing.cast(AgentFactory, found))
+        return typing.cast(AgentFactory, found)
 
     def _trusted(self, ref: str) -> bool:
         if self.registry is not None:
