@@ -25,7 +25,14 @@ from agentjournal.demo.run_demo import RUN_ID, run_demo
 from agentjournal.ui import Viewer
 from agentjournal.ui.server import serve_in_thread
 
-from .ui_runs import HOSTILE, approval_run, fetch_page, markup_run, uncertain_run
+from .ui_runs import (
+    HOSTILE,
+    approval_run,
+    fetch_page,
+    interrupted_run,
+    markup_run,
+    uncertain_run,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -55,6 +62,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         approval_run(store, "pay-bob")
         uncertain_run(store, "wire-w1")
         markup_run(store, "markup")
+        interrupted_run(store, "stalled")  # its process stopped: nobody holds it
+        interrupted_run(store, "held")
+        store.acquire("held", "worker-7", ttl=3600)  # a worker has it now
     finally:
         store.close()
     viewer = Viewer(url, allow_decisions=True, by="ops")
@@ -105,6 +115,29 @@ def test_needs_a_person_leads(page: Any, site: dict[str, Any]) -> None:
     assert "irreversible" in page.locator("section[data-run=wire-w1]").inner_text()
 
 
+def test_each_run_shows_one_state_the_one_to_act_on(page: Any, site: dict[str, Any]) -> None:
+    """One badge: waiting for a person (for what), running (held by whom, until when),
+    stalled, finished; never "runnable" beside a run that waits for a person."""
+    expected = {
+        "pay-bob": ("waiting", "waiting for a person", "approve or deny pay(amount=500, to='bob')"),
+        "wire-w1": ("waiting", "waiting for a person", "say whether wire(ref='w-1') happened"),
+        "held": ("running", "running", "held by worker-7 (lease epoch 2) until"),
+        "stalled": ("stalled", "stalled", "let go of it, and nobody holds it now"),
+        RUN_ID: ("finished", "finished", ""),
+    }
+    for run_id, (state, label, detail) in expected.items():
+        page.goto(f"{site['base']}/runs/{run_id}")
+        header = page.locator("h1 .badge")
+        assert header.count() == 1, run_id  # one state, not a status and a "runnable"
+        assert (header.get_attribute("data-state"), header.inner_text()) == (state, label)
+        if detail:
+            assert detail in page.locator("#state-detail").inner_text(), run_id
+    page.goto(f"{site['base']}/runs")
+    shown = {row.locator("td a").first.inner_text(): row.locator(".badge").first.inner_text()
+             for row in page.locator("#runs tbody tr").all()}
+    assert {r: shown[r] for r in expected} == {r: e[1] for r, e in expected.items()}
+
+
 def test_the_demo_run_shows_its_kill_and_resume(page: Any, site: dict[str, Any]) -> None:
     page.goto(f"{site['base']}/runs/{RUN_ID}?after=0&limit=100")
     assert page.locator("#status").inner_text() == "finished"
@@ -146,7 +179,7 @@ def test_approving_makes_the_run_runnable(page: Any, site: dict[str, Any]) -> No
     assert page.locator("section[data-run=pay-bob]").count() == 0  # back on the queue
     page.goto(site["base"] + "/runs/pay-bob")
     assert page.locator("#status").inner_text() == "running"
-    assert page.locator("#runnable").is_visible()
+    assert page.locator("#state").inner_text() == "runnable"
     decided = log_of(site["url"], "pay-bob")[-1]
     assert (decided.type, decided.payload["by"], decided.payload["approved"]) == (
         EventType.APPROVAL_DECIDED, "alice", True)
@@ -161,7 +194,7 @@ def test_resolving_an_uncertain_call(page: Any, site: dict[str, Any]) -> None:
         form.locator("button[value=did_not_happen]").click()
     assert page.url.endswith("/runs/wire-w1")
     assert page.locator("section.uncertain").count() == 0
-    assert page.locator("#runnable").is_visible()
+    assert page.locator("#state").inner_text() == "runnable"
     verdict = log_of(site["url"], "wire-w1")[-1]
     assert (verdict.type, verdict.payload["verdict"], verdict.payload["by"]) == (
         EventType.TOOL_CALL_RECONCILED, "absent", "bob")

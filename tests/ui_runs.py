@@ -4,6 +4,7 @@ returned markup, and a long one to page through."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from agentjournal import Agent, Rules, ScriptedModel, Store, ToolUncertain, calls, reply, tool
@@ -66,3 +67,20 @@ def big_result_run(store: Store, run_id: str) -> None:
     """Finishes; its one call returned 3 MiB (under the 4 MiB default limit)."""
     Agent(ScriptedModel([calls(("dump", {"name": "ab"})), reply("dumped")]), [dump]).run(
         store, run_id, "dump")
+
+
+class Interrupted(BaseException):
+    """Stands for Ctrl-C in the middle of a run."""
+
+
+def interrupted_run(store: Store, run_id: str) -> None:
+    """Stops after its first call's start (the loop lets its lease go): status running,
+    and nobody holds it."""
+    def stop(event: Any, state: Any) -> None:
+        if event.seq == 3:
+            raise Interrupted()
+
+    agent = Agent(ScriptedModel([calls(("fetch_page", {"url": "http://x"})), reply("done")]),
+                  [fetch_page])
+    with contextlib.suppress(Interrupted):
+        agent.run(store, run_id, "read", observer=stop)

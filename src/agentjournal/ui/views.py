@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
-from ..errors import InvalidRunIdError, JournalError
+from ..errors import InvalidRunIdError, JournalError, NoQueueError
 from ..events import Event, EventType
+from ..fleet import QueuedRun, queue_of
 from ..snapshots import load_state
 from ..state import RunState, durable_fields, fold
-from ..store import RunInfo, Store
+from ..store import Lease, RunInfo, Store
 from ..store.base import validate_run_id
 
 E = EventType
@@ -170,8 +172,9 @@ def runs_page(store: Store, states: States, *, status: str | None = None,
     matched = len(infos) if filtered and status is None else None  # (ages only)
     if status is None:  # the earlier pages need no fold to be skipped
         infos, skip = infos[skip:], 0
+    queued = queue_runs(store)
     for info in infos:  # newest first, as the store lists them
-        row = _run_row(states, info, now)
+        row = _run_row(store, states, info, now, queued.get(info.run_id))
         if status is not None and row["status"] != status:
             continue
         if skip:
@@ -190,14 +193,18 @@ def _age_fits(info: RunInfo, now: datetime, older: float | None, newer: float | 
     return (older is None or age >= older) and (newer is None or age <= newer)
 
 
-def _run_row(states: States, info: RunInfo, now: datetime) -> dict[str, Any]:
+def _run_row(store: Store, states: States, info: RunInfo, now: datetime,
+             queued: QueuedRun | None) -> dict[str, Any]:
     try:
         state = states.of(info.run_id, info.last_seq)
     except JournalError as exc:
         return {"run_id": info.run_id, "status": "unreadable", "error": str(exc),
+                "standing": {"state": "failed", "label": "unreadable", "detail": str(exc)},
                 "events": info.last_seq, "agent": None, "approvals": 0, "uncertain": 0,
                 "age_s": age_s(info.created_at, now), "idle_s": age_s(info.updated_at, now)}
     return {"run_id": info.run_id, "status": state.status, "agent": state.agent,
+            "standing": standing_of(state, store.holder(info.run_id), queued,
+                                    now.timestamp()),
             "events": info.last_seq, "approvals": len(state.approvals),
             "uncertain": len(state.pending), "age_s": age_s(info.created_at, now),
             "idle_s": age_s(info.updated_at, now),
@@ -214,13 +221,17 @@ def run_summary(store: Store, states: States, run_id: str) -> dict[str, Any]:
     if not last:
         raise NotFound(run_id)
     state = states.of(run_id, last)
+    queued = queue_runs(store).get(run_id)
     return {
         "run_id": run_id, "status": state.status, "pause_reason": state.pause_reason,
+        "standing": (standing := standing_of(state, store.holder(run_id), queued,
+                                             time.time())),
+        "runnable": standing["state"] == "runnable",
         "agent": state.agent, "task": state.task, "events": last, "turns": state.turns,
         "tool_calls": state.tool_calls, "resumes": state.resumes,
         "started_at": state.started_at.isoformat() if state.started_at else None,
         "usage": plain(state.usage), "origin": state.origin, "outcome": state.outcome,
-        "runnable": runnable(state), "escalation": state.escalation,
+        "escalation": state.escalation,
         "approvals": [plain(a) for a in state.approvals.values()],
         "uncertain": [plain(p) for p in state.pending.values()],
         "decisions": {k: plain(d) for k, d in state.decisions.items()},
@@ -230,10 +241,78 @@ def run_summary(store: Store, states: States, run_id: str) -> dict[str, Any]:
     }
 
 
-def runnable(state: RunState) -> bool:
-    """Whether resuming the run now would act: nothing is left for a person to decide."""
-    return (state.status not in DONE and not state.approvals
-            and not state.waits_for_a_person and state.status != "compensated")
+# --- a run's one state: the one a worker or a person would act on ------------------------
+
+
+def queue_runs(store: Store) -> dict[str, QueuedRun]:
+    """The fleet's queue entries by run id; none when the store has no queue (JSONL)."""
+    try:
+        return {q.run_id: q for q in queue_of(store).runs()}
+    except NoQueueError:
+        return {}
+
+
+def standing_of(state: RunState, holder: Lease | None, queued: QueuedRun | None,
+             now: float) -> dict[str, str]:
+    """The run's one state, with what it waits for or who holds it: ``waiting`` (for a
+    person, and for what), ``runnable`` (nothing to decide, nobody holds it, and what
+    drives it would act), ``running`` (its lease is held: by whom, until when),
+    ``stalled`` (it was being driven and its lease lapsed or was let go, with nobody
+    holding it), ``finished``, ``failed`` (a worker parked it), ``cancelled``.
+    ``holder``: ``Store.holder``; ``queued``: its entry in the fleet's queue, if any;
+    ``now``: seconds since the epoch."""
+    if state.status == "finished":
+        return {"state": "finished", "label": "finished", "detail": ""}
+    if state.status in ("cancelled", "compensating", "compensated"):
+        return {"state": "cancelled", "label": "cancelled", "detail": {
+            "compensating": "its effects are being undone",
+            "compensated": "its effects were undone"}.get(state.status, "")}
+    if queued is not None and queued.state == "parked":
+        return {"state": "failed", "label": "failed",
+                "detail": f"a worker parked it: {queued.reason or 'no reason recorded'}"}
+    wait = _waits_for(state)
+    if wait:
+        return {"state": "waiting", "label": "waiting for a person", "detail": wait}
+    if holder is not None and holder.expires_at > now:
+        return {"state": "running", "label": "running", "detail": (
+            f"held by {holder.owner} (lease epoch {holder.epoch}) until "
+            f"{_clock(holder.expires_at)}, {holder.expires_at - now:.0f} s from now")}
+    if queued is not None and queued.state in ("queued", "waiting", "running"):
+        return {"state": "runnable", "label": "runnable", "detail": "a worker will take it"}
+    if state.status in ("running", "new") and holder is not None and not _a_decision(holder):
+        how = ("let go of it" if holder.expires_at <= 0 else
+               f"stopped renewing it; it lapsed at {_clock(holder.expires_at)}")
+        return {"state": "stalled", "label": "stalled", "detail": (
+            f"{holder.owner}, which held its lease (epoch {holder.epoch}), {how}, and "
+            "nobody holds it now")}
+    return {"state": "runnable", "label": "runnable",
+            "detail": "nothing waits for a person: continuing it acts now"}
+
+
+def _a_decision(lease: Lease) -> bool:
+    """A lease a person's decision took to write it (decisions.py): not a driver's."""
+    return lease.owner.startswith("decision:")
+
+
+def _waits_for(state: RunState) -> str:
+    """What a person must do before the run can go on; empty when nothing."""
+    asks = [f"approve or deny {a.tool}({_args(a.args)})" for a in state.approvals.values()]
+    if state.status in ("paused", "escalated"):
+        asks += [f"say whether {p.tool}({_args(p.args)}) happened"
+                 for p in state.pending.values()]
+    if state.waits_for_a_person and not state.pending:
+        reason = (state.escalation or {}).get("reason") or "a conflict"
+        asks.append(f"decide the escalation ({reason})")
+    return "; ".join(asks)
+
+
+def _args(args: dict[str, Any], width: int = 60) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _clock(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%H:%M:%S UTC")
 
 
 def events_page(store: Store, run_id: str, after: int = 0,
