@@ -65,6 +65,7 @@ from typing import Any, Literal
 import msgspec
 
 from .agent import require_run_id
+from .continuation import continuation
 from .errors import (
     CallRefused,
     NeedsApproval,
@@ -279,7 +280,10 @@ class BridgedRun(StepMachine):
             started = p.get("started_seq")
             return Answer("failed", None, p.get("source", "tool"), p.get("content", ""),
                           event.seq, self._start_keys.get(started) if started else None)
-        return Answer("result", p.get("result"), p.get("source", "tool"), "", event.seq, key,
+        result = p.get("result")
+        if result is None and p.get("content") and p.get("encoding_error") is None:
+            result = p["content"]  # a person's "happened" without its result (decisions.py)
+        return Answer("result", result, p.get("source", "tool"), "", event.seq, key,
                       p.get("encoding_error"))
 
     decision_for = answer
@@ -662,7 +666,8 @@ class BridgedRun(StepMachine):
                  ("scope", j.state.scope, scope))
         for name, was, now in given:
             if now is not None and was is not None and j.as_recorded(now) != was:
-                raise RunMismatchError(j.run_id, name, was, now)
+                raise RunMismatchError(j.run_id, name, was, now, resume=continuation(
+                    j.state, started={"input": self._input}).command)
         if j.state.status not in ("finished", "cancelled", "compensating", "compensated"):
             j.record(E.RUN_RESUMED)
 

@@ -56,7 +56,9 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
     """How to continue the run whose folded state is ``state``.
 
     ``started``: the payload of its ``run_started`` event, when the caller has it (a
-    LangGraph thread's id is read from its ``input``; without it, from the task).
+    LangGraph thread's id is read from its ``input``; without it, from the task; a run
+    opened by an integration under a worker's ``MODULE:OBJECT`` is told apart from a
+    native agent's by it).
     ``queue_state``: its state in the fleet's queue (``QueuedRun.state``), None when it
     is not in one. ``store_hint``: appended to shell commands (e.g. `` --store URL``).
 
@@ -78,6 +80,8 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
         return _langgraph(state, started)
     if agent.startswith("openai-agents:"):
         return _openai_agents(state, agent.partition(":")[2])
+    if started is not None and "input" in started:  # opened through the bridge
+        return _runnable(rid, agent, store_hint)
     if not agent:
         command = (f"agentjournal run MODULE:OBJECT {shlex.quote(state.task)} "
                    f"--run-id {shlex.quote(rid)}{store_hint}")
@@ -102,6 +106,15 @@ def _in_queue(rid: str, queue_state: str | None, store_hint: str) -> Continuatio
             f"a worker parked run {rid}; once its cause is fixed, hand it back to the "
             f"workers with: {command}"))
     return None  # not in a queue, or done there: what drove it continues it
+
+
+def _runnable(rid: str, agent: str, store_hint: str) -> Continuation:
+    """A run an integration opened under a worker's ``MODULE:OBJECT`` (a Runnable, which
+    ``agentjournal resume`` cannot drive): the fleet continues it."""
+    command = f"agentjournal requeue {shlex.quote(rid)}{store_hint}"
+    return Continuation(kind="requeue", run_id=rid, command=command, sentence=(
+        f"run {rid} is driven by a worker through {agent}: hand it back to the workers "
+        f"with: {command}"))
 
 
 def _pydantic_ai(state: RunState, name: str) -> Continuation:

@@ -40,6 +40,14 @@ VERDICTS: dict[Outcome, str] = {
     "happened": "found", "did_not_happen": "absent", "conflict": "conflict"}
 OUTCOMES: dict[str, Outcome] = {v: k for k, v in VERDICTS.items()}
 
+#: What the model reads as the result of a call a person said happened without giving
+#: its result (``resolve --happened`` with no ``--result``). The completion records it
+#: as its ``content`` (its ``result`` stays None), so every shell reads the same words
+#: from the log: the native loop's fold, and the bridge (Pydantic AI, LangGraph, the
+#: Agents SDK) as the tool's return value.
+NO_RESULT_GIVEN = ("the call was made: a person confirmed it happened, without giving "
+                   "its result")
+
 
 class Decision(NamedTuple):
     """The events that record a decision, and whether they were appended by this call
@@ -176,7 +184,8 @@ def resolution_facts(pending: PendingCall, outcome: Outcome, *, by: str, reason:
             "call_id": pending.call_id, "tool": pending.tool,
             "started_seq": pending.started_seq, "idempotency_key": pending.key,
             # the verdict closes the start first: the completion keeps its arguments
-            "args": pending.args, "result": result, "source": "person"}))
+            "args": pending.args, "result": result, "source": "person",
+            **({"content": NO_RESULT_GIVEN} if result is None else {})}))
     elif outcome == "conflict":
         facts.append((EventType.RUN_ESCALATED, {
             "reason": reason or "conflict", "by": by, "key": pending.key,

@@ -104,15 +104,18 @@ class RunMismatchError(JournalError, ValueError):
     """
 
     def __init__(self, run_id: str, field: str, recorded: str | None,
-                 given: str | None) -> None:
+                 given: str | None, *, resume: str | None = None) -> None:
+        # ``resume``: what continues this run (continuation.py) when it is not
+        # `agentjournal resume`, e.g. an integration's own call.
+        resume = resume or f"agentjournal resume {run_id}"
         if field == "instructions":
             advice = ("To resume it with the new instructions, say so: Agent.run(..., "
                       "change_instructions=True) records the change; to keep the old ones, "
                       "give the agent the recorded instructions.")
         else:
-            advice = (f"To resume it, give no {field} or the recorded one (agentjournal "
-                      f"resume {run_id}); for other work, start a run under a new run id "
-                      "(new_run_id(), or `agentjournal run` without --run-id).")
+            advice = (f"To resume it, give no {field} or the recorded one ({resume}); for "
+                      "other work, start a run under a new run id (new_run_id(), or "
+                      "`agentjournal run` without --run-id).")
         super().__init__(f"run {run_id!r} exists with {field} {recorded!r}, not {given!r}. "
                          + advice, run_id=run_id)
         self.field = field

@@ -42,6 +42,7 @@ from .. import (
     fold,
     open_store,
 )
+from ..continuation import Continuation, continuation
 from ..errors import NoQueueError
 from ..fleet import QUEUE_STATES, QueuedRun, queue_of
 from ..snapshots import load_state
@@ -246,6 +247,11 @@ class _ReadFirst:
         return self._reader
 
     @property
+    def current(self) -> Store:
+        """The open handle: the writer once the command wrote, else the reader."""
+        return self._writer or self._reader
+
+    @property
     def writable(self) -> Store:
         """The store it writes through, opened now if not yet (``fleet.queue_of``: the
         queue of a store a command writes to, as a decision keeping a run waiting)."""
@@ -307,7 +313,7 @@ def queued_runs(store: Store) -> dict[str, QueuedRun]:
     """The runs in the store's queue, by id (none for a store without one, JSONL): a
     submitted run has no events until a worker starts it, and must not look absent."""
     try:
-        queue = queue_of(store.reader if isinstance(store, _ReadFirst) else store)
+        queue = queue_of(store.current if isinstance(store, _ReadFirst) else store)
     except NoQueueError:
         return {}
     try:
@@ -326,6 +332,23 @@ def queue_place(entry: QueuedRun | None) -> dict[str, Any] | None:
         return None
     return {"name": entry.queue, "state": entry.state, "worker": entry.worker,
             "reason": entry.reason}
+
+
+def how_it_goes_on(store: Store, run_id: str, store_url: str) -> Continuation:
+    """How the run continues now (continuation.py): its state, its first event's
+    payload and its place in the queue, read from the store."""
+    events = store.read(run_id)
+    try:
+        first = next(events, None)
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:  # a generator holding a cursor: done with it
+            close()
+    state = load_state(store, run_id).state
+    queued = queued_runs(store).get(run_id)
+    return continuation(state, started=None if first is None else first.payload,
+                        queue_state=None if queued is None else queued.state,
+                        store_hint=store_hint(store_url))
 
 
 def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:

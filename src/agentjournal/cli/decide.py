@@ -8,6 +8,7 @@ from typing import Any, cast
 import click
 import msgspec
 
+from ..continuation import Continuation
 from ..decisions import Decision, Outcome, record_approval, record_resolution
 from ._base import (
     _report_unreadable,
@@ -15,13 +16,13 @@ from ._base import (
     by_option,
     cli,
     fold_all,
+    how_it_goes_on,
     human_age,
     json_option,
     note,
     opened,
     out,
     short,
-    store_hint,
     store_option,
     table,
 )
@@ -31,9 +32,10 @@ from .reading import summary
 # --- decisions -------------------------------------------------------------------------
 
 
-def print_decision(decision: Decision, run_id: str, store_url: str, as_json: bool) -> None:
-    """The events that record the decision; a repeat says it already stood. With --json,
-    the events either way, so a retried script reads what the first attempt printed."""
+def print_decision(decision: Decision, after: Continuation, as_json: bool) -> None:
+    """The events that record the decision; a repeat says it already stood; then how
+    the run goes on (``after``). With --json, the events either way, so a retried script
+    reads what the first attempt printed."""
     if as_json:
         emit_json([msgspec.to_builtins(e) for e in decision.events])
         return
@@ -44,8 +46,7 @@ def print_decision(decision: Decision, run_id: str, store_url: str, as_json: boo
         return
     for e in decision.events:
         echo(f"appended seq {e.seq} {e.type.value}: {summary(e)}")
-    echo(f"next: resume the run to act on it: agentjournal resume {run_id}"
-         f"{store_hint(store_url)}")
+    echo(f"next: {after.sentence}")
 
 
 @cli.command()
@@ -85,7 +86,8 @@ def _decide(run_id: str, approval_id: str, *, approved: bool, by: str, reason: s
     with opened(store_url) as store:
         decision = record_approval(store, run_id, approval_id, approved=approved, by=by,
                                    reason=reason)
-    print_decision(decision, run_id, store_url, as_json)
+        after = how_it_goes_on(store, run_id, store_url)
+    print_decision(decision, after, as_json)
 
 
 @cli.command()
@@ -218,6 +220,7 @@ def resolve(run_id: str, key: str, happened: bool, result: str | None, did_not_h
     with opened(store_url) as store:
         decision = record_resolution(store, run_id, key, outcome=outcome, by=by,
                                      reason=reason, result=value)
-    print_decision(decision, run_id, store_url, as_json)
+        after = how_it_goes_on(store, run_id, store_url)
+    print_decision(decision, after, as_json)
 
 
