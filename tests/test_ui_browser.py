@@ -240,6 +240,46 @@ def test_a_live_run_updates_without_reload(page: Any, site: dict[str, Any]) -> N
     assert page.locator("#event-count").inner_text() == str(last)
 
 
+def test_a_live_page_moves_together_as_of_one_seq(page: Any, site: dict[str, Any]) -> None:
+    """Opened while a call is in flight, the page follows the run to its end: the state,
+    the counts, the open calls and the table all as of the last seq."""
+    go, started = threading.Event(), threading.Event()
+
+    def hold_in_flight(event: Any, state: Any) -> None:
+        if event.type is EventType.TOOL_CALL_STARTED and not started.is_set():
+            started.set()
+            go.wait(60)
+
+    def drive() -> None:
+        store = open_store(site["url"])
+        try:
+            Agent(ScriptedModel([calls(("fetch_page", {"url": "http://x/1"})), reply("done")]),
+                  [fetch_page]).run(store, "moving", "read a page", observer=hold_in_flight)
+        finally:
+            store.close()
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    assert started.wait(60)
+    page.goto(site["base"] + "/runs/moving")
+    assert page.locator("#state").inner_text() == "running"
+    assert page.locator("section.in-flight").count() == 1  # the call, while it runs
+    opened_at = int(page.locator("#as-of-seq").inner_text())
+    go.set()
+    thread.join(60)
+    last = len(log_of(site["url"], "moving"))
+    assert last > opened_at
+    page.wait_for_function(f"document.querySelector('#as-of-seq').textContent === '{last}'")
+    assert page.locator("#state").inner_text() == "finished"
+    assert page.locator("#status").inner_text() == "finished"
+    assert page.locator("#event-count").inner_text() == str(last)
+    assert page.locator("section.in-flight, section.uncertain").count() == 0
+    page.locator(f"#seq-{last}").wait_for()
+    seqs = page.locator("#timeline tbody tr.event").evaluate_all(
+        "rows => rows.map(r => Number(r.dataset.seq))")
+    assert seqs == list(range(1, last + 1))
+
+
 def _pace(event: Any, go: threading.Event, started: threading.Event) -> None:
     """Hold the run after its first batch until the page is open."""
     if event.seq <= 2 and not started.is_set():

@@ -259,6 +259,12 @@ class Pages:
             now=datetime.now(UTC).isoformat(timespec="seconds"))
         return HTMLResponse(page, status)
 
+    def _partial(self, template: str, data: dict[str, Any]) -> str:
+        """A piece of a page (the live tail's), with what every page's templates see."""
+        return self.env.get_template(template).render(
+            **data, csrf=self.config.csrf, decisions=self.config.allow_decisions,
+            by=self.config.by)
+
     async def _call(self, fn: Callable[..., dict[str, Any]], *args: Any,
                     **kwargs: Any) -> dict[str, Any]:
         return await run_in_threadpool(fn, *args, **kwargs)
@@ -296,7 +302,8 @@ class Pages:
         last = summary["events"]
         limit = min(1000, _int(request, "limit", views.PAGE_EVENTS, 1))
         after = _int(request, "after", max(0, last - limit))
-        page = await self._call(views.events_page, self.config.store, run_id, after, limit)
+        page = await self._call(views.events_page, self.config.store, run_id, after, limit,
+                                upto=last)
         # The latest page of a run that may still move streams its new events.
         live = after + limit >= last and summary["status"] not in views.DONE
         data = {"run": summary, **page, "live": live}
@@ -351,17 +358,21 @@ class Pages:
                                  headers={"cache-control": "no-store"})
 
     async def _stream(self, request: Request, run_id: str, after: int) -> AsyncIterator[str]:
-        rows = self.env.get_template("rows.html")
+        """New events as rows, each batch with the page's head as of the same seq: the
+        state, the counts and the open calls move with the table."""
         idle = 0.0
+        store = self.config.store
         while not await request.is_disconnected():
-            events = await run_in_threadpool(views.tail, self.config.store, run_id, after)
-            if events:
+            if await run_in_threadpool(store.last_seq, run_id) > after:
+                run = await self._call(views.run_summary, store, self.config.states, run_id)
+                events = await run_in_threadpool(views.tail, store, run_id, after,
+                                                 run["events"])
                 before = None if after == 0 else await run_in_threadpool(
-                    _event_at, self.config.store, run_id, after)
-                html = rows.render(events=views.event_rows(events, before), run_id=run_id)
-                after = events[-1].seq
-                yield _sse("event", html)
-                yield _sse("seq", str(after))
+                    _event_at, store, run_id, after)
+                yield _sse("head", self._partial("run_head.html", {"run": run}))
+                yield _sse("event", self._partial("rows.html", {
+                    "events": views.event_rows(events, before), "run_id": run_id}))
+                after = run["events"]
                 idle = 0.0
             else:
                 await asyncio.sleep(TAIL_POLL_S)

@@ -227,7 +227,10 @@ def run_summary(store: Store, states: States, run_id: str) -> dict[str, Any]:
         "standing": (standing := standing_of(state, store.holder(run_id), queued,
                                              time.time())),
         "runnable": standing["state"] == "runnable",
-        "agent": state.agent, "task": state.task, "events": last, "turns": state.turns,
+        # The state's own last seq (a fold may read past ``last``): the seq the whole
+        # page is as of.
+        "agent": state.agent, "task": state.task, "events": state.last_seq,
+        "turns": state.turns,
         "tool_calls": state.tool_calls, "resumes": state.resumes,
         "started_at": state.started_at.isoformat() if state.started_at else None,
         "usage": plain(state.usage), "origin": state.origin, "outcome": state.outcome,
@@ -315,18 +318,20 @@ def _clock(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%H:%M:%S UTC")
 
 
-def events_page(store: Store, run_id: str, after: int = 0,
-                limit: int = PAGE_EVENTS) -> dict[str, Any]:
-    """Up to ``limit`` events after seq ``after``, each with its one-line summary and the
-    gap before it when the lease epoch changed (a kill or a stop, then a resume)."""
+def events_page(store: Store, run_id: str, after: int = 0, limit: int = PAGE_EVENTS,
+                upto: int | None = None) -> dict[str, Any]:
+    """Up to ``limit`` events after seq ``after`` (and up to ``upto``: the seq the rest of
+    the page is as of), each with its one-line summary and the gap before it when the
+    lease epoch changed (a kill or a stop, then a resume)."""
     run_id = checked_id(run_id)
-    last = store.last_seq(run_id)
+    last = store.last_seq(run_id) if upto is None else upto
     if not last:
         raise NotFound(run_id)
+    count = max(0, min(limit, last - after))
     start = max(0, after - 1)  # one more, to see the gap before the first shown
-    window = list(itertools.islice(store.read(run_id, after_seq=start), limit + 1))
+    window = list(itertools.islice(store.read(run_id, after_seq=start), count + 1))
     before = window[0] if window and start < after else None
-    shown = window[1:] if before is not None else window[:limit]
+    shown = window[1:] if before is not None else window[:count]
     return {"run_id": run_id, "after": after, "limit": limit, "last_seq": last,
             "events": event_rows(shown, before)}
 
@@ -394,9 +399,9 @@ def _key_of(event: Event) -> str:
     return str(p.get("key") or p.get("idempotency_key") or "")
 
 
-def tail(store: Store, run_id: str, after: int) -> list[Event]:
-    """The events appended after ``after`` (the live tail's next batch)."""
-    return list(store.read(run_id, after_seq=after)) if store.last_seq(run_id) > after else []
+def tail(store: Store, run_id: str, after: int, upto: int) -> list[Event]:
+    """The events after ``after`` up to ``upto`` (the live tail's next batch)."""
+    return list(itertools.islice(store.read(run_id, after_seq=after), max(0, upto - after)))
 
 
 def as_json(events: Iterable[Event]) -> list[dict[str, Any]]:
