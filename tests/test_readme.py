@@ -1,6 +1,11 @@
-"""The README's code blocks run as written: each Python block on its own, as pasted into a
-fresh interpreter with no API key set, then each of its `agentjournal ...` commands, in one
-fresh directory, as a new user would."""
+"""The README's and the docs' code blocks run as written: each README Python block on its
+own, as pasted into a fresh interpreter with no API key set, then each of its `agentjournal
+...` commands, in one fresh directory, as a new user would; each page of docs/ and
+docs/integrations/ its Python blocks in the order given, in one interpreter.
+
+A block that cannot run here says so on its first line, where a reader sees it too:
+``# needs a server: ...`` (e.g. Temporal) or ``# fragment: ...`` (a shape to fill in).
+Used sparingly: every other block runs."""
 
 from __future__ import annotations
 
@@ -15,6 +20,9 @@ import pytest
 README = Path(__file__).parents[1] / "README.md"
 ROOT = README.parent
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
+DOCS = sorted([*ROOT.glob("docs/*.md"), *ROOT.glob("docs/integrations/*.md")])
+#: The first line of a block the docs test does not run, and why (see the docstring).
+NOT_RUN = re.compile(r"# (needs a server|fragment): \S")
 PROVIDER_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
 
 
@@ -28,6 +36,13 @@ def section(title: str) -> str:
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start:end if end != -1 else None]
+
+
+def python_blocks(page: Path) -> list[tuple[int, str]]:
+    """The page's Python blocks with the line each starts on."""
+    text = page.read_text()
+    return [(text.count("\n", 0, m.start()) + 2, m.group(2)) for m in BLOCK.finditer(text)
+            if m.group(1) == "python"]
 
 
 def run_alone(code: str) -> None:
@@ -136,3 +151,27 @@ def test_the_openai_agents_block_runs_and_replays(new_user: Path,
     run_alone(code)
     # One invoice and two model calls, then the same: the second run was served the log.
     assert capsys.readouterr().out.splitlines() == ["Invoiced acme. 1 2"] * 2
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_docs_pages_python_blocks_run_in_order(page: Path, new_user: Path) -> None:
+    """Each page's blocks, in the order given, in one namespace: a block may use what an
+    earlier one on its page defined, as a reader pasting them in order would."""
+    namespace: dict[str, object] = {"__name__": "__docs__"}
+    name = page.relative_to(ROOT)
+    for line, code in python_blocks(page):
+        if NOT_RUN.match(code):
+            continue
+        try:
+            exec(compile(code, f"{name}:{line}", "exec"), namespace)
+        except Exception as exc:  # any failure names its block
+            pytest.fail(f"{name}, the Python block at line {line} fails: "
+                        f"{type(exc).__name__}: {exc}\n{code}", pytrace=False)
+
+
+def test_blocks_not_run_are_few_and_say_why() -> None:
+    """The markers are for blocks that truly cannot run here, each with its reason."""
+    skipped = [f"{page.relative_to(ROOT)}:{line}" for page in DOCS
+               for line, code in python_blocks(page) if NOT_RUN.match(code)]
+    total = sum(len(python_blocks(page)) for page in DOCS)
+    assert len(skipped) <= 4 and total >= 12, (skipped, total)
