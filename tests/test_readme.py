@@ -69,6 +69,20 @@ def test_readme_python_blocks_each_run_alone(new_user: Path,
     assert "compensated 1 {}" in printed  # the saga block
 
 
+def test_the_people_tour_approves_a_call_and_settles_an_uncertain_one(
+    new_user: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = section("A person decides: approvals and uncertain calls")
+    (code,) = [c for lang, c in BLOCK.findall(text) if lang == "python"]
+    assert "policy=Rules(require_approval=[" in code
+    run_alone(code)
+    assert capsys.readouterr().out.splitlines() == [  # as its comments say
+        "waiting_approval ['wire']", "finished 1", "paused ['wire']", "finished 2"]
+    from agentjournal.decisions import NO_RESULT_GIVEN
+
+    assert NO_RESULT_GIVEN in " ".join(text.split())  # the form it documents is the one used
+
+
 def test_the_real_model_block_runs_against_the_bundled_stub(
     new_user: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
