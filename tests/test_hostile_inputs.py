@@ -6,6 +6,7 @@ a span or a metric."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentjournal import Agent, EventType, ScriptedModel, calls, open_store, reply
+from agentjournal.bridge import open_run
+from agentjournal.errors import ResultNotKeptError
 from agentjournal.metrics import METRICS
 from agentjournal.models import ModelRequest, ModelResponse
 from agentjournal.otel import GenAITracer
+from agentjournal.results import MAX_DEPTH
 from agentjournal.state import ToolCall
 from agentjournal.steps import NOT_A_TOOL_NAME
 from agentjournal.tools import tool
@@ -152,3 +156,103 @@ def test_the_provider_items_that_repeat_a_made_up_name_carry_the_stand_in(
     (assistant,) = [m for m in request.messages if m.role == "assistant"]
     assert assistant.items[1]["name"] == NOT_A_TOOL_NAME
     assert not any(huge[:200].encode() in blob for blob in written_bytes(tmp_path))
+
+
+# --- values nested too deep (results.MAX_DEPTH) ---------------------------------------------
+
+
+def nested(depth: int) -> Any:
+    """``[[...[1]...]]``: ``depth`` lists, built without recursion."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def deep_agent(made: list[str], returns: Any) -> Agent:
+    @tool(effect="irreversible")
+    def pay(order: int) -> Any:
+        made.append(f"pay {order}")
+        return returns
+
+    @tool(effect="irreversible")
+    def store_tree(tree: Any) -> str:
+        made.append("store_tree")
+        return "stored"
+
+    model = ScriptedModel([calls(("pay", {"order": 7})),
+                           calls(("store_tree", {"tree": nested(20_000)})), reply("done")])
+    return Agent(model, [pay, store_tree])
+
+
+@pytest.mark.parametrize("runner", ["run", "arun"])
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_result_and_arguments_nested_20000_deep_are_not_kept_and_the_run_finishes(
+        runner: str, store_url: str) -> None:
+    made: list[str] = []
+    agent = deep_agent(made, nested(20_000))
+    store = open_store(store_url)
+    try:
+        result = (agent.run(store, "deep", "pay order 7") if runner == "run"
+                  else asyncio.run(agent.arun(store, "deep", "pay order 7")))
+        assert result.status == "finished" and result.outcome == "done"
+        # A resume has nothing to ask anyone and nothing to make again.
+        again = deep_agent(made, nested(20_000)).run(store, "deep", "pay order 7")
+        log = list(store.read("deep"))
+    finally:
+        store.close()
+    assert again.status == "finished"
+    assert made == ["pay 7"]  # the effect once; the deep arguments never reached their tool
+    assert not any(e.type in (E.TOOL_CALL_UNCERTAIN, E.RUN_PAUSED) for e in log)
+    (done,) = [e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED]
+    body = b"[" * 20_000 + b"1" + b"]" * 20_000
+    assert done["result"] is None and done["idempotency_key"]
+    assert done["result_bytes"] == len(body)
+    assert done["result_sha256"] == hashlib.sha256(body).hexdigest()
+    assert f"more than {MAX_DEPTH} levels deep" in done["encoding_error"]
+    assert done["content"].startswith("error: the call was made, but its result was not kept")
+    # The deep arguments: recorded as their size only, denied, the model told why.
+    turn = [e.payload for e in log if e.type is E.MODEL_TURN][1]
+    assert turn["tool_calls"] == [{"id": turn["tool_calls"][0]["id"], "name": "store_tree",
+                                   "too_large": len(b'{"tree":') + len(body) + 1}]
+    (denied,) = [e.payload for e in log if e.type is E.TOOL_CALL_DENIED]
+    assert denied["tool"] == "store_tree" and "unknown_tool" not in denied
+    assert f"nest lists or objects more than {MAX_DEPTH} levels deep" in denied["reason"]
+
+
+def test_the_depth_limit_is_exact(tmp_path: Path) -> None:
+    for depth, kept in ((MAX_DEPTH, True), (MAX_DEPTH + 1, False)):
+        made: list[str] = []
+        agent = Agent(ScriptedModel([calls(("pay", {"order": 7})), reply("done")]),
+                      [deep_agent(made, nested(depth)).tools["pay"]])
+        store = open_store(f"sqlite:///{tmp_path / f'{depth}.db'}")
+        try:
+            assert agent.run(store, "r", "t").status == "finished"
+            (done,) = [e.payload for e in store.read("r") if e.type is E.TOOL_CALL_COMPLETED]
+        finally:
+            store.close()
+        assert (done["result"] == nested(depth)) is kept
+        assert ("encoding_error" not in done) is kept
+
+
+def test_a_bridged_call_returning_a_value_nested_too_deep_completes_not_kept(
+        tmp_path: Path) -> None:
+    made: list[int] = []
+
+    def body(ctx: Any) -> Any:
+        made.append(1)
+        return nested(20_000)
+
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    try:
+        for _ in range(2):  # made, then answered from the log
+            with open_run(store, "b1", agent="test:bridge") as run, pytest.raises(
+                    ResultNotKeptError, match="levels deep"):
+                run.call("pay", {"order": 7}, call_id="c1", body=body)
+        log = list(store.read("b1"))
+    finally:
+        store.close()
+    assert made == [1]
+    (done,) = [e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED]
+    assert done["result_bytes"] == 40_001 and len(done["result_sha256"]) == 64
+    assert not any(e.type is E.TOOL_CALL_UNCERTAIN for e in log)

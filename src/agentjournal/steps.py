@@ -33,13 +33,13 @@ from .errors import EncodingError, ScopeSharedError
 from .events import EventType, render
 from .faults import fault_point
 from .keys import canonical_args, idempotency_key
-from .limits import args_refused, result_over, within_args_limit
+from .limits import args_refused, result_over, result_too_deep, within_args_limit
 from .metrics import METRICS
 from .models import Model, ModelError, ModelRequest, ModelResponse, in_background, stop_kind
 from .ops import Ask, Begin, Call, Collect, Invoke, Outcome, Sleep, Steps
 from .policy import Budget, Compaction, Deny, Guardrail, Policy, RequireApproval
 from .redaction import was_redacted
-from .results import to_json
+from .results import NotKept, TooDeep, to_json
 from .settle import Fact, Ready, Settling, changed_intent, same_intent
 from .state import CompletedCall, Message, Observation, ToolCall
 from .tools import CallGuard, Effect, Tool, ToolContext, ToolFailed
@@ -521,14 +521,19 @@ class StepMachine(Settling):
             "idempotency_key": key, "source": source, **extra})
 
     def _result_fields(self, result: Any, not_kept_why: str | None) -> dict[str, Any]:
-        """The result as a completion holds it, or why it is not kept: no JSON form, or
-        over ``max_result_bytes`` (then its size and sha256 instead). The effect happened
-        either way: the key stays, so the call is never made again, and the model is told,
-        never given a repr or a part."""
+        """The result as a completion holds it, or why it is not kept: no JSON form (or a
+        shell's ``NotKept``), nested past results.MAX_DEPTH or over ``max_result_bytes``
+        (then its size and sha256 instead). The effect happened either way: the key stays,
+        so the call is never made again, and the model is told, never given a repr or a
+        part."""
         over: dict[str, Any] = {}
+        if not_kept_why is None and isinstance(result, NotKept):
+            not_kept_why = result.why
         if not_kept_why is None:
             try:
                 plain = to_json(result)
+            except TooDeep:
+                not_kept_why, over = result_too_deep(result)
             except EncodingError as exc:
                 not_kept_why = str(exc)
             else:
