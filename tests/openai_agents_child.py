@@ -18,6 +18,10 @@ test through a pipe, for the test to SIGKILL it there:
 - ``model``: in the second model call;
 - ``before``: in ``post_effect("b")`` once its start is durable, before the POST;
 - ``after``: in ``post_effect("b")`` after the receiver applied it, before the completion.
+
+:func:`delegator` is an agent that runs another as a tool (``Agent.as_tool``), the child
+posting two corrections to the demo ledger (which honours idempotency keys);
+:func:`run_delegator_until_blocked` runs it until the child blocks before its second.
 """
 
 from __future__ import annotations
@@ -119,6 +123,72 @@ def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
     policy = ToolPolicy(effect="irreversible", identity=["label"],
                         lookup=applied if lookup else None)
     return agent, {"post_effect": policy}
+
+
+def delegator(ledger: str, *, block: str = "", tell: Connection | None = None,
+              on_stream: bool = False) -> tuple[Any, dict[str, Any]]:
+    """An agent that hands the corrections to another agent used as a tool
+    (``Agent.as_tool``): the parent asks ``corrector`` once; the child posts two different
+    corrections (C-1, then C-2) to the ledger (``agentjournal.demo.ledger``,
+    which honours idempotency keys), each with ``current_call().key``, then says it is
+    done. ``block="second"``: the child blocks in C-2 once C-1 was applied (the test
+    kills it there). ``on_stream``: the child runs streamed (as_tool's ``on_stream``).
+    The corrector's calls are idempotent: retried, the child sends the same keys again."""
+    from agents import Agent, function_tool
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    from agentjournal import current_call
+    from agentjournal.demo.ledger import FENCING_HEADER, http_json
+
+    @function_tool
+    def post_correction(correction_id: str, amount: int) -> str:
+        """Apply correction `correction_id` of `amount` cents to ledger-a."""
+        ctx = current_call()
+        assert ctx is not None, "a call under JournalRunner knows its key"
+        if correction_id == "C-2" and block == "second" and tell is not None:
+            tell.send(block)
+            threading.Event().wait()  # the test kills the process here
+        body = {"correction_id": correction_id, "ledger": "ledger-a", "amount": amount}
+        status, applied = http_json("POST", f"{ledger}/corrections", body,
+                                    {"Idempotency-Key": ctx.key,
+                                     FENCING_HEADER: str(ctx.epoch)})
+        return f"{correction_id}: {status} {applied.get('status') or applied.get('error')}"
+
+    def correct(call: Any) -> Any:
+        done = sum(isinstance(i, dict) and i.get("type") == "function_call_output"
+                   for i in call.input)
+        if done < 2:
+            number = done + 1
+            return [function_call("post_correction",
+                                  {"correction_id": f"C-{number}", "amount": 100 * number},
+                                  call_id=f"call_{number}")]
+        return [assistant_message("corrected")]
+
+    def delegate(call: Any) -> Any:
+        if not any(isinstance(i, dict) and i.get("type") == "function_call_output"
+                   for i in call.input):
+            return [function_call("corrector", {"input": "close ledger-a"}, call_id="call_1")]
+        return [assistant_message("delegated")]
+
+    child = Agent(name="corrector", tools=[post_correction],
+                  model=ScriptedModel([ModelStep.respond(correct) for _ in range(8)]))
+
+    async def ignore(event: Any) -> None:
+        pass
+
+    tool = child.as_tool("corrector", "Apply the corrections a ledger needs.",
+                         on_stream=ignore if on_stream else None)
+    parent = Agent(name="delegator", tools=[tool],
+                   model=ScriptedModel([ModelStep.respond(delegate) for _ in range(4)]))
+    return parent, {"corrector": "idempotent", "post_correction": "irreversible"}
+
+
+def run_delegator_until_blocked(store_url: str, ledger: str, block: str, *,
+                                tell: Connection) -> None:
+    """The delegator with JournalRunner until its child blocks at ``block``."""
+    agent, policies = delegator(ledger, block=block, tell=tell)
+    result = run_poster(agent, open_store(store_url), policies, streamed=False)
+    tell.send(f"ended: {result.final_output!r}")
 
 
 def run_until_blocked(store_url: str, receiver: str, block: str, *, tell: Connection,

@@ -25,6 +25,7 @@ from agentjournal import (
     open_store,
     resolve_uncertain,
 )
+from agentjournal.demo.ledger import LedgerService
 from agentjournal.integrations.openai_agents import (
     JournalRunner,
     JournalSession,
@@ -36,7 +37,9 @@ from tests.conftest import backend_params
 from tests.openai_agents_child import (
     RUN,
     TASK,
+    delegator,
     poster,
+    run_delegator_until_blocked,
     run_plain_until_blocked,
     run_poster,
     run_until_blocked,
@@ -140,6 +143,50 @@ def test_killed_in_each_window_every_effect_lands_once(
                 and e.payload["key"] == key_b]  # (a may have been in flight too)
     assert verdicts == {"model": [], "before": ["absent"], "after": ["found"]}[window]
     assert log[-1].type is E.RUN_FINISHED
+
+
+# --- an agent used as a tool (Agent.as_tool) --------------------------------------------
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[LedgerService]:
+    """The demo ledger, a process of its own that honours idempotency keys."""
+    with LedgerService(tmp_path / "ledger.db") as service:
+        yield service
+
+
+@backend_params()
+@pytest.mark.parametrize("how", ["run", "streamed", "child streamed"])
+def test_each_call_of_an_agent_used_as_a_tool_has_a_key_of_its_own(
+        store: Store, ledger: LedgerService, how: str) -> None:
+    # The child posts two different corrections inside the parent's one call: with the
+    # parent call's key on both, the ledger answered the second from the first (422)
+    # and the run finished with C-2 never applied.
+    agent, policies = delegator(ledger.url, on_stream=how == "child streamed")
+    result = run_poster(agent, store, policies, streamed=how == "streamed")
+    assert result.final_output == "delegated"
+    effects = ledger.effects()
+    assert effects["corrections"] == {"C-1": 1, "C-2": 1} and effects["replays"] == 0
+
+
+@backend_params()
+def test_a_child_killed_between_its_calls_resends_the_same_keys_when_retried(
+        store_url: str, store: Store, ledger: LedgerService) -> None:
+    process, told = spawn(run_delegator_until_blocked, store_url, ledger.url, "second")
+    try:
+        assert told.poll(HANG), "the child never reached its window"
+        assert told.recv() == "second"
+    finally:
+        process.kill()
+        process.join()
+    assert process.exitcode == -9
+    assert ledger.effects()["corrections"] == {"C-1": 1}
+    agent, policies = delegator(ledger.url)  # the corrector's call is retried (idempotent)
+    result = run_poster(agent, store, policies, streamed=False)
+    assert result.final_output == "delegated"
+    effects = ledger.effects()
+    # C-1 was sent again with its own key, and answered from the first; C-2 applied once.
+    assert effects["corrections"] == {"C-1": 1, "C-2": 1} and effects["replays"] == 1
 
 
 @backend_params()

@@ -15,6 +15,12 @@ model again for a turn it answered, and without making a recorded call again:
   given; else irreversible). ``tool_call_started`` is durable before the tool runs;
   the tool gets the idempotency key through ``agentjournal.current_call()``. The starts
   of a turn's calls are appended in the order the model gave them.
+- **agents used as tools** (``Agent.as_tool``): the call is journaled as any function
+  tool's; the agent it runs inside that call is not journaled yet (issue 45), but each
+  call that agent makes gets a ``current_call()`` of its own, keyed as a call of the run
+  would be (its tool and arguments, or its policy's identity, in the run's scope): two
+  different calls never share the outer call's key, and a retried outer call sends the
+  same keys again.
 - **interruptions**: a tool with ``needs_approval`` records ``approval_requested``; a
   call whose effect is uncertain and that no lookup settles becomes an SDK interruption
   too (its tool asks "approval"). The SDK's ``RunState`` at an interruption is stored
@@ -36,13 +42,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import inspect
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -72,7 +80,7 @@ from openai.types.responses import (
 )
 from pydantic import TypeAdapter
 
-from ...bridge import BridgedRun, Turn, open_run
+from ...bridge import _CURRENT, BridgedRun, Turn, current_call, open_run
 from ...errors import CallRefused, JournalError, NeedsPerson, ResultNotKeptError
 from ...events import EventType
 from ...fleet.runnable import Stopped
@@ -343,6 +351,7 @@ class _Driver:
         self.config = RunConfig()
         self.turns = _Turns()
         self._agents: dict[int, Agent[Any]] = {}
+        self._inside: dict[int, Agent[Any]] = {}  # the agents run inside a call, keyed
 
     async def drive(self, agent: Agent[Any], given: RunState[Any] | None, input: Any, *,
                     context: Any, serializer: Any, deserializer: Any, run_config: RunConfig,
@@ -498,41 +507,83 @@ class _Driver:
 
     # --- wrapping the SDK's agents -----------------------------------------------------
 
-    def wrap_agent(self, agent: Agent[Any]) -> Agent[Any]:
+    def wrap_agent(self, agent: Agent[Any], *, inside: bool = False) -> Agent[Any]:
         """A clone of ``agent`` (and of the agents it hands off to) whose model and
-        function tools go through the journal."""
-        if (done := self._agents.get(id(agent))) is not None:
-            return done
+        function tools go through the journal; ``inside`` a call (an agent used as a
+        tool runs inside its call), one whose function tools are keyed (:meth:`key_tool`)."""
+        done = self._inside if inside else self._agents
+        if (clone := done.get(id(agent))) is not None:
+            return clone
         clone = agent.clone()
-        self._agents[id(agent)] = clone  # before the handoffs: they may lead back here
-        clone.model = _JournaledModel(self, agent.model)
-        clone.tools = [self.wrap_tool(t) if isinstance(t, FunctionTool) else t
-                       for t in agent.tools]
-        clone.handoffs = [self._wrap_handoff(h) for h in agent.handoffs]
+        done[id(agent)] = clone  # before the handoffs: they may lead back here
+        wrap = self.key_tool if inside else self.wrap_tool
+        if not inside:  # (a child's own turns are not journaled yet: issue 45)
+            clone.model = _JournaledModel(self, agent.model)
+        clone.tools = [wrap(t) if isinstance(t, FunctionTool) else t for t in agent.tools]
+        clone.handoffs = [self._wrap_handoff(h, inside) for h in agent.handoffs]
         if agent.mcp_servers:
-            self._wrap_mcp_tools(clone)
+            self._wrap_mcp_tools(clone, wrap)
         return clone
 
-    def _wrap_mcp_tools(self, clone: Agent[Any]) -> None:
+    def _wrap_mcp_tools(self, clone: Agent[Any],
+                        wrap: Callable[[FunctionTool], FunctionTool]) -> None:
         """The clone's MCP tools, listed by its servers each turn, wrapped as they are
         listed (the effect class from each tool's annotations unless a policy names it)."""
         listed = clone.get_mcp_tools
 
         async def get_mcp_tools(run_context: Any) -> list[Any]:
-            return [self.wrap_tool(t) if isinstance(t, FunctionTool) else t
+            return [wrap(t) if isinstance(t, FunctionTool) else t
                     for t in await listed(run_context)]
 
         clone.get_mcp_tools = get_mcp_tools  # type: ignore[method-assign]
 
-    def _wrap_handoff(self, handoff: Agent[Any] | Handoff[Any, Any]) -> Any:
+    def _wrap_handoff(self, handoff: Agent[Any] | Handoff[Any, Any], inside: bool) -> Any:
         if isinstance(handoff, Agent):
-            return self.wrap_agent(handoff)
+            return self.wrap_agent(handoff, inside=inside)
         invoke = handoff.on_invoke_handoff
 
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            return self.wrap_agent(await invoke(*args, **kwargs))
+            return self.wrap_agent(await invoke(*args, **kwargs), inside=inside)
 
         return dataclasses.replace(handoff, on_invoke_handoff=wrapped)
+
+    def _child_of(self, tool: FunctionTool, impl: Any) -> Any:
+        """``impl`` (a tool's invocation), running its agent keyed if the tool is an agent
+        used as a tool (``Agent.as_tool``): the calls that agent makes inside this call
+        each get a key of their own (:meth:`key_tool`), never this call's."""
+        child = getattr(tool, "_agent_instance", None)
+        if not getattr(tool, "_is_agent_tool", False) or not isinstance(child, Agent):
+            return impl
+        return _running(impl, self.wrap_agent(child, inside=True), tool.name)
+
+    def key_tool(self, tool: FunctionTool) -> FunctionTool:
+        """``tool`` of an agent that runs inside a call (an agent used as a tool): its
+        calls are not journaled (a sub-agent as a run of its own is issue 45), but each
+        has a context of its own for ``current_call()``: the key it would have as a call
+        of the run (its tool, its arguments or the identity its policy declares, in the
+        run's scope), its call id under the outer call's. With the outer call's context,
+        two different calls would send one key, and a receiver that honours keys would
+        answer the second from the first: an effect lost."""
+        identity = tuple(self.policy(tool.name).identity) or None
+        original = tool.on_invoke_tool
+        clone = dataclasses.replace(tool)
+        inner = getattr(original, "_invoke_tool_impl", None)
+        if inner is not None:  # an agent used as a tool inside this one: keyed too
+            original = copy.copy(original)
+            original._invoke_tool_impl = self._child_of(tool, inner)  # type: ignore[attr-defined]
+
+        async def invoke(ctx: SdkToolContext[Any], arguments: str) -> Any:
+            args, outer = _arguments(arguments), current_call()
+            if args is None or outer is None:  # not a JSON object: the SDK says so
+                return await original(ctx, arguments)
+            own = dataclasses.replace(
+                outer, key=idempotency_key(outer.scope, tool.name, args, identity),
+                call_id=f"{outer.call_id}/{ctx.tool_call_id}")
+            with _calling(own):
+                return await original(ctx, arguments)
+
+        clone.on_invoke_tool = invoke
+        return clone
 
     def wrap_tool(self, tool: FunctionTool, annotations: Any = None) -> FunctionTool:
         """``tool`` with its calls made by the call protocol."""
@@ -541,7 +592,7 @@ class _Driver:
         original = tool.on_invoke_tool
         # Its own exceptions, not the SDK's text for them: an exception from a tool with
         # an effect may mean the effect happened (uncertain), never just "an error".
-        raw = getattr(original, "_invoke_tool_impl", original)
+        raw = self._child_of(tool, getattr(original, "_invoke_tool_impl", original))
         clone = dataclasses.replace(tool)
         driver = self
 
@@ -595,6 +646,34 @@ class _Driver:
         """The function calls of a model answer: their starts are appended in this order."""
         self.turns.expect([str(getattr(i, "call_id", "")) for i in response.output
                            if getattr(i, "type", None) == "function_call"])
+
+
+@contextlib.contextmanager
+def _calling(ctx: ToolContext) -> Iterator[None]:
+    """``current_call()`` is ``ctx`` inside: a call made inside another's body."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def _running(impl: Any, agent: Agent[Any], tool: str) -> Any:
+    """``Agent.as_tool``'s invocation ``impl``, running ``agent`` (a clone of the one it
+    was made of) in place of its own: the SDK keeps that agent in the closure (``self``)."""
+    code = getattr(impl, "__code__", None)
+    if code is None or "self" not in code.co_freevars or impl.__closure__ is None:
+        raise JournalError(
+            f"cannot journal the agent used as tool {tool!r}: this version of the Agents "
+            "SDK builds Agent.as_tool differently from the ones agentjournal supports "
+            "(openai-agents 0.24), and its calls would share one idempotency key. Use the "
+            "supported version, or make the agent a handoff instead of a tool.")
+    cells = list(impl.__closure__)
+    cells[code.co_freevars.index("self")] = types.CellType(agent)
+    rebound = types.FunctionType(code, impl.__globals__, impl.__name__, impl.__defaults__,
+                                 tuple(cells))
+    rebound.__kwdefaults__ = impl.__kwdefaults__
+    return rebound
 
 
 # --- the model ---------------------------------------------------------------------------
