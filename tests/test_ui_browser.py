@@ -185,6 +185,27 @@ def test_approving_makes_the_run_runnable(page: Any, site: dict[str, Any]) -> No
         EventType.APPROVAL_DECIDED, "alice", True)
 
 
+def test_a_result_that_is_not_json_is_shown_beside_the_field_and_kept(
+        page: Any, site: dict[str, Any]) -> None:
+    before = len(log_of(site["url"], "wire-w1"))
+    for start, form_at in (("/runs/wire-w1", "section.uncertain form"),
+                           ("/", "section[data-run=wire-w1] form")):
+        page.goto(site["base"] + start)
+        form = page.locator(form_at)
+        form.locator("input[name=by]").fill("bob")
+        form.locator("input[name=reason]").fill("the bank says so")
+        form.locator("input[name=result]").fill('{"wired": 1')
+        with page.expect_navigation():
+            form.locator("button[value=happened]").click()
+        form = page.locator(form_at)  # the same page again, the form as it was typed
+        assert "the result is not JSON" in form.locator("#result-error").inner_text(), start
+        assert [form.locator(f"input[name={n}]").input_value()
+                for n in ("by", "reason", "result")] == ["bob", "the bank says so",
+                                                          '{"wired": 1'], start
+        assert page.locator("header").is_visible()  # a page of the viewer, not raw JSON
+    assert len(log_of(site["url"], "wire-w1")) == before  # nothing recorded
+
+
 def test_resolving_an_uncertain_call(page: Any, site: dict[str, Any]) -> None:
     page.goto(site["base"] + "/runs/wire-w1")
     form = page.locator("section.uncertain form")
@@ -269,7 +290,7 @@ def test_a_live_page_moves_together_as_of_one_seq(page: Any, site: dict[str, Any
     thread.join(60)
     last = len(log_of(site["url"], "moving"))
     assert last > opened_at
-    page.wait_for_function(f"document.querySelector('#as-of-seq').textContent === '{last}'")
+    sync_api.expect(page.locator("#as-of-seq")).to_have_text(str(last), timeout=TIMEOUT_MS)
     assert page.locator("#state").inner_text() == "finished"
     assert page.locator("#status").inner_text() == "finished"
     assert page.locator("#event-count").inner_text() == str(last)

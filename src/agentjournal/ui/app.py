@@ -445,12 +445,34 @@ class Pages:
         try:
             result = json.loads(form["result"]) if form.get("result") else None
         except ValueError as exc:
-            return Refused(400, f"the result is not JSON ({exc})").response()
+            message = (f"the result is not JSON ({exc}): write it as JSON, e.g. "
+                       '{"id": 7}, "text" or 42; or leave it empty')
+            if wants_json(request):
+                return Refused(400, message).response()
+            return await self._form_again(request, run_id, {
+                "run_id": run_id, "key": request.path_params["key"], "message": message,
+                "typed": {k: form.get(k, "") for k in ("by", "reason", "result")}})
         chosen: Outcome = outcome  # type: ignore[assignment]
         decision = await run_in_threadpool(
             self._write, record_resolution, run_id, request.path_params["key"],
             outcome=chosen, by=self._by(form), reason=form.get("reason", ""), result=result)
         return self._decided(request, run_id, decision.events, decision.appended)
+
+    async def _form_again(self, request: Request, run_id: str,
+                          error: dict[str, Any]) -> Response:
+        """The page the form was on (the queue, else the run's), as a 400 with the
+        error beside the field and what was typed kept."""
+        if (self._back(request) or "").split("?")[0] == "/":
+            data = await self._call(views.needs_a_person, self.config.store,
+                                    self.config.states)
+            return self.render(request, "queue.html", {**data, "form_error": error}, 400)
+        summary = await self._call(views.run_summary, self.config.store, self.config.states,
+                                   run_id)
+        last = summary["events"]
+        page = await self._call(views.events_page, self.config.store, run_id,
+                                max(0, last - views.PAGE_EVENTS), views.PAGE_EVENTS, upto=last)
+        return self.render(request, "run.html", {"run": summary, **page, "live": False,
+                                                 "form_error": error}, 400)
 
     async def fork(self, request: Request) -> Response:
         try:
