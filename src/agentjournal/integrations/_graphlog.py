@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InvalidRunIdError
+from ..errors import CorruptLogError, InvalidRunIdError
 from ..events import Event, EventType
 from ..store import Store
 
@@ -154,6 +154,8 @@ class CheckpointRecord:
     metadata_b64: list[str]  # (type, base64); decoded when read, not at every replay
     source: str | None
     step: int | None
+    #: The channels this put gave a value: channel -> [version, reference].
+    values: dict[str, Any] = field(default_factory=dict)
 
     @property
     def checkpoint(self) -> Typed:
@@ -179,13 +181,18 @@ class GraphIndex:
     give the same index, so every process reading the log agrees."""
 
     last_seq: int = 0
+    run_id: str = ""
     thread_id: str | None = None
     finished: bool = False
     #: The input of the newest invocation whose input checkpoint is not in the log yet.
     pending_input: Typed | None = None
     blobs: dict[str, str] = field(default_factory=dict)  # chunk name -> its bytes, base64
     checkpoints: dict[str, dict[str, CheckpointRecord]] = field(default_factory=dict)
+    #: (namespace, channel, version) -> the reference first stored under it.
     values: dict[tuple[str, str, Any], dict[str, Any]] = field(default_factory=dict)
+    #: The versions stored again with another value (a time-travel fork gives a channel
+    #: a version another branch used): each checkpoint's is found through its parents.
+    clashes: set[tuple[str, str, Any]] = field(default_factory=set)
     writes: dict[tuple[str, str], dict[tuple[str, int], WriteRecord]] = field(
         default_factory=dict)
 
@@ -193,7 +200,7 @@ class GraphIndex:
         rule = _RULES.get(event.type)
         if rule is not None:
             rule(self, event)
-        self.last_seq = event.seq
+        self.run_id, self.last_seq = event.run_id, event.seq
 
     def apply_all(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -215,22 +222,57 @@ class GraphIndex:
             items.extend(unpack_chunk(unb64(self.blobs[name])))
         return items
 
-    def list_names(self, ns: str, channel: str, ref: dict[str, Any]) -> list[str]:
+    def sole(self, ns: str, channel: str, version: Any) -> bool:
+        """Whether one value was stored under the version (a change may be based on it)."""
+        key = (ns, channel, version)
+        return key in self.values and key not in self.clashes
+
+    def ref_of(self, record: CheckpointRecord, channel: str,
+               version: Any) -> dict[str, Any] | None:
+        """The reference of ``channel``'s value at ``version`` in ``record``: the one
+        stored under the version, or, when several were, the one the checkpoint put or
+        inherited from its parents."""
+        key = (record.ns, channel, version)
+        if key in self.clashes and (own := self._inherited(record, channel, version)):
+            return own
+        return self.values.get(key)
+
+    def _inherited(self, record: CheckpointRecord, channel: str,
+                   version: Any) -> dict[str, Any] | None:
+        seen: set[str] = set()
+        node: CheckpointRecord | None = record
+        while node is not None and node.id not in seen:  # (a parent cycle ends the walk)
+            seen.add(node.id)
+            if channel in node.values:
+                given, ref = node.values[channel]
+                return ref if given == version else None
+            node = self.checkpoints[node.ns].get(node.parent_id or "")
+        return None
+
+    def list_names(self, record: CheckpointRecord, channel: str,
+                   ref: dict[str, Any]) -> list[str]:
         """The chunk names of a list value: ``{"l": names}``, or ``{"d": [base, keep,
-        added]}``, the first ``keep`` names of the same channel's value at version
-        ``base`` and then ``added`` (the writer sends a whole list every DELTAS)."""
+        added]}``, the first ``keep`` names of the same channel's value first stored
+        under version ``base``, and then ``added`` (the writer sends a whole list every
+        DELTAS, and bases a change only on a version that names one value)."""
         chain = []
+        bases: set[Any] = set()
         while "d" in ref:
             base, keep, added = ref["d"]
+            if base in bases:  # never written so: a read must end, not grow forever
+                raise CorruptLogError(self.run_id, record.seq, (
+                    f"channel {channel!r}'s value at version {base!r} is built on itself"))
+            bases.add(base)
             chain.append((keep, added))
-            ref = self.values[(ns, channel, base)]
+            ref = self.values[(record.ns, channel, base)]
         names: list[str] = list(ref["l"])
         for keep, added in reversed(chain):
             names = names[:keep] + added
         return names
 
-    def read_list(self, ns: str, channel: str, ref: dict[str, Any]) -> list[Typed]:
-        return self.read_value({"c": self.list_names(ns, channel, ref)}) or []
+    def read_list(self, record: CheckpointRecord, channel: str,
+                  ref: dict[str, Any]) -> list[Typed]:
+        return self.read_value({"c": self.list_names(record, channel, ref)}) or []
 
 
 def thread_of(started: Event) -> str | None:
@@ -261,12 +303,15 @@ def _checkpoint(ix: GraphIndex, ev: Event) -> None:
     _blobs(ix, ev)
     ns = p["ns"]
     cp, md = p["checkpoint"], p["metadata"]
+    values = p.get("values", {})
     ix.checkpoints.setdefault(ns, {})[p["id"]] = CheckpointRecord(
         ns=ns, id=p["id"], parent_id=p.get("parent_id"), seq=ev.seq,
         checkpoint_b64=cp, metadata_b64=md,
-        source=p.get("source"), step=p.get("step"))
-    for channel, (version, ref) in p.get("values", {}).items():
-        ix.values[(ns, channel, version)] = ref
+        source=p.get("source"), step=p.get("step"), values=values)
+    for channel, (version, ref) in values.items():
+        key = (ns, channel, version)
+        if ix.values.setdefault(key, ref) != ref:
+            ix.clashes.add(key)  # another value under a stored version: not overwritten
     if p.get("source") == "input":
         ix.pending_input = None
     ix.writes.pop((ns, p["id"]), None)  # a checkpoint put again starts with no writes

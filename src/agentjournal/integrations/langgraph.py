@@ -289,8 +289,12 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 items = [self.serde.dumps_typed(v) for v in objects]
                 chunks.append((objects, blobs.add(pack_chunk(items))))
         names = [name for _, name in chunks]
-        based = last is not None and last.deltas < DELTAS and (
-            (ns, channel, last.version) in t.index.values)
+        # A change is based only on a version naming one value, and only stored under a
+        # version not stored before (a fork's own version is stored whole): a read then
+        # finds each base as it was written, and a chain of changes always ends.
+        based = (last is not None and last.deltas < DELTAS
+                 and t.index.sole(ns, channel, last.version)
+                 and (ns, channel, version) not in t.index.values)
         if not based:
             t.lists[(ns, channel)] = ListValue(version, chunks, 0)
             return {"l": names}
@@ -377,7 +381,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
 
     def _tuple(self, t: Thread, r: CheckpointRecord) -> CheckpointTuple:
         checkpoint = self.serde.loads_typed(r.checkpoint)
-        checkpoint["channel_values"] = self._values(t, r.ns, checkpoint["channel_versions"])
+        checkpoint["channel_values"] = self._values(t, r, checkpoint["channel_versions"])
         writes = t.index.writes.get((r.ns, r.id), {})
         ordered = sorted(writes.items(),
                          key=lambda kv: writes_sort_key(kv[1].task_path, kv[0][0], kv[0][1]))
@@ -396,14 +400,15 @@ class JournalSaver(BaseCheckpointSaver[str]):
             pending_writes=pending,
         )
 
-    def _values(self, t: Thread, ns: str, versions: ChannelVersions) -> dict[str, Any]:
+    def _values(self, t: Thread, r: CheckpointRecord,
+                versions: ChannelVersions) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for channel, version in versions.items():
-            ref = t.index.values.get((ns, channel, version))
+            ref = t.index.ref_of(r, channel, version)
             if ref is None:
                 continue
             if "l" in ref or "d" in ref:
-                items = t.index.read_list(ns, channel, ref)
+                items = t.index.read_list(r, channel, ref)
                 values[channel] = [self.serde.loads_typed(item) for item in items]
             elif (one := t.index.read_value(ref)) is not None:
                 values[channel] = self.serde.loads_typed(one[0])
