@@ -172,10 +172,16 @@ def test_time_travel_to_an_earlier_seq(page: Any, site: dict[str, Any]) -> None:
 def test_approving_makes_the_run_runnable(page: Any, site: dict[str, Any]) -> None:
     page.goto(site["base"] + "/")
     form = page.locator("section[data-run=pay-bob] form")
+    assert [line.split(":")[0] for line in form.locator(".verdicts li").all_inner_texts()] == [
+        "Approve", "Deny"]
     form.locator("input[name=by]").fill("alice")
     form.locator("input[name=reason]").fill("checked the invoice")
     with page.expect_navigation():
         form.locator("button[value=approve]").click()
+    assert "Confirm: approve pay" in page.locator("h1").inner_text()  # one more click
+    assert '"amount": 500' in page.locator("main").inner_text()
+    with page.expect_navigation():
+        page.locator("#confirm button[value=yes]").click()
     assert page.locator("section[data-run=pay-bob]").count() == 0  # back on the queue
     page.goto(site["base"] + "/runs/pay-bob")
     assert page.locator("#status").inner_text() == "running"
@@ -206,6 +212,28 @@ def test_a_result_that_is_not_json_is_shown_beside_the_field_and_kept(
     assert len(log_of(site["url"], "wire-w1")) == before  # nothing recorded
 
 
+def test_each_verdict_is_explained_and_an_irreversible_one_confirmed(
+        page: Any, site: dict[str, Any]) -> None:
+    page.goto(site["base"] + "/")
+    lines = page.locator("section[data-run=wire-w1] .verdicts li").all_inner_texts()
+    assert [line.split(":")[0] for line in lines] == [
+        "It happened", "It did not happen", "Conflict"]
+    assert all(len(line) > 40 for line in lines)  # a line each, saying what it does
+    before = len(log_of(site["url"], "wire-w1"))
+    form = page.locator("section[data-run=wire-w1] form")
+    form.locator("input[name=reason]").fill("the bank has it")
+    with page.expect_navigation():
+        form.locator("button[value=happened]").click()
+    assert "Confirm: it happened" in page.locator("h1").inner_text()
+    assert "irreversible" in page.locator("#confirm-what").inner_text()
+    assert len(log_of(site["url"], "wire-w1")) == before  # nothing recorded on one click
+    with page.expect_navigation():
+        page.locator("#confirm-back").click()
+    assert page.url == site["base"] + "/"  # back where the form was, still open
+    assert page.locator("section[data-run=wire-w1]").count() == 1
+    assert len(log_of(site["url"], "wire-w1")) == before
+
+
 def test_resolving_an_uncertain_call(page: Any, site: dict[str, Any]) -> None:
     page.goto(site["base"] + "/runs/wire-w1")
     form = page.locator("section.uncertain form")
@@ -213,6 +241,8 @@ def test_resolving_an_uncertain_call(page: Any, site: dict[str, Any]) -> None:
     form.locator("input[name=reason]").fill("the bank has no such transfer")
     with page.expect_navigation():
         form.locator("button[value=did_not_happen]").click()
+    with page.expect_navigation():  # wire is irreversible: confirmed
+        page.locator("#confirm button[value=yes]").click()
     assert page.url.endswith("/runs/wire-w1")
     assert page.locator("section.uncertain").count() == 0
     assert page.locator("#state").inner_text() == "runnable"

@@ -134,7 +134,7 @@ def test_a_decision_needs_its_csrf_token_and_records_who(viewer: tuple[str, Test
         assert refused.status_code == 403 and "CSRF" in refused.json()["detail"]
     assert len(log_of(url, "pay-bob")) == before  # nothing appended
     done = client.post(path, data={"decision": "approve", "csrf": csrf_of(client),
-                                   "by": "alice", "reason": "checked"})
+                                   "by": "alice", "reason": "checked", "confirm": "yes"})
     assert done.status_code == 303
     decided = log_of(url, "pay-bob")[before:]
     assert [(e.type, e.payload["by"], e.payload["approved"]) for e in decided] == [
@@ -149,7 +149,7 @@ def test_resolving_an_uncertain_call_over_json(viewer: tuple[str, TestClient]) -
     key = client.get("/index.json").json()["items"][1]["id"]
     conflict = client.post(f"/runs/wire-w1/calls/{key[:12]}/resolve",
                            data={"outcome": "conflict", "reason": "another transfer there",
-                                 "csrf": csrf_of(client)})
+                                 "csrf": csrf_of(client), "confirm": "yes"})
     assert conflict.status_code == 303
     item = client.get("/index.json").json()["items"][1]
     assert item["conflict"]["ours"] == {"ref": "w-1"}  # ours, beside theirs, for a person

@@ -402,21 +402,38 @@ class Pages:
         return (form.get("by") or "").strip() or self.config.by
 
     def _decided(self, request: Request, run_id: str, events: list[Any],
-                 appended: bool) -> Response:
+                 appended: bool, form: dict[str, str]) -> Response:
         if wants_json(request):
             return JSONResponse({"run_id": run_id, "appended": appended,
                                  "events": json.loads(json.dumps(views.as_json(events),
                                                                  default=str))})
-        return RedirectResponse(self._back(request) or f"/runs/{run_id}", status_code=303)
+        return RedirectResponse(self._back(request, form) or f"/runs/{run_id}",
+                                status_code=303)
 
     @staticmethod
-    def _back(request: Request) -> str | None:
-        """The page the form was on, when it is a page of this viewer (a Referer naming
-        another site is not followed)."""
+    def _back(request: Request, form: dict[str, str] | None = None) -> str | None:
+        """The page the form was on, when it is a page of this viewer: the confirmation
+        page's ``back`` field, else the Referer (one naming another site is not
+        followed)."""
+        if form and form.get("back", "").startswith("/"):
+            back = urlsplit(own_path(form["back"]))
+            return back.path + (f"?{back.query}" if back.query else "")
         referer = urlsplit(request.headers.get("referer") or "")
         if referer.netloc != request.headers.get("host") or not referer.path:
             return None
         return own_path(referer.path) + (f"?{referer.query}" if referer.query else "")
+
+    async def _confirmation(self, request: Request, form: dict[str, str], run_id: str,
+                            ask: dict[str, Any] | None) -> Response | None:
+        """The page asking to confirm a decision (``ask``: what it decides), unless it
+        was confirmed, asked for as JSON (a script), or needs no confirmation (None)."""
+        if ask is None or form.get("confirm") == "yes" or wants_json(request):
+            return None
+        typed = {k: v for k, v in form.items() if k not in ("csrf", "confirm", "back")}
+        back = self._back(request, form) or f"/runs/{run_id}"
+        return self.render(request, "confirm.html", {"confirm": {
+            **ask, "run_id": run_id, "typed": typed, "back": back,
+            "action": request.url.path}})
 
     async def decide_approval(self, request: Request) -> Response:
         try:
@@ -427,10 +444,16 @@ class Pages:
         approved = form.get("decision") == "approve"
         if not approved and form.get("decision") != "deny":
             return Refused(400, "decision must be approve or deny").response()
+        approval_id = request.path_params["approval_id"]
+        if approved:
+            ask = await run_in_threadpool(views.approval_to_confirm, self.config.store,
+                                          self.config.states, run_id, approval_id)
+            if (page := await self._confirmation(request, form, run_id, ask)) is not None:
+                return page
         decision = await run_in_threadpool(
-            self._write, record_approval, run_id, request.path_params["approval_id"],
+            self._write, record_approval, run_id, approval_id,
             approved=approved, by=self._by(form), reason=form.get("reason", ""))
-        return self._decided(request, run_id, decision.events, decision.appended)
+        return self._decided(request, run_id, decision.events, decision.appended, form)
 
     async def resolve(self, request: Request) -> Response:
         try:
@@ -453,10 +476,15 @@ class Pages:
                 "run_id": run_id, "key": request.path_params["key"], "message": message,
                 "typed": {k: form.get(k, "") for k in ("by", "reason", "result")}})
         chosen: Outcome = outcome  # type: ignore[assignment]
+        ask = await run_in_threadpool(views.verdict_to_confirm, self.config.store,
+                                      self.config.states, run_id, request.path_params["key"],
+                                      chosen)
+        if (page := await self._confirmation(request, form, run_id, ask)) is not None:
+            return page
         decision = await run_in_threadpool(
             self._write, record_resolution, run_id, request.path_params["key"],
             outcome=chosen, by=self._by(form), reason=form.get("reason", ""), result=result)
-        return self._decided(request, run_id, decision.events, decision.appended)
+        return self._decided(request, run_id, decision.events, decision.appended, form)
 
     async def _form_again(self, request: Request, run_id: str,
                           error: dict[str, Any]) -> Response:

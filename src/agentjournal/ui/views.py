@@ -292,6 +292,44 @@ def standing_of(state: RunState, holder: Lease | None, queued: QueuedRun | None,
             "detail": "nothing waits for a person: continuing it acts now"}
 
 
+# --- decisions that ask for a confirmation ------------------------------------------------
+
+#: What each verdict does, in a line (the confirmation page says it again).
+VERDICTS = {
+    "approve": "the call runs with exactly these arguments when the run goes on",
+    "happened": "the call is recorded as done, with the result given, and never made again",
+    "did_not_happen": "the run makes the call again, with the same idempotency key",
+    "conflict": "nothing is retried; the run stays stopped for a person",
+}
+
+
+def approval_to_confirm(store: Store, states: States, run_id: str,
+                        approval_id: str) -> dict[str, Any] | None:
+    """What approving ``approval_id`` lets happen (every approval is confirmed: it is
+    the one click between a model's request and its effect); None: not pending."""
+    state = states.of(checked_id(run_id), store.last_seq(run_id))
+    a = state.approvals.get(approval_id)
+    if a is None:
+        return None
+    return {"verb": "approve", "tool": a.tool, "args": a.args, "effect": "approval",
+            "what": f"Approving lets {a.tool} run: {VERDICTS['approve']}."}
+
+
+def verdict_to_confirm(store: Store, states: States, run_id: str, key: str,
+                       outcome: str) -> dict[str, Any] | None:
+    """What a verdict on an irreversible call settles; None when it asks for no
+    confirmation (another effect class, or no such open call)."""
+    state = states.of(checked_id(run_id), store.last_seq(run_id))
+    named = [p for p in state.pending.values() if p.key.startswith(key)] if key else []
+    if len(named) != 1 or named[0].effect != "irreversible":
+        return None
+    p = named[0]
+    verb = {"happened": "it happened", "did_not_happen": "it did not happen",
+            "conflict": "conflict"}[outcome]
+    return {"verb": verb, "tool": p.tool, "args": p.args, "effect": p.effect,
+            "what": f"{p.tool} is irreversible: if you say {verb!r}, {VERDICTS[outcome]}."}
+
+
 def _a_decision(lease: Lease) -> bool:
     """A lease a person's decision took to write it (decisions.py): not a driver's."""
     return lease.owner.startswith("decision:")
