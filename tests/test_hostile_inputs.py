@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +258,103 @@ def test_a_bridged_call_returning_a_value_nested_too_deep_completes_not_kept(
     (done,) = [e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED]
     assert done["result_bytes"] == 40_001 and len(done["result_sha256"]) == 64
     assert not any(e.type is E.TOOL_CALL_UNCERTAIN for e in log)
+
+
+# --- a value with no JSON form, and NaN: one rule under every shell -------------------------
+
+NO_JSON_FORM = {"lock": threading.Lock, "object": object, "nan": lambda: {"rate": math.nan}}
+
+
+def native_run(store_url: str, made: list[str], value: Any) -> list[Any]:
+    @tool(effect="irreversible")
+    def make(order: int) -> Any:
+        made.append("make")
+        return value()
+
+    agent = Agent(ScriptedModel([calls(("make", {"order": 7})), reply("done")]), [make])
+    store = open_store(store_url)
+    try:
+        for _ in range(2):  # a resume of the finished run makes nothing again
+            assert agent.run(store, "r", "make order 7").status == "finished"
+        return list(store.read("r"))
+    finally:
+        store.close()
+
+
+def pydantic_ai_run(store_url: str, made: list[str], value: Any) -> list[Any]:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import ModelMessage, TextPart, ToolCallPart
+    from pydantic_ai.messages import ModelResponse as PydanticResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from agentjournal.integrations.pydantic_ai import JournalDurability
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> PydanticResponse:
+        if len(messages) == 1:
+            return PydanticResponse(parts=[ToolCallPart("make", {"order": 7},
+                                                        tool_call_id="c1")])
+        return PydanticResponse(parts=[TextPart("done")])
+
+    agent = PydanticAgent(FunctionModel(model), name="maker",
+                          capabilities=[JournalDurability(store_url, "r")])
+
+    @agent.tool_plain
+    def make(order: int) -> Any:
+        made.append("make")
+        return value()
+
+    for _ in range(2):  # a resume of the finished run makes nothing again
+        assert agent.run_sync("make order 7").output == "done"
+    store = open_store(store_url)
+    try:
+        return list(store.read("r"))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("shell", [native_run, pydantic_ai_run], ids=["native", "pydantic_ai"])
+@pytest.mark.parametrize("value", NO_JSON_FORM, ids=list(NO_JSON_FORM))
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_result_with_no_json_form_or_a_nan_completes_not_kept_under_every_shell(
+        shell: Any, value: str, store_url: str) -> None:
+    """The call was made: it completes with its key, its result not kept, and the run
+    finishes; never an uncertain call for a person, never a NaN stored as null."""
+    made: list[str] = []
+    log = shell(store_url, made, NO_JSON_FORM[value])
+    assert made == ["make"]
+    assert not any(e.type in (E.TOOL_CALL_UNCERTAIN, E.RUN_PAUSED) for e in log)
+    (done,) = [e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED]
+    assert done["idempotency_key"] and done["result"] is None and done["is_error"] is True
+    assert done["encoding_error"]
+    assert done["content"].startswith("error: the call was made, but its result was not kept")
+    assert ("NaN" in done["encoding_error"]) is (value == "nan")
+    assert [e.type for e in log if e.type is E.RUN_FINISHED] == [E.RUN_FINISHED]
+
+
+def test_a_bridged_call_whose_encoder_refuses_its_value_completes_not_kept(
+        tmp_path: Path) -> None:
+    """A shell's own encoder (Agents SDK, LangGraph) refusing the value a call returned:
+    the call was made, so it completes not kept, as under the loop."""
+    made: list[int] = []
+
+    def refuse(value: Any) -> Any:
+        raise TypeError(f"cannot encode a {type(value).__name__}")
+
+    def body(ctx: Any) -> Any:
+        made.append(1)
+        return threading.Lock()
+
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    try:
+        for _ in range(2):  # made, then answered from the log
+            with open_run(store, "b1", agent="test:bridge") as run, pytest.raises(
+                    ResultNotKeptError, match="cannot encode a lock"):
+                run.call("pay", {"order": 7}, call_id="c1", body=body, encode=refuse)
+        log = list(store.read("b1"))
+    finally:
+        store.close()
+    assert made == [1]
+    assert not any(e.type is E.TOOL_CALL_UNCERTAIN for e in log)
+    (done,) = [e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED]
+    assert done["idempotency_key"] and done["result"] is None

@@ -38,7 +38,10 @@ approval is bound to the exact arguments (:class:`NeedsApproval` until a person
 or the caller decides); then ``tool_call_started`` is durable before the body
 runs and the completion is appended after. A body raising ``ToolFailed``
 proves the effect did not happen (recorded as a failure, may be tried again);
-any other exception from a call with an effect leaves it uncertain.
+any other exception from a call with an effect leaves it uncertain. A value the
+body returned that has no JSON form (``encode`` raised, or the body raised
+``results.ResultNotEncodable``: the framework's own encoder refused it) completes
+the call as "result not kept", as the loop does (``ResultNotKeptError``).
 
 A call's body receives a :class:`~agentjournal.ToolContext` (``ctx.key``: the
 idempotency key to send to the receiver; ``ctx.epoch``: the lease epoch, for a
@@ -93,6 +96,7 @@ from .ops import (
 )
 from .policy import Allow, Decision, RequireApproval
 from .redaction import Redaction
+from .results import NotKept, ResultNotEncodable
 from .settle import Ready, changed_intent, same_intent
 from .state import PendingCall, RunState, ToolCall, Usage
 from .steps import StepMachine, not_kept
@@ -498,26 +502,32 @@ class BridgedRun(StepMachine):
                 token = _CURRENT.set(ctx)
                 try:
                     value = await spec_body(ctx)
+                except ResultNotEncodable as exc:  # it ran: its value has no JSON form
+                    live[call_id] = (True, None)
+                    return NotKept(exc.detail)
                 except BaseException as exc:
                     live[call_id] = (False, exc)
                     raise
                 finally:
                     _CURRENT.reset(token)
                 live[call_id] = (True, value)
-                return encode(value)
+                return _encoded(encode, value)
             fn: Callable[..., Any] = run_async_body
         else:
             def run_body(ctx: ToolContext) -> Any:
                 token = _CURRENT.set(ctx)
                 try:
                     value = spec_body(ctx)
+                except ResultNotEncodable as exc:  # it ran: its value has no JSON form
+                    live[call_id] = (True, None)
+                    return NotKept(exc.detail)
                 except BaseException as exc:
                     live[call_id] = (False, exc)
                     raise
                 finally:
                     _CURRENT.reset(token)
                 live[call_id] = (True, value)
-                return encode(value)
+                return _encoded(encode, value)
             fn = run_body
         tool = _BridgedTool(name=spec.tool, fn=fn, effect=Effect(spec.effect),
                             identity=tuple(spec.identity), reconcile=spec.lookup,
@@ -787,6 +797,16 @@ def _priced(turn: Turn) -> dict[str, Any]:
         counts = {k: v for k, v in usage.items() if k in Usage.__struct_fields__}
         usage["cost_usd"] = cost_of(Usage(**counts), turn.model)
     return usage
+
+
+def _encoded(encode: Encode, value: Any) -> Any:
+    """The value a call returned, encoded by the shell for the log; NotKept when the
+    encoder refuses it: the call was made, so it completes as "result not kept" (as under
+    the loop, results.py), never as an uncertain call."""
+    try:
+        return encode(value)
+    except Exception as exc:
+        return NotKept(f"its result has no JSON form: {type(exc).__name__}: {exc}")
 
 
 def _tell(executed: Callable[[bool], None] | None, ran: bool) -> None:

@@ -61,6 +61,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in tests
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
+from pydantic import TypeAdapter
 from pydantic_ai import DeferredToolRequests
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
@@ -107,6 +108,7 @@ from agentjournal import (
 from agentjournal.agent import require_run_id
 from agentjournal.events import EventType
 from agentjournal.fleet import Stopped
+from agentjournal.results import ResultNotEncodable, holds_non_finite
 
 __all__ = ["DurableAgent", "JournalDurability", "ToolEffect", "effect_of_annotations"]
 
@@ -152,8 +154,33 @@ def effect_of_annotations(annotations: Mapping[str, Any] | None) -> Effect:
 
 
 def _not_journalable(error: Exception) -> BaseException:
-    # The same value fails the same way every time: retrying cannot help.
-    return TypeError(f"agentjournal cannot record this result: it has no JSON form ({error})")
+    # The same value fails the same way every time: retrying cannot help. A tool's value:
+    # the tool ran, so the bridge completes the call as "result not kept" (results.py).
+    return ResultNotEncodable(f"its result has no JSON form ({error})")
+
+
+class _FaithfulJson:
+    """Pydantic AI's JSON codec, under agentjournal's result rule (results.py): a tool's
+    value holding a NaN or an infinity, which Pydantic writes as null (another value than
+    the tool's), is refused like a value with no JSON form, as the loop refuses it. A
+    model's response is recorded as Pydantic writes it (a logprob may be -inf)."""
+
+    def __init__(self) -> None:
+        self._adapters: dict[Any, TypeAdapter[Any]] = {}
+
+    def dump(self, tp: Any, value: Any) -> Any:
+        plain = JSON_CODEC.dump(tp, value)
+        if tp is ModelResponse:
+            return plain
+        adapter = self._adapters.get(tp)
+        if adapter is None:
+            adapter = self._adapters[tp] = TypeAdapter(tp)
+        if holds_non_finite(adapter.dump_python(value, mode="python")):
+            raise TypeError("it holds a NaN or an infinity, which JSON cannot hold")
+        return plain
+
+    def load(self, tp: Any, payload: Any) -> Any:
+        return JSON_CODEC.load(tp, payload)
 
 
 _NO_CONFIG: RoleBasedOperationConfig[None] = RoleBasedOperationConfig(
@@ -177,7 +204,7 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
 
     engine_spec: ClassVar[DurabilityEngineSpec] = DurabilityEngineSpec(
         engine_name="agentjournal", durable_unit_noun="step", durable_container_noun="run",
-        codec=JSON_CODEC, serialization_failure=_not_journalable,
+        codec=_FaithfulJson(), serialization_failure=_not_journalable,
         tool_config_key=METADATA_KEY,
         wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
         toolset_lifecycles={"function": "enter-always", "mcp": "enter-in-durable-unit",
