@@ -210,12 +210,12 @@ def test_runs_shows_fewer_whole_columns_on_a_narrow_terminal(url: str, columns: 
     assert all(len(line) <= columns for line in lines)
     headers = header_cells(text)
     assert set(headers) <= set(RUNS_HEADERS), headers  # none cut, none blank
-    assert {"run", "status", "cost"} <= set(headers)
+    assert {"run", "status", "uncertain", "approvals"} <= set(headers)  # kept the longest
     assert len([line for line in lines if line.startswith("┃")]) == 1  # no wrapped header
     for row in (line for line in lines if line.startswith("│")):
         cells = [cell.strip() for cell in row.strip("│").split("│")]
         assert all(cells) and not any("…" in cell for cell in cells), row
-        assert cells[0].startswith("run-") and "$0.25" in cells
+        assert cells[0].startswith("run-") and ("$0.25" in cells) == ("cost" in headers)
     wide = header_cells(check(invoke("runs", "--store", url), 0).stdout)  # COLUMNS=200
     assert tuple(wide) == RUNS_HEADERS
 
@@ -243,7 +243,7 @@ def test_runs_fits_a_real_60_column_terminal(url: str) -> None:
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines and all(len(line) <= 60 for line in lines), lines
     headers = header_cells(text)
-    assert {"run", "status", "cost"} <= set(headers) <= set(RUNS_HEADERS), headers
+    assert {"run", "status", "uncertain", "approvals"} <= set(headers) <= set(RUNS_HEADERS)
 
 
 def test_runs_lists_the_newest_first_up_to_a_limit(each_backend: str) -> None:
@@ -287,3 +287,62 @@ def test_run_resume_and_compensate_exit_4_when_a_person_must_decide(
     flaky = invoke("run", f"{agents}:flaky", "post it", "--run-id", "r2", "--json",
                    "--store", url)
     assert flaky.exit_code == 4 and json.loads(flaky.stdout)["status"] == "paused"
+
+
+# --- what needs a person is the last thing a narrow terminal drops ------------------------
+
+WIRE = {"account": "DE89370400440532013000", "cents": 990000, "memo": "supplier invoice 2026-11"}
+WIRE_AGENTS = f"""
+from agentjournal import Agent, Rules, ScriptedModel, calls, reply, tool
+
+
+@tool(effect="irreversible")
+def wire(account: str, cents: int, memo: str) -> str:
+    \"\"\"Wire money.\"\"\"
+    raise TimeoutError("no answer from the bank")
+
+
+def script():
+    return ScriptedModel([calls(("wire", {WIRE!r})), reply("done")])
+
+
+approving = Agent(script(), [wire], policy=Rules(require_approval=["wire"]))
+unsure = Agent(script(), [wire])
+"""
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_what_needs_a_person_is_the_last_thing_a_narrow_terminal_drops(
+        url: str, columns: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = f"wire_agents_{columns}"
+    (tmp_path / f"{module}.py").write_text(WIRE_AGENTS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    env = {"COLUMNS": str(columns)}
+    args = json.dumps(WIRE, sort_keys=True)
+    # The arguments a person approves are shown whole at any width, on a line that ends
+    # with them (the terminal wraps it; nothing is cut).
+    said = invoke("run", f"{module}:approving", "pay", "--run-id", "pay-approve",
+                  "--store", url, env=env)
+    assert said.exit_code == 4 and any(line.endswith(args) for line in
+                                       said.stdout.splitlines()), said.stdout
+    assert invoke("run", f"{module}:unsure", "pay", "--run-id", "pay-unsure", "--store", url,
+                  env=env).exit_code == 4
+    finished_runs(url, 2)
+    listed = check(invoke("runs", "--store", url, env=env), 0).stdout
+    headers = header_cells(listed)
+    assert {"run", "status", "uncertain", "approvals"} <= set(headers), headers
+    assert all(len(line) <= columns for line in listed.splitlines())
+    shown = {cells[0]: cells for cells in (
+        [c.strip() for c in row.strip("│").split("│")] for row in listed.splitlines()
+        if row.startswith("│"))}
+    at = {h: i for i, h in enumerate(headers)}
+    assert shown["pay-approve"][at["approvals"]] == "1"
+    assert shown["pay-unsure"][at["uncertain"]] == "1"
+    approvals = check(invoke("approvals", "--store", url, env=env), 0).stdout
+    assert any(line.endswith(args) for line in approvals.splitlines()), approvals
+    assert "…" not in approvals, approvals
+    unsure = check(invoke("uncertain", "--store", url, env=env), 0).stdout
+    assert {"run", "tool", "key", "risk"} <= set(header_cells(unsure)), unsure
+    assert "…" not in unsure, unsure
+    sys.modules.pop(module, None)

@@ -382,6 +382,13 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Iterab
     return grid
 
 
+def fits(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> bool:
+    """Whether a table of these cells fits ``console`` with no cell cut or wrapped."""
+    widths = [max([cell_len(h), *(cell_len(visible(r[i])) for r in rows)])
+              for i, h in enumerate(headers)]
+    return _table_width(widths) <= console.width
+
+
 def print_fitted(console: Console, headers: Sequence[str], rows: Sequence[Sequence[str]], *,
                  drop: Sequence[str], keep: Iterable[str] = ()) -> None:
     """A table of as many whole columns as fit ``console``: the columns in ``drop`` go,
@@ -426,6 +433,11 @@ def _table_width(widths: Iterable[int]) -> int:
 def note(message: str) -> None:
     """Progress and advice: stderr, so stdout stays data (a store URL's password masked)."""
     click.echo(visible(mask_secrets(message), multiline=True), err=True)
+
+
+#: How much of a call's arguments a person is shown where they decide on it (in full
+#: below this; `--json` has them whole).
+ARGS_SHOWN = 2000
 
 
 def short(value: Any, width: int = 80) -> str:

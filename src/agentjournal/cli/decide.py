@@ -11,10 +11,12 @@ import msgspec
 from ..continuation import Continuation
 from ..decisions import Decision, Outcome, record_approval, record_resolution
 from ._base import (
+    ARGS_SHOWN,
     _report_unreadable,
     age,
     by_option,
     cli,
+    fits,
     fold_all,
     how_it_goes_on,
     human_age,
@@ -22,9 +24,9 @@ from ._base import (
     note,
     opened,
     out,
+    print_fitted,
     short,
     store_option,
-    table,
 )
 from ._safe import cells, echo, emit_json
 from .reading import summary
@@ -72,13 +74,24 @@ def approvals(ctx: click.Context, as_json: bool, store_url: str) -> None:
     elif not rows:
         note("no pending approvals")
     else:
-        out().print(table(
-            ("run", "approval", "tool", "args", "reason", "age"),
-            cells((r["run_id"], r["approval_id"], r["tool"], short(r["args"], 50),
-                   r["reason"], human_age(r["age_s"])) for r in rows),
-            keep=("run", "approval")))
+        print_approvals(rows)
         note("decide with: agentjournal approve RUN APPROVAL_ID  (or deny ... --reason TEXT)")
     _report_unreadable(ctx, errors)
+
+
+def print_approvals(rows: list[dict[str, Any]]) -> None:
+    """A table when it fits whole; else one block per approval, its arguments on a line of
+    their own: what a person approves is never cut to fit a narrow terminal."""
+    headers = ("run", "approval", "tool", "args", "reason", "age")
+    shown = cells((r["run_id"], r["approval_id"], r["tool"], short(r["args"], ARGS_SHOWN),
+                   r["reason"], human_age(r["age_s"])) for r in rows)
+    if fits(out(), headers, shown):
+        print_fitted(out(), headers, shown, drop=())
+        return
+    for run_id, approval_id, tool, args, reason, waited in shown:
+        echo(f"{run_id}  {approval_id}  {tool}  (waiting {waited})")
+        echo(f"  args: {args}")
+        echo(f"  reason: {reason}")
 
 
 def _decide(run_id: str, approval_id: str, *, approved: bool, by: str, reason: str,
@@ -153,11 +166,11 @@ def uncertain(ctx: click.Context, as_json: bool, store_url: str) -> None:
     elif not rows:
         note("no uncertain calls")
     else:
-        out().print(table(
-            ("run", "kind", "tool", "key", "age", "risk", "last error"),
-            cells((r["run_id"], r["kind"], r["tool"], r["key"][:16], human_age(r["age_s"]),
-                   r["risk"], short(r["last_error"] or "-", 60)) for r in rows),
-            keep=("run", "kind", "key", "risk")))
+        print_fitted(out(), ("run", "kind", "tool", "key", "age", "risk", "last error"),
+                     cells((r["run_id"], r["kind"], r["tool"], r["key"][:16],
+                            human_age(r["age_s"]), r["risk"], short(r["last_error"] or "-", 60))
+                           for r in rows),
+                     drop=("last error", "age", "kind"), keep=("run", "key", "risk"))
         oldest: dict[str, float] = {}
         for r in rows:  # rows are oldest first
             oldest.setdefault(r["risk"], r["age_s"])

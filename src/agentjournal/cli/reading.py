@@ -139,9 +139,10 @@ def _last_activity(run: RunInfo | QueuedRun) -> datetime:
 
 #: How many runs `runs` shows unless told otherwise (newest first).
 DEFAULT_LIMIT = 50
-#: Columns `runs` leaves out on a narrow terminal, first to last.
-RUNS_DROP = ("started", "events", "approvals", "uncertain", "duration", "tokens in/out",
-             "last activity")
+#: Columns `runs` leaves out on a narrow terminal, first to last: what needs a person
+#: (open approvals and uncertain calls) goes last, after what only describes a run.
+RUNS_DROP = ("started", "events", "tokens in/out", "duration", "cost", "last activity",
+             "approvals", "uncertain")
 
 
 @cli.command()

@@ -26,6 +26,7 @@ from ..journal import stateless
 from ..store import validate_run_id
 from ..workspace import WorkspaceError
 from ._base import (
+    ARGS_SHOWN,
     CliError,
     cli,
     exit_for_status,
@@ -87,7 +88,7 @@ def print_result(result: RunResult, store_url: str, as_json: bool) -> None:
             echo(f"uncertain: {p.tool} key {p.key[:16]} {short(p.args, 60)} "
                  f"({p.effect}; last error: {p.last_error or '-'})")
         for a in result.approvals:
-            echo(f"awaiting approval: {a.approval_id} {a.tool} {short(a.args, 60)}")
+            echo(f"awaiting approval: {a.approval_id} {a.tool} {short(a.args, ARGS_SHOWN)}")
         if result.escalation:
             echo(f"escalated: {short(result.escalation.get('reason', ''), 200)}")
     for line in next_steps(result, store_hint(store_url)):
