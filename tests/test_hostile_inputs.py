@@ -358,3 +358,43 @@ def test_a_bridged_call_whose_encoder_refuses_its_value_completes_not_kept(
     assert not any(e.type is E.TOOL_CALL_UNCERTAIN for e in log)
     (done,) = [e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED]
     assert done["idempotency_key"] and done["result"] is None
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_made_up_tool_name_under_pydantic_ai_reaches_no_byte_of_the_store(
+        store_url: str, tmp_path: Path) -> None:
+    """The bridge records the framework's turn (its summary and Pydantic AI's own JSON):
+    a secret in a tool name the model made up is redacted there like any model text."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import ModelMessage, TextPart, ToolCallPart
+    from pydantic_ai.messages import ModelResponse as PydanticResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from agentjournal.integrations.pydantic_ai import JournalDurability
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> PydanticResponse:
+        if len(messages) == 1:
+            return PydanticResponse(parts=[
+                ToolCallPart(HOSTILE["secret"], {"order": 7}, tool_call_id="c1"),
+                ToolCallPart("lookup", {"order": 7}, tool_call_id="c2")])
+        return PydanticResponse(parts=[TextPart("order 7 is shipped")])
+
+    agent = PydanticAgent(FunctionModel(model), name="shop",
+                          capabilities=[JournalDurability(store_url, "r1")])
+
+    @agent.tool_plain
+    def lookup(order: int) -> str:
+        return "shipped"
+
+    assert agent.run_sync("where is order 7?").output == "order 7 is shipped"
+    blobs = written_bytes(tmp_path)
+    if store_url.startswith("postgresql"):
+        blobs += postgres_rows(store_url)
+    assert blobs and not any(b"CANARY" in blob for blob in blobs)
+    store = open_store(store_url)
+    try:
+        turn = next(e.payload for e in store.read("r1") if e.type is E.MODEL_TURN)
+    finally:
+        store.close()
+    assert [c["name"] for c in turn["tool_calls"]] == ["tool_[redacted:api_key]", "lookup"]
