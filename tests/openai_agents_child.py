@@ -126,15 +126,20 @@ def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
 
 
 def delegator(ledger: str, *, block: str = "", tell: Connection | None = None,
-              on_stream: bool = False) -> tuple[Any, dict[str, Any]]:
+              on_stream: bool = False, shared_model: bool = False,
+              own_run: str | None = None) -> tuple[Any, dict[str, Any], Any]:
     """An agent that hands the corrections to another agent used as a tool
     (``Agent.as_tool``): the parent asks ``corrector`` once; the child posts two different
-    corrections (C-1, then C-2) to the ledger (``agentjournal.demo.ledger``,
-    which honours idempotency keys), each with ``current_call().key``, then says it is
-    done. ``block="second"``: the child blocks in C-2 once C-1 was applied (the test
-    kills it there). ``on_stream``: the child runs streamed (as_tool's ``on_stream``).
-    The corrector's calls are idempotent: retried, the child sends the same keys again."""
-    from agents import Agent, function_tool
+    corrections (C-1, then C-2) to the ledger (``agentjournal.demo.ledger``, which honours
+    idempotency keys), each with ``current_call().key``, then says it is done.
+    ``block="second"``: the child blocks in C-2 once C-1 was applied (the test kills it
+    there). ``on_stream``: the child runs streamed (as_tool's ``on_stream``). The
+    corrector's calls are idempotent: retried, the child sends the same keys again.
+    Returns the parent, the policies and a run config: with ``shared_model``, one model
+    answers both agents, given as the run config's (so the child's run gets it too).
+    ``own_run`` (a store URL): ``corrector`` is a function tool that runs the child with
+    JournalRunner as a run of its own (``child-`` and the call's key), not ``as_tool``."""
+    from agents import Agent, RunConfig, function_tool
     from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
     from agentjournal import current_call
@@ -154,9 +159,12 @@ def delegator(ledger: str, *, block: str = "", tell: Connection | None = None,
                                      FENCING_HEADER: str(ctx.epoch)})
         return f"{correction_id}: {status} {applied.get('status') or applied.get('error')}"
 
-    def correct(call: Any) -> Any:
+    def answer(call: Any) -> Any:
         done = sum(isinstance(i, dict) and i.get("type") == "function_call_output"
                    for i in call.input)
+        if call.system_instructions == "Delegate.":
+            return [function_call("corrector", {"input": "close ledger-a"}, call_id="call_1")
+                    ] if not done else [assistant_message("delegated")]
         if done < 2:
             number = done + 1
             return [function_call("post_correction",
@@ -164,30 +172,43 @@ def delegator(ledger: str, *, block: str = "", tell: Connection | None = None,
                                   call_id=f"call_{number}")]
         return [assistant_message("corrected")]
 
-    def delegate(call: Any) -> Any:
-        if not any(isinstance(i, dict) and i.get("type") == "function_call_output"
-                   for i in call.input):
-            return [function_call("corrector", {"input": "close ledger-a"}, call_id="call_1")]
-        return [assistant_message("delegated")]
+    def model() -> Any:
+        return ScriptedModel([ModelStep.respond(answer) for _ in range(20)])
 
-    child = Agent(name="corrector", tools=[post_correction],
-                  model=ScriptedModel([ModelStep.respond(correct) for _ in range(8)]))
+    child = Agent(name="corrector", instructions="Correct ledger-a.", tools=[post_correction],
+                  model=None if shared_model else model())
 
     async def ignore(event: Any) -> None:
         pass
 
     tool = child.as_tool("corrector", "Apply the corrections a ledger needs.",
                          on_stream=ignore if on_stream else None)
-    parent = Agent(name="delegator", tools=[tool],
-                   model=ScriptedModel([ModelStep.respond(delegate) for _ in range(4)]))
-    return parent, {"corrector": "idempotent", "post_correction": "irreversible"}
+    if own_run is not None:
+        from agentjournal.integrations.openai_agents import JournalRunner
+
+        @function_tool(name_override="corrector")
+        async def run_corrector(input: str) -> str:
+            """Apply the corrections a ledger needs."""
+            ctx = current_call()
+            assert ctx is not None
+            result = await JournalRunner.run(
+                child, input, store=open_store(own_run), run_id=f"child-{ctx.key[:16]}",
+                policies={"post_correction": "irreversible"})
+            return str(result.final_output)
+
+        tool = run_corrector
+    parent = Agent(name="delegator", instructions="Delegate.", tools=[tool],
+                   model=None if shared_model else model())
+    policies = {"corrector": "idempotent", "post_correction": "irreversible"}
+    return parent, policies, RunConfig(model=model()) if shared_model else None
 
 
 def run_delegator_until_blocked(store_url: str, ledger: str, block: str, *,
                                 tell: Connection) -> None:
     """The delegator with JournalRunner until its child blocks at ``block``."""
-    agent, policies = delegator(ledger, block=block, tell=tell)
-    result = run_poster(agent, open_store(store_url), policies, streamed=False)
+    agent, policies, run_config = delegator(ledger, block=block, tell=tell)
+    result = run_poster(agent, open_store(store_url), policies, streamed=False,
+                        run_config=run_config)
     tell.send(f"ended: {result.final_output!r}")
 
 

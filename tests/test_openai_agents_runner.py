@@ -162,11 +162,42 @@ def test_each_call_of_an_agent_used_as_a_tool_has_a_key_of_its_own(
     # The child posts two different corrections inside the parent's one call: with the
     # parent call's key on both, the ledger answered the second from the first (422)
     # and the run finished with C-2 never applied.
-    agent, policies = delegator(ledger.url, on_stream=how == "child streamed")
-    result = run_poster(agent, store, policies, streamed=how == "streamed")
+    agent, policies, config = delegator(ledger.url, on_stream=how == "child streamed")
+    result = run_poster(agent, store, policies, streamed=how == "streamed", run_config=config)
     assert result.final_output == "delegated"
     effects = ledger.effects()
     assert effects["corrections"] == {"C-1": 1, "C-2": 1} and effects["replays"] == 0
+
+
+@backend_params()
+def test_a_child_asking_the_run_configs_model_is_not_journaled_as_the_parents_turns(
+        store: Store, ledger: LedgerService) -> None:
+    # The run config's model answers the child too (as_tool hands it the parent's run
+    # config). Its turns were recorded as the parent's, so the finished run's replay
+    # (the child not run again) met the child's first turn where the parent's second
+    # was: NondeterminismError.
+    agent, policies, config = delegator(ledger.url, shared_model=True)
+    for _ in range(2):  # run, then replayed from its log
+        result = run_poster(agent, store, policies, streamed=False, run_config=config)
+        assert result.final_output == "delegated"
+    assert types(store).count(E.MODEL_TURN) == 2  # the parent's two turns
+    assert ledger.effects()["corrections"] == {"C-1": 1, "C-2": 1}
+
+
+@backend_params()
+def test_a_tool_running_an_agent_with_journal_runner_makes_it_a_run_of_its_own(
+        store_url: str, store: Store, ledger: LedgerService) -> None:
+    agent, policies, _ = delegator(ledger.url, own_run=store_url)
+    for _ in range(2):  # run, then replayed from its log
+        result = run_poster(agent, store, policies, streamed=False)
+        assert result.final_output == "delegated"
+    assert ledger.effects()["corrections"] == {"C-1": 1, "C-2": 1}
+    (child,) = [r.run_id for r in store.list_runs() if r.run_id.startswith("child-")]
+    child_log = list(store.read(child))
+    assert [e.type for e in child_log].count(E.MODEL_TURN) == 3  # the child's own turns
+    assert types(store).count(E.MODEL_TURN) == 2
+    keys = {e.payload["key"] for e in child_log if e.type is E.TOOL_CALL_STARTED}
+    assert len(keys) == 2  # each correction its own key, in the child's run
 
 
 @backend_params()
@@ -181,7 +212,7 @@ def test_a_child_killed_between_its_calls_resends_the_same_keys_when_retried(
         process.join()
     assert process.exitcode == -9
     assert ledger.effects()["corrections"] == {"C-1": 1}
-    agent, policies = delegator(ledger.url)  # the corrector's call is retried (idempotent)
+    agent, policies, _ = delegator(ledger.url)  # the corrector's call is retried (idempotent)
     result = run_poster(agent, store, policies, streamed=False)
     assert result.final_output == "delegated"
     effects = ledger.effects()

@@ -695,13 +695,15 @@ class _JournaledModel(Model):
                            model_settings: Any, tools: list[Any], output_schema: Any,
                            handoffs: list[Any], tracing: Any, **kwargs: Any) -> ModelResponse:
         inner = self._model()
-        asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
-                             kwargs)
 
         async def ask() -> ModelResponse:
             return await inner.get_response(system_instructions, input, model_settings,
                                             tools, output_schema, handoffs, tracing, **kwargs)
 
+        if _asked_by_a_child(self.driver.run.run_id):
+            return await ask()
+        asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
+                             kwargs)
         return await self._answer(asked, ask, tools, inner)
 
     async def _answer(self, asked: str, ask: Callable[[], Awaitable[ModelResponse]],
@@ -722,6 +724,12 @@ class _JournaledModel(Model):
         (``response.completed``): that one waits until the answer is recorded, so the SDK
         acts on no answer a crash could lose. A recorded answer is that one event."""
         inner = self._model()
+        if _asked_by_a_child(self.driver.run.run_id):
+            async for event in inner.stream_response(
+                    system_instructions, input, model_settings, tools, output_schema,
+                    handoffs, tracing, **kwargs):
+                yield event
+            return
         asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
                              kwargs)
         completed: list[ResponseCompletedEvent] = []
@@ -756,6 +764,17 @@ class _JournaledModel(Model):
     async def close(self) -> None:
         if isinstance(self.inner, Model):
             await self.inner.close()
+
+
+def _asked_by_a_child(run_id: str) -> bool:
+    """Whether the model is asked inside the body of a call of run ``run_id``: by an
+    agent that call runs (an agent used as a tool is given the run's config, and with it
+    the run config's model). Its turns are not the run's: recorded among the run's, a
+    replay that does not run that agent again would meet them where the run's next turn
+    is. They are not journaled yet (a sub-agent as a run of its own is issue 45). (Inside
+    a call of another run, this run is the one nested: its turns are its own.)"""
+    call = current_call()
+    return call is not None and call.run_id == run_id
 
 
 # --- the session, as the run saw it ------------------------------------------------------------
