@@ -22,6 +22,7 @@ from playwright import sync_api
 
 from agentjournal import Agent, EventType, ScriptedModel, calls, open_store, reply
 from agentjournal.demo.run_demo import RUN_ID, run_demo
+from agentjournal.fleet import queue_of
 from agentjournal.ui import Viewer
 from agentjournal.ui.server import serve_in_thread
 
@@ -59,7 +60,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     url = f"sqlite:///{root / 'demo' / 'journal.db'}"
     store = open_store(url)
     try:
-        approval_run(store, "pay-bob")
+        approval_run(store, "pay-bob", agent_ref="payments:agent")
+        approval_run(store, "queued-pay")  # a run of the fleet's queue
+        queue_of(store).submit("queued-pay", "payments:agent", "pay bob 500")
         uncertain_run(store, "wire-w1")
         markup_run(store, "markup")
         interrupted_run(store, "stalled")  # its process stopped: nobody holds it
@@ -183,6 +186,10 @@ def test_approving_makes_the_run_runnable(page: Any, site: dict[str, Any]) -> No
     with page.expect_navigation():
         page.locator("#confirm button[value=yes]").click()
     assert page.locator("section[data-run=pay-bob]").count() == 0  # back on the queue
+    # which says what was recorded, and how the run goes on: the command to copy
+    assert "alice approved approval" in page.locator("#decided").inner_text()
+    assert page.locator("#next-command").inner_text() == (
+        f"agentjournal resume pay-bob --store {site['url']}")
     page.goto(site["base"] + "/runs/pay-bob")
     assert page.locator("#status").inner_text() == "running"
     assert page.locator("#state").inner_text() == "runnable"
@@ -243,14 +250,30 @@ def test_resolving_an_uncertain_call(page: Any, site: dict[str, Any]) -> None:
         form.locator("button[value=did_not_happen]").click()
     with page.expect_navigation():  # wire is irreversible: confirmed
         page.locator("#confirm button[value=yes]").click()
-    assert page.url.endswith("/runs/wire-w1")
+    assert "/runs/wire-w1?" in page.url
     assert page.locator("section.uncertain").count() == 0
     assert page.locator("#state").inner_text() == "runnable"
+    assert "bob said the call to wire did not happen" in page.locator("#decided").inner_text()
+    assert "wire-w1" in page.locator("#next").inner_text()
+    assert "paused because" not in page.locator("#head").inner_text()  # no longer true
     verdict = log_of(site["url"], "wire-w1")[-1]
     assert (verdict.type, verdict.payload["verdict"], verdict.payload["by"]) == (
         EventType.TOOL_CALL_RECONCILED, "absent", "bob")
     page.goto(site["base"] + "/")
     assert page.locator("section[data-run=wire-w1]").count() == 0
+
+
+def test_a_queued_run_after_a_decision_waits_for_a_worker(page: Any, site: dict[str, Any]) -> None:
+    page.goto(site["base"] + "/runs/queued-pay")
+    with page.expect_navigation():
+        page.locator("section.approval button[value=approve]").click()
+    with page.expect_navigation():
+        page.locator("#confirm button[value=yes]").click()
+    assert "/runs/queued-pay?" in page.url  # back on the run's page
+    assert "approved approval" in page.locator("#decided").inner_text()
+    assert "a worker will take it up" in page.locator("#next").inner_text()
+    assert "no worker has been seen" in page.locator("#worker-silent").inner_text()
+    assert page.locator("#next-command").count() == 0  # nothing to type
 
 
 def test_markup_from_a_tool_stays_text(page: Any, site: dict[str, Any]) -> None:

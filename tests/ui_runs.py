@@ -30,12 +30,13 @@ def fetch_page(url: str) -> str:
     return HOSTILE
 
 
-def approval_run(store: Store, run_id: str) -> None:
-    """Stops waiting for a person's approval of pay(to=bob, amount=500)."""
+def approval_run(store: Store, run_id: str, agent_ref: str | None = None) -> None:
+    """Stops waiting for a person's approval of pay(to=bob, amount=500); ``agent_ref``:
+    the MODULE:OBJECT it records (`agentjournal resume` continues it)."""
     agent = Agent(ScriptedModel([calls(("pay", {"to": "bob", "amount": 500})),
                                  reply("paid")]), [pay],
                   policy=Rules(require_approval=["pay"]))
-    agent.run(store, run_id, "pay bob 500")
+    agent.run(store, run_id, "pay bob 500", agent_ref=agent_ref)
 
 
 def uncertain_run(store: Store, run_id: str) -> None:

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -50,6 +50,8 @@ TAIL_POLL_S = 0.02
 #: A comment line this often keeps an idle event stream open through proxies.
 KEEPALIVE_S = 15.0
 TOKEN_COOKIE = "agentjournal_token"
+#: The query a page is sent back with after a decision: which run, at which seq.
+DECIDED_PARAMS = ("decided_run", "decided_seq")
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -247,6 +249,11 @@ class Pages:
         self.env.filters["short"] = _short
         self.env.filters["age"] = _human_age
 
+    @property
+    def _store_hint(self) -> str:
+        """Appended to a command a page offers to copy (its password hidden)."""
+        return f" --store {mask_secrets(self.config.store_url)}"
+
     # --- rendering
 
     def render(self, request: Request, template: str, data: dict[str, Any],
@@ -273,6 +280,7 @@ class Pages:
 
     async def queue(self, request: Request) -> Response:
         data = await self._call(views.needs_a_person, self.config.store, self.config.states)
+        data["decided"] = await self._decided_note(request)
         return self.render(request, "queue.html", data)
 
     async def runs(self, request: Request) -> Response:
@@ -298,7 +306,7 @@ class Pages:
     async def run(self, request: Request) -> Response:
         run_id, as_json = self._run_id(request)
         summary = await self._call(views.run_summary, self.config.store, self.config.states,
-                                   run_id)
+                                   run_id, self._store_hint)
         last = summary["events"]
         limit = min(1000, _int(request, "limit", views.PAGE_EVENTS, 1))
         after = _int(request, "after", max(0, last - limit))
@@ -306,7 +314,8 @@ class Pages:
                                 upto=last)
         # The latest page of a run that may still move streams its new events.
         live = after + limit >= last and summary["status"] not in views.DONE
-        data = {"run": summary, **page, "live": live}
+        data = {"run": summary, **page, "live": live,
+                "decided": await self._decided_note(request)}
         if as_json:
             return JSONResponse(json.loads(json.dumps(data, default=str)))
         return self.render(request, "run.html", data)
@@ -364,7 +373,8 @@ class Pages:
         store = self.config.store
         while not await request.is_disconnected():
             if await run_in_threadpool(store.last_seq, run_id) > after:
-                run = await self._call(views.run_summary, store, self.config.states, run_id)
+                run = await self._call(views.run_summary, store, self.config.states, run_id,
+                                      self._store_hint)
                 events = await run_in_threadpool(views.tail, store, run_id, after,
                                                  run["events"])
                 before = None if after == 0 else await run_in_threadpool(
@@ -407,8 +417,24 @@ class Pages:
             return JSONResponse({"run_id": run_id, "appended": appended,
                                  "events": json.loads(json.dumps(views.as_json(events),
                                                                  default=str))})
-        return RedirectResponse(self._back(request, form) or f"/runs/{run_id}",
+        # Back where the form was, saying there what was recorded and what comes next.
+        back = urlsplit(self._back(request, form) or f"/runs/{run_id}")
+        query = [(k, v) for k, v in parse_qsl(back.query) if k not in DECIDED_PARAMS]
+        query += [("decided_run", run_id), ("decided_seq", str(events[0].seq))] if events else []
+        return RedirectResponse(back.path + (f"?{urlencode(query)}" if query else ""),
                                 status_code=303)
+
+    async def _decided_note(self, request: Request) -> dict[str, Any] | None:
+        """The note a page shows after a decision redirected to it (see _decided)."""
+        run_id, seq = (request.query_params.get(k) for k in DECIDED_PARAMS)
+        if not run_id or not seq or not seq.isdigit() or len(seq) > 15:
+            return None
+        try:
+            return await run_in_threadpool(views.decision_note, self.config.store,
+                                           self.config.states, run_id, int(seq),
+                                           self._store_hint)
+        except NotFound:
+            return None
 
     @staticmethod
     def _back(request: Request, form: dict[str, str] | None = None) -> str | None:
@@ -495,7 +521,7 @@ class Pages:
                                     self.config.states)
             return self.render(request, "queue.html", {**data, "form_error": error}, 400)
         summary = await self._call(views.run_summary, self.config.store, self.config.states,
-                                   run_id)
+                                   run_id, self._store_hint)
         last = summary["events"]
         page = await self._call(views.events_page, self.config.store, run_id,
                                 max(0, last - views.PAGE_EVENTS), views.PAGE_EVENTS, upto=last)

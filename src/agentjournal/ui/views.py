@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from ..continuation import continuation
 from ..errors import InvalidRunIdError, JournalError, NoQueueError
 from ..events import Event, EventType
 from ..fleet import QueuedRun, queue_of
@@ -214,7 +215,8 @@ def _run_row(store: Store, states: States, info: RunInfo, now: datetime,
 # --- a run -------------------------------------------------------------------------------
 
 
-def run_summary(store: Store, states: States, run_id: str) -> dict[str, Any]:
+def run_summary(store: Store, states: States, run_id: str,
+                store_hint: str = "") -> dict[str, Any]:
     """The facts at the head of a run's page: status, counts, usage, what waits."""
     run_id = checked_id(run_id)
     last = store.last_seq(run_id)
@@ -222,11 +224,13 @@ def run_summary(store: Store, states: States, run_id: str) -> dict[str, Any]:
         raise NotFound(run_id)
     state = states.of(run_id, last)
     queued = queue_runs(store).get(run_id)
+    now = time.time()
+    stand = standing_of(state, store.holder(run_id), queued, now)
     return {
         "run_id": run_id, "status": state.status, "pause_reason": state.pause_reason,
-        "standing": (standing := standing_of(state, store.holder(run_id), queued,
-                                             time.time())),
-        "runnable": standing["state"] == "runnable",
+        "standing": stand, "runnable": stand["state"] == "runnable",
+        "going_on": (going_on(store, state, queued, now, store_hint)
+                     if stand["state"] in ("runnable", "stalled") else None),
         # The state's own last seq (a fold may read past ``last``): the seq the whole
         # page is as of.
         "agent": state.agent, "task": state.task, "events": state.last_seq,
@@ -328,6 +332,81 @@ def verdict_to_confirm(store: Store, states: States, run_id: str, key: str,
             "conflict": "conflict"}[outcome]
     return {"verb": verb, "tool": p.tool, "args": p.args, "effect": p.effect,
             "what": f"{p.tool} is irreversible: if you say {verb!r}, {VERDICTS[outcome]}."}
+
+
+# --- after a decision: what was recorded, and what happens next ---------------------------
+
+#: A worker whose last heartbeat is older than this is "not seen for a while".
+WORKER_SILENT_S = 60.0
+
+
+def decision_note(store: Store, states: States, run_id: str, seq: int,
+                  store_hint: str = "") -> dict[str, Any] | None:
+    """What a person's decision recorded at ``seq`` of ``run_id``, and what happens next:
+    the run still waits for a person (for what), or how it goes on (``continuation``:
+    a worker takes it up, or the command or call that continues that kind of run).
+    None when no decision is recorded there."""
+    run_id = checked_id(run_id)
+    last = store.last_seq(run_id)
+    if not 0 < seq <= last:
+        return None
+    recorded = [s for e in itertools.islice(store.read(run_id, after_seq=seq - 1), 4)
+                if (s := _decision_said(e))]
+    if not recorded:
+        return None
+    state = states.of(run_id, last)
+    queued = queue_runs(store).get(run_id)
+    now = time.time()
+    stand = standing_of(state, store.holder(run_id), queued, now)
+    note: dict[str, Any] = {"run_id": run_id, "seq": seq, "recorded": recorded,
+                            "standing": stand, "command": "", "shell": True, "silent": ""}
+    if stand["state"] == "waiting":
+        note["next"] = f"the run still waits for a person: {stand['detail']}"
+        return note
+    note.update(going_on(store, state, queued, now, store_hint))
+    return note
+
+
+def going_on(store: Store, state: RunState, queued: QueuedRun | None, now: float,
+             store_hint: str = "") -> dict[str, Any]:
+    """How the run continues (``continuation``), and whether the workers it waits for
+    were heard from lately."""
+    started = next(iter(store.read(state.run_id)), None)
+    how = continuation(state, started=started.payload if started else None,
+                       queue_state=queued.state if queued else None, store_hint=store_hint)
+    return {"next": how.sentence, "command": how.command, "shell": how.shell,
+            "silent": _workers_silent(store, now) if how.kind == "worker" else ""}
+
+
+def _decision_said(e: Event) -> str:
+    """A person's decision, in words; empty for any other event."""
+    p = e.payload
+    if e.type is E.APPROVAL_DECIDED:
+        verb = "approved" if p.get("approved") else "denied"
+        return (f"seq {e.seq}: {p.get('by')} {verb} approval {p.get('approval_id')}"
+                + (f" ({p['reason']})" if p.get("reason") else ""))
+    if e.type is E.TOOL_CALL_RECONCILED and p.get("by", "agentjournal") != "agentjournal":
+        said = {"found": "happened", "absent": "did not happen",
+                "conflict": "is a conflict"}.get(str(p.get("verdict")), str(p.get("verdict")))
+        return (f"seq {e.seq}: {p.get('by')} said the call to {p.get('tool')} {said}"
+                + (f" ({p['reason']})" if p.get("reason") else ""))
+    return ""
+
+
+def _workers_silent(store: Store, now: float) -> str:
+    """A sentence when no worker of the queue was heard from lately; empty otherwise."""
+    try:
+        beats = [w.heartbeat_at for w in queue_of(store).workers()]
+    except NoQueueError:
+        return ""
+    if not beats:
+        return ("no worker has been seen on this store: start one (agentjournal worker) "
+                "or the run waits")
+    quiet = now - max(beats)
+    if quiet < WORKER_SILENT_S:
+        return ""
+    return (f"no worker has been seen for {quiet / 60:.0f} min (last heartbeat "
+            f"{_clock(max(beats))}): the run waits until one runs")
 
 
 def _a_decision(lease: Lease) -> bool:
