@@ -26,6 +26,7 @@ from agentjournal.errors import ResultNotKeptError
 from agentjournal.metrics import METRICS
 from agentjournal.models import ModelRequest, ModelResponse
 from agentjournal.otel import GenAITracer
+from agentjournal.providers._common import parse_call
 from agentjournal.results import MAX_DEPTH
 from agentjournal.state import ToolCall
 from agentjournal.steps import NOT_A_TOOL_NAME
@@ -398,3 +399,22 @@ def test_a_made_up_tool_name_under_pydantic_ai_reaches_no_byte_of_the_store(
     finally:
         store.close()
     assert [c["name"] for c in turn["tool_calls"]] == ["tool_[redacted:api_key]", "lookup"]
+
+
+def test_argument_text_nested_20000_deep_from_a_provider_is_denied_not_raised(
+        tmp_path: Path) -> None:
+    """A provider's argument string (OpenAI's ``arguments``) nested too deep to decode:
+    the call is recorded by its size only and denied; the run goes on."""
+    text = '{"tree": ' + "[" * 20_000 + "]" * 20_000 + "}"
+    parsed = parse_call("c1", "store_tree", text)
+    assert parsed.args == {} and parsed.too_large == len(text)
+    made: list[str] = []
+    agent = deep_agent(made, None)
+    agent.model = ScriptedModel([ModelResponse(tool_calls=[parsed]), reply("done")])
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    try:
+        assert agent.run(store, "r", "t").status == "finished"
+        (denied,) = [e.payload for e in store.read("r") if e.type is E.TOOL_CALL_DENIED]
+    finally:
+        store.close()
+    assert made == [] and "levels deep" in denied["reason"]

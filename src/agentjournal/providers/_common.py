@@ -170,12 +170,16 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
 
 def parse_call(call_id: str, name: str, arguments: str | None) -> ToolCall:
     """A tool call from the model's argument string: not a JSON object -> ``args={}``
-    and the string kept in ``raw_arguments``, for the loop to deny with the reason."""
+    and the string kept in ``raw_arguments``, for the loop to deny with the reason.
+    Nested too deep to decode: recorded by its size only (``too_large``) and denied for
+    its depth, as the loop denies arguments nested past results.MAX_DEPTH (limits.py)."""
     raw = arguments or ""
     try:  # strict JSON: no NaN or Infinity, which the log could not record
         args = msgspec.json.decode(raw) if raw.strip() else {}
     except msgspec.DecodeError:
         args = None
+    except RecursionError:
+        return ToolCall(id=call_id, name=name, args={}, too_large=len(raw.encode()))
     if isinstance(args, dict):
         return ToolCall(id=call_id, name=name, args=args)
     return ToolCall(id=call_id, name=name, args={}, raw_arguments=raw)
