@@ -21,8 +21,10 @@ if os.environ.get("CI") != "true":  # in CI the dev extra has them: a missing on
 from playwright import sync_api
 
 from agentjournal import Agent, EventType, ScriptedModel, calls, open_store, reply
+from agentjournal.decisions import record_approval
 from agentjournal.demo.run_demo import RUN_ID, run_demo
 from agentjournal.fleet import queue_of
+from agentjournal.state import fold
 from agentjournal.ui import Viewer
 from agentjournal.ui.server import serve_in_thread
 
@@ -62,6 +64,11 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         approval_run(store, "pay-bob", agent_ref="payments:agent")
         approval_run(store, "queued-pay")  # a run of the fleet's queue
+        approval_run(store, "decided-pay")  # approved by carol, then resumed to its end
+        approval_id = next(iter(fold(store.read("decided-pay")).approvals))
+        record_approval(store, "decided-pay", approval_id, approved=True, by="carol",
+                        reason="invoice checked")
+        approval_run(store, "decided-pay")
         queue_of(store).submit("queued-pay", "payments:agent", "pay bob 500")
         uncertain_run(store, "wire-w1")
         markup_run(store, "markup")
@@ -149,10 +156,24 @@ def test_the_demo_run_shows_its_kill_and_resume(page: Any, site: dict[str, Any])
     log = log_of(site["url"], RUN_ID)
     resumed = next(e for e in log if e.type is EventType.RUN_RESUMED)
     assert gap.get_attribute("data-seq") == str(resumed.seq)
-    assert f"epoch {resumed.epoch - 1} stopped; resumed under epoch {resumed.epoch}" in \
-        gap.inner_text()
+    assert gap.get_attribute("data-kind") == "stopped"
+    assert (f"the process holding lease epoch {resumed.epoch - 1} stopped mid-run after seq "
+            f"{resumed.seq - 1}") in gap.inner_text()
+    assert f"lease epoch {resumed.epoch} took over and resumed it" in gap.inner_text()
     epochs = page.locator("td.epoch").all_inner_texts()
     assert epochs == [str(e.epoch) for e in log]  # every event's lease epoch shown
+
+
+def test_a_gap_says_whether_a_process_stopped_or_the_run_waited_for_a_person(
+        page: Any, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/runs/decided-pay?after=0")
+    gaps = page.locator("tr.gap")
+    assert [gaps.nth(i).get_attribute("data-kind") for i in range(gaps.count())] == [
+        "person", "after_decision"]
+    waited, went_on = gaps.all_inner_texts()
+    assert "the run waited" in waited and "for a person: carol approved approval-" in waited
+    assert "(invoice checked)" in waited and "stopped" not in waited
+    assert "after carol's decision, the run went on under lease epoch 3" in went_on
 
 
 def test_time_travel_to_an_earlier_seq(page: Any, site: dict[str, Any]) -> None:

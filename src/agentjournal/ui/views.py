@@ -383,7 +383,7 @@ def _decision_said(e: Event) -> str:
     p = e.payload
     if e.type is E.APPROVAL_DECIDED:
         verb = "approved" if p.get("approved") else "denied"
-        return (f"seq {e.seq}: {p.get('by')} {verb} approval {p.get('approval_id')}"
+        return (f"seq {e.seq}: {p.get('by')} {verb} {p.get('approval_id')}"
                 + (f" ({p['reason']})" if p.get("reason") else ""))
     if e.type is E.TOOL_CALL_RECONCILED and p.get("by", "agentjournal") != "agentjournal":
         said = {"found": "happened", "absent": "did not happen",
@@ -466,12 +466,51 @@ def event_rows(events: Sequence[Event], before: Event | None = None) -> list[dic
     return rows
 
 
+#: Events after which a run stops on purpose, to wait for a person.
+WAITS = frozenset({E.RUN_PAUSED, E.APPROVAL_REQUESTED, E.RUN_ESCALATED})
+
+
 def _gap(prev: Event | None, e: Event) -> dict[str, Any] | None:
-    """Where one process's segment ended and another's began: the epoch moved."""
+    """Where one lease's segment ended and another's began (the epoch moved), and what
+    happened in between: the run waited for a person who then decided (``person``),
+    went on after a person's decision (``after_decision``), waited and was resumed
+    (``waited``), or the process driving it stopped mid-run (``stopped``: killed,
+    crashed, or frozen until its lease lapsed; the log cannot tell which)."""
     if prev is None or prev.epoch == e.epoch:
         return None
-    return {"from_epoch": prev.epoch, "to_epoch": e.epoch,
-            "seconds": (e.ts - prev.ts).total_seconds(), "resumed": e.type is E.RUN_RESUMED}
+    seconds = (e.ts - prev.ts).total_seconds()
+    took = _duration(seconds)
+    decided = _decision_said(e)
+    if decided:
+        kind = "person" if prev.type in WAITS or _decision_said(prev) else "stopped"
+        before = (f"the run waited {took} for a person" if kind == "person" else
+                  f"the process holding lease epoch {prev.epoch} stopped after seq "
+                  f"{prev.seq} ({prev.type.value}); {took} later a person decided")
+        text = f"{before}: {decided.split(': ', 1)[1]}"
+    elif _decision_said(prev):
+        kind = "after_decision"
+        text = (f"{took} after {prev.payload.get('by')}'s decision, the run went on under "
+                f"lease epoch {e.epoch}")
+    elif prev.type in WAITS:
+        kind = "waited"
+        text = (f"the run waited {took} ({prev.type.value.replace('_', ' ')}), then went "
+                f"on under lease epoch {e.epoch}")
+    else:
+        kind = "stopped"
+        text = (f"the process holding lease epoch {prev.epoch} stopped mid-run after seq "
+                f"{prev.seq} ({prev.type.value}): killed, crashed, or frozen until its lease "
+                f"lapsed; {took} later lease epoch {e.epoch} took over"
+                + (" and resumed it" if e.type is E.RUN_RESUMED else ""))
+    return {"from_epoch": prev.epoch, "to_epoch": e.epoch, "seconds": seconds,
+            "resumed": e.type is E.RUN_RESUMED, "kind": kind, "text": text}
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def state_at(store: Store, run_id: str, seq: int) -> dict[str, Any]:
