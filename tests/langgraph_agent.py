@@ -2,7 +2,8 @@
 (LangChain's GenericFakeChatModel, scripted by turn) -> a ToolNode whose one tool POSTs an
 irreversible effect to the receiver process (tests/crash_agent.py). The test SIGKILLs it
 in a window (``--block``: it prints ``WINDOW <name>`` and waits there) and resumes it in
-a new process.
+a new process. (``--block opened``: as soon as the thread's run is opened, before the
+graph runs.)
 
 ``--saver journal``: JournalSaver on ``--store`` and the ToolNode wrapped by
 ``exactly_once`` (agentjournal's call protocol), run by ``invoke`` (``--stream``: by
@@ -123,11 +124,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out = build(args, SqliteSaver(conn)).invoke(given, config,
                                                       durability=args.durability)
         return result(out)
-    from agentjournal.integrations.langgraph import JournalSaver, invoke, stream
+    from agentjournal.integrations.langgraph import invoke, stream
 
     store = open_store(args.store)
     try:
-        with JournalSaver(store) as saver:
+        with journal_saver(args, store) as saver:
             graph = build(args, saver)
             if not args.stream:
                 out = invoke(graph, given, config, durability=args.durability)
@@ -139,6 +140,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         store.close()
     return result(out)
+
+
+def journal_saver(args: argparse.Namespace, store: Any) -> Any:
+    """A JournalSaver; with ``--block opened``, one that stops right after it opened
+    the thread's run (its first append is durable; nothing of the graph has run)."""
+    from agentjournal.integrations.langgraph import JournalSaver
+
+    class Opened(JournalSaver):
+        def hold(self, thread_id: str, **kwargs: Any) -> Any:
+            opening = self.thread(thread_id).run is None
+            run = super().hold(thread_id, **kwargs)
+            if opening:
+                window("opened", args.gate)
+            return run
+
+    return Opened(store) if args.block == "opened" else JournalSaver(store)
 
 
 def result(out: Any) -> dict[str, Any]:
@@ -155,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--db", help="SqliteSaver's database file")
     p.add_argument("--thread", required=True)
     p.add_argument("--receiver", required=True)
-    p.add_argument("--block", choices=["model", "before", "after"])
+    p.add_argument("--block", choices=["opened", "model", "before", "after"])
     p.add_argument("--gate", help="a file whose creation ends the wait of --block")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--decide", help="resume with Command(resume={'verdict': ...})")

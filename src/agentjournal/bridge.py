@@ -221,6 +221,9 @@ class BridgedRun(StepMachine):
     """An open run stepped through by another framework. Made by :func:`open_run`."""
 
     reads_ride = False  # the framework asks the model: a result is stored as it comes
+    #: The caller's ``opening`` facts as stored with ``run_started`` (see open_run);
+    #: empty when the run existed.
+    opened: tuple[Event, ...] = ()
 
     def __init__(self, journal: RunJournal, *, tool_timeout: float | None,
                  max_attempts: int, max_recoveries: int,
@@ -664,13 +667,16 @@ class BridgedRun(StepMachine):
         return True
 
     def _start_or_resume(self, *, agent: str | None, input: Any, task: str | None,
-                         scope: str | None) -> None:
+                         scope: str | None,
+                         opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> None:
         j = self.journal
         if j.state.last_seq == 0:
             text = task if task is not None else render(input) if input is not None else ""
-            j.record_all([(E.RUN_STARTED, {"task": text, "input": input, "agent": agent,
-                                           "scope": scope or run_scope(j.run_id)}),
-                          (E.USER_MESSAGE, {"content": text})])
+            j.stage([(E.RUN_STARTED, {"task": text, "input": input, "agent": agent,
+                                      "scope": scope or run_scope(j.run_id)}),
+                     (E.USER_MESSAGE, {"content": text})])
+            # The caller's own facts in the same batch (opaque encodings: not redacted).
+            self.opened = tuple(j.record_all(list(opening), redact=False))
             return
         given = (("input", self._input, input), ("agent", j.state.agent, agent),
                  ("scope", j.state.scope, scope))
@@ -746,7 +752,8 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
              ttl: float = 30.0, keep_lease: bool = False, redaction: Redaction | None = None,
              tool_timeout: float | None = None, max_attempts: int = 3,
              max_recoveries: int = 20, max_result_bytes: int | None = None,
-             snapshot_every: int | None = None) -> BridgedRun:
+             snapshot_every: int | None = None,
+             opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> BridgedRun:
     """Start run ``run_id`` or resume it, for a framework to step through.
 
     Takes the run's lease (LeaseHeldError while another live owner holds it; a dead
@@ -759,7 +766,9 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
     Use it as a context manager (``with`` or ``async with``); an exception leaving it
     pauses the run with the error as its reason. ``keep_lease``: closing leaves the
     lease held (a worker hands the run back itself). ``tool_timeout``: seconds a call
-    may take before it is abandoned as uncertain (None: no limit).
+    may take before it is abandoned as uncertain (None: no limit). ``opening``: facts of the
+    framework's own (record-only types) stored with ``run_started`` in its one append
+    when the run is new, e.g. its first input (``run.opened``); not on a resume.
     """
     run_id = require_run_id(run_id)
     holder: list[BridgedRun] = []
@@ -778,7 +787,8 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
             for event in store.read(run_id):
                 run._index(event)
         holder.append(run)
-        run._start_or_resume(agent=agent, input=input, task=task, scope=scope)
+        run._start_or_resume(opening=opening, agent=agent,
+                             input=input, task=task, scope=scope)
     except BaseException:
         journal.close()
         raise

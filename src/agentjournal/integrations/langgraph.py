@@ -179,17 +179,19 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 raise ArchivedRunError(run_id, stone.archive, stone.last_seq)
             generation += 1
 
-    def hold(self, thread_id: str) -> BridgedRun:
+    def hold(self, thread_id: str, *,
+             opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> BridgedRun:
         """Open the thread's run (if this saver has not): take its lease, start or resume
         it (``agentjournal.bridge.open_run``), and return it. ``LeaseHeldError`` when
-        another process holds it."""
+        another process holds it. ``opening``: facts stored in the append that starts a
+        new thread's run (``run.opened``)."""
         t = self.thread(thread_id)
         with t.lock:
             if t.run is None:
                 with _naming(thread_id):
                     run = open_run(self.store, t.run_id, agent=AGENT, owner=self.owner,
                                    ttl=self.ttl, input={"thread_id": thread_id},
-                                   task=f"LangGraph thread {thread_id}")
+                                   task=f"LangGraph thread {thread_id}", opening=opening)
                 try:  # the log as it is now that nobody else may write it
                     t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
                 except BaseException:
@@ -466,14 +468,18 @@ class JournalSaver(BaseCheckpointSaver[str]):
         before its input checkpoint, else None (LangGraph resumes from its checkpoint).
         A ``Command`` is not recorded: it acts on a checkpoint, which holds its effects."""
         thread_id, _ = _conf(config)
-        self.hold(thread_id)
         t = self.thread(thread_id)
-        if input is None:
-            pending = t.index.pending_input
-            return None if pending is None else self.serde.loads_typed(pending)
-        if not isinstance(input, Command):
-            typed = _typed(self.serde.dumps_typed(input))
-            self.append(thread_id, [(EventType.GRAPH_INPUT, {"input": typed})])
+        if input is None or isinstance(input, Command):
+            self.hold(thread_id)
+            pending = t.index.pending_input if input is None else None
+            return input if pending is None else self.serde.loads_typed(pending)
+        fact = (EventType.GRAPH_INPUT, {"input": _typed(self.serde.dumps_typed(input))})
+        with t.lock:
+            # A new thread's run is started with its input in one append: a crash can
+            # never leave a thread opened without the input it was opened for.
+            opening = t.run is None
+            if not (opening and self.hold(thread_id, opening=[fact]).opened):
+                self.append(thread_id, [fact])
         return input
 
     def finish(self, config: RunnableConfig, outcome: str = "done") -> None:
