@@ -35,6 +35,15 @@ Kind = Literal["resume", "run", "worker", "requeue", "pydantic_ai", "langgraph",
 #: Statuses after which nothing continues the run.
 ENDED = ("finished", "cancelled", "compensated")
 
+#: The reason a run is paused with when a person stopped the process driving it
+#: (Ctrl-C on `agentjournal run` / `resume`): nothing is wrong with it, it just stopped.
+INTERRUPTED = "interrupted (Ctrl-C): the process driving it was stopped"
+
+
+def was_interrupted(state: RunState) -> bool:
+    """The run is paused because a person interrupted the process driving it."""
+    return state.status == "paused" and state.pause_reason == INTERRUPTED
+
 
 class Continuation(msgspec.Struct, frozen=True, kw_only=True):
     """How run ``run_id`` goes on.

@@ -24,6 +24,7 @@ from .. import (
     RunState,
     encode,
 )
+from ..continuation import was_interrupted
 from ..events import now
 from ..fleet import QueuedRun
 from ..integrations._graphlog import summary as graph_summary
@@ -78,7 +79,7 @@ def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None) -> dict[st
         "started": info.created_at, "last_activity": info.updated_at,
         "uncertain": len(state.pending), "approvals": len(state.approvals),
         "agent": state.agent, "pause_reason": state.pause_reason,
-        "queue": queue_place(queued),
+        "interrupted": was_interrupted(state), "queue": queue_place(queued),
         **totals(state, seconds_between(info.created_at, info.updated_at)),
     }
 
@@ -88,7 +89,7 @@ def queued_row(entry: QueuedRun) -> dict[str, Any]:
     return {
         "run_id": entry.run_id, "status": entry.state, "events": 0, "started": None,
         "last_activity": datetime.fromtimestamp(entry.changed_at, UTC), "uncertain": 0,
-        "approvals": 0, "agent": entry.agent, "pause_reason": None,
+        "approvals": 0, "agent": entry.agent, "pause_reason": None, "interrupted": False,
         "queue": queue_place(entry), **totals(RunState(), None),
     }
 
@@ -176,7 +177,8 @@ def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_
         print_fitted(out(), (
             "run", "status", "events", "started", "last activity", "uncertain", "approvals",
             "tokens in/out", "cost", "duration"), cells(
-            (r["run_id"], r["status"], str(r["events"]), local_time(r["started"]),
+            (r["run_id"], "interrupted" if r["interrupted"] else r["status"],
+             str(r["events"]), local_time(r["started"]),
              human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
              str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
              cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),

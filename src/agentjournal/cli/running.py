@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -21,8 +22,11 @@ from .. import (
 )
 from ..agent import load_agent as load_agent_ref
 from ..agent import require_run_id
+from ..continuation import INTERRUPTED
 from ..errors import AgentRefError
-from ..journal import stateless
+from ..events import EventType
+from ..journal import open_journal, stateless
+from ..snapshots import load_state
 from ..store import validate_run_id
 from ..workspace import WorkspaceError
 from ._base import (
@@ -30,6 +34,7 @@ from ._base import (
     CliError,
     cli,
     exit_for_status,
+    how_it_goes_on,
     json_option,
     load,
     note,
@@ -58,14 +63,35 @@ def load_agent(ref: str) -> Agent:
         raise CliError(str(exc)) from None
 
 
-def drive(store: Store, agent: Agent, run_id: str, task: str | None, ref: str) -> RunResult:
-    """Start or resume the run, with a spinner naming the last event on a terminal."""
+def drive(store: Store, agent: Agent, run_id: str, task: str | None, ref: str,
+          store_url: str) -> RunResult:
+    """Start or resume the run, with a spinner naming the last event on a terminal.
+    Ctrl-C stops it paused as interrupted, and says how to resume it."""
     with progress(f"{run_id}: opening") as update:
         try:
             return agent.run(store, run_id, task, agent_ref=ref, observer=stateless(
                 lambda e, _s: update(f"{run_id}: seq {e.seq} {e.type.value}")))
         except RunMismatchError as exc:  # refused, like an unknown or leased run
             raise CliError(str(exc), 2) from None
+        except KeyboardInterrupt:
+            pass
+    raise CliError(interrupted(store, run_id, store_url), 130)
+
+
+def interrupted(store: Store, run_id: str, store_url: str) -> str:
+    """Record that Ctrl-C stopped the run (paused: nobody drives it now, and `runs` must
+    not say "running"); what to tell the person. The loop let its lease go as it
+    unwound; a process that took the run over since is left alone."""
+    # (suppressed: another process took the run over, or the store went away)
+    with contextlib.suppress(JournalError), open_journal(store, run_id) as journal:
+        if journal.state.status == "running":
+            journal.record(EventType.RUN_PAUSED, reason=INTERRUPTED)
+    state = load_state(store, run_id).state
+    in_flight = ", ".join(sorted({p.tool for p in state.pending.values()}))
+    settled = (f" (the call in flight, {in_flight}, is settled by its effect's rules when "
+               "it resumes)" if in_flight else "")
+    return (f"run {run_id} was interrupted at seq {state.last_seq}{settled}; "
+            f"{how_it_goes_on(store, run_id, store_url).sentence}")
 
 
 def result_json(result: RunResult) -> dict[str, Any]:
@@ -137,7 +163,7 @@ def run(ctx: click.Context, ref: str, task: str, run_id: str | None, as_json: bo
     # supervisor that lost it) is refused, or it would start the work over.
     run_id = new_run_id() if run_id is None else require_run_id(run_id)  # printed below
     with opened(store_url, create=True) as store:
-        result = drive(store, load_agent(ref), run_id, task, ref)
+        result = drive(store, load_agent(ref), run_id, task, ref, store_url)
     print_result(result, store_url, as_json)
     exit_for_status(ctx, result.status)
 
@@ -162,7 +188,8 @@ def resume(ctx: click.Context, run_id: str, as_json: bool, store_url: str) -> No
                 f"run {run_id!r} recorded no agent (it was started without agent_ref). "
                 "Resume it with: agentjournal run MODULE:OBJECT "
                 f"{shlex.quote(folded.task)} --run-id {run_id}")
-        result = drive(store, load_agent(folded.agent), run_id, None, folded.agent)
+        result = drive(store, load_agent(folded.agent), run_id, None, folded.agent,
+                       store_url)
     print_result(result, store_url, as_json)
     exit_for_status(ctx, result.status)
 

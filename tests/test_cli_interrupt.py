@@ -1,0 +1,79 @@
+"""Ctrl-C on `agentjournal run` / `resume`: a real subprocess is sent SIGINT while its tool
+runs. It says the run was interrupted and how to resume it; `runs` lists it as
+interrupted (not "running", which nobody is doing); the resume it names finishes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .conftest import BACKENDS
+
+AGENT = '''
+import sys
+import time
+from pathlib import Path
+
+from agentjournal import Agent, ScriptedModel, calls, reply, tool
+
+
+@tool(effect="read_only")
+def wait(seconds: int) -> str:
+    """Wait, unless told to hurry (a file named hurry)."""
+    print("TOOL STARTED", flush=True)
+    if not Path("hurry").exists():
+        time.sleep(seconds)
+    return "waited"
+
+
+agent = Agent(ScriptedModel([calls(("wait", {"seconds": 120})), reply("done")]), [wait])
+'''
+HANG = 120  # a hang guard, not a speed limit
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentjournal", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=HANG,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def interrupted(cwd: Path, *args: str) -> tuple[int, str]:
+    """Run `agentjournal ARGS`, send it SIGINT once its tool runs; its exit code, stderr."""
+    child = subprocess.Popen([sys.executable, "-m", "agentjournal", *args], cwd=cwd,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "COLUMNS": "200"})
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "TOOL STARTED"
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=HANG)
+    return child.returncode, err
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_ctrl_c_leaves_the_run_interrupted_with_the_command_that_resumes_it(
+        store_url: str, tmp_path: Path) -> None:
+    module = f"slow_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(AGENT)
+    store = ["--store", store_url]
+    for args in (["run", f"{module}:agent", "wait", "--run-id", "w1"], ["resume", "w1"]):
+        code, err = interrupted(tmp_path, *args, *store)
+        assert code == 130, err
+        assert "run w1 was interrupted" in err and "agentjournal resume w1" in err, err
+        assert "Traceback" not in err
+        (row,) = json.loads(cli(tmp_path, "runs", "--json", *store).stdout)
+        assert row["status"] == "paused" and row["interrupted"] is True, row
+        listed = cli(tmp_path, "runs", *store).stdout
+        (line,) = [line for line in listed.splitlines() if "w1" in line]
+        assert "interrupted" in line and "running" not in line, listed
+        shown = cli(tmp_path, "show", "w1", *store).stdout
+        assert "interrupted" in shown, shown
+    (tmp_path / "hurry").touch()
+    done = cli(tmp_path, "resume", "w1", *store)
+    assert done.returncode == 0 and "run w1: finished" in done.stdout, done.stderr
