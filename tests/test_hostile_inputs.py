@@ -418,3 +418,59 @@ def test_argument_text_nested_20000_deep_from_a_provider_is_denied_not_raised(
     finally:
         store.close()
     assert made == [] and "levels deep" in denied["reason"]
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_made_up_tool_name_under_langgraph_is_left_to_the_tool_node(store_url: str) -> None:
+    """LangGraph's ToolNode hands the wrapper a call to a tool it does not have (``tool``
+    None): the wrapper records nothing for it (no start, no key, no span under its name)
+    and LangGraph answers it with its own error."""
+    pytest.importorskip("langgraph")
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    from agentjournal.integrations.langgraph import JournalSaver, exactly_once, invoke
+
+    asked = [{"id": f"c{i}", "name": name, "args": {"order": 7}}
+             for i, name in enumerate(HOSTILE.values())]
+    script = [AIMessage("", tool_calls=[*asked, {"id": "cl", "name": "lookup",
+                                                 "args": {"order": 7}}]),
+              AIMessage("order 7 is shipped")]
+
+    @lc_tool
+    def lookup(order: int) -> str:
+        """Where an order is."""
+        return "shipped"
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        answered = sum(isinstance(m, AIMessage) for m in state["messages"])
+        chat = GenericFakeChatModel(messages=iter([script[answered]]))
+        return {"messages": [chat.invoke(state["messages"])]}
+
+    store = open_store(store_url)
+    try:
+        saver = JournalSaver(store)
+        calls_ = exactly_once(saver)
+        builder = StateGraph(MessagesState)
+        builder.add_node("model", model)
+        builder.add_node("tools", ToolNode([lookup], wrap_tool_call=calls_,
+                                           awrap_tool_call=calls_.awrap))
+        builder.add_edge(START, "model")
+        builder.add_conditional_edges("model", tools_condition, ["tools", END])
+        builder.add_edge("tools", "model")
+        out = invoke(builder.compile(checkpointer=saver),
+                     {"messages": [HumanMessage("where is order 7?")]},
+                     {"configurable": {"thread_id": "t1"}})
+        (run_id,) = [r.run_id for r in store.list_runs()]
+        log = list(store.read(run_id))
+    finally:
+        store.close()
+    assert out["messages"][-1].content == "order 7 is shipped"
+    errors = [m.content for m in out["messages"] if getattr(m, "status", None) == "error"]
+    assert len(errors) == len(HOSTILE)  # LangGraph's own answer to each
+    started = [e.payload["tool"] for e in log if e.type is E.TOOL_CALL_STARTED]
+    assert started == ["lookup"]
+    assert [e.payload["call_id"] for e in log if e.type is E.TOOL_CALL_COMPLETED] == ["cl"]

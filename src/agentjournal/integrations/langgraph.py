@@ -517,7 +517,9 @@ class ExactlyOnce:
     its effect allows, else handed to a person through LangGraph's own ``interrupt()``
     (the evidence as its value). ``Command(resume={"verdict": "happened" |
     "did_not_happen", "by": ..., "reason": ..., "result": ...})`` answers it, and the
-    answer is recorded in the journal. Made by :func:`exactly_once`."""
+    answer is recorded in the journal. A call to a tool the node does not have (a name
+    the model made up) is left to LangGraph, which answers it with its error: nothing of
+    it is recorded. Made by :func:`exactly_once`."""
 
     def __init__(self, saver: JournalSaver, effects: Mapping[str, ToolEffect],
                  default: ToolEffect) -> None:
@@ -526,6 +528,8 @@ class ExactlyOnce:
     def __call__(self, request: ToolCallRequest,
                  execute: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
                  ) -> ToolMessage | Command[Any]:
+        if request.tool is None:  # a name the model made up: LangGraph answers it, and
+            return execute(request)  # nothing of it is recorded (no tool runs: no effect)
         call, run, spec = self._begin(request)
         for _ in range(3):  # (a verdict, then the call it settles)
             try:
@@ -545,6 +549,8 @@ class ExactlyOnce:
                        execute: Callable[[ToolCallRequest],
                                       Awaitable[ToolMessage | Command[Any]]]
                     ) -> ToolMessage | Command[Any]:
+        if request.tool is None:  # a name the model made up (see __call__)
+            return await execute(request)
         call, run, spec = await asyncio.to_thread(self._begin, request)
 
         async def body(ctx: Any) -> Any:
