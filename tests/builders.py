@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from agentjournal.events import Event
+from agentjournal.events import SCHEMA_VERSION, Event
 from agentjournal.store.base import Snapshot
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -24,6 +27,23 @@ def snapshot_at(run_id: str, seq: int, body: bytes = b"state",
     return Snapshot(run_id=run_id, seq=seq, schema_version=2, fold_version=fold_version,
                     digest=hashlib.sha256(body).hexdigest(), body=body,
                     created_at=T0 + timedelta(seconds=seq))
+
+
+def jsonl_store_with(directory: Path, log: bytes, run_id: str = "r1") -> Path:
+    """A JSONL store (``directory``, created) whose run ``run_id`` has the file ``log``:
+    the store's record, and the run's head at the last whole record that ends a batch,
+    where this release's store leaves it when a later write is torn or damaged."""
+    directory.mkdir()
+    (directory / "_store.json").write_bytes(b'{"created_schema":%d}' % SCHEMA_VERSION)
+    (directory / f"{run_id}.jsonl").write_bytes(log)
+    head = (0, "")
+    for line in log.split(b"\n")[:-1]:
+        mark = line[9:10]
+        if line[:8] == b"%08x" % zlib.crc32(line[9:]) and mark in (b".", b"{"):
+            record = json.loads(line[10:] if mark == b"." else line[9:])
+            head = (record["seq"], record.get("digest", ""))
+    (directory / f"{run_id}.head").write_bytes(b"%020d %-32s\n" % (head[0], head[1].encode()))
+    return directory
 
 
 def unsealed(events: Iterable[Event]) -> list[Event]:

@@ -17,6 +17,8 @@ from agentjournal.cli import cli
 from agentjournal.events import seal
 from agentjournal.store.jsonl import JsonlStore
 
+from .builders import jsonl_store_with
+
 SIZES = (1, 2, 3)  # events per batch; the last batch is the one torn
 
 
@@ -57,10 +59,7 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Log:
 
 
 def copy(tmp_path: Path, name: str, data: bytes) -> Path:
-    directory = tmp_path / name
-    directory.mkdir()
-    (directory / "r1.jsonl").write_bytes(data)
-    return directory
+    return jsonl_store_with(tmp_path / name, data)
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -264,8 +263,7 @@ def test_any_flipped_bit_in_the_last_record_is_corruption(tmp_path: Path, log: L
     # Its checksum, the space, its mark, its JSON: only its newline is framing a flip
     # can take away (and then the record is indeed unfinished).
     start = log.data.rfind(b"\n", 0, len(log.data) - 1) + 1
-    directory = tmp_path / "flips"
-    directory.mkdir()
+    directory = jsonl_store_with(tmp_path / "flips", log.data)
     for at in range(start, len(log.data) - 1):
         for bit in range(8):
             damaged = bytearray(log.data)

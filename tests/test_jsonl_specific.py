@@ -12,10 +12,10 @@ import sys
 import zlib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from agentjournal import (
-    SCHEMA_VERSION,
     CorruptLogError,
     CorruptStoreError,
     DurabilityError,
@@ -24,10 +24,11 @@ from agentjournal import (
     StoreUrlError,
     make_events,
 )
+from agentjournal.events import SEALED_SINCE, encode, seal
 from agentjournal.store import Durability
-from agentjournal.store.jsonl import JsonlStore
+from agentjournal.store.jsonl import JsonlStore, _frame_batch
 
-from .builders import snapshot_at
+from .builders import jsonl_store_with, snapshot_at
 
 
 def add(store: JsonlStore, run_id: str, *contents: str) -> int:
@@ -48,10 +49,7 @@ def three(tmp_path: Path) -> tuple[Path, list[bytes]]:
 
 
 def copy_with(tmp_path: Path, name: str, data: bytes) -> Path:
-    directory = tmp_path / name
-    directory.mkdir()
-    (directory / "r1.jsonl").write_bytes(data)
-    return directory
+    return jsonl_store_with(tmp_path / name, data)
 
 
 def test_record_framing(three: tuple[Path, list[bytes]]) -> None:
@@ -603,8 +601,8 @@ def test_a_log_one_batch_ahead_of_its_head_is_an_append_cut_off_before_its_head(
     (directory / "r1.head").write_bytes(head_before)  # now two batches behind: damage
     with pytest.raises(CorruptLogError, match="goes on past its head"):
         list(JsonlStore(directory).read("r1"))
-    (directory / "r1.head").unlink()  # a head deleted: the same
-    with pytest.raises(CorruptLogError, match="past its head"):
+    (directory / "r1.head").unlink()  # a head deleted: damage too, named as such
+    with pytest.raises(CorruptLogError, match="the head was deleted"):
         list(JsonlStore(directory).read("r1"))
 
 
@@ -619,30 +617,43 @@ def test_a_new_run_cut_off_before_its_first_head_has_no_events_yet(tmp_path: Pat
     assert add(store, "r1", "c") == 1 and len(store.repairs) == 1
 
 
+def old_batch(run_id: str, after: int, version: int, prev: str, *contents: str,
+              ) -> tuple[bytes, str]:
+    """A batch of user messages as a release writing ``version`` stored it (sealed from
+    v4, without a digest before), framed; and the digest it ends with."""
+    events = [msgspec.structs.replace(e, v=version) for e in make_events(
+        run_id, after, 0, [(EventType.USER_MESSAGE, {"content": c}) for c in contents])]
+    if version >= SEALED_SINCE:
+        bodies, prev = seal(events, prev)
+    else:
+        bodies = [encode(e).replace(b'"digest":"",', b"", 1) for e in events]
+    return _frame_batch(bodies), prev
+
+
 def test_an_older_store_gets_its_heads_from_its_logs_at_its_first_writer(
     tmp_path: Path,
 ) -> None:
+    """As 0.1.0 (v6, sealed, no heads) left a store, with a run from before sealing."""
     directory = tmp_path / "runs"
-    store = JsonlStore(directory)
-    add(store, "r1", "a", "b")
-    add(store, "r1", "c")
-    add(store, "r2", "x")
-    store.close()
-    heads = {p.name: p.read_bytes() for p in directory.glob("*.head")}
-    for path in [directory / "_store.json", *directory.glob("*.head")]:
-        path.unlink()  # as a release before heads left it
+    directory.mkdir()
+    first, digest = old_batch("r1", 0, 6, "", "a", "b")
+    second, r1_digest = old_batch("r1", 2, 6, digest, "c")
+    (directory / "r1.jsonl").write_bytes(first + second)
+    r2, r2_digest = old_batch("r2", 0, 6, "", "x")
+    (directory / "r2.jsonl").write_bytes(r2)
+    (directory / "old.jsonl").write_bytes(old_batch("old", 0, 3, "", "o")[0])
     reader = JsonlStore(directory, readonly=True)  # reads it as it is, writes nothing
     assert reader.heads() == {} and len(list(reader.read("r1"))) == 3
     assert not (directory / "_store.json").exists()
     store = JsonlStore(directory)  # the first writer computes them, once
-    assert {p.name: p.read_bytes() for p in directory.glob("*.head")} == heads
-    # the oldest schema its events were written in: all of them this release's
+    assert store.heads() == {"r1": (3, r1_digest), "r2": (1, r2_digest), "old": (1, "")}
+    # the oldest schema its events were written in: unsealed records are no damage
     info = json.loads((directory / "_store.json").read_bytes())
-    assert info == {"created_schema": SCHEMA_VERSION}
-    assert set(store.heads()) == {"r1", "r2"}
+    assert info == {"created_schema": 3}
+    assert [e.payload["content"] for e in store.read("old")] == ["o"]
     store.close()
     (directory / "r1.head").unlink()
-    with pytest.raises(CorruptLogError):
+    with pytest.raises(CorruptLogError, match="the head was deleted"):
         list(JsonlStore(directory, readonly=True).read("r1"))
 
 

@@ -19,7 +19,7 @@ import pytest
 from agentjournal import SCHEMA_VERSION, EventType, LeaseHeldError, make_events
 from agentjournal.bench._common import workload
 from agentjournal.errors import ConflictError, CorruptLogError, DurabilityError, FencedError
-from agentjournal.events import seal
+from agentjournal.events import Event, seal
 from agentjournal.snapshots import load_state, write_snapshot
 from agentjournal.state import durable_fields, fold
 from agentjournal.store import sqlite as sqlite_module
@@ -35,6 +35,12 @@ def v3_body(run_id: str, seq: int, kind: EventType, payload: dict[str, Any]) -> 
     """An event as releases before the digest chain stored it: no ``digest`` at all."""
     return _v3.encode({"run_id": run_id, "seq": seq, "type": kind.value, "epoch": 0, "v": 3,
                        "ts": f"2026-11-30T03:23:5{seq}.000000Z", "payload": payload})
+
+
+def released(run_id: str, n: int) -> list[Event]:
+    """``workload(run_id, n)`` as 0.1.0 wrote it: v6 records (sealed, no heads). A file
+    whose migrations predate the heads never held records of a later version."""
+    return [msgspec.structs.replace(e, v=6) for e in workload(run_id, n)]
 
 
 def raw(path: Path, statement: str, params: tuple[Any, ...] = ()) -> list[Any]:
@@ -121,7 +127,7 @@ def test_migration_8_moves_snapshots_and_segments_to_rowid_tables_intact(
 ) -> None:
     path, current = tmp_path / "old.db", tmp_path / "current.db"
     old_store(path, monkeypatch, 7)
-    events = workload("r", 800)  # 533 messages and 266 completed calls: several segments
+    events = released("r", 800)  # 533 messages and 266 completed calls: several segments
     with SQLiteStore(current) as store:
         store.append("r", events, expected_seq=0, epoch=0)
         assert write_snapshot(store, fold(events)) is not None
@@ -147,7 +153,7 @@ def test_migration_9_keys_every_event_by_run_number_and_seq_intact(
 ) -> None:
     path, current = tmp_path / "old.db", tmp_path / "current.db"
     old_store(path, monkeypatch, 8)
-    logs = {run_id: workload(run_id, n) for run_id, n in (("b", 30), ("a", 7), ("c", 1))}
+    logs = {run_id: released(run_id, n) for run_id, n in (("b", 30), ("a", 7), ("c", 1))}
     with SQLiteStore(current) as store:
         for run_id, events in logs.items():
             store.append(run_id, events, expected_seq=0, epoch=0)
@@ -182,7 +188,7 @@ def test_a_store_before_migration_9_reads_through_a_read_only_handle_unchanged(
     old_store(path, monkeypatch, 8)
     with SQLiteStore(current) as store:
         for run_id, n in (("b", 12), ("a", 4)):
-            store.append(run_id, workload(run_id, n), expected_seq=0, epoch=0)
+            store.append(run_id, released(run_id, n), expected_seq=0, epoch=0)
         stored = {run_id: list(store.read(run_id)) for run_id in ("a", "b")}
         runs, scoped = store.list_runs(), store.scope_runs("run:a")
     copy_as_v8(current, path)
@@ -587,7 +593,7 @@ def test_a_zero_byte_file_is_an_empty_store_to_a_reader_and_is_completed_by_a_wr
 def test_the_heads_migration_computes_each_run_s_head_from_its_log_once(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     with SQLiteStore(path) as store:
-        store.append("new", workload("new", 5), expected_seq=0, epoch=0)
+        store.append("new", released("new", 5), expected_seq=0, epoch=0)
         sealed = list(store.read("new"))
     raw(path, "DROP TABLE heads")  # as the migration before heads left it...
     raw(path, "DROP TABLE store_info")

@@ -41,6 +41,11 @@ SCHEMA_VERSION = 7
 #: The first schema version whose events are stored sealed (with a chained digest).
 SEALED_SINCE = 4
 
+#: The first schema version written only by releases that keep each run's head (its last
+#: seq and digest) apart from its log: 0.1.0 wrote v6 and kept none; heads came before
+#: v7 did. A v7 record in a store without heads proves that they were removed.
+HEADS_SINCE = 7
+
 
 class EventType(StrEnum):
     RUN_STARTED = "run_started"
@@ -341,6 +346,56 @@ def stored_digest(body: bytes | memoryview) -> str:
     if head[:_AT] != _HEAD or head[-1:] != b'"' or len(head) <= _AT + _DIGEST_LEN:
         return GENESIS
     return head[_AT:-1].decode("ascii", "replace")
+
+
+# --- what a version could not have written -------------------------------------------
+#
+# A stored record's version says which writer made it. A record that holds a type or a
+# field only a later version writes was relabelled (as an older, unsealed record, free to
+# edit): damage. Only what the version notes above say a version introduced is listed.
+
+_TYPES_SINCE: dict[EventType, int] = {
+    **dict.fromkeys((EventType.MODEL_CALL_STARTED, EventType.MODEL_CALL_FAILED,
+                     EventType.INSTRUCTIONS_CHANGED), 5),
+    **dict.fromkeys((EventType.SAGA_STARTED, EventType.COMPENSATION_STARTED,
+                     EventType.COMPENSATION_COMPLETED, EventType.SAGA_FINISHED,
+                     EventType.RUN_CANCELLED, EventType.WORKSPACE_CHECKPOINT,
+                     EventType.OBSERVATIONS_CHECKED), 6),
+    **dict.fromkeys((EventType.STEP_RECORDED, EventType.GRAPH_INPUT,
+                     EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES,
+                     EventType.SESSION_ITEMS_ADDED, EventType.SESSION_ITEM_POPPED,
+                     EventType.SESSION_CLEARED, EventType.TRACE_RECORDED), 7),
+}
+
+# (type, payload field) -> the version that introduced it; "usage." names a usage field.
+_FIELDS_SINCE: dict[tuple[EventType, str], int] = {
+    (EventType.MODEL_TURN, "usage.cached_input_tokens"): 2,
+    **{(EventType.MODEL_TURN, f): 5 for f in (
+        "provider", "model", "response_id", "request_id", "finish_reason", "items",
+        "latency_ms", "usage.cache_write_tokens", "usage.reasoning_tokens")},
+    (EventType.RUN_STARTED, "instructions"): 5,
+    (EventType.TOOL_CALL_COMPLETED, "fresh_for"): 6,
+    (EventType.TOOL_CALL_STARTED, "key_retention"): 6,
+    (EventType.MODEL_TURN, "step"): 7,
+    (EventType.MODEL_TURN, "value"): 7,
+}
+
+
+def newer_than_labelled(event: Event) -> tuple[str, int] | None:
+    """What a stored ``event`` (not upcast) holds that its version ``v`` could not have
+    written, and the version that introduced it; None if nothing."""
+    since = _TYPES_SINCE.get(event.type, 1)
+    if since > event.v:
+        return f"a {event.type.value} event", since
+    usage = event.payload.get("usage")
+    for (kind, field), since in _FIELDS_SINCE.items():
+        if kind is not event.type or since <= event.v:
+            continue
+        name = field.removeprefix("usage.")
+        if name in (event.payload if name == field else usage if isinstance(usage, dict)
+                    else ()):
+            return f"{event.type.value}'s {field!r}", since
+    return None
 
 
 # --- upcasters: (type, from version) -> payload of version + 1 --------------------

@@ -28,17 +28,20 @@ import msgspec
 from ..errors import (
     ArchivedRunError,
     CorruptLogError,
+    CorruptStoreError,
     EncodingError,
     InvalidRunIdError,
     RunNotFoundError,
 )
 from ..events import (
     GENESIS,
+    HEADS_SINCE,
     SCHEMA_VERSION,
     SEALED_SINCE,
     Event,
     EventType,
     decode_stored,
+    newer_than_labelled,
     unseal,
     upcast,
 )
@@ -197,18 +200,36 @@ def missing_run(store: Store, run_id: str) -> RunNotFoundError:
     return ArchivedRunError(run_id, stone.archive, stone.last_seq)
 
 
+class UnanchoredStoreError(CorruptStoreError):
+    """The store lacks what each run's head is kept in (its record of keeping heads, a
+    table), though what it holds proves it kept them: removed, not an older store."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(url, detail)
+        self.args = (f"store {url} is damaged: {detail}. It was not changed. Restore it "
+                     "from a backup, and check its runs against heads kept elsewhere "
+                     "(`agentjournal verify --all --heads FILE`).",)
+
+
+class UnanchoredLogError(CorruptLogError):
+    """A record that only a release keeping heads writes, in a store that keeps none: the
+    store's record of its heads was removed, so the run's newest events cannot be checked."""
+
+
 def decode_record(
     run_id: str, seq: int, body: bytes | memoryview, prev: str = GENESIS,
-    *, sealed_store: bool = False,
+    *, sealed_store: bool = False, heads_missing: str | None = None,
 ) -> tuple[Event, str]:
     """A stored record as an event, checked against the digest ``prev`` of the record
     before it; returns the event and its own digest (the next record's ``prev``).
 
     Bytes that do not decode, or do not match their digest, are corruption named
     by seq; so is an unsealed record in a ``sealed_store`` (one created at schema v4
-    or later, whose every record was written sealed). (An unknown event type or a
-    newer schema version raises its own error: that is a newer release's log, not
-    damage.)
+    or later, whose every record was written sealed), a record holding what its version
+    could not have written (relabelled as older), and, where the store keeps no heads
+    (``heads_missing`` says what is missing), a record of a version written only with
+    heads (``UnanchoredLogError``). (An unknown event type or a newer schema version
+    raises its own error: that is a newer release's log, not damage.)
     """
     sealed = unseal(body, prev)
     if sealed is not None:
@@ -232,9 +253,31 @@ def decode_record(
         raise CorruptLogError(run_id, seq, f"a v{event.v} record without its digest")
     if event.seq != seq or event.run_id != run_id:
         raise CorruptLogError(run_id, seq, f"found {event.run_id!r}#{event.seq} where it belongs")
+    if heads_missing is not None and event.v >= HEADS_SINCE:
+        raise UnanchoredLogError(
+            run_id, seq, f"it is a v{event.v} record, and every release that writes "
+            f"v{HEADS_SINCE} or later keeps each run's head, yet this store has none "
+            f"({heads_missing}): they were removed, so the run's newest events can no longer "
+            "be checked. Check the run against heads kept elsewhere (`agentjournal verify "
+            "--heads FILE`)")
     if event.v != SCHEMA_VERSION:
+        _check_label(event, sealed is not None)
         event = upcast(event)
     return event, sealed[0] if sealed is not None else GENESIS
+
+
+def _check_label(event: Event, sealed: bool) -> None:
+    """Refuse a record (as stored, older than this release) that holds what its version
+    could not have written: relabelled as older, where fewer checks hold."""
+    if sealed and event.v < SEALED_SINCE:
+        found: tuple[str, int] | None = ("a digest", SEALED_SINCE)
+    else:
+        found = newer_than_labelled(event)
+    if found is not None:
+        what, since = found
+        raise CorruptLogError(event.run_id, event.seq, f"it is labelled v{event.v} but holds "
+                              f"{what}, which only v{since} and later write: it was "
+                              "relabelled")
 
 
 #: A run's head: the seq and digest its log ends with, kept apart from the log.

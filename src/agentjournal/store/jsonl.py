@@ -116,6 +116,8 @@ from .base import (
     RunInfo,
     Snapshot,
     Tombstone,
+    UnanchoredLogError,
+    UnanchoredStoreError,
     check_batch,
     check_head,
     check_records,
@@ -414,8 +416,10 @@ class JsonlStore:
         self._unsynced: dict[str, int] = {}  # BATCHED: appends since the run's last fsync
         self._head_fds: OrderedDict[str, int] = OrderedDict()
         # Heads are kept (and checked) once the store's record says so: a store made by
-        # this release, or migrated to it by its first writer (_migrate_heads).
+        # this release, or migrated to it by its first writer (_migrate_heads). Until then
+        # a record only a release that keeps heads writes is damage (see _learn_heads).
         self._heads = self._sealed = False
+        self._heads_missing: str | None = None
         where = str(self.path.absolute())
         if self.path.exists() and not self.path.is_dir():
             raise NotAStoreError(where, "it is a file; a jsonl store is a directory")
@@ -454,6 +458,7 @@ class JsonlStore:
         try:
             raw = (self.path / _STORE).read_bytes()
         except FileNotFoundError:
+            self._heads_missing = f"no {_STORE}, its record of keeping them"
             return False
         try:
             created = int(msgspec.json.decode(raw)["created_schema"])
@@ -461,13 +466,17 @@ class JsonlStore:
             raise CorruptStoreError(str(self.path / _STORE), f"the store's record does "
                                     f"not decode ({exc})") from None
         self._heads, self._sealed = True, created >= SEALED_SINCE
+        self._heads_missing = None
         return True
 
     def _migrate_heads(self) -> None:
         """Give every run of an older store its head, computed from its log (once), then
         write the store's record: from then on every read checks them. The store was
-        created at the oldest schema version its logs hold (this one's, if none)."""
-        oldest = SCHEMA_VERSION
+        created at the oldest schema version its logs hold (this one's, if none). A store
+        holding a record that only a release keeping heads writes lost its record and
+        heads: refused whole (UnanchoredStoreError), nothing written, for no head computed
+        from a forged log may anchor it."""
+        oldest, found = SCHEMA_VERSION, []
         for path in self.path.glob("*.jsonl"):
             run_id = path.name[: -len(".jsonl")]
             try:
@@ -480,9 +489,20 @@ class JsonlStore:
                     continue
                 try:
                     tail, events, _ = self._scan(run_id, fd, _EMPTY)
+                except UnanchoredLogError as exc:
+                    raise UnanchoredStoreError(str(self.path.absolute()), (
+                        f"it has no {_STORE} (its record of keeping each run's head), yet "
+                        f"run {run_id!r} holds records that only releases keeping heads "
+                        f"write (seq {exc.seq} is one): the record and the heads were "
+                        "removed")) from None
                 except CorruptLogError:
                     continue  # refused by every read anyway; it gets no head
-                oldest = min([oldest, *(e.v for e in events)])
+                if events:  # (the oldest record is the first: decoded, it is upcast)
+                    first = _record(_line_ending_at(fd, _first_line_end(fd)))
+                    oldest = min(oldest, decode_stored(first[1]).v if first else oldest)
+                found.append((run_id, tail))
+        for run_id, tail in found:
+            with self._locked(run_id, write=True):
                 self._write_head(run_id, tail.last_seq, tail.digest, sync=True)
         self._publish(self.path / _STORE, msgspec.json.encode(
             {"created_schema": oldest}), None)
@@ -498,12 +518,14 @@ class JsonlStore:
         if sync:
             self._durable(fd, run_id, datasync=True)
 
-    def _read_head(self, run_id: str) -> Head:
-        """The run's head; (0, "") when it has none yet (a new run cut off before it)."""
+    def _read_head(self, run_id: str) -> Head | None:
+        """The run's head; (0, "") when it has none yet (a new run cut off before it: its
+        head file is created, empty, before its first batch is written); None when it has
+        no head file, which only a log written before heads, or damage, lacks."""
         try:
             fd = os.open(f"{self._dir}/{run_id}{_HEAD_FILE}", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            return (0, "")
+            return None
         try:
             raw = os.pread(fd, _HEAD_SIZE + 1, 0)
         finally:
@@ -527,7 +549,7 @@ class JsonlStore:
         end = (tail.last_seq, tail.digest) if tail.last_seq else None
         head, before = head or self._read_head(run_id), tail.before
         check_head(run_id, after_seq, end, head, behind=before[:2] if before else None)
-        return head[0] if end is not None and end != head else None
+        return head[0] if end is not None and head is not None and end != head else None
 
     def _acknowledged(self, run_id: str, tail: _Tail,
                       torn: _Torn | None) -> tuple[_Tail, _Torn | None]:
@@ -549,8 +571,8 @@ class JsonlStore:
         for path in self.path.glob("*" + _HEAD_FILE):
             run_id = path.name[: -len(_HEAD_FILE)]
             with self._reading(run_id) as fd:  # (None: archived, its head is gone)
-                head = self._read_head(run_id) if fd is not None else (0, "")
-            if head[0]:
+                head = self._read_head(run_id) if fd is not None else None
+            if head is not None and head[0]:
                 found[run_id] = head
         return dict(sorted(found.items()))
 
@@ -685,7 +707,8 @@ class JsonlStore:
             else:
                 raise CorruptLogError(run_id, seq, f"unknown record mark {chr(mark)!r}")
             if seq > after_seq:
-                event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed)
+                event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed,
+                                            heads_missing=self._heads_missing)
                 events.append(event)
             elif seq == after_seq or mark != _MORE:  # (a batch's end: see _Tail.before)
                 prev = stored_digest(body)

@@ -98,6 +98,7 @@ from .base import (
     RunInfo,
     Snapshot,
     Tombstone,
+    UnanchoredStoreError,
     check_batch,
     check_head,
     check_records,
@@ -595,6 +596,14 @@ class PostgresStore:
             self._q("SELECT coalesce(max(version), 0) FROM {s}.schema_version")).fetchall()
         if version > len(MIGRATIONS):
             raise UnsupportedVersionError(f"store {self.url}", version, len(MIGRATIONS))
+        if version and (missing := [t for t in ("events", "runs") if t not in tables]):
+            # runs holds each run's head (last_seq, last_digest): without it nothing
+            # anchors a run's newest events. Damage, never "check the server".
+            raise UnanchoredStoreError(self.url, (
+                f"its {' and '.join(missing)} table{'s are' if len(missing) > 1 else ' is'} "
+                f"missing from schema {self.schema!r} (migration 1 made it; the schema "
+                f"records {version} migrations): it was dropped, and with it what each run's "
+                "newest events are checked against"))
         return int(version)
 
     def _created_sealed(self, conn: Conn) -> bool:
@@ -675,6 +684,13 @@ class PostgresStore:
                                "the schema, or name another store") from exc
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(self.url, _oneline(exc)) from exc
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+            # Dropped after this handle opened (a table), or a column dropped: the runs
+            # table's last_seq and last_digest are each run's head. Damage, as at open.
+            raise UnanchoredStoreError(self.url, (
+                f"a table or column it needs is missing ({_oneline(exc)}): it was dropped "
+                "outside agentjournal, and with it, for runs.last_seq and last_digest, what "
+                "each run's newest events are checked against")) from exc
 
     @contextmanager
     def _read(self) -> Iterator[Conn]:

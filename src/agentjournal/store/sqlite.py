@@ -58,7 +58,7 @@ from ..errors import (
     StoreUrlError,
     UnsupportedVersionError,
 )
-from ..events import SCHEMA_VERSION, SEALED_SINCE, Event, now, seal, stored_digest
+from ..events import HEADS_SINCE, SCHEMA_VERSION, SEALED_SINCE, Event, now, seal, stored_digest
 from .base import (
     Durability,
     Head,
@@ -66,6 +66,7 @@ from .base import (
     RunInfo,
     Snapshot,
     Tombstone,
+    UnanchoredStoreError,
     check_batch,
     check_head,
     check_records,
@@ -251,6 +252,11 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 _HEADS = 11  # the migration that added heads
+
+
+def _tables(names: set[str]) -> str:
+    """"heads table" or "heads and store_info tables"."""
+    return f"{' and '.join(sorted(names))} table{'s' if len(names) > 1 else ''}"
 
 # A writer's connection moves a run's head with every row it appends to the run's log,
 # in the same statement (so in the same transaction, at no extra round trip). A TEMP
@@ -628,8 +634,27 @@ class SQLiteStore:
 
     def _learn_heads(self, version: int) -> None:
         """Whether the file keeps heads (a read-only handle on an older file reads without
-        them), and whether it was created sealed."""
+        them, refusing any record only a release keeping heads writes), and whether it was
+        created sealed. The tables holding them must be there exactly when the migration
+        count says: one dropped (or the count turned back) unanchors every run's newest
+        events, so the store is refused as damaged."""
         self._heads = version >= _HEADS
+        self._heads_missing = None if self._heads else (
+            f"no heads table, which migration {_HEADS} makes")
+        tables = {name for (name,) in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"
+            " AND name IN ('heads', 'store_info')")}
+        if self._heads and (missing := {"heads", "store_info"} - tables):
+            raise UnanchoredStoreError(str(self.path.absolute()), (
+                f"its {_tables(missing)} {'are' if len(missing) > 1 else 'is'} missing, though its "
+                f"migrations ({version}) include the one that keeps each run's head "
+                f"(migration {_HEADS}): it was dropped, and with it what every run's newest "
+                "events are checked against"))
+        if not self._heads and tables:
+            raise UnanchoredStoreError(str(self.path.absolute()), (
+                f"its migration count ({version}) is older than the heads (migration "
+                f"{_HEADS}), yet it holds the {_tables(tables)} that "
+                "migration makes: the count was turned back"))
         self._sealed = self._heads and self._db.execute(
             "SELECT value FROM store_info WHERE name = 'created_schema'"
         ).fetchone()[0] >= SEALED_SINCE
@@ -698,9 +723,27 @@ class SQLiteStore:
         with self._tx():
             (version,) = self._db.execute("PRAGMA user_version").fetchone()
             for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                if number == _HEADS:
+                    self._refuse_unanchored(version)
                 for statement in filter(str.strip, script.split(";")):
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={number}")
+
+    def _refuse_unanchored(self, version: int) -> None:
+        """Before the heads migration computes heads from the logs: a file holding a record
+        only a release keeping heads writes had them, and its heads were removed (with the
+        migration count turned back). No head computed from its logs may anchor them."""
+        found = self._db.execute(
+            "SELECT key >> 32, key & 4294967295 FROM events WHERE json_valid(CAST(body AS"
+            " TEXT)) AND json_extract(CAST(body AS TEXT), '$.v') >= ? LIMIT 1",
+            (HEADS_SINCE,)).fetchone()
+        if found is not None:
+            (run_id,) = self._db.execute("SELECT run_id FROM run_numbers WHERE run_no = ?",
+                                         (found[0],)).fetchone()
+            raise UnanchoredStoreError(str(self.path.absolute()), (
+                f"its migration count ({version}) is older than the heads (migration "
+                f"{_HEADS}), yet run {run_id!r} holds records that only releases keeping "
+                f"heads write (seq {found[1]} is one): its heads were removed"))
 
     @contextmanager
     def _tx(self, *, light: bool = False) -> Iterator[sqlite3.Connection]:
@@ -881,7 +924,8 @@ class SQLiteStore:
             end = (after_seq, prev)
         events = []
         for seq, body in rows:
-            event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed)
+            event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed,
+                                        heads_missing=self._heads_missing)
             events.append(event)
             end = (seq, prev)
         if self._heads:
