@@ -297,6 +297,33 @@ def test_a_queued_run_after_a_decision_waits_for_a_worker(page: Any, site: dict[
     assert page.locator("#next-command").count() == 0  # nothing to type
 
 
+def test_no_page_scrolls_sideways_on_a_phone(site: dict[str, Any], tmp_path: Path) -> None:
+    """At 390 px wide every page fits: no sideways scrolling, and what a person acts on
+    (a run's state, the decision buttons) is on screen."""
+    context = site["browser"].new_context(viewport={"width": 390, "height": 844},
+                                          is_mobile=True, has_touch=True)
+    tab = context.new_page()
+    tab.set_default_timeout(TIMEOUT_MS)
+    key = next(e.payload["key"] for e in log_of(site["url"], "wire-w1") if "key" in e.payload)
+    paths = ["/", "/runs", f"/runs/{RUN_ID}", "/runs/pay-bob", "/runs/wire-w1", "/runs/markup",
+             "/runs/held", f"/runs/{RUN_ID}/state?seq=5", f"/runs/{RUN_ID}/diff?a=1&b=20",
+             f"/runs/{RUN_ID}/events", f"/runs/wire-w1/calls/{key[:12]}", "/runs/nope"]
+    try:
+        for n, path in enumerate(paths):
+            tab.goto(site["base"] + path)
+            tab.screenshot(path=str(tmp_path / f"phone-{n}.png"), full_page=True)
+            wide = tab.evaluate("document.documentElement.scrollWidth")
+            assert wide <= 390, (path, wide)
+            for what in ("#state", "#state-detail", "form.decide button"):
+                for i in range(tab.locator(what).count()):
+                    box = tab.locator(what).nth(i).bounding_box()
+                    assert box is not None and box["x"] >= 0 and \
+                        box["x"] + box["width"] <= 390, (path, what, box)
+    finally:
+        context.close()
+    assert (tmp_path / "phone-0.png").stat().st_size > 0
+
+
 def test_markup_from_a_tool_stays_text(page: Any, site: dict[str, Any]) -> None:
     page.goto(site["base"] + "/runs/markup")
     page.locator("details").first.click()
