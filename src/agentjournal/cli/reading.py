@@ -535,16 +535,21 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, heads_file: s
     mismatch quarantines that fold version (exit 3). With --all, every run is checked
     even when one fails.
 
-    The digests prove a log unchanged only up to its head: someone who rewrites a whole
-    log and its head is caught by a copy of the heads kept elsewhere. --heads FILE
-    writes one (JSON: run -> {seq, digest}); given an existing FILE, it checks that the
-    event at each recorded seq still has the recorded digest (exit 3 if not; a run
-    archived since is noted, not failed).
+    The store's own record of its heads is checked too: records written by a release
+    that keeps heads, in a store whose heads (or its record of them) were removed, are
+    damage (exit 3). Still, someone who rewrites a whole log and its head is caught
+    only by a copy of the heads kept elsewhere, the anchor. --heads FILE writes one
+    (JSON: run -> {seq, digest}; only when every run checked out is it worth keeping:
+    exit 0); given an existing FILE, it checks that the event at each recorded seq
+    still has the recorded digest (exit 3 if not; a run archived since is noted, not
+    failed). Export on a schedule (cron) to a place the store's writers cannot change,
+    checking against the newest copy first (docs/architecture.md, "The digest chain").
 
     \b
     Examples:
       agentjournal verify --all --store sqlite:///runs.db
-      agentjournal verify --all --heads /backup/heads-2026-12-03.json
+      agentjournal verify --all --heads /audit/heads-2026-12-03T09.json  # the last copy
+      agentjournal verify --all --heads /audit/heads-$(date -u +%Y-%m-%dT%H).json
     """
     if (run_id is None) == (not all_runs):
         raise click.UsageError("give either a RUN or --all")
