@@ -22,7 +22,8 @@ from agentjournal import EventType, RunMismatchError, fold, open_store
 from agentjournal.cli import cli
 from agentjournal.decisions import NO_RESULT_GIVEN
 
-from .conftest import BACKENDS
+from . import test_worker as workers
+from .conftest import BACKENDS, fresh_url
 
 E = EventType
 RUN = "cont-1"
@@ -234,3 +235,37 @@ def test_a_native_run_goes_on_by_the_command_the_cli_names(store_url: str,
     done = invoke("resume", RUN, "--store", store_url)
     assert done.exit_code == 0, (done.stdout, done.stderr)
     assert sys.modules[native].SEEN == [NO_RESULT_GIVEN]
+
+
+# --- a run in the fleet's queue ------------------------------------------------------------
+
+
+@pytest.fixture(params=workers.QUEUED)
+def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Workers and CLI calls on a store with a queue (tests/test_worker.py's Fleet)."""
+    for url in fresh_url(request.param, tmp_path):
+        started = workers.Fleet(url, tmp_path)
+        yield started
+        started.close()
+
+
+def test_a_queued_runs_decisions_say_what_the_fleet_does_next(fleet: Any) -> None:
+    """Two uncertain calls of a worker's run: after the first verdict the run still waits
+    for the person (a worker would only ask again); after the second a worker takes it
+    up, and the CLI says so, never `agentjournal resume`."""
+    from agentjournal.snapshots import load_state
+
+    workers._submit(fleet.url, "two_uncertain", "post both", "cut")
+    proc = fleet.worker()
+    fleet.until("the run to wait", lambda: fleet.runs()["cut"].state == "waiting")
+    with open_store(fleet.url) as store:
+        pending = {p.args["label"]: p.key for p in load_state(store, "cut").state.pending.values()}
+    first = fleet.cli("resolve", "cut", pending["landed"], "--happened", "--by", "ana")
+    assert first.returncode == 0, first.stderr
+    assert "run cut still waits for a person" in first.stdout, first.stdout
+    second = fleet.cli("resolve", "cut", pending["lost"], "--did-not-happen", "--by", "ana")
+    assert second.returncode == 0, second.stderr
+    assert "run cut is in the queue: a worker will take it up" in second.stdout, second.stdout
+    assert "agentjournal resume" not in first.stdout + second.stdout
+    fleet.until("the run to finish", lambda: fleet.runs()["cut"].state == "done")
+    assert fleet.stop(proc) == 0

@@ -24,12 +24,13 @@ from .state import RunState
 #:  ``resume``        ``agentjournal resume RUN`` (a native agent that recorded its ref)
 #:  ``run``           ``agentjournal run MODULE:OBJECT TASK --run-id RUN`` (it recorded none)
 #:  ``worker``        nothing to do: a worker of the queue takes it up
+#:  ``decide``        a queued run that still waits for a person's other decisions
 #:  ``requeue``       ``agentjournal requeue RUN`` (a worker parked it)
 #:  ``pydantic_ai``   the Pydantic AI agent run again with the same prompt and run id
 #:  ``langgraph``     ``invoke(graph, None, thread)`` with the same thread id
 #:  ``openai_agents`` ``JournalRunner.run(agent, None, store=..., run_id=RUN)``
 #:  ``done``          nothing: the run ended (finished, cancelled, compensated)
-Kind = Literal["resume", "run", "worker", "requeue", "pydantic_ai", "langgraph",
+Kind = Literal["resume", "run", "worker", "decide", "requeue", "pydantic_ai", "langgraph",
                "openai_agents", "done"]
 
 #: Statuses after which nothing continues the run.
@@ -61,7 +62,8 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
-                 queue_state: str | None = None, store_hint: str = "") -> Continuation:
+                 queue_state: str | None = None, runnable: bool = False,
+                 store_hint: str = "") -> Continuation:
     """How to continue the run whose folded state is ``state``.
 
     ``started``: the payload of its ``run_started`` event, when the caller has it (a
@@ -69,17 +71,20 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
     opened by an integration under a worker's ``MODULE:OBJECT`` is told apart from a
     native agent's by it).
     ``queue_state``: its state in the fleet's queue (``QueuedRun.state``), None when it
-    is not in one. ``store_hint``: appended to shell commands (e.g. `` --store URL``).
+    is not in one; ``runnable``: ``QueuedRun.runnable`` (a worker's claim would take it
+    now, e.g. a waiting run a person's last decision made runnable). ``store_hint``:
+    appended to shell commands (e.g. `` --store URL``).
 
     Native agent with a recorded ``MODULE:OBJECT``: ``agentjournal resume RUN``;
-    queued (or waiting, now decided): "a worker will take it up"; Pydantic AI /
-    LangGraph / Agents SDK: the call that continues that run.
+    queued: "a worker will take it up" (waiting in the queue: the person's other
+    decisions first); Pydantic AI / LangGraph / Agents SDK: the call that continues
+    that run; interrupted (``was_interrupted``): resumed like any other.
     """
     rid = state.run_id
     if state.status in ENDED:
         return Continuation(kind="done", run_id=rid,
                             sentence=f"run {rid} is {state.status}: nothing to continue")
-    queued = _in_queue(rid, queue_state, store_hint)
+    queued = _in_queue(rid, "queued" if runnable else queue_state, store_hint)
     if queued is not None:
         return queued
     agent = state.agent or ""
@@ -103,9 +108,14 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
 
 
 def _in_queue(rid: str, queue_state: str | None, store_hint: str) -> Continuation | None:
-    if queue_state in ("queued", "waiting"):
+    if queue_state == "queued":
         return Continuation(kind="worker", run_id=rid,
                             sentence=f"run {rid} is in the queue: a worker will take it up")
+    if queue_state == "waiting":  # (a decision that leaves others open keeps it waiting)
+        command = f"agentjournal show {shlex.quote(rid)}{store_hint}"
+        return Continuation(kind="decide", run_id=rid, command=command, sentence=(
+            f"run {rid} still waits for a person: decide its other open approvals and "
+            f"uncertain calls ({command}); then a worker will take it up"))
     if queue_state == "running":
         return Continuation(kind="worker", run_id=rid,
                             sentence=f"run {rid} is held by a worker, which goes on with it")

@@ -348,6 +348,7 @@ def how_it_goes_on(store: Store, run_id: str, store_url: str) -> Continuation:
     queued = queued_runs(store).get(run_id)
     return continuation(state, started=None if first is None else first.payload,
                         queue_state=None if queued is None else queued.state,
+                        runnable=queued is not None and queued.runnable,
                         store_hint=store_hint(store_url))
 
 
