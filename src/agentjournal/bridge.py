@@ -61,7 +61,7 @@ import contextvars
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -667,14 +667,16 @@ class BridgedRun(StepMachine):
         return True
 
     def _start_or_resume(self, *, agent: str | None, input: Any, task: str | None,
-                         scope: str | None,
+                         scope: str | None, parent: Mapping[str, Any] | None = None,
                          opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> None:
         j = self.journal
         if j.state.last_seq == 0:
             text = task if task is not None else render(input) if input is not None else ""
-            j.stage([(E.RUN_STARTED, {"task": text, "input": input, "agent": agent,
-                                      "scope": scope or run_scope(j.run_id)}),
-                     (E.USER_MESSAGE, {"content": text})])
+            started = {"task": text, "input": input, "agent": agent,
+                       "scope": scope or run_scope(j.run_id)}
+            if parent is not None:
+                started["parent"] = dict(parent)
+            j.stage([(E.RUN_STARTED, started), (E.USER_MESSAGE, {"content": text})])
             # The caller's own facts in the same batch (opaque encodings: not redacted).
             self.opened = tuple(j.record_all(list(opening), redact=False))
             return
@@ -753,6 +755,7 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
              tool_timeout: float | None = None, max_attempts: int = 3,
              max_recoveries: int = 20, max_result_bytes: int | None = None,
              snapshot_every: int | None = None,
+             parent: Mapping[str, Any] | None = None,
              opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> BridgedRun:
     """Start run ``run_id`` or resume it, for a framework to step through.
 
@@ -766,7 +769,9 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
     Use it as a context manager (``with`` or ``async with``); an exception leaving it
     pauses the run with the error as its reason. ``keep_lease``: closing leaves the
     lease held (a worker hands the run back itself). ``tool_timeout``: seconds a call
-    may take before it is abandoned as uncertain (None: no limit). ``opening``: facts of the
+    may take before it is abandoned as uncertain (None: no limit). ``parent``: the call
+    of another run that opens this one (its ``run_id``, the call's ``key`` and
+    ``call_id``), recorded in ``run_started`` on first open. ``opening``: facts of the
     framework's own (record-only types) stored with ``run_started`` in its one append
     when the run is new, e.g. its first input (``run.opened``); not on a resume.
     """
@@ -788,7 +793,8 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
                 run._index(event)
         holder.append(run)
         run._start_or_resume(opening=opening, agent=agent,
-                             input=input, task=task, scope=scope)
+                             input=input, task=task, scope=scope,
+                             parent=parent)
     except BaseException:
         journal.close()
         raise

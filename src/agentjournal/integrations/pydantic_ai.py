@@ -37,6 +37,13 @@ A tool that raises ``ModelRetry``, ``ToolFailed``, ``ApprovalRequired`` or
 ``CallDeferred`` declares that its effect did not happen: that answer is recorded and
 replayed, and the call may be asked for again. Any other exception from a tool with an
 effect leaves the call uncertain.
+
+A tool that runs another agent with a ``JournalDurability`` of its own opens a child
+run, linked both ways (``agentjournal.child_run`` steps in the parent's log, ``parent``
+in the child's run_started). When the parent's call is settled without running it (its
+lookup, a person, the caller, the scope), the child's open calls are settled with the
+parent's outcome and the child is cancelled when the parent's run ends: nothing is left
+open that no one would resume.
 """
 
 from __future__ import annotations
@@ -101,14 +108,18 @@ from agentjournal import (
     ToolFailed,
     Turn,
     canonical_args,
+    current_call,
     idempotency_key,
     open_run,
     open_store,
 )
 from agentjournal.agent import require_run_id
+from agentjournal.errors import LeaseHeldError, RunNotFoundError
 from agentjournal.events import EventType
 from agentjournal.fleet import Stopped
+from agentjournal.journal import open_journal
 from agentjournal.results import ResultNotEncodable, holds_non_finite
+from agentjournal.snapshots import load_state
 
 __all__ = ["DurableAgent", "JournalDurability", "ToolEffect", "effect_of_annotations"]
 
@@ -126,6 +137,10 @@ _DIGESTS: ContextVar[dict[int, tuple[Any, str]] | None] = ContextVar(
 #: call settled here goes, beside the spans of the calls made here.
 _RUN_TRACE: ContextVar[Context | None] = ContextVar(
     "agentjournal.pydantic_ai.run_trace", default=None)
+#: The run whose agent is running in this context: a run opened inside one of its calls
+#: (a tool that runs another agent) is its child.
+_ENCLOSING: ContextVar[BridgedRun | None] = ContextVar(
+    "agentjournal.pydantic_ai.enclosing", default=None)
 #: Message keys Pydantic AI makes anew on every run: not part of what a request asks.
 _VOLATILE = ("timestamp", "run_id", "conversation_id")
 
@@ -268,8 +283,11 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
             raise ValueError("JournalDurability has no store: give one (a Store or a URL)")
         store = open_store(given) if isinstance(given, str) else given
         try:
-            run_id = binding.run_id if binding is not None else self.run_id
-            with open_run(store, require_run_id(run_id),
+            run_id = require_run_id(binding.run_id if binding is not None else self.run_id)
+            parent = _parent_of(run_id)
+            if parent is not None:
+                _link_child(*parent, run_id)
+            with open_run(store, run_id, parent=parent[1] if parent else None,
                           agent=binding.agent_ref if binding else f"pydantic_ai:{self.name}",
                           input=_plain(ctx.prompt) if ctx.prompt is not None else None,
                           scope=self.scope, owner=binding.owner if binding else self.owner,
@@ -280,6 +298,7 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                     binding.run = run
                 token, digests = self._active.set(run), _DIGESTS.set({})
                 trace_token = _RUN_TRACE.set(otel_context.get_current())
+                enclosing = _ENCLOSING.set(run)
                 try:
                     with replay_scope():
                         result = await super().wrap_run(ctx, handler=handler)
@@ -287,6 +306,10 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                     self._active.reset(token)
                     _DIGESTS.reset(digests)
                     _RUN_TRACE.reset(trace_token)
+                    _ENCLOSING.reset(enclosing)
+                # Before the outcome: a crash in between leaves the run to resume, and
+                # the next end closes them.
+                _close_settled_children(run)
                 self._record_outcome(run, result.output)
                 return result
         finally:
@@ -492,6 +515,104 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
 
 def _report(executed: bool) -> None:
     record_durable_unit(executed=executed)
+
+
+# --- a run opened inside a call of another: a tool that runs an agent --------------------
+
+#: The step of a parent's log that names a run one of its calls opened (its child).
+CHILD_STEP = "agentjournal.child_run"
+#: Statuses after which a run's loop never runs again.
+_ENDED = ("finished", "cancelled", "compensating", "compensated")
+#: How a parent's call was settled without running it, by its completion's source.
+_SETTLED_BY = {"reconciliation": "by its lookup", "person": "by a person or its caller",
+               "scope": "from another run of its scope"}
+#: One link at a time per process: a link's place among its run's links is its count.
+_LINKING = threading.Lock()
+
+
+def _parent_of(run_id: str) -> tuple[BridgedRun, dict[str, str]] | None:
+    """The run one of whose calls is opening run ``run_id`` here (its parent), and the
+    link: the parent's run id, the call's key and call id. None outside such a call."""
+    enclosing, call = _ENCLOSING.get(), current_call()
+    if (enclosing is None or call is None or call.run_id != enclosing.run_id
+            or enclosing.run_id == run_id):
+        return None
+    return enclosing, {"run_id": enclosing.run_id, "key": call.key, "call_id": call.call_id}
+
+
+def _link_child(parent: BridgedRun, link: Mapping[str, str], child_id: str) -> None:
+    """Record in the parent's log that its call opens run ``child_id``, before the child
+    opens: whoever settles that call without the child finds it there."""
+    child = {"run_id": child_id, "key": link["key"], "call_id": link["call_id"]}
+    with _LINKING:
+        known = parent.recorded(CHILD_STEP)
+        if child not in known:
+            parent.record([(EventType.STEP_RECORDED, {
+                "name": CHILD_STEP, "n": len(known), "fingerprint": "", "value": child})])
+
+
+def _close_settled_children(run: BridgedRun) -> None:
+    """Close the children still open of each call the run settled without running it
+    again (its lookup, a person, the caller, another run of the scope): that call will
+    never run them, so no one would resume them."""
+    for link in run.recorded(CHILD_STEP):
+        done = run.state.completed.get(link["key"])
+        if done is not None and done.source != "tool":
+            _close_child(run.journal.store, run.run_id, link, done.source)
+
+
+def _close_child(store: Store, parent_id: str, link: Mapping[str, str], how: str) -> None:
+    """Settle the open calls of the child ``link`` names with its parent's outcome (they
+    happened, as part of the call its parent settled) and cancel it, in one append; then
+    its own children likewise. Nothing when it is closed already, is not this call's
+    child (its run_started names another parent), or is held by a live process."""
+    child_id = link["run_id"]
+    try:
+        state = load_state(store, child_id).state
+    except RunNotFoundError:
+        return
+    if state.last_seq == 0 or (state.status in _ENDED and not state.pending):
+        return
+    log = list(store.read(child_id))
+    named = log[0].payload.get("parent") or {}
+    if (named.get("run_id"), named.get("key")) != (parent_id, link["key"]):
+        return
+    reason = (f"run {parent_id!r} settled its call that ran this run ({link['call_id']}, "
+              f"key {link['key'][:12]}) {_SETTLED_BY.get(how, f'by {how}')}, without "
+              "it: its open calls are taken as made, and it is not resumed")
+    try:
+        journal = open_journal(store, child_id, owner=f"parent:{parent_id}", must_exist=True)
+    except LeaseHeldError:
+        return  # a live process drives it: not left to no one
+    with journal as j:
+        facts = [fact for p in j.state.pending.values()
+                 for fact in _settled_by_parent(p, dict(named), reason)]
+        if j.state.status not in _ENDED:
+            facts.append((EventType.RUN_CANCELLED, {"by": f"parent run {parent_id}",
+                                                    "reason": reason}))
+        if facts:
+            j.record_all(facts)
+        completed = j.state.completed
+    for event in log:  # its own children, of the calls just settled
+        if event.type is EventType.STEP_RECORDED and event.payload["name"] == CHILD_STEP:
+            grandchild = event.payload["value"]
+            done = completed.get(grandchild["key"])
+            if done is not None and done.source != "tool":
+                _close_child(store, child_id, grandchild, done.source)
+
+
+def _settled_by_parent(p: PendingCall, parent: dict[str, Any],
+                       reason: str) -> list[tuple[EventType, dict[str, Any]]]:
+    """The verdict on a child's open call that its parent's settled call stands for, and
+    its completion (no result: the parent's outcome holds it), appended together."""
+    common = {"started_seq": p.started_seq, "key": p.key, "tool": p.tool}
+    return [(EventType.TOOL_CALL_RECONCILED, {**common, "verdict": "found",
+                                              "by": "agentjournal", "reason": reason,
+                                              "parent": parent}),
+            (EventType.TOOL_CALL_COMPLETED, {
+                "call_id": p.call_id, "tool": p.tool, "started_seq": p.started_seq,
+                "idempotency_key": p.key, "args": p.args, "result": None,
+                "source": "parent", "content": reason})]
 
 
 def _report_call(run: BridgedRun, call_id: str, *, made: bool, told: list[bool],
