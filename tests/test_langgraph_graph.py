@@ -180,6 +180,49 @@ def test_a_writer_whose_lease_was_taken_over_is_fenced(store_url: str) -> None:
 
 
 @backend_params()
+def test_a_tool_call_of_a_thread_taken_over_is_fenced_and_names_the_thread(
+        store_url: str) -> None:
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import ToolNode
+
+    from agentjournal.integrations.langgraph import exactly_once
+
+    a_store, b_store = open_store(store_url), open_store(store_url)
+    a = JournalSaver(a_store, owner="worker-a", ttl=60)
+    b = JournalSaver(b_store, owner="worker-b", ttl=60)
+    made: list[str] = []
+
+    @tool
+    def post(label: str) -> str:
+        """Apply the effect named `label`."""
+        made.append(label)
+        return "applied"
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        a.hold("taken").close()  # A's lease goes while its graph runs, and B takes over
+        b.hold("taken")
+        return {"messages": [AIMessage("", tool_calls=[
+            {"id": "call-1", "name": "post", "args": {"label": "x"}}])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", model)
+    builder.add_node("tools", ToolNode([post], wrap_tool_call=exactly_once(a)))
+    builder.add_edge(START, "model")
+    builder.add_edge("model", "tools")
+    builder.add_edge("tools", END)
+    # durability="exit": no checkpoint is put before the call, whose start is fenced.
+    with pytest.raises(FencedError) as fenced:
+        invoke(builder.compile(checkpointer=a), {"messages": [HumanMessage("go")]},
+               config("taken"), durability="exit")
+    assert str(fenced.value).startswith("LangGraph thread 'taken': run ")
+    assert made == []  # the effect was not made
+    assert graph_events(a_store, "taken", E.TOOL_CALL_STARTED) == []
+    b.close()
+    a_store.close()
+    b_store.close()
+
+
+@backend_params()
 def test_delete_thread_then_gc_archive_restore_and_resume(store: Store, tmp_path: Path) -> None:
     saver = JournalSaver(store)
     graph = chat_graph(saver)

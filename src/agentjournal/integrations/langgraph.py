@@ -37,7 +37,9 @@ from ..errors import (
     ArchivedRunError,
     CallRefused,
     FencedError,
+    LeaseExpiredError,
     LeaseHeldError,
+    LeaseReleasedError,
     MissingExtraError,
     NeedsPerson,
 )
@@ -127,8 +129,10 @@ def _naming(thread_id: str) -> Iterator[None]:
     thread it is, as the caller named it (the error's type and fields unchanged)."""
     try:
         yield
-    except (LeaseHeldError, FencedError) as exc:
-        exc.args = (f"LangGraph thread {thread_id!r}: {exc}", *exc.args[1:])
+    except (LeaseHeldError, FencedError, LeaseExpiredError, LeaseReleasedError) as exc:
+        named = f"LangGraph thread {thread_id!r}: "
+        if not str(exc).startswith(named):
+            exc.args = (named + str(exc), *exc.args[1:])
         raise
 
 
@@ -531,18 +535,19 @@ class ExactlyOnce:
         if request.tool is None:  # a name the model made up: LangGraph answers it, and
             return execute(request)  # nothing of it is recorded (no tool runs: no effect)
         call, run, spec = self._begin(request)
-        for _ in range(3):  # (a verdict, then the call it settles)
-            try:
-                value = run.call(call["name"], dict(call["args"]), call_id=call["id"],
-                                 body=lambda ctx: self._encode(execute(request)),
-                                 effect=spec.effect, identity=spec.identity,
-                                 lookup=spec.lookup)
-            except (ToolFailed, CallRefused) as exc:
-                return _error_message(call, exc)
-            except NeedsPerson as need:
-                self._decide(run, call, need)
-                continue
-            return self._decode(value, call)
+        with _naming(_thread_id(request)):
+            for _ in range(3):  # (a verdict, then the call it settles)
+                try:
+                    value = run.call(call["name"], dict(call["args"]), call_id=call["id"],
+                                     body=lambda ctx: self._encode(execute(request)),
+                                     effect=spec.effect, identity=spec.identity,
+                                     lookup=spec.lookup)
+                except (ToolFailed, CallRefused) as exc:
+                    return _error_message(call, exc)
+                except NeedsPerson as need:
+                    self._decide(run, call, need)
+                    continue
+                return self._decode(value, call)
         raise RuntimeError(f"call {call['id']} was decided but not answered")
 
     async def awrap(self, request: ToolCallRequest,
@@ -556,23 +561,24 @@ class ExactlyOnce:
         async def body(ctx: Any) -> Any:
             return self._encode(await execute(request))
 
-        for _ in range(3):
-            try:
-                value = await run.acall(call["name"], dict(call["args"]), call_id=call["id"],
-                                        body=body, effect=spec.effect,
-                                        identity=spec.identity, lookup=spec.lookup)
-            except (ToolFailed, CallRefused) as exc:
-                return _error_message(call, exc)
-            except NeedsPerson as need:
-                self._decide(run, call, need)
-                continue
-            return self._decode(value, call)
+        with _naming(_thread_id(request)):
+            for _ in range(3):
+                try:
+                    value = await run.acall(call["name"], dict(call["args"]),
+                                            call_id=call["id"], body=body, effect=spec.effect,
+                                            identity=spec.identity, lookup=spec.lookup)
+                except (ToolFailed, CallRefused) as exc:
+                    return _error_message(call, exc)
+                except NeedsPerson as need:
+                    self._decide(run, call, need)
+                    continue
+                return self._decode(value, call)
         raise RuntimeError(f"call {call['id']} was decided but not answered")
 
     def _begin(self, request: ToolCallRequest) -> tuple[Any, BridgedRun, ToolEffect]:
-        thread_id = str(request.runtime.config["configurable"]["thread_id"])
         call = request.tool_call
-        return call, self.saver.hold(thread_id), self.effects.get(call["name"], self.default)
+        return (call, self.saver.hold(_thread_id(request)),
+                self.effects.get(call["name"], self.default))
 
     def _decide(self, run: BridgedRun, call: Any, need: NeedsPerson) -> None:
         """Ask the person through LangGraph's interrupt (the first time this raises and
@@ -640,6 +646,10 @@ def current_call() -> ToolContext:
     if ctx is None:
         raise RuntimeError("current_call() is only set inside a tool run by exactly_once")
     return ctx
+
+
+def _thread_id(request: ToolCallRequest) -> str:
+    return str(request.runtime.config["configurable"]["thread_id"])
 
 
 def _verdict(answer: Any) -> tuple[bool, str, str, Any] | None:
