@@ -310,7 +310,8 @@ def _checkpoint(ix: GraphIndex, ev: Event) -> None:
         source=p.get("source"), step=p.get("step"), values=values)
     for channel, (version, ref) in values.items():
         key = (ns, channel, version)
-        if ix.values.setdefault(key, ref) != ref:
+        stored = ix.values.setdefault(key, ref)
+        if stored is not ref and stored != ref:
             ix.clashes.add(key)  # another value under a stored version: not overwritten
     if p.get("source") == "input":
         ix.pending_input = None
