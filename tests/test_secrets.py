@@ -325,3 +325,16 @@ def stored(recorded: Callable[[], dict[str, Any]]) -> bytes | str:
 
 def canonical(value: Any) -> Any:
     return msgspec.json.decode(msgspec.json.encode(value))
+
+
+@pytest.mark.parametrize("text, redacted", [
+    (f"tool_{CANARY}", "tool_[redacted:api_key]"),  # a key after an underscore
+    ("TOKEN_ghp_" + "a" * 36, "TOKEN_[redacted:github_token]"),
+    ("KEY_AKIAABCDEFGHIJKLMNOP", "KEY_[redacted:aws_access_key]"),
+    ("SLACK_xoxb-1234567890-abc", "SLACK_[redacted:slack_token]"),
+    ("risk-assessment-for-the-quarter", "risk-assessment-for-the-quarter"),  # in a word
+    (f"é{CANARY}", f"é{CANARY}"),  # a letter before it: part of a word, as \\b had it
+])
+def test_a_key_is_found_after_an_underscore_but_not_inside_a_word(
+        text: str, redacted: str) -> None:
+    assert Redaction().scrub(text) == redacted
