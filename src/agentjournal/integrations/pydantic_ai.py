@@ -284,10 +284,7 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
         store = open_store(given) if isinstance(given, str) else given
         try:
             run_id = require_run_id(binding.run_id if binding is not None else self.run_id)
-            parent = _parent_of(run_id)
-            if parent is not None:
-                _link_child(*parent, run_id)
-            with open_run(store, run_id, parent=parent[1] if parent else None,
+            with open_run(store, run_id, parent=_as_child(run_id),
                           agent=binding.agent_ref if binding else f"pydantic_ai:{self.name}",
                           input=_plain(ctx.prompt) if ctx.prompt is not None else None,
                           scope=self.scope, owner=binding.owner if binding else self.owner,
@@ -528,6 +525,16 @@ _SETTLED_BY = {"reconciliation": "by its lookup", "person": "by a person or its 
                "scope": "from another run of its scope"}
 #: One link at a time per process: a link's place among its run's links is its count.
 _LINKING = threading.Lock()
+
+
+def _as_child(run_id: str) -> dict[str, str] | None:
+    """The link to record in run ``run_id``'s run_started when one of another run's
+    calls opens it (see _parent_of), recorded in that run's log first; else None."""
+    parent = _parent_of(run_id)
+    if parent is None:
+        return None
+    _link_child(*parent, run_id)
+    return parent[1]
 
 
 def _parent_of(run_id: str) -> tuple[BridgedRun, dict[str, str]] | None:
