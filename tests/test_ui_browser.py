@@ -7,6 +7,7 @@ watches. Each test saves a screenshot under its tmp dir."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -186,11 +187,63 @@ def test_time_travel_to_an_earlier_seq(page: Any, site: dict[str, Any]) -> None:
     page.wait_for_url(f"**/state?seq={first_effect.seq}")
     assert page.locator("#at-seq").inner_text() == str(first_effect.seq)
     assert page.locator("#status-at").inner_text() == "running"
-    state = page.locator("#state").inner_text()
-    assert first_effect.payload["key"] in state  # in flight then: uncertain at that seq
+    corrections = page.locator("#calls tr[data-tool=post_correction]")
+    assert corrections.count() == 1  # in flight then: uncertain at that seq
+    assert corrections.locator(".outcome").inner_text() == "in flight"
     page.click("#earlier")  # one step further back
     page.wait_for_url(f"**/state?seq={first_effect.seq - 1}")
-    assert first_effect.payload["key"] not in page.locator("#state").inner_text()
+    assert page.locator("#calls tr[data-tool=post_correction]").count() == 0
+
+
+KEY = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def test_time_travel_and_diff_read_as_messages_and_calls(page: Any, site: dict[str, Any]) -> None:
+    """No raw dump of 64-character keys: messages, and calls by tool and arguments with
+    their outcome and duration (the raw fields stay one click away, folded)."""
+    log = log_of(site["url"], RUN_ID)
+    completed = [e for e in log if e.type is EventType.TOOL_CALL_COMPLETED]
+    page.goto(f"{site['base']}/runs/{RUN_ID}/state?seq={len(log)}")
+    rows = page.locator("#calls tr.call")
+    calls = len({e.payload["idempotency_key"] for e in completed})
+    assert rows.count() == calls
+    first = rows.first
+    assert first.locator(".outcome").inner_text().startswith("completed")
+    assert first.locator(".took").inner_text().endswith(("ms", "s"))
+    assert page.locator("#messages tr.message").count() >= 2
+    assert page.locator("#messages tr.role-user").first.inner_text().count("\n") <= 2
+    assert not KEY.search(page.locator("main").inner_text())  # the raw state is folded
+    page.goto(f"{site['base']}/runs/{RUN_ID}/diff?a=1&b={len(log)}")
+    assert "→ finished" in page.locator("#diff-status").inner_text()
+    assert page.locator("#diff-calls tr.call").count() == calls
+    assert page.locator("#diff-messages tr.message").count() >= 1
+    assert not KEY.search(page.locator("main").inner_text())
+
+
+def test_the_runs_list_has_cost_duration_and_search(page: Any, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/runs")
+    demo = page.locator(f"#runs tr[data-run='{RUN_ID}']")
+    assert demo.locator(".cost").inner_text().startswith("$")
+    assert demo.locator(".duration").inner_text() != "-"
+    page.fill("#search input[name=q]", "wire")
+    with page.expect_navigation():
+        page.click("#search button")
+    assert [r.get_attribute("data-run") for r in page.locator("#runs tbody tr").all()] == [
+        "wire-w1"]
+    page.goto(f"{site['base']}/runs?q=payments")  # by agent
+    assert {r.get_attribute("data-run") for r in page.locator("#runs tbody tr").all()} == {
+        "pay-bob"}
+    page.goto(f"{site['base']}/runs?status=stalled")  # by the state to act on
+    assert [r.get_attribute("data-run") for r in page.locator("#runs tbody tr").all()] == [
+        "stalled"]
+
+
+def test_the_event_list_says_how_long_each_call_took(page: Any, site: dict[str, Any]) -> None:
+    log = log_of(site["url"], RUN_ID)
+    page.goto(f"{site['base']}/runs/{RUN_ID}?after=0&limit=100")
+    for e in log:
+        if e.type is EventType.TOOL_CALL_COMPLETED:
+            assert "took " in page.locator(f"#seq-{e.seq} .summary").inner_text(), e.seq
 
 
 def test_approving_makes_the_run_runnable(page: Any, site: dict[str, Any]) -> None:

@@ -248,6 +248,7 @@ class Pages:
         self.env.globals["CUT_AT"] = CUT_AT
         self.env.filters["short"] = _short
         self.env.filters["age"] = _human_age
+        self.env.filters["took"] = _took
 
     @property
     def _store_hint(self) -> str:
@@ -289,8 +290,10 @@ class Pages:
             views.runs_page, self.config.store, self.config.states,
             status=q.get("status") or None, older_than_s=_seconds(q.get("older_than")),
             newer_than_s=_seconds(q.get("newer_than")), page=_int(request, "page", 1, 1),
-            per_page=min(500, _int(request, "per_page", views.PAGE_RUNS, 1)))
-        data["filters"] = {k: q.get(k, "") for k in ("status", "older_than", "newer_than")}
+            per_page=min(500, _int(request, "per_page", views.PAGE_RUNS, 1)),
+            query=q.get("q") or None)
+        data["filters"] = {k: q.get(k, "") for k in ("q", "status", "older_than",
+                                                     "newer_than")}
         return self.render(request, "runs.html", data)
 
     def _run_id(self, request: Request) -> tuple[str, bool]:
@@ -381,7 +384,9 @@ class Pages:
                     _event_at, store, run_id, after)
                 yield _sse("head", self._partial("run_head.html", {"run": run}))
                 yield _sse("event", self._partial("rows.html", {
-                    "events": views.event_rows(events, before), "run_id": run_id}))
+                    "events": views.event_rows(events, before, await run_in_threadpool(
+                        views.call_starts, store, run_id, events)),
+                    "run_id": run_id}))
                 after = run["events"]
                 idle = 0.0
             else:
@@ -605,6 +610,17 @@ def _short(value: Any, width: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str,
                                                            ensure_ascii=False)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _took(seconds: float | None) -> str:
+    """A duration for a reader: ms under a second, then s, min, h."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    return _human_age(seconds)
 
 
 def _human_age(seconds: float | None) -> str:

@@ -159,24 +159,30 @@ def verdicts_on(store: Store, run_id: str, key: str, started_seq: int) -> list[d
 
 def runs_page(store: Store, states: States, *, status: str | None = None,
               older_than_s: float | None = None, newer_than_s: float | None = None,
-              page: int = 1, per_page: int = PAGE_RUNS) -> dict[str, Any]:
-    """One page of runs, newest activity first, filtered by status and age."""
+              page: int = 1, per_page: int = PAGE_RUNS, query: str | None = None
+              ) -> dict[str, Any]:
+    """One page of runs, newest activity first, filtered by status (the recorded one, or
+    the state to act on: waiting, runnable, running, stalled...), age, and ``query``:
+    text in the run id or the agent."""
     now = datetime.now(UTC)
     skip = (page - 1) * per_page
-    filtered = status is not None or older_than_s is not None or newer_than_s is not None
+    filtered = (status is not None or older_than_s is not None or newer_than_s is not None
+                or bool(query))
     # Unfiltered, the store lists only the runs up to this page's end (and one more,
     # to know there are more); a filter looks at every run, newest first.
     listed = store.list_runs() if filtered else store.list_runs(limit=skip + per_page + 1)
     infos = [i for i in listed if _age_fits(i, now, older_than_s, newer_than_s)]
     rows: list[dict[str, Any]] = []
     more = False
-    matched = len(infos) if filtered and status is None else None  # (ages only)
-    if status is None:  # the earlier pages need no fold to be skipped
+    matched = len(infos) if filtered and status is None and not query else None  # (ages)
+    if status is None and not query:  # the earlier pages need no fold to be skipped
         infos, skip = infos[skip:], 0
     queued = queue_runs(store)
     for info in infos:  # newest first, as the store lists them
         row = _run_row(store, states, info, now, queued.get(info.run_id))
-        if status is not None and row["status"] != status:
+        if status is not None and status not in (row["status"], row["standing"]["state"]):
+            continue
+        if query and not _matches(query, row):
             continue
         if skip:
             skip -= 1
@@ -187,6 +193,11 @@ def runs_page(store: Store, states: States, *, status: str | None = None,
         rows.append(row)
     return {"runs": rows, "page": page, "per_page": per_page, "more": more,
             "matched": matched, "status": status}
+
+
+def _matches(query: str, row: dict[str, Any]) -> bool:
+    text = query.strip().lower()
+    return text in row["run_id"].lower() or text in (row.get("agent") or "").lower()
 
 
 def _age_fits(info: RunInfo, now: datetime, older: float | None, newer: float | None) -> bool:
@@ -202,12 +213,16 @@ def _run_row(store: Store, states: States, info: RunInfo, now: datetime,
         return {"run_id": info.run_id, "status": "unreadable", "error": str(exc),
                 "standing": {"state": "failed", "label": "unreadable", "detail": str(exc)},
                 "events": info.last_seq, "agent": None, "approvals": 0, "uncertain": 0,
-                "age_s": age_s(info.created_at, now), "idle_s": age_s(info.updated_at, now)}
+                "age_s": age_s(info.created_at, now), "idle_s": age_s(info.updated_at, now),
+                "cost_usd": None, "unpriced_turns": 0, "duration_s": None}
     return {"run_id": info.run_id, "status": state.status, "agent": state.agent,
             "standing": standing_of(state, store.holder(info.run_id), queued,
                                     now.timestamp()),
             "events": info.last_seq, "approvals": len(state.approvals),
             "uncertain": len(state.pending), "age_s": age_s(info.created_at, now),
+            "cost_usd": state.usage.cost_usd, "unpriced_turns": state.unpriced_turns,
+            "duration_s": (None if state.started_at is None or info.updated_at is None
+                           else max(0.0, (info.updated_at - state.started_at).total_seconds())),
             "idle_s": age_s(info.updated_at, now),
             "last_event": info.updated_at.isoformat() if info.updated_at else None}
 
@@ -450,19 +465,39 @@ def events_page(store: Store, run_id: str, after: int = 0, limit: int = PAGE_EVE
     before = window[0] if window and start < after else None
     shown = window[1:] if before is not None else window[:count]
     return {"run_id": run_id, "after": after, "limit": limit, "last_seq": last,
-            "events": event_rows(shown, before)}
+            "events": event_rows(shown, before, call_starts(store, run_id, shown))}
 
 
-def event_rows(events: Sequence[Event], before: Event | None = None) -> list[dict[str, Any]]:
+def call_starts(store: Store, run_id: str, events: Sequence[Event]) -> dict[int, datetime]:
+    """When each call completed in ``events`` started (by its ``started_seq``), read
+    from the log for the starts before them: a row's duration needs its start."""
+    starts = {e.seq: e.ts for e in events if e.type is E.TOOL_CALL_STARTED}
+    for e in events:
+        seq = e.payload.get("started_seq")
+        if e.type is E.TOOL_CALL_COMPLETED and isinstance(seq, int) and seq not in starts:
+            start = next(iter(store.read(run_id, after_seq=seq - 1)), None) if seq > 0 else None
+            if start is not None and start.seq == seq:
+                starts[seq] = start.ts
+    return starts
+
+
+def event_rows(events: Sequence[Event], before: Event | None = None,
+               starts: dict[int, datetime] | None = None) -> list[dict[str, Any]]:
+    """Each event as a row; a completion's row carries how long its call took (from its
+    start in ``starts``)."""
     from ..cli.reading import summary  # the CLI's one-line wording, shared
 
     rows = []
+    starts = starts or {}
     for i, e in enumerate(events):
         prev = events[i - 1] if i else before
+        started = starts.get(e.payload.get("started_seq", -1)) \
+            if e.type is E.TOOL_CALL_COMPLETED else None
         rows.append({"seq": e.seq, "ts": e.ts.isoformat(), "type": e.type.value,
                      "epoch": e.epoch, "summary": summary(e), "payload": e.payload,
                      "key": e.payload.get("key") or e.payload.get("idempotency_key"),
-                     "effect": e.payload.get("effect"), "gap": _gap(prev, e)})
+                     "effect": e.payload.get("effect"), "gap": _gap(prev, e),
+                     "took": None if started is None else (e.ts - started).total_seconds()})
     return rows
 
 
@@ -514,15 +549,66 @@ def _duration(seconds: float) -> str:
 
 
 def state_at(store: Store, run_id: str, seq: int) -> dict[str, Any]:
-    """The run as of ``seq`` (time travel): its durable fields folded from events 1..seq."""
+    """The run as of ``seq`` (time travel), for a reader: its messages, its tool calls
+    (tool, arguments, outcome, duration), usage; and its durable fields as folded from
+    events 1..seq (``state``)."""
     run_id = checked_id(run_id)
     last = store.last_seq(run_id)
     if not last:
         raise NotFound(run_id)
     seq = min(max(1, seq), last)
-    state = fold(itertools.islice(store.read(run_id), seq))
+    events = list(itertools.islice(store.read(run_id), seq))
+    state = fold(events)
     return {"run_id": run_id, "seq": seq, "last_seq": last, "status": state.status,
+            "turns": state.turns, "usage": plain(state.usage),
+            "messages": [_message(m) for m in state.messages],
+            "calls": calls_of(events),
+            "approvals": [plain(a) for a in state.approvals.values()],
             "state": durable_fields(state)}
+
+
+def _message(m: Any) -> dict[str, Any]:
+    return {"seq": m.seq, "role": m.role, "trust": m.trust, "content": m.content,
+            "name": m.name, "is_error": m.is_error,
+            "calls": [f"{c.name}({_args(c.args if isinstance(c.args, dict) else {})})"
+                      for c in m.tool_calls]}
+
+
+#: A call's outcome, by the event that settled it last.
+CALL_OUTCOMES = {E.TOOL_CALL_STARTED: "in flight", E.TOOL_CALL_COMPLETED: "completed",
+                 E.TOOL_CALL_UNCERTAIN: "uncertain", E.TOOL_CALL_DENIED: "denied",
+                 E.TOOL_RESULT_SERVED: "served from an earlier result"}
+
+
+def calls_of(events: Iterable[Event]) -> list[dict[str, Any]]:
+    """Every tool call in ``events``, in the order they started: tool, arguments, its
+    outcome by the last event about it, the result, attempts, and how long its last
+    attempt took (start to completion, by the events' times)."""
+    calls: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e.type not in CALL_OUTCOMES and e.type is not E.TOOL_CALL_RECONCILED:
+            continue
+        p = e.payload
+        key = str(p.get("key") or p.get("idempotency_key") or p.get("call_id") or e.seq)
+        call = calls.setdefault(key, {"key": key, "tool": p.get("tool"), "args": p.get("args"),
+                                      "started_seq": e.seq, "attempts": 0, "result": None,
+                                      "seconds": None, "_started": e.ts})
+        if e.type is E.TOOL_CALL_STARTED:
+            call.update(attempts=call["attempts"] + 1, _started=e.ts, seconds=None)
+        elif e.type is E.TOOL_CALL_RECONCILED:
+            call["verdict"] = f"{p.get('verdict')} by {p.get('by', 'agentjournal')}"
+            continue
+        call["outcome"] = CALL_OUTCOMES[e.type]
+        call["tool"] = call["tool"] or p.get("tool")
+        call["args"] = call["args"] if call["args"] is not None else p.get("args")
+        if e.type is E.TOOL_CALL_COMPLETED:
+            call["result"] = p.get("result", p.get("content"))
+            call["seconds"] = (e.ts - call["_started"]).total_seconds()
+        elif e.type is E.TOOL_CALL_DENIED:
+            call["result"] = p.get("reason")
+    for call in calls.values():
+        del call["_started"]
+    return list(calls.values())
 
 
 def diff_states(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
@@ -533,8 +619,19 @@ def diff_states(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str,
 
 
 def diff_page(store: Store, run_id: str, a: int, b: int) -> dict[str, Any]:
+    """What changed from seq ``a`` to seq ``b``, for a reader: the status, the messages
+    added, the calls that started or moved on (with their outcome), usage; and the
+    durable fields that differ (``changes``)."""
     first, second = state_at(store, run_id, a), state_at(store, run_id, b)
+    before = {c["key"]: c for c in first["calls"]}
+    moved = [dict(c, was=before[c["key"]]["outcome"] if c["key"] in before else None)
+             for c in second["calls"] if before.get(c["key"]) != c]
     return {"run_id": first["run_id"], "a": first["seq"], "b": second["seq"],
+            "status": [first["status"], second["status"]],
+            "messages": [m for m in second["messages"] if m["seq"] > first["seq"]],
+            "calls": moved,
+            "usage": {k: [first["usage"].get(k), second["usage"].get(k)]
+                      for k in ("input_tokens", "output_tokens", "cost_usd")},
             "changes": diff_states(first["state"], second["state"])}
 
 
@@ -547,7 +644,8 @@ def call_detail(store: Store, run_id: str, key: str) -> dict[str, Any]:
     events = [e for e in store.read(run_id) if _key_of(e).startswith(key)]
     if not events:
         raise NotFound(key)
-    return {"run_id": run_id, "key": _key_of(events[0]), "events": event_rows(events)}
+    return {"run_id": run_id, "key": _key_of(events[0]),
+            "events": event_rows(events, None, call_starts(store, run_id, events))}
 
 
 def _key_of(event: Event) -> str:
