@@ -41,9 +41,11 @@ from agentjournal.events import (
     newer_than_labelled,
     seal,
 )
+from agentjournal.snapshots import write_snapshot
+from agentjournal.state import fold
 from agentjournal.store import Store
 from agentjournal.store import sqlite as sqlite_module
-from agentjournal.store.base import decode_record
+from agentjournal.store.base import UnanchoredLogError, decode_record
 from agentjournal.tools import ToolContext
 
 from .conftest import POSTGRES_URL
@@ -295,3 +297,20 @@ def test_a_sealed_record_relabelled_as_older_than_sealing_is_damage() -> None:
     with pytest.raises(CorruptLogError, match=re.escape(
             "model_turn's 'usage.reasoning_tokens', which only v5")):
         decode_record(RUN, 1, turn.replace(b'"digest":"",', b"", 1).replace(b'"v":4', b'"v":3'))
+
+
+@pytest.mark.parametrize("store_url", ["jsonl", "sqlite"], indirect=True)
+def test_a_tail_dropped_to_a_snapshot_is_found_by_a_read_from_it(store_url: str) -> None:
+    """A read that starts after a snapshot's seq decodes nothing before it: where the
+    store's record of heads is gone, it still finds the records that prove them."""
+    with open_store(store_url) as store:
+        log = a_run(store)
+        assert write_snapshot(store, fold(log[:-1])) is not None
+        drop_tail(store, log)
+    remove_the_store_s_record(store_url, store_url.split(":", 1)[0])
+    with open_store(store_url, readonly=True) as reader, pytest.raises(
+            UnanchoredLogError, match=f"it is a v{SCHEMA_VERSION} record"):
+        list(reader.read(RUN, after_seq=log[-2].seq))
+    shown = CliRunner().invoke(cli(), ["show", RUN, "--store", store_url],
+                               env={"COLUMNS": "200", "AGENTJOURNAL_STORE": ""})
+    assert shown.exit_code == 3, (shown.stdout, shown.stderr)

@@ -850,13 +850,18 @@ class JsonlStore:
                     self._check_head(run_id, after_seq, _EMPTY)  # was its log deleted?
                 return []
             head = self._read_head(run_id) if self._heads else None
-            start = self._resume_point(run_id, fd, after_seq) if after_seq else None
-            tail, events, _ = self._scan(run_id, fd, start or _EMPTY, after_seq)
+            # Without the store's record of heads, every record is decoded wherever the
+            # read starts: one that proves heads were kept may sit before the start.
+            scan_from = after_seq if self._heads_missing is None else 0
+            start = self._resume_point(run_id, fd, scan_from) if scan_from else None
+            tail, events, _ = self._scan(run_id, fd, start or _EMPTY, scan_from)
+            if scan_from != after_seq:
+                events = [e for e in events if e.seq > after_seq]
             if (head_seq := self._check_head(run_id, after_seq, tail, head)) is not None:
                 return [e for e in events if e.seq <= head_seq]  # (see _check_head)
             # A partial scan from an unchecked start learns neither the start time nor
             # the digest; one from a resume point knows both.
-            if not after_seq or start is not None:
+            if not scan_from or start is not None:
                 self._tails[run_id] = tail
         return events
 

@@ -912,10 +912,13 @@ class SQLiteStore:
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
         validate_run_id(run_id)
+        # Without the store's record of heads, every record is decoded wherever the read
+        # starts: one that proves heads were kept may sit before the start.
+        scan_from = after_seq if self._heads_missing is None else 0
         with self._reading(), self._snapshot():  # the log and its head, as of one instant
             rows = self._db.execute(  # from after_seq itself: its digest starts the chain
                 f"SELECT key & {MAX_SEQ}, body FROM events WHERE {in_run(after=':after')}"
-                " ORDER BY key", {"run": run_id, "after": after_seq},
+                " ORDER BY key", {"run": run_id, "after": scan_from},
             ).fetchall()
             head = self._head(run_id)
         prev, end = "", None
@@ -930,7 +933,7 @@ class SQLiteStore:
             end = (seq, prev)
         if self._heads:
             check_head(run_id, after_seq, end, head)
-        yield from events
+        yield from events if scan_from == after_seq else [e for e in events if e.seq > after_seq]
 
     @contextmanager
     def _snapshot(self) -> Iterator[None]:
