@@ -477,7 +477,8 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
 
         key = idempotency_key(run.state.scope, tool_name, call_args,
                               tuple(declared.identity) or None)
-        uncertain = any(p.key == key for p in run.state.pending.values())
+        # A copy first (one step under the GIL): another task's call may be appending.
+        uncertain = any(p.key == key for p in list(run.state.pending.values()))
         since, began = run.state.last_seq, time.time_ns()
         payload = await self._answer(run, tool_name, call_args, call_id, make, declared,
                                      approval, told)
