@@ -28,12 +28,14 @@ from starlette.testclient import TestClient
 
 from agentjournal import EventType, open_store
 from agentjournal.cli import cli
+from agentjournal.fleet import queue_of
 from agentjournal.ui import Viewer, create_app
 
 from .ui_runs import (
     HOSTILE,
     approval_run,
     big_result_run,
+    interrupted_run,
     long_run,
     markup_run,
     uncertain_run,
@@ -420,3 +422,44 @@ def test_a_read_only_viewer_stopped_by_sigterm_leaves_no_file_behind(tmp_path: P
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=60)
     assert fingerprint(tmp_path) == before  # no -wal, no -shm: read-only made nothing
+
+
+@pytest.mark.parametrize("store_url", ["jsonl", "sqlite", "postgres"], indirect=True)
+def test_each_run_has_one_state_on_every_backend(store_url: str) -> None:
+    """The state to act on, from the log, the run's lease and the fleet's queue: waiting
+    for a person, running (held), stalled (let go, nobody holds it), failed (parked)."""
+    store = open_store(store_url)
+    try:
+        approval_run(store, "pay-bob")
+        interrupted_run(store, "held")
+        store.acquire("held", "worker-7", ttl=3600)
+        interrupted_run(store, "stalled")
+        interrupted_run(store, "parked")
+        if not store_url.startswith("jsonl"):  # JSONL has no queue
+            queue = queue_of(store)
+            queue.submit("parked", "payments:agent", "read")
+            claim = queue.claim("worker-8", 60, ["default"])
+            assert claim is not None and claim.lease.run_id == "parked"
+            assert queue.hand_back(claim.lease, "parked", 4, "it killed its worker 3 times")
+    finally:
+        store.close()
+    v = Viewer(store_url)  # read only
+    try:
+        client = TestClient(v.app, base_url=BASE)
+        standing = {r: client.get(f"/runs/{r}.json").json()["run"]["standing"]
+                    for r in ("pay-bob", "held", "stalled", "parked")}
+        listed = {r["run_id"]: r["standing"]["state"]
+                  for r in client.get("/runs.json").json()["runs"]}
+    finally:
+        v.close()
+    assert standing["pay-bob"]["state"] == "waiting"
+    assert standing["held"]["state"] == "running"
+    assert "held by worker-7 (lease epoch 2)" in standing["held"]["detail"]
+    assert standing["stalled"]["state"] == "stalled"
+    if store_url.startswith("jsonl"):
+        assert standing["parked"]["state"] == "stalled"
+    else:
+        assert standing["parked"]["state"] == "failed"
+        assert standing["parked"]["detail"].startswith(
+            "a worker parked it: it killed its worker 3 times")
+    assert listed == {r: s["state"] for r, s in standing.items()}
