@@ -344,8 +344,11 @@ def how_it_goes_on(store: Store, run_id: str, store_url: str) -> Continuation:
         close = getattr(events, "close", None)
         if close is not None:  # a generator holding a cursor: done with it
             close()
-    state = load_state(store, run_id).state
+    # The queue before the state: a worker that finishes the run in between leaves a
+    # finished state ("nothing to continue"), never a "done" queue entry beside a state
+    # from before (which would read as a run outside the queue).
     queued = queued_runs(store).get(run_id)
+    state = load_state(store, run_id).state
     return continuation(state, started=None if first is None else first.payload,
                         queue_state=None if queued is None else queued.state,
                         runnable=queued is not None and queued.runnable,
