@@ -238,9 +238,9 @@ def run_summary(store: Store, states: States, run_id: str,
     if not last:
         raise NotFound(run_id)
     state = states.of(run_id, last)
-    queued = queue_runs(store).get(run_id)
     now = time.time()
-    stand = standing_of(state, store.holder(run_id), queued, now)
+    holder, queued = _driver(store, state, now)
+    stand = standing_of(state, holder, queued, now)
     return {
         "run_id": run_id, "status": state.status, "pause_reason": state.pause_reason,
         "standing": stand, "runnable": stand["state"] == "runnable",
@@ -264,6 +264,16 @@ def run_summary(store: Store, states: States, run_id: str,
 
 
 # --- a run's one state: the one a worker or a person would act on ------------------------
+
+
+def _driver(store: Store, state: RunState, now: float) -> tuple[Lease | None,
+                                                                QueuedRun | None]:
+    """The run's lease, and its queue entry unless it is not needed (the run ended, or
+    its lease is held): the queue is read whole, and a live tail asks at every batch."""
+    holder = store.holder(state.run_id)
+    if state.status in DONE or (holder is not None and holder.expires_at > now):
+        return holder, None
+    return holder, queue_runs(store).get(state.run_id)
 
 
 def queue_runs(store: Store) -> dict[str, QueuedRun]:
@@ -370,9 +380,9 @@ def decision_note(store: Store, states: States, run_id: str, seq: int,
     if not recorded:
         return None
     state = states.of(run_id, last)
-    queued = queue_runs(store).get(run_id)
     now = time.time()
-    stand = standing_of(state, store.holder(run_id), queued, now)
+    holder, queued = _driver(store, state, now)
+    stand = standing_of(state, holder, queued, now)
     note: dict[str, Any] = {"run_id": run_id, "seq": seq, "recorded": recorded,
                             "standing": stand, "command": "", "shell": True, "silent": ""}
     if stand["state"] == "waiting":
