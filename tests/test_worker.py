@@ -21,10 +21,12 @@ from typing import Any
 import pytest
 
 from agentjournal import EventType, open_store
+from agentjournal.demo.ledger import LedgerService
 from agentjournal.fleet import QueuedRun, queue_of, submit
 from agentjournal.snapshots import load_state
 
 from .builders import drive_until
+from .chaos_agents import DELAY_ENV, MAX_PARTS, URL_ENV, correction_ids, parts_of
 from .conftest import fresh_url
 from .fleet_agents import ENV
 
@@ -165,7 +167,7 @@ def test_a_drained_run_is_continued_by_another_worker_at_once(fleet: Fleet) -> N
 def test_a_poison_run_is_parked_escalated_and_requeued(fleet: Fleet) -> None:
     _submit(fleet.url, "poison", "explode", "bad")
     deadline = time.monotonic() + 120  # a hang guard, for a loaded machine
-    deaths = 0
+    deaths, dead = 0, []
     while fleet.runs()["bad"].state != "parked":
         assert time.monotonic() < deadline, fleet.logs()
         proc = fleet.worker("--ttl", "1", "--max-crashes", "2")
@@ -174,13 +176,19 @@ def test_a_poison_run_is_parked_escalated_and_requeued(fleet: Fleet) -> None:
         if proc.poll() is not None:
             assert proc.returncode == 1, fleet.logs()  # os._exit(1) in the tool
             deaths += 1
+            dead.append(proc.pid)
     assert deaths == 2 and fleet.effects() == {("bad", "explode"): 2}
     assert fleet.stop(proc) == 0
     with open_store(fleet.url) as store:
         last = list(store.read("bad"))[-1]
     assert last.type is EventType.RUN_ESCALATED and last.payload["crashes"] == 2
-    assert "claimed 2 times" in last.payload["reason"]
+    assert "stopped without handing it back 2 times" in last.payload["reason"]
     assert "agentjournal requeue bad" in last.payload["reason"]
+    # Each stop counted, named: the two workers the tool killed (their leases lapsed).
+    stops = STOP_LINE.findall(last.payload["reason"])
+    assert [int(worker.split(":")[1]) for _, worker, _ in stops] == dead, stops
+    assert all("its lease lapsed (killed, or hung)" in what for _, _, what in stops)
+    assert STOP_LINE.findall(fleet.runs()["bad"].reason or "") == stops
     summary = json.loads(fleet.cli("queue", "--json").stdout)
     assert [p["run_id"] for p in summary["poison"]] == ["bad"]
     assert summary["total"]["parked"] == 1 and summary["runnable"] == 0
@@ -197,6 +205,105 @@ def test_a_poison_run_is_parked_escalated_and_requeued(fleet: Fleet) -> None:
     proc = fleet.worker("--ttl", "1", "--max-crashes", "2")
     fleet.until("the requeued run to run", lambda: proc.poll() is not None)
     assert fleet.effects() == {("bad", "explode"): 3}
+
+
+# --- what counts as a crash of the run (issue 42, item 2.10) ---------------------------
+
+STOP_LINE = re.compile(r"^- epoch (\d+): worker (\S+) (.*)$", re.M)
+
+
+def _epochs(url: str, run_id: str) -> set[int]:
+    with open_store(url) as store:
+        return {e.epoch for e in store.read(run_id)}
+
+
+def _long_ledger_run(url: str) -> str:
+    """A ledger run (tests/chaos_agents.py) that posts the most corrections: a worker
+    holds it long enough to be killed, or paused, mid-run."""
+    run_id = next(f"long-{i}" for i in range(100) if parts_of(f"long-{i}") == MAX_PARTS)
+    with open_store(url) as store:
+        submit(store, "tests.chaos_agents:ledger_agent", "post corrections", run_id)
+    return run_id
+
+
+def _holds_and_appends(fleet: Fleet, run_id: str, proc: subprocess.Popen[bytes],
+                       seen: set[int]) -> None:
+    """Wait until ``proc`` holds ``run_id`` and has appended to it under its own epoch."""
+    fleet.until("the worker holding the run appending", lambda: any(
+        w.pid == proc.pid and run_id in w.runs for w in _workers(fleet.url))
+        and _epochs(fleet.url, run_id) - seen)
+    seen |= _epochs(fleet.url, run_id)
+
+
+def _workers(url: str) -> list[Any]:
+    with open_store(url) as store:
+        return queue_of(store).workers()
+
+
+def test_a_worker_paused_past_its_lease_is_no_crash_of_its_run(
+        fleet: Fleet, tmp_path: Path) -> None:
+    """Two workers of a run SIGKILLed, a third SIGSTOPped past its lease: the claim after
+    the pause counts a third stop and parks the run (max crashes 3). The paused worker,
+    resumed (SIGCONT), wakes fenced: alive, so its stop was no crash, and the park is
+    withdrawn. The run finishes, each correction applied once at the ledger; the
+    escalation named each stop it counted, the withdrawal the one that was no crash."""
+    with LedgerService(tmp_path / "ledger.db", latency_ms=5) as ledger:
+        fleet.env.update({URL_ENV: ledger.url, DELAY_ENV: "0.3"})
+        run_id = _long_ledger_run(fleet.url)
+        args = ("--ttl", "1", "--max-crashes", "3")
+        seen: set[int] = set()
+        killed = []
+        for _ in range(2):
+            proc = fleet.worker(*args, agents="tests.chaos_agents")
+            _holds_and_appends(fleet, run_id, proc, seen)
+            proc.kill()
+            proc.wait()
+            killed.append(proc.pid)
+        paused = fleet.worker(*args, agents="tests.chaos_agents")
+        _holds_and_appends(fleet, run_id, paused, seen)
+        paused.send_signal(signal.SIGSTOP)
+        successor = fleet.worker(*args, agents="tests.chaos_agents")
+        fleet.until("the successor's claim", lambda: fleet.runs()[run_id].claims == 4)
+        paused.send_signal(signal.SIGCONT)
+        # (Before the fix it stayed parked: this timed out.)
+        fleet.until("the run finished", lambda: fleet.runs()[run_id].state == "done", 60)
+        row = fleet.runs()[run_id]
+        assert (row.state, row.reason) == ("done", None), (row, fleet.logs())
+        counts = ledger.effects()["corrections"]
+        assert counts == dict.fromkeys(correction_ids(run_id), 1), counts
+        for proc in (paused, successor):
+            assert fleet.stop(proc) == 0, fleet.logs()
+    with open_store(fleet.url) as store:
+        log = list(store.read(run_id))
+    (escalated,) = [e for e in log if e.type is EventType.RUN_ESCALATED]
+    stops = STOP_LINE.findall(escalated.payload["reason"])
+    pids = [int(worker.split(":")[1]) for _, worker, _ in stops]
+    assert pids == [*killed, paused.pid], escalated.payload["reason"]
+    assert all("lease lapsed" in what for _, _, what in stops), stops
+    (withdrawn,) = [e for e in log if e.type is EventType.RUN_RESUMED and e.seq > escalated.seq
+                    and e.payload.get("by")]
+    # Withdrawn by the paused worker, or by the successor that parked the run if the
+    # stop was taken back before its park landed: either names the stop.
+    assert withdrawn.payload["by"].startswith("agentjournal worker ")
+    assert f"epoch {stops[-1][0]} (worker {stops[-1][1]})" in withdrawn.payload["reason"]
+    assert "2 stop(s) still counted" in withdrawn.payload["reason"], withdrawn.payload
+    assert log[-1].type is EventType.RUN_FINISHED
+
+
+def test_a_run_parked_after_raising_names_each_stop_it_raised(fleet: Fleet) -> None:
+    """A run whose agent raises in its worker (alive, it leaves the run to its lease):
+    each stop the next claim counts is named with what was raised, in the queue and in
+    the escalation."""
+    _submit(fleet.url, "broken", "t", "broken")  # (no log: parked without escalating)
+    proc = fleet.worker("--ttl", "1", "--max-crashes", "2")
+    fleet.until("the broken run parked", lambda: fleet.runs()["broken"].state == "parked")
+    assert proc.poll() is None and fleet.stop(proc) == 0, fleet.logs()
+    row = fleet.runs()["broken"]
+    stops = STOP_LINE.findall(row.reason or "")
+    assert len(stops) == row.crashes == 2, row
+    assert all(worker.split(":")[1] == str(proc.pid) for _, worker, _ in stops), stops
+    assert all(what == "raised RuntimeError: the factory is broken" for _, _, what in stops)
+    assert [int(epoch) for epoch, _, _ in stops] == [1, 2], stops
 
 
 def test_a_failed_run_is_compensated_when_the_worker_is_asked_to(fleet: Fleet) -> None:

@@ -78,10 +78,12 @@ def submit(store: Store, agent_ref: str, task: str, run_id: str | None = None, *
     return run_id
 
 
-def requeue(store: Store, run_id: str, *, by: str, reason: str = "") -> bool:
+def requeue(store: Store, run_id: str, *, by: str, reason: str = "",
+            forget_crashes: bool = True) -> bool:
     """A person sends a parked (poison) or waiting run back to the workers, its crash
-    count forgotten. False if it is neither. An escalated run waits for a person's
-    decision: this is one, recorded in its log (``run_resumed`` with ``by`` and
+    count forgotten (unless ``forget_crashes`` is False: a worker withdrawing a park
+    that counted its own stop). False if it is neither. An escalated run waits for a
+    person's decision: this is one, recorded in its log (``run_resumed`` with ``by`` and
     ``reason``) before the run is queued, so a worker drives it again."""
     queue = queue_of(store)
     if not any(r.run_id == run_id and r.state in ("parked", "waiting") for r in queue.runs()):
@@ -90,4 +92,4 @@ def requeue(store: Store, run_id: str, *, by: str, reason: str = "") -> bool:
         with open_journal(store, run_id, owner=f"decision:{by}", must_exist=True) as j:
             if j.state.waits_for_a_person:
                 j.record(EventType.RUN_RESUMED, by=by, reason=reason or "requeued")
-    return queue.retry(run_id)
+    return queue.retry(run_id, forget_crashes=forget_crashes)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import typing
 from collections.abc import Sequence
 from typing import Any, LiteralString
 
@@ -27,7 +28,16 @@ from ..store import Lease
 from ..store.base import validate_run_id
 from ..store.postgres import PostgresStore
 from ..store.tenants import CHANNELS_TABLE
-from .queue import Claim, QueuedRun, QueueState, WorkerInfo
+from .queue import (
+    LAPSED,
+    Claim,
+    QueuedRun,
+    QueueState,
+    WorkerInfo,
+    stop_line,
+    stops_in,
+    taken_back,
+)
 
 # Runnable: submitted or handed back; running on an expired lease (its worker died);
 # stopped for a person, and something appended since (a person's decision) by a writer
@@ -39,7 +49,9 @@ _RUNNABLE: LiteralString = """(q.state = 'queued'
 
 # One statement: pick (skipping rows another claim or an append holds), take the lease
 # with the next epoch, mark the run running. A claim of a run still marked running
-# counts a crash of the worker that held it. (``leased`` carries the picked state on:
+# counts a crash of the worker that held it, and keeps what the stop was (queue.py's
+# stop_line, with LAPSED) unless the holder said so already (note_stop: the run raised).
+# (``leased`` carries the picked state on:
 # joined back to ``pick``, two CTEs the planner takes for one row each, a claim of
 # 1,000 compared a million pairs, 0.22 of its 0.23 s.)
 _CLAIM: LiteralString = """
@@ -56,13 +68,24 @@ WITH pick AS (
         r.last_seq, r.last_digest, r.archived_to IS NULL AS live, pick.state AS was
 )
 UPDATE {s}.queue q SET state = 'running', worker = %(owner)s, claims = q.claims + 1,
-    crashes = q.crashes + (leased.was = 'running')::int, changed_at = clock_timestamp()
+    crashes = q.crashes + (leased.was = 'running')::int, changed_at = clock_timestamp(),
+    reason = CASE WHEN leased.was = 'running' AND strpos(E'\\n' || coalesce(q.reason, ''),
+            E'\\n- epoch ' || (leased.lease_epoch - 1) || ': ') = 0
+        THEN concat_ws(E'\\n', q.reason, '- epoch ' || (leased.lease_epoch - 1) || ': worker '
+            || coalesce(q.worker, 'unknown') || ' ' || %(lapsed)s)
+        ELSE q.reason END
 FROM leased
 WHERE q.run_id = leased.run_id
 RETURNING q.run_id, leased.lease_epoch, leased.until, q.agent, q.task, q.queue, q.crashes,
-    leased.last_seq, leased.last_digest, leased.live
+    leased.last_seq, leased.last_digest, leased.live, q.reason
 """
 
+# The stop lines (queue.py's stops_in) of the row's reason; NULL if none.
+_STOPS: LiteralString = """nullif(array_to_string(ARRAY(
+    SELECT line FROM regexp_split_to_table(coalesce(q.reason, ''), E'\\n') AS line
+    WHERE line ~ '^- epoch [0-9]+: '), E'\\n'), '')"""
+
+# Done or waiting: its crashes forgotten. Otherwise its stops kept, after the reason given.
 _HAND_BACK: LiteralString = """
 WITH mine AS (
     UPDATE {s}.runs SET lease_expires_at = to_timestamp(0)
@@ -70,7 +93,9 @@ WITH mine AS (
 )
 UPDATE {s}.queue q SET state = %(state)s, worker = NULL, parked_seq = %(seq)s,
     crashes = CASE WHEN %(state)s IN ('done', 'waiting') THEN 0 ELSE q.crashes END,
-    reason = %(reason)s, changed_at = clock_timestamp()
+    reason = CASE WHEN %(state)s IN ('done', 'waiting') THEN NULL
+        ELSE nullif(concat_ws(E'\\n', %(reason)s::text, """ + _STOPS + """), '') END,
+    changed_at = clock_timestamp()
 FROM mine WHERE q.run_id = mine.run_id RETURNING q.run_id
 """
 
@@ -115,18 +140,18 @@ class PostgresQueue:
         them over after another died), most urgent first."""
         with self.store._write(None) as cur:
             cur.execute(self._claim, {"queues": list(queues), "owner": owner, "ttl": ttl,
-                                      "n": n})
+                                      "n": n, "lapsed": LAPSED})
             rows = cur.fetchall()
         urgent = {run_id: i for i, (run_id, *_) in enumerate(rows)}
         claims = []
-        for run_id, epoch, until, agent, task, queue, crashes, last, digest, live in sorted(
+        for run_id, epoch, until, agent, task, queue, crashes, last, digest, live, reason in sorted(
                 rows, key=lambda r: urgent[r[0]]):
             if live:  # as an acquire does: the run's first append under the claim is warm
                 self.store._remember(run_id, int(last), str(digest))
             lease = Lease(run_id, owner, int(epoch), float(until),
                           last_seq=int(last) if live else None)
             claims.append(Claim(lease=lease, agent=agent, task=task, queue=queue,
-                                crashes=int(crashes)))
+                                crashes=int(crashes), stops=stops_in(reason)))
         return claims
 
     def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
@@ -145,19 +170,40 @@ class PostgresQueue:
                 "UPDATE {s}.queue SET parked_seq = %s WHERE run_id = %s AND state = 'waiting'"
                 " AND parked_seq < %s"), (at_seq, run_id, at_seq))
 
-    def absolve(self, run_id: str) -> None:
-        with self.store._write(run_id) as cur:
+    def note_stop(self, lease: Lease, what: str) -> None:
+        with self.store._write(lease.run_id) as cur:
             cur.execute(self.store._q(
-                "UPDATE {s}.queue SET crashes = crashes - 1 WHERE run_id = %s AND crashes > 0"
-                " AND state <> 'parked'"), (run_id,))
+                "UPDATE {s}.queue q SET reason = concat_ws(E'\\n', q.reason, %(line)s::text)"
+                " FROM {s}.runs r WHERE q.run_id = %(run)s AND r.run_id = q.run_id"
+                " AND r.lease_epoch = %(epoch)s"
+                " AND strpos(E'\\n' || coalesce(q.reason, ''), %(mark)s::text) = 0"),
+                {"run": lease.run_id, "epoch": lease.epoch,
+                 "line": stop_line(lease.epoch, lease.owner, what),
+                 "mark": f"\n- epoch {lease.epoch}: "})
 
-    def retry(self, run_id: str) -> bool:
+    def absolve(self, run_id: str, epoch: int | None = None) -> QueueState | None:
+        with self.store._write(run_id) as cur:
+            cur.execute(self.store._q("SELECT state, crashes, reason FROM {s}.queue"
+                                      " WHERE run_id = %s FOR UPDATE"), (run_id,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            state, crashes, reason = row
+            after = taken_back(state, crashes, reason, epoch)
+            if after is None:
+                return None
+            cur.execute(self.store._q("UPDATE {s}.queue SET crashes = %s, reason = %s"
+                                      " WHERE run_id = %s"), (*after, run_id))
+        return typing.cast(QueueState, state)
+
+    def retry(self, run_id: str, *, forget_crashes: bool = True) -> bool:
         with self.store._write(run_id) as cur:
             cur.execute(self.store._q(
-                "UPDATE {s}.queue SET state = 'queued', crashes = 0, reason = NULL,"
-                " changed_at = now()"
-                " WHERE run_id = %s AND state IN ('waiting', 'parked') RETURNING run_id"),
-                (run_id,))
+                "UPDATE {s}.queue SET state = 'queued', changed_at = now(),"
+                " crashes = CASE WHEN %(forget)s THEN 0 ELSE crashes END,"
+                " reason = CASE WHEN %(forget)s THEN NULL ELSE reason END"
+                " WHERE run_id = %(run)s AND state IN ('waiting', 'parked') RETURNING run_id"),
+                {"run": run_id, "forget": forget_crashes})
             changed = bool(cur.fetchall())
             if changed:
                 self._notify(cur)
@@ -173,7 +219,8 @@ class PostgresQueue:
                 " ORDER BY q.submitted_at, q.run_id")).fetchall()
         return [QueuedRun(run_id=r[0], queue=r[1], state=r[2], priority=r[3], agent=r[4],
                           worker=r[5], crashes=r[6], claims=r[7], submitted_at=r[8],
-                          changed_at=r[9], reason=r[10], runnable=bool(r[11])) for r in rows]
+                          changed_at=r[9], reason=r[10] if r[2] == "parked" else None,
+                          stops=stops_in(r[10]), runnable=bool(r[11])) for r in rows]
 
     def beat(self, worker: WorkerInfo) -> None:
         with self.store._write(None) as cur:

@@ -23,10 +23,18 @@ in one statement (Postgres: ``FOR UPDATE SKIP LOCKED``; SQLite: one immediate
 transaction), so the lease and its epoch stay the only owner of a run: a worker that
 lost the lease is fenced on its next append. A claim of a run whose previous claim
 never handed it back counts a crash; a clean hand-back (done or waiting) forgets them.
+
+Each crash counted is a stop the run may have caused, and the queue keeps what it was,
+one line a stop (``- epoch E: worker W ...``: the lease lapsed, or the run raised), in
+the run's ``reason`` until the run is parked (the reason then names them) or handed
+back clean. A worker that lost a run's lease while it was alive (paused past its lease,
+the store away) did not crash: when it finds out, fenced, it takes its stop back
+(``absolve``), even from a run already parked on it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Literal, Protocol
 
@@ -37,6 +45,53 @@ from ..store import Lease, Store
 QueueState = Literal["queued", "running", "waiting", "parked", "done"]
 QUEUE_STATES: tuple[QueueState, ...] = ("queued", "running", "waiting", "parked", "done")
 
+#: What a stop counted at a claim was, as far as the claim knows: the holder's lease
+#: lapsed without a hand-back (its process killed, its host lost, or it hung; one that
+#: was only paused takes the stop back when it wakes).
+LAPSED = ("held it and stopped without handing it back: its lease lapsed (killed, or "
+          "hung)")
+_STOP = re.compile(r"- epoch \d+: ")
+_WHOSE = re.compile(r"- epoch (\d+): worker (\S+)")
+#: How the reason of a run parked as poison starts (a worker's _poison writes it).
+POISONED = "parked by a worker: its workers stopped"
+
+
+def stop_line(epoch: int, worker: str, what: str) -> str:
+    """The line for a stop of the run's holder under ``epoch`` (what a claim writes)."""
+    return f"- epoch {epoch}: worker {worker} {what}"
+
+
+def whose(stop: str) -> str:
+    """A stop line's epoch and worker, as ``epoch E (worker W)``."""
+    found = _WHOSE.match(stop)
+    return f"epoch {found[1]} (worker {found[2]})" if found else stop
+
+
+def stops_in(reason: str | None) -> list[str]:
+    """The stop lines a queue row's reason holds, oldest first."""
+    return [line for line in (reason or "").splitlines() if _STOP.match(line)]
+
+
+def has_stop(reason: str | None, epoch: int) -> bool:
+    return any(line.startswith(f"- epoch {epoch}: ") for line in stops_in(reason))
+
+
+def taken_back(state: str, crashes: int, reason: str | None,
+               epoch: int | None) -> tuple[int, str | None] | None:
+    """A queue row's crashes and reason once the stop under ``epoch`` (the newest if
+    None) is taken back (``Queue.absolve``); None if it holds no such stop. A run parked
+    as poison keeps only its other stops: its park is being withdrawn. One parked for
+    another reason (its agent refused) is left as it is."""
+    if crashes <= 0 or (state == "parked" and not (reason or "").startswith(POISONED)):
+        return None
+    lines = stops_in(reason)
+    gone = lines[-1:] if epoch is None else [
+        line for line in lines if line.startswith(f"- epoch {epoch}: ")]
+    if not gone and epoch is not None:
+        return None
+    kept = [line for line in lines if line not in gone]
+    return crashes - 1, "\n".join(kept) or None
+
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
     """A run a worker now owns, with what it needs to run it."""
@@ -46,6 +101,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     task: str
     queue: str
     crashes: int  # earlier claims of this run that never handed it back
+    stops: list[str] = []  # what each counted crash was (stop_line), oldest first
 
 
 class QueuedRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +116,9 @@ class QueuedRun(msgspec.Struct, frozen=True, kw_only=True):
     submitted_at: float  # seconds since the epoch
     changed_at: float
     runnable: bool  # a claim would take it now
-    reason: str | None = None  # why a worker parked it
+    reason: str | None = None  # why a worker parked it (parked runs only)
+    stops: list[str] = []  # what each crash counted was (stop_line), oldest first
+
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,7 +159,15 @@ class Queue(Protocol):
                   reason: str | None = None) -> bool:
         """Give the run back in ``state`` (queued, waiting, parked or done) as of its log's
         ``at_seq``, and release the lease. ``reason``: why (kept with a parked run, shown
-        by ``agentjournal queue``). False if the lease was no longer ours."""
+        by ``agentjournal queue``), followed by the stops counted (a run handed back
+        done or waiting has none: its crashes are forgotten). False if the lease was no
+        longer ours."""
+        ...
+
+    def note_stop(self, lease: Lease, what: str) -> None:
+        """Say what the stop of the run under ``lease`` is, before the next claim counts
+        it: the run raised (``what``) in a worker that leaves it to its lease. Nothing
+        if the lease is no longer the run's."""
         ...
 
     def keep_waiting(self, run_id: str, at_seq: int) -> None:
@@ -111,14 +177,18 @@ class Queue(Protocol):
         between."""
         ...
 
-    def absolve(self, run_id: str) -> None:
-        """Take back one crash: a worker that lost the run's lease while it was alive
-        (the store was away, the machine paused it) was not killed by the run."""
+    def absolve(self, run_id: str, epoch: int | None = None) -> QueueState | None:
+        """Take back the crash counted for the stop under ``epoch`` (one crash, the
+        newest stop, if None): the worker that held the lease then lost it while it
+        was alive (the store was away, the machine paused it), and the run did not
+        kill it. Returns the run's state if a crash was taken back (``parked``: the
+        park counted it, and the caller withdraws it), else None."""
         ...
 
-    def retry(self, run_id: str) -> bool:
+    def retry(self, run_id: str, *, forget_crashes: bool = True) -> bool:
         """Make a parked (or waiting) run runnable again and forget its crashes (and
-        the reason it was parked)."""
+        the reason it was parked); ``forget_crashes=False`` keeps them, and the stops
+        they were (a park withdrawn by the worker that was counted but alive)."""
         ...
 
     def runs(self) -> list[QueuedRun]: ...

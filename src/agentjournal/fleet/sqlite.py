@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,11 +19,21 @@ from ..errors import RunMismatchError
 from ..store import Lease
 from ..store.base import host_clock, lease_left, validate_run_id
 from ..store.sqlite import SQLiteStore, last_seq_of
-from .queue import Claim, QueuedRun, QueueState, WorkerInfo
+from .queue import (
+    LAPSED,
+    Claim,
+    QueuedRun,
+    QueueState,
+    WorkerInfo,
+    has_stop,
+    stop_line,
+    stops_in,
+    taken_back,
+)
 
 _CANDIDATES = f"""
-    SELECT q.run_id, q.state, q.parked_seq, q.agent, q.task, q.queue, q.crashes,
-           l.epoch, l.expires_at, l.boot_id, l.deadline, {last_seq_of("q.run_id")}
+    SELECT q.run_id, q.state, q.parked_seq, q.agent, q.task, q.queue, q.crashes, q.worker,
+           q.reason, l.epoch, l.expires_at, l.boot_id, l.deadline, {last_seq_of("q.run_id")}
     FROM queue q LEFT JOIN leases l ON l.run_id = q.run_id
     WHERE q.state != 'done' {{where}}
     ORDER BY q.priority DESC, q.submitted_at, q.run_id
@@ -69,19 +80,23 @@ class SQLiteQueue:
             wall, (boot, now) = time.time(), host_clock()
             for row in db.execute(_CANDIDATES.format(where=f"AND q.queue IN ({marks})"),
                                   tuple(queues)).fetchall():
-                (run_id, state, parked, agent, task, queue, crashes, epoch, expires, boot_id,
-                 deadline, last) = row
+                (run_id, state, parked, agent, task, queue, crashes, holder, reason, epoch,
+                 expires, boot_id, deadline, last) = row
                 left = lease_left(expires, boot_id, deadline, wall, boot, now) if epoch else 0
                 if not _runnable(state, parked, last, left):
                     continue
-                crashes += state == "running"
+                if state == "running":  # its holder stopped without handing it back
+                    crashes += 1
+                    if not has_stop(reason, epoch or 0):  # (one that raised said so)
+                        reason = "\n".join(
+                            [*stops_in(reason), stop_line(epoch or 0, holder, LAPSED)])
                 lease = self._lease(db, run_id, owner, (epoch or 0) + 1, ttl, wall, boot, now,
                                     last)
                 db.execute("UPDATE queue SET state = 'running', worker = ?, claims = claims + 1,"
-                           " crashes = ?, changed_at = ? WHERE run_id = ?",
-                           (owner, crashes, wall, run_id))
+                           " crashes = ?, reason = ?, changed_at = ? WHERE run_id = ?",
+                           (owner, crashes, reason, wall, run_id))
                 claims.append(Claim(lease=lease, agent=agent, task=task, queue=queue,
-                                    crashes=crashes))
+                                    crashes=crashes, stops=stops_in(reason)))
                 if len(claims) == n:
                     break
         return claims
@@ -100,28 +115,55 @@ class SQLiteQueue:
                 return False  # taken over: the run is another worker's now
             db.execute("UPDATE leases SET expires_at = 0, deadline = 0 WHERE run_id = ?",
                        (lease.run_id,))
+            (kept,) = db.execute("SELECT reason FROM queue WHERE run_id = ?",
+                                 (lease.run_id,)).fetchone()
+            clean = state in ("done", "waiting")  # the run's crashes are forgotten
+            reason = None if clean else "\n".join(
+                [*([reason] if reason else []), *stops_in(kept)]) or None
             db.execute("UPDATE queue SET state = ?, worker = NULL, parked_seq = ?, crashes ="
-                       " CASE WHEN ? IN ('done', 'waiting') THEN 0 ELSE crashes END,"
-                       " reason = ?, changed_at = ? WHERE run_id = ?",
-                       (state, at_seq, state, reason, time.time(), lease.run_id))
+                       " CASE WHEN ? THEN 0 ELSE crashes END, reason = ?, changed_at = ?"
+                       " WHERE run_id = ?",
+                       (state, at_seq, clean, reason, time.time(), lease.run_id))
         return True
+
+    def note_stop(self, lease: Lease, what: str) -> None:
+        with self.store._tx() as db:
+            if self.store._epoch(db, lease.run_id) != lease.epoch:
+                return
+            (reason,) = db.execute("SELECT reason FROM queue WHERE run_id = ?",
+                                   (lease.run_id,)).fetchone()
+            if not has_stop(reason, lease.epoch):
+                db.execute("UPDATE queue SET reason = ? WHERE run_id = ?", (
+                    "\n".join([*stops_in(reason), stop_line(lease.epoch, lease.owner, what)]),
+                    lease.run_id))
 
     def keep_waiting(self, run_id: str, at_seq: int) -> None:
         with self.store._tx() as db:
             db.execute("UPDATE queue SET parked_seq = ? WHERE run_id = ? AND state = 'waiting'"
                        " AND parked_seq < ?", (at_seq, run_id, at_seq))
 
-    def absolve(self, run_id: str) -> None:
+    def absolve(self, run_id: str, epoch: int | None = None) -> QueueState | None:
         with self.store._tx() as db:
-            db.execute("UPDATE queue SET crashes = crashes - 1 WHERE run_id = ? AND crashes > 0"
-                       " AND state != 'parked'", (run_id,))
+            row = db.execute("SELECT state, crashes, reason FROM queue WHERE run_id = ?",
+                             (run_id,)).fetchone()
+            if row is None:
+                return None
+            state, crashes, reason = row
+            after = taken_back(state, crashes, reason, epoch)
+            if after is None:
+                return None
+            db.execute("UPDATE queue SET crashes = ?, reason = ? WHERE run_id = ?",
+                       (*after, run_id))
+        return typing.cast(QueueState, state)
 
-    def retry(self, run_id: str) -> bool:
+    def retry(self, run_id: str, *, forget_crashes: bool = True) -> bool:
         with self.store._tx() as db:
-            changed = db.execute("UPDATE queue SET state = 'queued', crashes = 0, reason = NULL,"
-                                 " changed_at = ? WHERE run_id = ?"
+            changed = db.execute("UPDATE queue SET state = 'queued', crashes = CASE WHEN ?"
+                                 " THEN 0 ELSE crashes END, reason = CASE WHEN ? THEN NULL"
+                                 " ELSE reason END, changed_at = ? WHERE run_id = ?"
                                  " AND state IN ('waiting', 'parked')",
-                                 (time.time(), run_id)).rowcount
+                                 (forget_crashes, forget_crashes, time.time(),
+                                  run_id)).rowcount
         return bool(changed)
 
     def runs(self) -> list[QueuedRun]:
@@ -142,7 +184,7 @@ class SQLiteQueue:
                 run_id=run_id, queue=queue, state=state, priority=priority, agent=agent,
                 worker=worker, crashes=crashes, claims=claims, submitted_at=submitted,
                 changed_at=changed, runnable=_runnable(state, parked, last, left),
-                reason=reason))
+                reason=reason if state == "parked" else None, stops=stops_in(reason)))
         return out
 
     def beat(self, worker: WorkerInfo) -> None:

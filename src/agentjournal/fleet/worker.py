@@ -44,6 +44,7 @@ from ..errors import (
     AgentRefError,
     DurabilityError,
     FencedError,
+    JournalError,
     LeaseExpiredError,
     LeaseHeldError,
     StoreIOError,
@@ -57,8 +58,8 @@ from ..metrics import METRICS
 from ..ops import in_thread
 from ..saga import run_saga
 from ..store import Lease, Store, open_store
-from . import queue_of
-from .queue import Claim, Queue, QueueState, WorkerInfo
+from . import queue_of, requeue
+from .queue import POISONED, Claim, Queue, QueueState, WorkerInfo, whose
 from .runnable import Stopped
 from .trust import AgentTrust, Driven, Trusted
 
@@ -114,7 +115,9 @@ class Worker:
     which expires after ``ttl``.
     ``max_crashes``: a run claimed after that many claims that never handed it back
     (each one killed its worker, or raised) is not run again: it is escalated in its
-    log, naming the count, and parked until a person runs ``agentjournal requeue RUN``.
+    log, naming each stop, and parked until a person runs ``agentjournal requeue RUN``.
+    A worker that lost a run's lease while alive (paused past it, the store away) did
+    not crash: fenced, it takes its stop back, and withdraws a park that counted it.
     ``compensate_parked``: a run parked as poison has failed for good: undo its
     completed effects first (a saga, with its agent's tools); a run so compensated is
     done, one whose saga stopped for a person stays parked and escalated.
@@ -564,11 +567,13 @@ class Worker:
                 METRICS.count("worker_runs_done" if state == "done" else "worker_hand_backs")
                 self.log(f"{'finished' if state == 'done' else 'handed back'} {run_id} "
                          f"({result.status} at seq {result.last_seq}; now {state})")
+            else:  # alive, and fenced: paused past the lease between its end and now
+                self._absolve(run_id, claim.lease.epoch)
         except LOST as exc:
             METRICS.count("worker_leases_lost")
             self.log(f"lost the lease of {run_id}, letting it go: {type(exc).__name__}: {exc}",
                      logging.WARNING)
-            self._absolve(run_id)
+            self._absolve(run_id, claim.lease.epoch)
         except TROUBLE as exc:
             self.log(f"store unavailable while running {run_id}: {exc}; handing it back "
                      "queued once the store answers", logging.WARNING)
@@ -576,12 +581,13 @@ class Worker:
             if self._hand_back(lease, "queued", seen["seq"]):
                 self.log(f"handed back {run_id} (now queued)")
             else:
-                self._absolve(run_id)
+                self._absolve(run_id, claim.lease.epoch)
         except Exception as exc:
             METRICS.count("worker_runs_crashed")
             self.log(f"run {run_id} crashed: {type(exc).__name__}: {exc}; not handing it back "
                      "(its lease expires and the next claim counts the crash)", logging.ERROR)
             logger.debug("the crash of %s", run_id, exc_info=exc)
+            self._note_crash(Lease(run_id, self.worker_id, seen["epoch"], 0.0), exc)
 
     def _let_go(self, run_id: str) -> None:
         self._stop_renewing(run_id)  # (done before any hand-back; here if cancelled)
@@ -591,14 +597,50 @@ class Worker:
         self._slot_free.set()
         self._beat_now.set()
 
-    def _absolve(self, run_id: str) -> None:
+    def _absolve(self, run_id: str, epoch: int) -> None:
         """The successor that took this run from us (alive all along: the store was away,
-        or we were paused past the lease) counted a crash the run did not cause."""
+        or we were paused past the lease) counted a crash the run did not cause: take it
+        back, and if a worker parked the run as poison counting it, withdraw the park."""
         try:
-            self._control_queue().absolve(run_id)
+            state = self._control_queue().absolve(run_id, epoch)
+            if state is None:
+                return
+            self.log(f"fenced from {run_id} while alive: its stop under epoch {epoch} was "
+                     "no crash of the run, taken back", logging.WARNING)
+            if state == "parked":
+                self._withdraw_park(run_id, [f"epoch {epoch} (worker {self.worker_id})"])
         except TROUBLE as exc:  # best effort: at worst the run parks one crash early
             self.log(f"could not take back the crash counted for {run_id}: {exc}",
                      logging.WARNING)
+
+    def _withdraw_park(self, run_id: str, taken: list[str]) -> None:
+        """A worker parked the run as poison counting the stops ``taken`` back since: the
+        run goes back to the workers with its other stops still counted, the withdrawal
+        recorded in its log (where the park escalated it) as the decision that it goes
+        on."""
+        store = self._run_store()
+        left = next((r for r in queue_of(store).runs() if r.run_id == run_id), None)
+        why = (f"the park is withdrawn: the stop under {'; '.join(taken)} was no crash of "
+               "the run (its worker was alive all along: paused past its lease, or cut off "
+               "from the store, it came back fenced); "
+               f"{left.crashes if left else 0} stop(s) still counted")
+        try:
+            withdrawn = requeue(store, run_id, by=f"agentjournal worker {self.worker_id}",
+                                reason=why, forget_crashes=False)
+        except JournalError as exc:  # (a person deciding holds its lease, say)
+            self.log(f"could not withdraw the park of {run_id} ({why}): {exc}; a person "
+                     f"can: agentjournal requeue {run_id}", logging.WARNING)
+            return
+        if withdrawn:
+            self.log(f"withdrew the park of {run_id}: {why}", logging.WARNING)
+
+    def _note_crash(self, lease: Lease, exc: Exception) -> None:
+        """What the stop the next claim counts was: the run raised here."""
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        try:
+            self._control_queue().note_stop(lease, f"raised {what}")
+        except Exception as trouble:  # best effort: the next claim counts the stop anyway
+            self.log(f"could not note the crash of {lease.run_id}: {trouble}", logging.WARNING)
 
     def _run_store(self) -> Store:
         """The handle a run uses: the control handle, shared (both stores' handles are
@@ -645,10 +687,12 @@ class Worker:
             return mine
 
     def _poison(self, claim: Claim) -> str:
-        return (f"parked by a worker: this run was claimed {claim.crashes} times without "
-                "being handed back (it killed or crashed its worker each time; "
-                f"max crashes {self.max_crashes}). Find the cause (the workers' logs), "
-                f"fix it, then run: agentjournal requeue {claim.lease.run_id}")
+        """Why the run is parked; the stops counted follow it, one a line (a worker that
+        was only paused and comes back takes its stop back, withdrawing the park)."""
+        return (f"{POISONED} without handing it back {claim.crashes} times (max crashes "
+                f"{self.max_crashes}), each a stop the run may have caused (below). Find "
+                "the cause (the workers' logs), fix it, then run: "
+                f"agentjournal requeue {claim.lease.run_id}")
 
     def _park(self, claim: Claim, reason: str, *, undo: bool) -> None:
         """A run not to run again until a person decides: escalate it in its log, with
@@ -658,7 +702,8 @@ class Worker:
                           keep_lease=True) as journal:
             self._stop_renewing(run_id)  # the journal renews it
             if journal.state.last_seq:  # an empty log has no run to escalate yet
-                journal.record(EventType.RUN_ESCALATED, reason=reason, crashes=claim.crashes,
+                journal.record(EventType.RUN_ESCALATED, crashes=claim.crashes,
+                               reason="\n".join([reason, *claim.stops]),
                                by="agentjournal worker", worker=self.worker_id)
                 if undo:
                     self._undo(journal, claim)
@@ -671,8 +716,20 @@ class Worker:
                 self.log(f"compensated {run_id} after {claim.crashes} crashes (now done)")
         elif self._hand_back(lease, "parked", seq, reason):
             METRICS.count("worker_runs_parked")
-            self.log(f"parked {run_id}: {reason.removeprefix('parked by a worker: ')}",
-                     logging.WARNING)
+            said = "; ".join([reason.removeprefix("parked by a worker: "), *claim.stops])
+            self.log(f"parked {run_id}: {said}", logging.WARNING)
+            self._unless_taken_back(claim)
+
+    def _unless_taken_back(self, claim: Claim) -> None:
+        """A stop this park counted, taken back while the run was being parked (its
+        worker woke fenced before the park landed, and saw the run running): the park
+        stands on fewer crashes than it counted, and is withdrawn here."""
+        run_id = claim.lease.run_id
+        row = next((r for r in self._control_queue().runs() if r.run_id == run_id), None)
+        if row is None or row.state != "parked" or row.crashes >= claim.crashes:
+            return
+        taken = [whose(line) for line in claim.stops if line not in row.stops]
+        self._withdraw_park(run_id, taken or ["one of them"])
 
     def _undo(self, journal: RunJournal, claim: Claim) -> None:
         """The saga of a failed run; where it cannot go on, the run stays parked."""
