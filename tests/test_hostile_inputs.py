@@ -389,6 +389,9 @@ def test_a_made_up_tool_name_under_pydantic_ai_reaches_no_byte_of_the_store(
         return "shipped"
 
     assert agent.run_sync("where is order 7?").output == "order 7 is shipped"
+    # Replayed from the log (the model not asked): the redacted turn is the one the next
+    # request was fingerprinted with, so the replay asks what the live run asked.
+    assert agent.run_sync("where is order 7?").output == "order 7 is shipped"
     blobs = written_bytes(tmp_path)
     if store_url.startswith("postgresql"):
         blobs += postgres_rows(store_url)

@@ -438,7 +438,8 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
         _record_callers_answers(run, history)
         fingerprint = request_fingerprint(
             cast("str | None", model_id), history, cast("Mapping[str, Any] | None", settings),
-            cast(ModelRequestParameters, parameters), _DIGESTS.get())
+            cast(ModelRequestParameters, parameters), _DIGESTS.get(),
+            recorded=run.journal.as_recorded)
         # The n-th request of a run follows its n-th response, replayed or continued.
         position = sum(isinstance(m, ModelResponse) for m in history)
         return await run.astep(name, fingerprint, body, turn=turn_of, executed=_report,
@@ -704,11 +705,17 @@ def _record_callers_answers(run: BridgedRun, history: Sequence[ModelMessage]) ->
 def request_fingerprint(model_id: str | None, messages: Sequence[ModelMessage],
                         settings: Mapping[str, Any] | None,
                         parameters: ModelRequestParameters,
-                        digests: dict[int, tuple[ModelMessage, str]] | None = None) -> str:
+                        digests: dict[int, tuple[ModelMessage, str]] | None = None, *,
+                        recorded: Callable[[Any], Any] | None = None) -> str:
     """What a model request asks, as a digest: the model, the messages (without the
     timestamps and ids Pydantic AI makes anew on each run), the settings that shape the
     answer, and the request parameters (tool definitions without their metadata, which
     is not sent, output mode).
+
+    ``recorded``: the run's redaction (``RunJournal.as_recorded``), applied to each
+    message before it is digested: a response is replayed as it was recorded, redacted,
+    so a secret in it (a key in its text, in a tool name it made up) must not make the
+    replayed request differ from the live one.
 
     ``digests`` caches each message's digest by the message object, for one run: a
     request carries the whole history, and digesting it anew at every step would cost
@@ -726,16 +733,19 @@ def request_fingerprint(model_id: str | None, messages: Sequence[ModelMessage],
     for message in messages:
         known = cache.get(id(message))
         if known is None or known[0] is not message:
-            known = cache[id(message)] = (message, _message_digest(message))
+            known = cache[id(message)] = (message, _message_digest(message, recorded))
         digest.update(known[1].encode())
     return digest.hexdigest()[:32]
 
 
-def _message_digest(message: ModelMessage) -> str:
+def _message_digest(message: ModelMessage,
+                    recorded: Callable[[Any], Any] | None = None) -> str:
     (dumped,) = ModelMessagesTypeAdapter.dump_python([message], mode="json")
     kept = {k: v for k, v in dumped.items() if k not in _VOLATILE}
     kept["parts"] = [{k: v for k, v in part.items() if k != "timestamp"}
                      for part in dumped.get("parts", [])]
+    if recorded is not None:
+        kept = recorded(kept)
     return hashlib.sha256(_canonical_json(kept)).hexdigest()
 
 
