@@ -147,7 +147,7 @@ def unfinished(store: Any) -> int:
 def chaos(fleet: Fleet, size: Size, cluster: ThrowawayCluster, rng: random.Random,
           kills: list[Kill]) -> dict[str, Any]:
     """The chaos loop; returns what it did."""
-    did: dict[str, Any] = {"kills": 0, "stops": 0, "pg_restart": None}
+    did: dict[str, Any] = {"kills": 0, "stops": 0, "pg_restart": None, "paused": set()}
     start = time.monotonic()
     next_kill = start + rng.uniform(1.0, 2.0)
     next_stop = start + rng.uniform(1.5, 3.0)
@@ -179,6 +179,7 @@ def chaos(fleet: Fleet, size: Size, cluster: ThrowawayCluster, rng: random.Rando
             sleeper.send_signal(signal.SIGSTOP)
             stopped = (sleeper, time.monotonic() + STOP_FOR)
             did["stops"] += 1
+            did["paused"].add(sleeper.pid)
             next_stop = time.monotonic() + STOP_FOR + rng.uniform(1.0, 3.0)
         if restart_at is not None and now >= restart_at:
             down = time.time()
@@ -261,7 +262,8 @@ def test_fleet_survives_kills_stops_and_a_postgres_restart(
 def judge(fleet: Fleet, runs: list[str], effects: dict[str, Any], kills: list[Kill],
           did: dict[str, Any], drained: float, wall: float) -> None:
     with open_store(fleet.url) as store:
-        states = {r.run_id: r.state for r in queue_of(store).runs()}
+        rows = {r.run_id: r for r in queue_of(store).runs()}
+        states = {run: r.state for run, r in rows.items()}
         logs = {run: list(store.read(run)) for run in runs}
         finished, snapshots, waiting = 0, 0, []
         for run in runs:
@@ -293,6 +295,7 @@ def judge(fleet: Fleet, runs: list[str], effects: dict[str, Any], kills: list[Ki
         epochs = [e.epoch for e in log]
         stale = [(e.seq, e.epoch) for a, e in pairwise(log) if e.epoch < a.epoch]
         assert not stale, (run, "an append after a lost lease", stale, epochs)
+    judge_stops(rows, kills, did["paused"])
     latencies, excluded = takeover_latencies(logs, kills, did.get("pg_restart"))
     print(f"\nchaos: {did['kills']} SIGKILLs, {did['stops']} SIGSTOPs, PG restart "
           f"{'yes' if did['pg_restart'] else 'no'}, chaos {did['seconds']:.1f}s; "
@@ -311,6 +314,19 @@ def judge(fleet: Fleet, runs: list[str], effects: dict[str, Any], kills: list[Ki
               f"(TTL {TTL:g}s)")
     else:
         print("no killed worker held a run that a successor continued")
+
+
+def judge_stops(rows: dict[str, Any], kills: list[Kill], paused: set[int]) -> None:
+    """A run parked as poison names each stop it counts, and none of them is a worker
+    that was only paused (SIGSTOP, then SIGCONT) and never killed: woken, fenced, it
+    took its stop back (withdrawing a park that had counted it)."""
+    alive = paused - {kill.pid for kill in kills}
+    for run, row in rows.items():
+        if row.state != "parked":
+            continue
+        assert len(row.stops) == row.crashes, (run, row.crashes, row.reason)
+        pids = {int(stop.split(": worker ")[1].split(":")[1]) for stop in row.stops}
+        assert not pids & alive, (run, "a paused worker's stop counted", row.reason)
 
 
 def takeover_latencies(logs: dict[str, list[Any]], kills: list[Kill],
