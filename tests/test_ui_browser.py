@@ -124,6 +124,9 @@ def test_needs_a_person_leads(page: Any, site: dict[str, Any]) -> None:
     assert {("approval", "pay-bob"), ("uncertain", "wire-w1")} <= kinds
     assert '"amount": 500' in page.locator("section[data-run=pay-bob]").inner_text()
     assert "irreversible" in page.locator("section[data-run=wire-w1]").inner_text()
+    # A call in flight (its run's lease held), or one a resume retries by itself (read
+    # only, its process stopped), is nothing a person is asked about.
+    assert {run for _, run in kinds}.isdisjoint({"held", "stalled"})
 
 
 def test_each_run_shows_one_state_the_one_to_act_on(page: Any, site: dict[str, Any]) -> None:

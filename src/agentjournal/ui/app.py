@@ -388,6 +388,7 @@ class Pages:
                         views.call_starts, store, run_id, events)),
                     "run_id": run_id}))
                 after = run["events"]
+                yield _sse("seq", str(after))  # the seq the page is now as of
                 idle = 0.0
             else:
                 await asyncio.sleep(TAIL_POLL_S)

@@ -21,7 +21,7 @@ from ..errors import InvalidRunIdError, JournalError, NoQueueError
 from ..events import Event, EventType
 from ..fleet import QueuedRun, queue_of
 from ..snapshots import load_state
-from ..state import RunState, durable_fields, fold
+from ..state import PendingCall, RunState, durable_fields, fold
 from ..store import Lease, RunInfo, Store
 from ..store.base import validate_run_id
 
@@ -110,8 +110,25 @@ def _approvals(state: RunState, now: datetime) -> Iterator[dict[str, Any]]:
                "age_s": age_s(a.requested_at, now)}
 
 
+#: Effects whose open call a resume hands to a person (settle.py): a retry could make
+#: the effect twice. A read-only or idempotent one is retried by whoever resumes the run.
+FOR_A_PERSON = frozenset({"reversible", "irreversible", "compensation"})
+
+
+def _for_a_person(store: Store, state: RunState, now: datetime) -> list[PendingCall]:
+    """The run's open calls a person is asked about: all of them once the run stopped
+    for a person (paused, escalated); else none while its lease is held (in flight), and
+    those a resume would hand to a person when nobody holds it (its process stopped)."""
+    if not state.pending or state.status in ("paused", "escalated"):
+        return list(state.pending.values())
+    holder = store.holder(state.run_id)
+    if holder is not None and holder.expires_at > now.timestamp():
+        return []
+    return [p for p in state.pending.values() if p.effect in FOR_A_PERSON]
+
+
 def _uncertain(store: Store, state: RunState, now: datetime) -> Iterator[dict[str, Any]]:
-    for p in state.pending.values():
+    for p in _for_a_person(store, state, now):
         yield {"kind": "compensation" if p.effect == "compensation" else "uncertain",
                "run_id": state.run_id, "run_status": state.status, "id": p.key,
                "tool": p.tool, "args": p.args, "effect": p.effect, "attempts": p.attempt,
