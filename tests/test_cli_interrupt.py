@@ -1,6 +1,8 @@
 """Ctrl-C on `agentjournal run` / `resume`: a real subprocess is sent SIGINT while its tool
 runs. It says the run was interrupted and how to resume it; `runs` lists it as
-interrupted (not "running", which nobody is doing); the resume it names finishes it."""
+interrupted (not "running", which nobody is doing); the resume it names finishes it.
+Killed instead (SIGKILL: nothing is recorded), the run is listed as stalled once its
+lease lapses."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +20,6 @@ import pytest
 from .conftest import BACKENDS
 
 AGENT = '''
-import sys
 import time
 from pathlib import Path
 
@@ -34,6 +36,8 @@ def wait(seconds: int) -> str:
 
 
 agent = Agent(ScriptedModel([calls(("wait", {"seconds": 120})), reply("done")]), [wait])
+short_lease = Agent(ScriptedModel([calls(("wait", {"seconds": 120})), reply("done")]),
+                    [wait], lease_ttl=1.0)
 '''
 HANG = 120  # a hang guard, not a speed limit
 
@@ -77,3 +81,33 @@ def test_ctrl_c_leaves_the_run_interrupted_with_the_command_that_resumes_it(
     (tmp_path / "hurry").touch()
     done = cli(tmp_path, "resume", "w1", *store)
     assert done.returncode == 0 and "run w1: finished" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_killed_cli_run_is_listed_as_stalled_once_its_lease_lapses(
+        store_url: str, tmp_path: Path) -> None:
+    module = f"slow_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(AGENT)
+    store = ["--store", store_url]
+    child = subprocess.Popen([sys.executable, "-m", "agentjournal", "run",
+                              f"{module}:short_lease", "wait", "--run-id", "k1", *store],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "TOOL STARTED"
+    child.kill()
+    child.communicate(timeout=HANG)
+    deadline = time.monotonic() + HANG  # a hang guard: the lease lapses after 1 s
+    while True:
+        (row,) = json.loads(cli(tmp_path, "runs", "--json", *store).stdout)
+        if row["stalled"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert row["status"] == "running" and row["stalled"] is True, row
+    listed = cli(tmp_path, "runs", *store).stdout
+    (line,) = [line for line in listed.splitlines() if "k1" in line]
+    assert "stalled" in line and "running" not in line, listed
+    (tmp_path / "hurry").touch()
+    done = cli(tmp_path, "resume", "k1", *store)
+    assert done.returncode == 0 and "run k1: finished" in done.stdout, done.stderr
+    (row,) = json.loads(cli(tmp_path, "runs", "--json", *store).stdout)
+    assert row["status"] == "finished" and row["stalled"] is False

@@ -7,6 +7,7 @@ Everything printed for people goes through ``_safe`` (``visible``, ``cells``,
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,15 +74,24 @@ from .sagas import saga_lines, saga_of
 # --- inspection ------------------------------------------------------------------------
 
 
-def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None) -> dict[str, Any]:
+def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None, *,
+            stalled: bool = False) -> dict[str, Any]:
     return {
         "run_id": info.run_id, "status": state.status, "events": info.last_seq,
         "started": info.created_at, "last_activity": info.updated_at,
         "uncertain": len(state.pending), "approvals": len(state.approvals),
         "agent": state.agent, "pause_reason": state.pause_reason,
-        "interrupted": was_interrupted(state), "queue": queue_place(queued),
+        "interrupted": was_interrupted(state), "stalled": stalled,
+        "queue": queue_place(queued),
         **totals(state, seconds_between(info.created_at, info.updated_at)),
     }
+
+
+def shown_status(row: dict[str, Any]) -> str:
+    """The status a person reads: "interrupted" (Ctrl-C paused it) and "stalled" (nobody
+    drives a run recorded as running) say what --json says with their own fields."""
+    return ("interrupted" if row["interrupted"] else "stalled" if row["stalled"]
+            else str(row["status"]))
 
 
 def queued_row(entry: QueuedRun) -> dict[str, Any]:
@@ -90,6 +100,7 @@ def queued_row(entry: QueuedRun) -> dict[str, Any]:
         "run_id": entry.run_id, "status": entry.state, "events": 0, "started": None,
         "last_activity": datetime.fromtimestamp(entry.changed_at, UTC), "uncertain": 0,
         "approvals": 0, "agent": entry.agent, "pause_reason": None, "interrupted": False,
+        "stalled": False,
         "queue": queue_place(entry), **totals(RunState(), None),
     }
 
@@ -126,10 +137,22 @@ def newest_runs(store: Store, status: str | None, limit: int | None) -> Listing:
             except JournalError as exc:
                 listing.errors.append(exc)
                 continue
-            row = run_row(candidate, state, queued.get(candidate.run_id))
+            entry = queued.get(candidate.run_id)
+            row = run_row(candidate, state, entry, stalled=is_stalled(store, state, entry))
         if status is None or row["status"] == status:
             listing.rows.append(row)
     return listing
+
+
+def is_stalled(store: Store, state: RunState, queued: QueuedRun | None) -> bool:
+    """Recorded as running, yet nobody drives it: its lease lapsed or was let go (the
+    process driving it was killed or stopped) and no worker of a queue will take it up.
+    Read only for runs recorded as running: one lease read each."""
+    if state.status not in ("running", "new") or (queued is not None
+                                                   and queued.state != "done"):
+        return False
+    lease = store.holder(state.run_id)
+    return lease is None or lease.expires_at <= time.time()
 
 
 def _last_activity(run: RunInfo | QueuedRun) -> datetime:
@@ -177,7 +200,7 @@ def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_
         print_fitted(out(), (
             "run", "status", "events", "started", "last activity", "uncertain", "approvals",
             "tokens in/out", "cost", "duration"), cells(
-            (r["run_id"], "interrupted" if r["interrupted"] else r["status"],
+            (r["run_id"], shown_status(r),
              str(r["events"]), local_time(r["started"]),
              human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
              str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
