@@ -477,3 +477,41 @@ def test_a_made_up_tool_name_under_langgraph_is_left_to_the_tool_node(store_url:
     started = [e.payload["tool"] for e in log if e.type is E.TOOL_CALL_STARTED]
     assert started == ["lookup"]
     assert [e.payload["call_id"] for e in log if e.type is E.TOOL_CALL_COMPLETED] == ["cl"]
+
+
+def test_a_secret_in_an_agents_sdk_turn_does_not_change_what_its_replay_asks(
+        tmp_path: Path) -> None:
+    """The Agents SDK's run replays the model's turns as recorded (redacted): the next
+    request is fingerprinted over the same, so a secret the model wrote (in its text, in
+    a tool name it made up) does not make the resume a NondeterminismError."""
+    pytest.importorskip("agents")
+    from agents import Agent as SdkAgent
+    from agents import function_tool
+    from agents.testing import ModelStep, assistant_message, function_call
+    from agents.testing import ScriptedModel as SdkScripted
+
+    from agentjournal.integrations.openai_agents import JournalRunner
+
+    def answer(call: Any) -> Any:
+        if not any(isinstance(i, dict) and i.get("type") == "function_call_output"
+                   for i in call.input):
+            return [assistant_message(f"I will use {SECRET}"),
+                    function_call("lookup", {"order": 7}, call_id="c1")]
+        return [assistant_message("order 7 is shipped")]
+
+    @function_tool
+    def lookup(order: int) -> str:
+        """Where an order is."""
+        return "shipped"
+
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    try:
+        for _ in range(2):  # run, then replayed from the log
+            agent = SdkAgent(name="shop", tools=[lookup],
+                             model=SdkScripted([ModelStep.respond(answer) for _ in range(4)]))
+            result = JournalRunner.run_sync(agent, "where is order 7?", store=store,
+                                            run_id="r1")
+            assert result.final_output == "order 7 is shipped"
+    finally:
+        store.close()
+    assert not any(b"CANARY" in blob for blob in written_bytes(tmp_path))

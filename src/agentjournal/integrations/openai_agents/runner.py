@@ -703,7 +703,7 @@ class _JournaledModel(Model):
         if _asked_by_a_child(self.driver.run.run_id):
             return await ask()
         asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
-                             kwargs)
+                             kwargs, self.driver.run.journal.as_recorded)
         return await self._answer(asked, ask, tools, inner)
 
     async def _answer(self, asked: str, ask: Callable[[], Awaitable[ModelResponse]],
@@ -731,7 +731,7 @@ class _JournaledModel(Model):
                 yield event
             return
         asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
-                             kwargs)
+                             kwargs, self.driver.run.journal.as_recorded)
         completed: list[ResponseCompletedEvent] = []
 
         async def answer(put: Callable[[Any], None]) -> ModelResponse:
@@ -898,11 +898,14 @@ def _dump(value: Any) -> Any:
 
 
 def _fingerprint(instructions: str | None, input: Any, tools: list[Any], output_schema: Any,
-                 handoffs: list[Any], extra: Mapping[str, Any]) -> str:
-    """What the model was asked, hashed: the same question on resume serves its answer."""
+                 handoffs: list[Any], extra: Mapping[str, Any],
+                 recorded: Callable[[Any], Any]) -> str:
+    """What the model was asked, hashed: the same question on resume serves its answer.
+    The input as ``recorded`` (the run's redaction) has it: the model's earlier turns are
+    replayed as recorded, redacted, so a secret in one must not change the question."""
     asked = {
         "instructions": instructions,
-        "input": _plain(input),
+        "input": recorded(_plain(input)),
         "tools": sorted(str(getattr(t, "name", type(t).__name__)) for t in tools),
         "handoffs": sorted(str(getattr(h, "tool_name", h)) for h in handoffs),
         "output": None if output_schema is None else output_schema.name(),
