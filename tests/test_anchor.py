@@ -314,3 +314,18 @@ def test_a_tail_dropped_to_a_snapshot_is_found_by_a_read_from_it(store_url: str)
     shown = CliRunner().invoke(cli(), ["show", RUN, "--store", store_url],
                                env={"COLUMNS": "200", "AGENTJOURNAL_STORE": ""})
     assert shown.exit_code == 3, (shown.stdout, shown.stderr)
+
+
+def test_jsonl_a_run_of_one_batch_whose_head_file_was_deleted_is_damage_not_empty(
+    tmp_path: Path,
+) -> None:
+    """The head file is created (empty) before a run's first batch is written: a log
+    with events and no head file lost it, where an empty one is an append cut off."""
+    directory = tmp_path / "runs"
+    with open_store(f"jsonl:///{directory}") as store:
+        facts = [(EventType.RUN_STARTED, {"task": "t"}), (EventType.USER_MESSAGE, {"content": "a"})]
+        store.append(RUN, make_events(RUN, 0, 0, facts), expected_seq=0, epoch=0)
+    (directory / f"{RUN}.head").unlink()
+    with open_store(f"jsonl:///{directory}", readonly=True) as reader, pytest.raises(
+            CorruptLogError, match="the head was deleted"):
+        list(reader.read(RUN))
