@@ -62,7 +62,7 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
-                 queue_state: str | None = None, runnable: bool = False,
+                 queue_state: str | None = None, runnable: bool | None = None,
                  store_hint: str = "") -> Continuation:
     """How to continue the run whose folded state is ``state``.
 
@@ -72,7 +72,9 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
     native agent's by it).
     ``queue_state``: its state in the fleet's queue (``QueuedRun.state``), None when it
     is not in one; ``runnable``: ``QueuedRun.runnable`` (a worker's claim would take it
-    now, e.g. a waiting run a person's last decision made runnable). ``store_hint``:
+    now, e.g. a waiting run a person's last decision made runnable; False for a waiting
+    run says the person's other decisions come first; None, not known: a waiting run is
+    taken to be runnable). ``store_hint``:
     appended to shell commands (e.g. `` --store URL``).
 
     Native agent with a recorded ``MODULE:OBJECT``: ``agentjournal resume RUN``;
@@ -84,6 +86,8 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
     if state.status in ENDED:
         return Continuation(kind="done", run_id=rid,
                             sentence=f"run {rid} is {state.status}: nothing to continue")
+    if queue_state == "waiting" and runnable is not False:
+        queue_state = "queued"  # a decision made it runnable: the fleet takes it up
     queued = _in_queue(rid, "queued" if runnable else queue_state, store_hint)
     if queued is not None:
         return queued
