@@ -188,7 +188,7 @@ def test_a_poison_run_is_parked_escalated_and_requeued(fleet: Fleet) -> None:
     stops = STOP_LINE.findall(last.payload["reason"])
     assert [int(worker.split(":")[1]) for _, worker, _ in stops] == dead, stops
     assert all("its lease lapsed (killed, or hung)" in what for _, _, what in stops)
-    assert STOP_LINE.findall(fleet.runs()["bad"].reason or "") == stops
+    assert [STOP_LINE.match(stop).groups() for stop in fleet.runs()["bad"].stops] == stops  # type: ignore[union-attr]
     summary = json.loads(fleet.cli("queue", "--json").stdout)
     assert [p["run_id"] for p in summary["poison"]] == ["bad"]
     assert summary["total"]["parked"] == 1 and summary["runnable"] == 0
@@ -299,7 +299,8 @@ def test_a_run_parked_after_raising_names_each_stop_it_raised(fleet: Fleet) -> N
     fleet.until("the broken run parked", lambda: fleet.runs()["broken"].state == "parked")
     assert proc.poll() is None and fleet.stop(proc) == 0, fleet.logs()
     row = fleet.runs()["broken"]
-    stops = STOP_LINE.findall(row.reason or "")
+    stops = STOP_LINE.findall("\n".join(row.stops))
+    assert row.reason is not None and all(stop in row.reason for stop in row.stops), row
     assert len(stops) == row.crashes == 2, row
     assert all(worker.split(":")[1] == str(proc.pid) for _, worker, _ in stops), stops
     assert all(what == "raised RuntimeError: the factory is broken" for _, _, what in stops)

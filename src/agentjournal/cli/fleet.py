@@ -300,7 +300,7 @@ def _queue_summary(queue: Queue) -> dict[str, Any]:
         "poison": [{"run_id": r.run_id, "queue": r.queue, "agent": r.agent,
                     "crashes": r.crashes, "claims": r.claims,
                     "parked_age_s": round(max(0.0, now - r.changed_at), 3),
-                    "runnable": r.runnable, "reason": r.reason}
+                    "runnable": r.runnable, "reason": r.reason, "stops": r.stops}
                    for r in runs if r.state == "parked"],
     }
 
@@ -338,9 +338,17 @@ def queue_cmd(as_json: bool, store_url: str) -> None:
             keep=("poison run",)))
         for p in summary["poison"]:
             if p["reason"]:
-                echo(f"{p['run_id']}: {p['reason']}")
+                _echo_reason(p["run_id"], p["reason"], p["stops"])
         note(f"see why: agentjournal show RUN{store_hint(store_url)}; after fixing the "
              f"cause: agentjournal requeue RUN{store_hint(store_url)}")
+
+
+def _echo_reason(run_id: str, reason: str, stops: list[str]) -> None:
+    """Why a run is parked, each stop counted on a line of its own."""
+    found = reason.find(stops[0]) if stops else -1
+    echo(f"{run_id}: {reason[:found].rstrip() if found > 0 else reason}")
+    for stop in stops if found > 0 else ():
+        echo(f"  {stop}")
 
 
 @cli.command()

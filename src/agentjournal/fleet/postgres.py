@@ -34,6 +34,7 @@ from .queue import (
     QueuedRun,
     QueueState,
     WorkerInfo,
+    parked_reason,
     stop_line,
     stops_in,
     taken_back,
@@ -219,7 +220,7 @@ class PostgresQueue:
                 " ORDER BY q.submitted_at, q.run_id")).fetchall()
         return [QueuedRun(run_id=r[0], queue=r[1], state=r[2], priority=r[3], agent=r[4],
                           worker=r[5], crashes=r[6], claims=r[7], submitted_at=r[8],
-                          changed_at=r[9], reason=r[10] if r[2] == "parked" else None,
+                          changed_at=r[9], reason=parked_reason(r[2], r[10]),
                           stops=stops_in(r[10]), runnable=bool(r[11])) for r in rows]
 
     def beat(self, worker: WorkerInfo) -> None:

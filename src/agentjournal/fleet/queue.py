@@ -67,6 +67,11 @@ def whose(stop: str) -> str:
     return f"epoch {found[1]} (worker {found[2]})" if found else stop
 
 
+def parked_reason(state: str, reason: str | None) -> str | None:
+    """A row's reason as QueuedRun shows it: a parked run's, its stops on the same line."""
+    return " ".join(reason.splitlines()) if state == "parked" and reason else None
+
+
 def stops_in(reason: str | None) -> list[str]:
     """The stop lines a queue row's reason holds, oldest first."""
     return [line for line in (reason or "").splitlines() if _STOP.match(line)]
@@ -116,7 +121,7 @@ class QueuedRun(msgspec.Struct, frozen=True, kw_only=True):
     submitted_at: float  # seconds since the epoch
     changed_at: float
     runnable: bool  # a claim would take it now
-    reason: str | None = None  # why a worker parked it (parked runs only)
+    reason: str | None = None  # why a worker parked it (parked runs only), on one line
     stops: list[str] = []  # what each crash counted was (stop_line), oldest first
 
 

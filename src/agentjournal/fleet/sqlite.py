@@ -26,6 +26,7 @@ from .queue import (
     QueueState,
     WorkerInfo,
     has_stop,
+    parked_reason,
     stop_line,
     stops_in,
     taken_back,
@@ -184,7 +185,7 @@ class SQLiteQueue:
                 run_id=run_id, queue=queue, state=state, priority=priority, agent=agent,
                 worker=worker, crashes=crashes, claims=claims, submitted_at=submitted,
                 changed_at=changed, runnable=_runnable(state, parked, last, left),
-                reason=reason if state == "parked" else None, stops=stops_in(reason)))
+                reason=parked_reason(state, reason), stops=stops_in(reason)))
         return out
 
     def beat(self, worker: WorkerInfo) -> None:

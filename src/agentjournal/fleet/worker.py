@@ -690,9 +690,9 @@ class Worker:
         """Why the run is parked; the stops counted follow it, one a line (a worker that
         was only paused and comes back takes its stop back, withdrawing the park)."""
         return (f"{POISONED} without handing it back {claim.crashes} times (max crashes "
-                f"{self.max_crashes}), each a stop the run may have caused (below). Find "
-                "the cause (the workers' logs), fix it, then run: "
-                f"agentjournal requeue {claim.lease.run_id}")
+                f"{self.max_crashes}): find the cause (the workers' logs), fix it, then run: "
+                f"agentjournal requeue {claim.lease.run_id}. The stops counted, each one "
+                "the run may have caused:")
 
     def _park(self, claim: Claim, reason: str, *, undo: bool) -> None:
         """A run not to run again until a person decides: escalate it in its log, with
@@ -716,7 +716,7 @@ class Worker:
                 self.log(f"compensated {run_id} after {claim.crashes} crashes (now done)")
         elif self._hand_back(lease, "parked", seq, reason):
             METRICS.count("worker_runs_parked")
-            said = "; ".join([reason.removeprefix("parked by a worker: "), *claim.stops])
+            said = " ".join([reason.removeprefix("parked by a worker: "), *claim.stops])
             self.log(f"parked {run_id}: {said}", logging.WARNING)
             self._unless_taken_back(claim)
 
