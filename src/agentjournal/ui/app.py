@@ -378,15 +378,11 @@ class Pages:
             if await run_in_threadpool(store.last_seq, run_id) > after:
                 run = await self._call(views.run_summary, store, self.config.states, run_id,
                                       self._store_hint)
-                events = await run_in_threadpool(views.tail, store, run_id, after,
-                                                 run["events"])
-                before = None if after == 0 else await run_in_threadpool(
-                    _event_at, store, run_id, after)
+                rows = await run_in_threadpool(views.tail_rows, store, run_id, after,
+                                               run["events"])
                 yield _sse("head", self._partial("run_head.html", {"run": run}))
-                yield _sse("event", self._partial("rows.html", {
-                    "events": views.event_rows(events, before, await run_in_threadpool(
-                        views.call_starts, store, run_id, events)),
-                    "run_id": run_id}))
+                yield _sse("event", self._partial("rows.html", {"events": rows,
+                                                                "run_id": run_id}))
                 after = run["events"]
                 yield _sse("seq", str(after))  # the seq the page is now as of
                 idle = 0.0
@@ -587,10 +583,6 @@ class Refused(Exception):
 
     def response(self) -> Response:
         return JSONResponse({"error": "refused", "detail": self.detail}, self.status)
-
-
-def _event_at(store: Store, run_id: str, seq: int) -> Any:
-    return next(iter(store.read(run_id, after_seq=seq - 1)), None)
 
 
 def _sse(event: str, data: str) -> str:

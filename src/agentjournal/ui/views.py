@@ -57,6 +57,24 @@ class States:
         self.store = store
         self._lock = threading.Lock()
         self._states: dict[str, RunState] = {}
+        self._started: dict[str, dict[str, Any] | None] = {}
+
+    def started(self, state: RunState) -> dict[str, Any] | None:
+        """The payload of the run's ``run_started``, where ``continuation`` needs it (a
+        LangGraph thread's id, a run an integration opened under a MODULE:OBJECT): a read
+        of a log verifies it whole, so it is read once per run and kept (it never
+        changes); None for a run whose recorded agent says enough."""
+        agent = state.agent or ""
+        if not agent or agent.startswith(("pydantic_ai:", "openai-agents:")):
+            return None
+        with self._lock:
+            if state.run_id in self._started:
+                return self._started[state.run_id]
+        first = next(iter(self.store.read(state.run_id)), None)
+        payload = dict(first.payload) if first is not None else None
+        with self._lock:
+            self._started[state.run_id] = payload
+        return payload
 
     def of(self, run_id: str, last_seq: int) -> RunState:
         with self._lock:
@@ -261,7 +279,7 @@ def run_summary(store: Store, states: States, run_id: str,
     return {
         "run_id": run_id, "status": state.status, "pause_reason": state.pause_reason,
         "standing": stand, "runnable": stand["state"] == "runnable",
-        "going_on": (going_on(store, state, queued, now, store_hint)
+        "going_on": (going_on(store, states, state, queued, now, store_hint)
                      if stand["state"] in ("runnable", "stalled") else None),
         # The state's own last seq (a fold may read past ``last``): the seq the whole
         # page is as of.
@@ -405,17 +423,16 @@ def decision_note(store: Store, states: States, run_id: str, seq: int,
     if stand["state"] == "waiting":
         note["next"] = f"the run still waits for a person: {stand['detail']}"
         return note
-    note.update(going_on(store, state, queued, now, store_hint))
+    note.update(going_on(store, states, state, queued, now, store_hint))
     return note
 
 
-def going_on(store: Store, state: RunState, queued: QueuedRun | None, now: float,
-             store_hint: str = "") -> dict[str, Any]:
+def going_on(store: Store, states: States, state: RunState, queued: QueuedRun | None,
+             now: float, store_hint: str = "") -> dict[str, Any]:
     """How the run continues (``continuation``), and whether the workers it waits for
     were heard from lately."""
-    started = next(iter(store.read(state.run_id)), None)
-    how = continuation(state, started=started.payload if started else None,
-                       queue_state=queued.state if queued else None, store_hint=store_hint)
+    how = continuation(state, started=states.started(state), store_hint=store_hint,
+                       queue_state=queued.state if queued else None)
     return {"next": how.sentence, "command": how.command, "shell": how.shell,
             "silent": _workers_silent(store, now) if how.kind == "worker" else ""}
 
@@ -487,25 +504,28 @@ def events_page(store: Store, run_id: str, after: int = 0, limit: int = PAGE_EVE
     if not last:
         raise NotFound(run_id)
     count = max(0, min(limit, last - after))
-    start = max(0, after - 1)  # one more, to see the gap before the first shown
-    window = list(itertools.islice(store.read(run_id, after_seq=start), count + 1))
-    before = window[0] if window and start < after else None
-    shown = window[1:] if before is not None else window[:count]
+    earlier, shown = _window(store, run_id, after, after + count)
     return {"run_id": run_id, "after": after, "limit": limit, "last_seq": last,
-            "events": event_rows(shown, before, call_starts(store, run_id, shown))}
+            "events": event_rows(shown, earlier[-1] if earlier else None,
+                                 call_starts([*earlier, *shown]))}
 
 
-def call_starts(store: Store, run_id: str, events: Sequence[Event]) -> dict[int, datetime]:
-    """When each call completed in ``events`` started (by its ``started_seq``), read
-    from the log for the starts before them: a row's duration needs its start."""
-    starts = {e.seq: e.ts for e in events if e.type is E.TOOL_CALL_STARTED}
-    for e in events:
-        seq = e.payload.get("started_seq")
-        if e.type is E.TOOL_CALL_COMPLETED and isinstance(seq, int) and seq not in starts:
-            start = next(iter(store.read(run_id, after_seq=seq - 1)), None) if seq > 0 else None
-            if start is not None and start.seq == seq:
-                starts[seq] = start.ts
-    return starts
+#: Events read before a page or a tail batch: the last shows the gap before the first
+#: row, and their starts give the first completions their durations.
+LOOKBACK = 16
+
+
+def _window(store: Store, run_id: str, after: int, upto: int) -> tuple[list[Event], list[Event]]:
+    """The events after ``after`` up to ``upto``, and up to LOOKBACK before them."""
+    start = max(0, after - LOOKBACK)
+    window = list(itertools.islice(store.read(run_id, after_seq=start), max(0, upto - start)))
+    return window[:after - start], window[after - start:]
+
+
+def call_starts(events: Iterable[Event]) -> dict[int, datetime]:
+    """When each call started in ``events`` began, by its seq: a completion's row says
+    how long its call took (a completion names its start's seq)."""
+    return {e.seq: e.ts for e in events if e.type is E.TOOL_CALL_STARTED}
 
 
 def event_rows(events: Sequence[Event], before: Event | None = None,
@@ -672,7 +692,7 @@ def call_detail(store: Store, run_id: str, key: str) -> dict[str, Any]:
     if not events:
         raise NotFound(key)
     return {"run_id": run_id, "key": _key_of(events[0]),
-            "events": event_rows(events, None, call_starts(store, run_id, events))}
+            "events": event_rows(events, None, call_starts(events))}
 
 
 def _key_of(event: Event) -> str:
@@ -680,9 +700,11 @@ def _key_of(event: Event) -> str:
     return str(p.get("key") or p.get("idempotency_key") or "")
 
 
-def tail(store: Store, run_id: str, after: int, upto: int) -> list[Event]:
-    """The events after ``after`` up to ``upto`` (the live tail's next batch)."""
-    return list(itertools.islice(store.read(run_id, after_seq=after), max(0, upto - after)))
+def tail_rows(store: Store, run_id: str, after: int, upto: int) -> list[dict[str, Any]]:
+    """The rows of the events after ``after`` up to ``upto`` (the live tail's next
+    batch), with the gap before the first and the durations of the calls they complete."""
+    earlier, new = _window(store, run_id, after, upto)
+    return event_rows(new, earlier[-1] if earlier else None, call_starts([*earlier, *new]))
 
 
 def as_json(events: Iterable[Event]) -> list[dict[str, Any]]:
