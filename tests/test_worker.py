@@ -290,6 +290,40 @@ def test_a_worker_paused_past_its_lease_is_no_crash_of_its_run(
     assert log[-1].type is EventType.RUN_FINISHED
 
 
+def test_a_worker_paused_before_two_kills_leaves_its_run_never_parked(
+        fleet: Fleet, tmp_path: Path) -> None:
+    """The pause first: the paused worker wakes fenced and takes its stop back before
+    two workers are SIGKILLed, so the run (max crashes 3) is never parked, never
+    escalated, and finishes, each correction applied once at the ledger."""
+    with LedgerService(tmp_path / "ledger.db", latency_ms=5) as ledger:
+        fleet.env.update({URL_ENV: ledger.url, DELAY_ENV: "0.3"})
+        run_id = _long_ledger_run(fleet.url)
+        args = ("--ttl", "1", "--max-crashes", "3")
+        seen: set[int] = set()
+        paused = fleet.worker(*args, agents="tests.chaos_agents")
+        _holds_and_appends(fleet, run_id, paused, seen)
+        paused.send_signal(signal.SIGSTOP)
+        proc = fleet.worker(*args, agents="tests.chaos_agents")
+        _holds_and_appends(fleet, run_id, proc, seen)
+        paused.send_signal(signal.SIGCONT)
+        fleet.until("the paused worker taking its stop back",
+                    lambda: "taken back" in fleet.procs[0][1].read_text())
+        assert fleet.runs()[run_id].crashes == 0
+        assert fleet.stop(paused) == 0, fleet.logs()
+        for _ in range(2):
+            proc.kill()
+            proc.wait()
+            proc = fleet.worker(*args, agents="tests.chaos_agents")
+            _holds_and_appends(fleet, run_id, proc, seen)
+        fleet.until("the run finished", lambda: fleet.runs()[run_id].state == "done", 60)
+        assert fleet.stop(proc) == 0, fleet.logs()
+        counts = ledger.effects()["corrections"]
+        assert counts == dict.fromkeys(correction_ids(run_id), 1), counts
+    with open_store(fleet.url) as store:
+        types = [e.type for e in store.read(run_id)]
+    assert EventType.RUN_ESCALATED not in types and types[-1] is EventType.RUN_FINISHED
+
+
 def test_a_run_parked_after_raising_names_each_stop_it_raised(fleet: Fleet) -> None:
     """A run whose agent raises in its worker (alive, it leaves the run to its lease):
     each stop the next claim counts is named with what was raised, in the queue and in
