@@ -246,6 +246,7 @@ class Pages:
                                autoescape=select_autoescape(default=True))
         self.env.filters["pretty"] = _pretty
         self.env.globals["CUT_AT"] = CUT_AT
+        self.env.globals["SHOWN_AT_MOST"] = SHOWN_AT_MOST
         self.env.filters["short"] = _short
         self.env.filters["age"] = _human_age
         self.env.filters["took"] = _took
@@ -263,6 +264,7 @@ class Pages:
             return JSONResponse(json.loads(json.dumps(data, default=str)), status)
         page = self.env.get_template(template).render(
             **data, data=data, store=mask_secrets(self.config.store_url),
+            request_query=request.url.query,
             csrf=self.config.csrf, decisions=self.config.allow_decisions, by=self.config.by,
             now=datetime.now(UTC).isoformat(timespec="seconds"))
         return HTMLResponse(page, status)
@@ -593,6 +595,10 @@ def _sse(event: str, data: str) -> str:
 #: A value longer than this (as indented JSON) is cut on a page, with a link to the whole
 #: of it: a 40 MB tool result must not make a 40 MB page.
 CUT_AT = 20_000
+
+
+#: Rows of calls or messages a page shows (the newest); the JSON twin has them all.
+SHOWN_AT_MOST = 200
 
 
 def _pretty(value: Any) -> str:
