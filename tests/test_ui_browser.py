@@ -146,6 +146,12 @@ def test_each_run_shows_one_state_the_one_to_act_on(page: Any, site: dict[str, A
         assert (header.get_attribute("data-state"), header.inner_text()) == (state, label)
         if detail:
             assert detail in page.locator("#state-detail").inner_text(), run_id
+    # Its open call, said as what it is: in flight while held, retried by whoever goes
+    # on when safe to repeat; a person is asked only about one that is uncertain.
+    for run_id, call in (("held", "in flight"), ("stalled", "retried"), ("wire-w1", "uncertain")):
+        page.goto(f"{site['base']}/runs/{run_id}")
+        assert page.locator("section.item h2 .badge").first.inner_text() == call, run_id
+        assert page.locator("section.item form").count() == (call == "uncertain"), run_id
     page.goto(f"{site['base']}/runs")
     shown = {row.locator("td a").first.inner_text(): row.locator(".badge").first.inner_text()
              for row in page.locator("#runs tbody tr").all()}

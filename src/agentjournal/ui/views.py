@@ -290,7 +290,8 @@ def run_summary(store: Store, states: States, run_id: str,
         "usage": plain(state.usage), "origin": state.origin, "outcome": state.outcome,
         "escalation": state.escalation,
         "approvals": [plain(a) for a in state.approvals.values()],
-        "uncertain": [plain(p) for p in state.pending.values()],
+        "uncertain": [{**plain(p), "open": _open_call(stand["state"], p)}
+                      for p in state.pending.values()],
         "decisions": {k: plain(d) for k, d in state.decisions.items()},
         "workspace": plain(state.workspace),
         "saga": None if state.saga is None else {"by": state.saga.by,
@@ -466,6 +467,17 @@ def _workers_silent(store: Store, now: float) -> str:
         return ""
     return (f"no worker has been seen for {quiet / 60:.0f} min (last heartbeat "
             f"{_clock(max(beats))}): the run waits until one runs")
+
+
+def _open_call(standing: str, p: PendingCall) -> str:
+    """What an open call is: ``in flight`` while its run's lease is held, ``uncertain``
+    when a person is asked about it (as on the needs-a-person page), else ``retried``
+    (read-only or idempotent: whoever continues the run makes it again)."""
+    if standing == "running":
+        return "in flight"
+    if standing == "waiting" or p.effect in FOR_A_PERSON:
+        return "uncertain"
+    return "retried"
 
 
 def _a_decision(lease: Lease) -> bool:
