@@ -13,6 +13,10 @@ the label); ``--worker-lookup``: ``post_effect`` declares the receiver's lookup 
 ``KILL_AFTER_POST=1`` kills the process inside the worker's tool, right after its POST.
 Prints one JSON line. A test resumes the orchestrator in its own process with
 :func:`drive`.
+
+:func:`make_delegator` is an agent whose tool ``corrector`` runs another agent that posts
+two different corrections to the demo ledger (which honours idempotency keys), each with
+``current_call().key``: with a ``JournalDurability`` of its own, or without one.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from agentjournal import Absent, Found, PendingCall
-from agentjournal.demo.ledger import http_json
+from agentjournal import Absent, Found, PendingCall, current_call
+from agentjournal.demo.ledger import FENCING_HEADER, http_json
 from agentjournal.integrations.pydantic_ai import JournalDurability
 
 from .pydantic_agent import CountingModel, poster
@@ -86,6 +90,61 @@ def make_orchestrator(store_url: str, run_id: str, url: str, label: str, *,
         return (await worker.run(f"post {task}")).output
 
     return orchestrator, durability
+
+
+def _corrections(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """The corrector's model: C-1, then C-2 (another amount), then done."""
+    asked = sum(isinstance(part, ToolCallPart) for m in messages for part in m.parts)
+    if asked < 2:
+        n = asked + 1
+        return ModelResponse(parts=[ToolCallPart(
+            "post_correction", {"correction_id": f"C-{n}", "amount": 100 * n},
+            tool_call_id=f"correction-{n}")])
+    return ModelResponse(parts=[TextPart("corrected")])
+
+
+def _delegation(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    if len(messages) == 1:
+        return ModelResponse(parts=[ToolCallPart("corrector", {"task": "close ledger-a"},
+                                                 tool_call_id=DELEGATE)])
+    return ModelResponse(parts=[TextPart(f"delegated: {messages[-1].parts[0].content}")])
+
+
+def make_delegator(store_url: str, run_id: str, ledger: str, *, child_durable: bool,
+                   how: str = "run") -> Agent[None, str]:
+    """An agent whose idempotent tool ``corrector`` runs the corrector agent (``how``:
+    ``run`` or ``iter``), which posts C-1 and C-2 to ledger-a at the ledger service
+    ``ledger``, each with the key ``current_call()`` gives. ``child_durable``: the
+    corrector has a ``JournalDurability`` of its own (run ``{run_id}-worker``)."""
+    parent: Agent[None, str] = Agent(FunctionModel(_delegation), name="delegator",
+                                     capabilities=[JournalDurability(store_url, run_id)])
+
+    @parent.tool_plain(metadata={"agentjournal": {"effect": "idempotent"}})
+    async def corrector(task: str) -> str:
+        """Apply the corrections a ledger needs."""
+        capabilities = [JournalDurability(store_url, worker_run(run_id))] if child_durable else []
+        child: Agent[None, str] = Agent(FunctionModel(_corrections), name="corrector",
+                                        capabilities=capabilities)
+
+        @child.tool_plain
+        def post_correction(correction_id: str, amount: int) -> str:
+            ctx = current_call()
+            assert ctx is not None, "a call under JournalDurability knows its key"
+            body = {"correction_id": correction_id, "ledger": "ledger-a", "amount": amount}
+            status, applied = http_json("POST", f"{ledger}/corrections", body,
+                                        {"Idempotency-Key": ctx.key,
+                                         FENCING_HEADER: str(ctx.epoch)})
+            return f"{correction_id}: {status} {applied.get('status') or applied.get('error')}"
+
+        if how == "iter":
+            async with child.iter(task) as running:
+                async for _ in running:
+                    pass
+            assert running.result is not None
+            return running.result.output
+        return (await child.run(task)).output
+
+    return parent
 
 
 def drive(store_url: str, run_id: str, url: str, label: str, *, parent_lookup: bool = False,

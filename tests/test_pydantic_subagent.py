@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,12 @@ import pytest
 from click.testing import CliRunner
 from pydantic_ai import DeferredToolRequests, DeferredToolResults
 
-from agentjournal import EventType, fold, open_store
+from agentjournal import EventType, JournalError, fold, open_store
 from agentjournal.cli import cli
+from agentjournal.demo.ledger import LedgerService
 
 from .conftest import BACKENDS
-from .pydantic_subagent import DELEGATE, drive, make_orchestrator, worker_run
+from .pydantic_subagent import DELEGATE, drive, make_delegator, make_orchestrator, worker_run
 
 E = EventType
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,3 +146,59 @@ def test_retried_after_did_not_happen_the_worker_is_resumed_not_closed(
     assert uncertain(store_url) == []
     worker = fold(log_of(store_url, worker_run(run_id)))
     assert worker.status == "finished" and worker.outcome == f"posted {label} (applied)"
+
+
+# --- an agent run inside a call: each of its calls has a key of its own --------------------
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[LedgerService]:
+    """The demo ledger, a process of its own that honours idempotency keys."""
+    with LedgerService(tmp_path / "ledger.db") as service:
+        yield service
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("how", ["run", "iter"])
+def test_an_agent_without_its_own_durability_is_refused_the_calls_key(
+        store_url: str, ledger: LedgerService, how: str) -> None:
+    # Its tools are not journaled, and each read the outer call's key: the ledger answered
+    # C-2 from C-1 (422) and the run finished with C-2 never applied. Refused now, before
+    # either correction is sent, saying what to do; the call is left to the usual rules.
+    agent = make_delegator(store_url, "delegator", ledger.url, child_durable=False, how=how)
+    with pytest.raises(JournalError) as refused:
+        agent.run_sync("close ledger-a")
+    message = str(refused.value)
+    assert "tool of agent 'corrector'" in message and "(delegate-1)" in message
+    assert "Give 'corrector' a JournalDurability of its own" in message
+    effects = ledger.effects()
+    assert effects["corrections"] == {} and effects["replays"] == 0
+    log = log_of(store_url, "delegator")
+    errors = [e.payload["error"] for e in log if e.type is E.TOOL_CALL_UNCERTAIN]
+    assert len(errors) == 3 and all("JournalDurability of its own" in e for e in errors)
+    state = fold(log)  # idempotent: retried with its key, then left to a person
+    assert state.status == "paused" and [p.tool for p in state.pending.values()] == ["corrector"]
+
+    # Given one, the call made again (nothing was sent: it did not happen) applies both.
+    (key,) = [p.key for p in state.pending.values()]
+    resolved = CliRunner().invoke(cli, [
+        "resolve", "delegator", key[:16], "--did-not-happen", "--by", "ana",
+        "--store", store_url])
+    assert resolved.exit_code == 0, resolved.output
+    fixed = make_delegator(store_url, "delegator", ledger.url, child_durable=True, how=how)
+    assert fixed.run_sync("close ledger-a").output == "delegated: corrected"
+    effects = ledger.effects()
+    assert effects["corrections"] == {"C-1": 1, "C-2": 1} and effects["replays"] == 0
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+@pytest.mark.parametrize("how", ["run", "iter"])
+def test_an_agent_with_its_own_durability_applies_each_of_its_calls_once(
+        store_url: str, ledger: LedgerService, how: str) -> None:
+    agent = make_delegator(store_url, "delegator", ledger.url, child_durable=True, how=how)
+    output = agent.run_sync("close ledger-a").output
+    assert output == "delegated: corrected"
+    effects = ledger.effects()
+    assert effects["corrections"] == {"C-1": 1, "C-2": 1} and effects["replays"] == 0
+    child = fold(log_of(store_url, worker_run("delegator")))
+    assert child.status == "finished" and len(child.completed) == 2

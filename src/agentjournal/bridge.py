@@ -57,11 +57,12 @@ batch, in the order given (sort them by call id for a deterministic log).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -116,10 +117,37 @@ _CURRENT: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
     "agentjournal.bridge.current_call", default=None)
 
 
+#: Set by an integration around a call's body (:func:`reading_checked`): raises where
+#: the call's context is read by code that is not that call, such as a tool of another
+#: agent run the body started, whose calls agentjournal does not journal.
+_CHECK: contextvars.ContextVar[Callable[[ToolContext], None] | None] = contextvars.ContextVar(
+    "agentjournal.bridge.current_call_check", default=None)
+
+
 def current_call() -> ToolContext | None:
     """The context of the bridged call whose body is running in this thread or task
-    (its idempotency key, lease epoch, attempt, call id); None outside a call body."""
-    return _CURRENT.get()
+    (its idempotency key, lease epoch, attempt, call id); None outside a call body.
+
+    Raises :class:`JournalError` where the context is not the reader's own (its
+    integration says where: for Pydantic AI, a tool of an agent run started inside the
+    call without a ``JournalDurability`` of its own): its calls would all send this one
+    call's key, and a receiver that honours keys would apply only the first."""
+    ctx = _CURRENT.get()
+    check = _CHECK.get()
+    if ctx is not None and check is not None:
+        check(ctx)
+    return ctx
+
+
+@contextlib.contextmanager
+def reading_checked(check: Callable[[ToolContext], None]) -> Iterator[None]:
+    """Inside, :func:`current_call` gives the call's context only where ``check`` passes
+    (it raises where the reader is not the call)."""
+    token = _CHECK.set(check)
+    try:
+        yield
+    finally:
+        _CHECK.reset(token)
 
 
 def _same(value: Any) -> Any:

@@ -43,7 +43,10 @@ run, linked both ways (``agentjournal.child_run`` steps in the parent's log, ``p
 in the child's run_started). When the parent's call is settled without running it (its
 lookup, a person, the caller, the scope), the child's open calls are settled with the
 parent's outcome and the child is cancelled when the parent's run ends: nothing is left
-open that no one would resume.
+open that no one would resume. A child *without* one is refused the call's key: its tools
+are not journaled, so each would send the outer call's key (a receiver that honours keys
+would apply only the first of them); ``current_call()`` read there raises
+``JournalError``, before anything is sent, and the parent's run raises it to its caller.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 from pydantic import TypeAdapter
 from pydantic_ai import DeferredToolRequests
+from pydantic_ai._run_context import get_current_run_context
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
     BaseDurabilityCapability,
@@ -108,12 +112,12 @@ from agentjournal import (
     ToolFailed,
     Turn,
     canonical_args,
-    current_call,
     idempotency_key,
     open_run,
     open_store,
 )
 from agentjournal.agent import require_run_id
+from agentjournal.bridge import _CURRENT, reading_checked
 from agentjournal.errors import LeaseHeldError, RunNotFoundError
 from agentjournal.events import EventType
 from agentjournal.fleet import Stopped
@@ -467,10 +471,12 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
 
         made: list[bool] = []  # the tool's body ran in this process
         told: list[bool] = []  # the bridge's word: made (True) or answered from the log
+        refused: list[JournalError] = []  # the body's reads of current_call() refused
 
         async def make(_: ToolContext) -> object:
             made.append(True)
-            payload = await body()
+            with reading_checked(_read_in(ctx, run.run_id, call_id, refused)):
+                payload = await body()
             kind = payload.get("kind") if isinstance(payload, dict) else None
             if kind not in _ANSWERED:  # it did not act: recorded as a proven failure
                 raise ToolFailed(_FLOW + json.dumps(payload, sort_keys=True))
@@ -487,6 +493,8 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
         _report_call(run, call_id, made=bool(made), told=told, settled=bool(verdicts))
         for verdict in verdicts:
             _reconciled_span(ctx, verdict, call_id, Effect(declared.effect), began)
+        if refused:  # the call is settled by the rules (the error is its tool's); the
+            raise refused[0]  # caller is told what to change, not a deferred call
         return payload
 
     @staticmethod
@@ -516,6 +524,32 @@ def _report(executed: bool) -> None:
     record_durable_unit(executed=executed)
 
 
+def _read_in(made_in: RunContext[Any], run_id: str, call_id: str,
+             refused: list[JournalError]) -> Callable[[ToolContext], None]:
+    """Who may read a call's context (``current_call()``): the agent run that made the
+    call (its tool's body). A tool of another agent run that body started, one without
+    a ``JournalDurability`` of its own, is refused (each refusal kept in ``refused``):
+    agentjournal does not see its calls (Pydantic AI gives no hook into a run without
+    one, and inside such a tool only its run is known, not its tool or arguments), so
+    each would send this call's key, and a receiver that honours keys would apply only
+    the first of them."""
+    def check(call: ToolContext) -> None:
+        reader = get_current_run_context()
+        if reader is None or reader.run_id == made_in.run_id:
+            return
+        agent = getattr(reader.agent, "name", None) or "the agent"
+        refused.append(JournalError(
+            f"current_call() was read in a tool of agent {agent!r}, run inside tool call "
+            f"{made_in.tool_name!r} ({call_id}) of run {run_id!r} without a "
+            "JournalDurability of its own: each of its calls would send that one call's "
+            "idempotency key, and a receiver that honours keys would apply only the first. "
+            f"Give {agent!r} a JournalDurability of its own (same store, a run id of its "
+            "own): it then runs as a child run of this call, each of its calls with a key "
+            "of its own.", run_id=run_id))
+        raise refused[-1]
+    return check
+
+
 # --- a run opened inside a call of another: a tool that runs an agent --------------------
 
 #: The step of a parent's log that names a run one of its calls opened (its child).
@@ -542,7 +576,8 @@ def _as_child(run_id: str) -> dict[str, str] | None:
 def _parent_of(run_id: str) -> tuple[BridgedRun, dict[str, str]] | None:
     """The run one of whose calls is opening run ``run_id`` here (its parent), and the
     link: the parent's run id, the call's key and call id. None outside such a call."""
-    enclosing, call = _ENCLOSING.get(), current_call()
+    # The context as set, unchecked: the child's own run is opening, inside the call.
+    enclosing, call = _ENCLOSING.get(), _CURRENT.get()
     if (enclosing is None or call is None or call.run_id != enclosing.run_id
             or enclosing.run_id == run_id):
         return None
