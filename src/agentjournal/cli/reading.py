@@ -6,6 +6,7 @@ Everything printed for people goes through ``_safe`` (``visible``, ``cells``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -19,6 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import (
+    CorruptLogError,
     Event,
     JournalError,
     RunNotFoundError,
@@ -581,7 +583,8 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, heads_file: s
     heads: dict[str, str | None] = {}  # run -> what is wrong with its head (None: fine)
     with opened(store_url) as store:
         if run_id is not None:  # a LangGraph thread id too, as show and events take it
-            run_id = thread_run(store, run_id) or run_id
+            with contextlib.suppress(CorruptLogError):  # (a damaged run: reported below)
+                run_id = thread_run(store, run_id) or run_id
         ids = [run_id] if run_id is not None else [i.run_id for i in store.list_runs()]
         for rid in ids:
             try:
