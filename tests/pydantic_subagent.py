@@ -25,11 +25,12 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
 from agentjournal import Absent, Found, PendingCall, current_call
 from agentjournal.demo.ledger import FENCING_HEADER, http_json
@@ -103,6 +104,18 @@ def _corrections(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse
     return ModelResponse(parts=[TextPart("corrected")])
 
 
+async def _streamed_corrections(messages: list[ModelMessage],
+                                info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+    """The corrector's model, streamed: the same answers, as deltas."""
+    answer = _corrections(messages, info)
+    for part in answer.parts:
+        if isinstance(part, ToolCallPart):
+            yield {0: DeltaToolCall(name=part.tool_name, json_args=json.dumps(part.args),
+                                    tool_call_id=part.tool_call_id)}
+        elif isinstance(part, TextPart):
+            yield part.content
+
+
 def _delegation(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     if len(messages) == 1:
         return ModelResponse(parts=[ToolCallPart("corrector", {"task": "close ledger-a"},
@@ -113,7 +126,7 @@ def _delegation(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 def make_delegator(store_url: str, run_id: str, ledger: str, *, child_durable: bool,
                    how: str = "run") -> Agent[None, str]:
     """An agent whose idempotent tool ``corrector`` runs the corrector agent (``how``:
-    ``run`` or ``iter``), which posts C-1 and C-2 to ledger-a at the ledger service
+    ``run``, ``stream`` or ``iter``), which posts C-1 and C-2 to ledger-a at the ledger service
     ``ledger``, each with the key ``current_call()`` gives. ``child_durable``: the
     corrector has a ``JournalDurability`` of its own (run ``{run_id}-worker``)."""
     parent: Agent[None, str] = Agent(FunctionModel(_delegation), name="delegator",
@@ -123,8 +136,9 @@ def make_delegator(store_url: str, run_id: str, ledger: str, *, child_durable: b
     async def corrector(task: str) -> str:
         """Apply the corrections a ledger needs."""
         capabilities = [JournalDurability(store_url, worker_run(run_id))] if child_durable else []
-        child: Agent[None, str] = Agent(FunctionModel(_corrections), name="corrector",
-                                        capabilities=capabilities)
+        child: Agent[None, str] = Agent(
+            FunctionModel(_corrections, stream_function=_streamed_corrections),
+            name="corrector", capabilities=capabilities)
 
         @child.tool_plain
         def post_correction(correction_id: str, amount: int) -> str:
@@ -136,6 +150,9 @@ def make_delegator(store_url: str, run_id: str, ledger: str, *, child_durable: b
                                          FENCING_HEADER: str(ctx.epoch)})
             return f"{correction_id}: {status} {applied.get('status') or applied.get('error')}"
 
+        if how == "stream":
+            async with child.run_stream(task) as streamed:
+                return await streamed.get_output()
         if how == "iter":
             async with child.iter(task) as running:
                 async for _ in running:

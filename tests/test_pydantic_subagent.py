@@ -159,7 +159,7 @@ def ledger(tmp_path: Path) -> Iterator[LedgerService]:
 
 
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
-@pytest.mark.parametrize("how", ["run", "iter"])
+@pytest.mark.parametrize("how", ["run", "stream", "iter"])
 def test_an_agent_without_its_own_durability_is_refused_the_calls_key(
         store_url: str, ledger: LedgerService, how: str) -> None:
     # Its tools are not journaled, and each read the outer call's key: the ledger answered
@@ -192,7 +192,7 @@ def test_an_agent_without_its_own_durability_is_refused_the_calls_key(
 
 
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
-@pytest.mark.parametrize("how", ["run", "iter"])
+@pytest.mark.parametrize("how", ["run", "stream", "iter"])
 def test_an_agent_with_its_own_durability_applies_each_of_its_calls_once(
         store_url: str, ledger: LedgerService, how: str) -> None:
     agent = make_delegator(store_url, "delegator", ledger.url, child_durable=True, how=how)
