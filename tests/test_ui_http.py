@@ -332,7 +332,7 @@ def test_fork_from_a_seq_and_cancel(viewer: tuple[str, TestClient]) -> None:
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_a_huge_or_foreign_number_is_a_400_with_a_message(viewer: tuple[str, TestClient]) -> None:
-    _, client = viewer
+    url, client = viewer
     client = TestClient(client.app, base_url=BASE, follow_redirects=False,
                         raise_server_exceptions=False)
     huge = str(10**30)
@@ -344,6 +344,10 @@ def test_a_huge_or_foreign_number_is_a_400_with_a_message(viewer: tuple[str, Tes
         assert answer.status_code == 400, path
         assert "a whole number from" in answer.text, path
     assert client.get("/runs/long?after=3&limit=5").status_code == 200
+    last = len(log_of(url, "long"))
+    for seq in (huge, "-5", "0", str(last + 1), "two"):
+        forked = client.post("/runs/long/fork", data={"seq": seq, "csrf": csrf_of(client)})
+        assert forked.status_code == 400 and f"from 1 to {last}" in forked.text, seq
 
 
 def test_a_login_redirects_only_to_the_viewers_own_paths(tmp_path: Path) -> None:

@@ -216,14 +216,20 @@ def _int(request: Request, name: str, default: int, low: int = 0) -> int:
     given = request.query_params.get(name)
     if given is None or given == "":
         return default
+    return max(low, _whole(name, given, low, MAX_NUMBER))
+
+
+def _whole(name: str, given: str, low: int, high: int) -> int:
+    """``given`` as a whole number up to ``high``; else a 400 that says what would do
+    (below ``low`` is the caller's to clamp or refuse)."""
     try:
         number = int(given)
     except ValueError:
         number = None
-    if number is None or number > MAX_NUMBER:
+    if number is None or number > high:
         raise Refused(400, f"{name}={given[:40]!r}: give a whole number from {low} to "
-                      f"{MAX_NUMBER}")
-    return max(low, number)
+                      f"{high}")
+    return number
 
 
 def _seconds(text: str | None) -> float | None:
@@ -538,10 +544,12 @@ class Pages:
         except Refused as refused:
             return refused.response()
         run_id, _ = self._run_id(request)
-        try:
-            at = int(form.get("seq", ""))
-        except ValueError:
-            return Refused(400, "seq must be a number").response()
+        last = await run_in_threadpool(self.config.store.last_seq, run_id)
+        if not last:
+            raise NotFound(run_id)
+        at = _whole("seq", form.get("seq", ""), 1, last)
+        if at < 1:
+            raise Refused(400, f"seq={at}: give a whole number from 1 to {last}")
         new_id = await run_in_threadpool(self._write, fork, run_id, at,
                                          form.get("new_run_id") or None)
         if wants_json(request):
