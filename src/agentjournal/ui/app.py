@@ -43,6 +43,7 @@ from ..journal import fork
 from ..saga import cancel
 from ..store import Store, mask_secrets
 from . import views
+from .standing import DONE
 from .views import NotFound, States
 
 #: How often the live tail looks for new events (a new event shows within this).
@@ -324,7 +325,7 @@ class Pages:
         page = await self._call(views.events_page, self.config.store, run_id, after, limit,
                                 upto=last)
         # The latest page of a run that may still move streams its new events.
-        live = after + limit >= last and summary["status"] not in views.DONE
+        live = after + limit >= last and summary["status"] not in DONE
         data = {"run": summary, **page, "live": live,
                 "decided": await self._decided_note(request)}
         if as_json:

@@ -16,19 +16,26 @@ from typing import Any
 
 import msgspec
 
-from ..continuation import continuation
-from ..errors import InvalidRunIdError, JournalError, NoQueueError
+from ..errors import InvalidRunIdError, JournalError
 from ..events import Event, EventType
-from ..fleet import QueuedRun, queue_of
+from ..fleet import QueuedRun
 from ..snapshots import load_state
 from ..state import PendingCall, RunState, durable_fields, fold
-from ..store import Lease, RunInfo, Store
+from ..store import RunInfo, Store
 from ..store.base import validate_run_id
+from .standing import (
+    FOR_A_PERSON,
+    args_text,
+    decision_said,
+    driver,
+    going_on,
+    open_call,
+    queue_runs,
+    standing_of,
+)
 
 E = EventType
 
-#: Statuses that need nothing more from anyone.
-DONE = frozenset({"finished", "cancelled", "compensated"})
 #: Events per page of a run's timeline, and runs per page of the list.
 PAGE_EVENTS = 100
 PAGE_RUNS = 50
@@ -126,11 +133,6 @@ def _approvals(state: RunState, now: datetime) -> Iterator[dict[str, Any]]:
                "id": a.approval_id, "tool": a.tool, "args": a.args, "reason": a.reason,
                "seq": a.requested_seq, "since": a.requested_at.isoformat(),
                "age_s": age_s(a.requested_at, now)}
-
-
-#: Effects whose open call a resume hands to a person (settle.py): a retry could make
-#: the effect twice. A read-only or idempotent one is retried by whoever resumes the run.
-FOR_A_PERSON = frozenset({"reversible", "irreversible", "compensation"})
 
 
 def _for_a_person(store: Store, state: RunState, now: datetime) -> list[PendingCall]:
@@ -274,12 +276,12 @@ def run_summary(store: Store, states: States, run_id: str,
         raise NotFound(run_id)
     state = states.of(run_id, last)
     now = time.time()
-    holder, queued = _driver(store, state, now)
+    holder, queued = driver(store, state, now)
     stand = standing_of(state, holder, queued, now)
     return {
         "run_id": run_id, "status": state.status, "pause_reason": state.pause_reason,
         "standing": stand, "runnable": stand["state"] == "runnable",
-        "going_on": (going_on(store, states, state, queued, now, store_hint)
+        "going_on": (going_on(store, state, queued, now, states.started(state), store_hint)
                      if stand["state"] in ("runnable", "stalled") else None),
         # The state's own last seq (a fold may read past ``last``): the seq the whole
         # page is as of.
@@ -290,71 +292,13 @@ def run_summary(store: Store, states: States, run_id: str,
         "usage": plain(state.usage), "origin": state.origin, "outcome": state.outcome,
         "escalation": state.escalation,
         "approvals": [plain(a) for a in state.approvals.values()],
-        "uncertain": [{**plain(p), "open": _open_call(stand["state"], p)}
+        "uncertain": [{**plain(p), "open": open_call(stand["state"], p)}
                       for p in state.pending.values()],
         "decisions": {k: plain(d) for k, d in state.decisions.items()},
         "workspace": plain(state.workspace),
         "saga": None if state.saga is None else {"by": state.saga.by,
                                                  "through_seq": state.saga.through_seq},
     }
-
-
-# --- a run's one state: the one a worker or a person would act on ------------------------
-
-
-def _driver(store: Store, state: RunState, now: float) -> tuple[Lease | None,
-                                                                QueuedRun | None]:
-    """The run's lease, and its queue entry unless it is not needed (the run ended, or
-    its lease is held): the queue is read whole, and a live tail asks at every batch."""
-    holder = store.holder(state.run_id)
-    if state.status in DONE or (holder is not None and holder.expires_at > now):
-        return holder, None
-    return holder, queue_runs(store).get(state.run_id)
-
-
-def queue_runs(store: Store) -> dict[str, QueuedRun]:
-    """The fleet's queue entries by run id; none when the store has no queue (JSONL)."""
-    try:
-        return {q.run_id: q for q in queue_of(store).runs()}
-    except NoQueueError:
-        return {}
-
-
-def standing_of(state: RunState, holder: Lease | None, queued: QueuedRun | None,
-             now: float) -> dict[str, str]:
-    """The run's one state, with what it waits for or who holds it: ``waiting`` (for a
-    person, and for what), ``runnable`` (nothing to decide, nobody holds it, and what
-    drives it would act), ``running`` (its lease is held: by whom, until when),
-    ``stalled`` (it was being driven and its lease lapsed or was let go, with nobody
-    holding it), ``finished``, ``failed`` (a worker parked it), ``cancelled``.
-    ``holder``: ``Store.holder``; ``queued``: its entry in the fleet's queue, if any;
-    ``now``: seconds since the epoch."""
-    if state.status == "finished":
-        return {"state": "finished", "label": "finished", "detail": ""}
-    if state.status in ("cancelled", "compensating", "compensated"):
-        return {"state": "cancelled", "label": "cancelled", "detail": {
-            "compensating": "its effects are being undone",
-            "compensated": "its effects were undone"}.get(state.status, "")}
-    if queued is not None and queued.state == "parked":
-        return {"state": "failed", "label": "failed",
-                "detail": f"a worker parked it: {queued.reason or 'no reason recorded'}"}
-    wait = _waits_for(state)
-    if wait:
-        return {"state": "waiting", "label": "waiting for a person", "detail": wait}
-    if holder is not None and holder.expires_at > now:
-        return {"state": "running", "label": "running", "detail": (
-            f"held by {holder.owner} (lease epoch {holder.epoch}) until "
-            f"{_clock(holder.expires_at)}, {holder.expires_at - now:.0f} s from now")}
-    if queued is not None and queued.state in ("queued", "waiting", "running"):
-        return {"state": "runnable", "label": "runnable", "detail": "a worker will take it"}
-    if state.status in ("running", "new") and holder is not None and not _a_decision(holder):
-        how = ("let go of it" if holder.expires_at <= 0 else
-               f"stopped renewing it; it lapsed at {_clock(holder.expires_at)}")
-        return {"state": "stalled", "label": "stalled", "detail": (
-            f"{holder.owner}, which held its lease (epoch {holder.epoch}), {how}, and "
-            "nobody holds it now")}
-    return {"state": "runnable", "label": "runnable",
-            "detail": "nothing waits for a person: continuing it acts now"}
 
 
 # --- decisions that ask for a confirmation ------------------------------------------------
@@ -397,9 +341,6 @@ def verdict_to_confirm(store: Store, states: States, run_id: str, key: str,
 
 # --- after a decision: what was recorded, and what happens next ---------------------------
 
-#: A worker whose last heartbeat is older than this is "not seen for a while".
-WORKER_SILENT_S = 60.0
-
 
 def decision_note(store: Store, states: States, run_id: str, seq: int,
                   store_hint: str = "") -> dict[str, Any] | None:
@@ -412,98 +353,20 @@ def decision_note(store: Store, states: States, run_id: str, seq: int,
     if not 0 < seq <= last:
         return None
     recorded = [s for e in itertools.islice(store.read(run_id, after_seq=seq - 1), 4)
-                if (s := _decision_said(e))]
+                if (s := decision_said(e))]
     if not recorded:
         return None
     state = states.of(run_id, last)
     now = time.time()
-    holder, queued = _driver(store, state, now)
+    holder, queued = driver(store, state, now)
     stand = standing_of(state, holder, queued, now)
     note: dict[str, Any] = {"run_id": run_id, "seq": seq, "recorded": recorded,
                             "standing": stand, "command": "", "shell": True, "silent": ""}
     if stand["state"] == "waiting":
         note["next"] = f"the run still waits for a person: {stand['detail']}"
         return note
-    note.update(going_on(store, states, state, queued, now, store_hint))
+    note.update(going_on(store, state, queued, now, states.started(state), store_hint))
     return note
-
-
-def going_on(store: Store, states: States, state: RunState, queued: QueuedRun | None,
-             now: float, store_hint: str = "") -> dict[str, Any]:
-    """How the run continues (``continuation``), and whether the workers it waits for
-    were heard from lately."""
-    how = continuation(state, started=states.started(state), store_hint=store_hint,
-                       queue_state=queued.state if queued else None)
-    return {"next": how.sentence, "command": how.command, "shell": how.shell,
-            "silent": _workers_silent(store, now) if how.kind == "worker" else ""}
-
-
-def _decision_said(e: Event) -> str:
-    """A person's decision, in words; empty for any other event."""
-    p = e.payload
-    if e.type is E.APPROVAL_DECIDED:
-        verb = "approved" if p.get("approved") else "denied"
-        return (f"seq {e.seq}: {p.get('by')} {verb} {p.get('approval_id')}"
-                + (f" ({p['reason']})" if p.get("reason") else ""))
-    if e.type is E.TOOL_CALL_RECONCILED and p.get("by", "agentjournal") != "agentjournal":
-        said = {"found": "happened", "absent": "did not happen",
-                "conflict": "is a conflict"}.get(str(p.get("verdict")), str(p.get("verdict")))
-        return (f"seq {e.seq}: {p.get('by')} said the call to {p.get('tool')} {said}"
-                + (f" ({p['reason']})" if p.get("reason") else ""))
-    return ""
-
-
-def _workers_silent(store: Store, now: float) -> str:
-    """A sentence when no worker of the queue was heard from lately; empty otherwise."""
-    try:
-        beats = [w.heartbeat_at for w in queue_of(store).workers()]
-    except NoQueueError:
-        return ""
-    if not beats:
-        return ("no worker has been seen on this store: start one (agentjournal worker) "
-                "or the run waits")
-    quiet = now - max(beats)
-    if quiet < WORKER_SILENT_S:
-        return ""
-    return (f"no worker has been seen for {quiet / 60:.0f} min (last heartbeat "
-            f"{_clock(max(beats))}): the run waits until one runs")
-
-
-def _open_call(standing: str, p: PendingCall) -> str:
-    """What an open call is: ``in flight`` while its run's lease is held, ``uncertain``
-    when a person is asked about it (as on the needs-a-person page), else ``retried``
-    (read-only or idempotent: whoever continues the run makes it again)."""
-    if standing == "running":
-        return "in flight"
-    if standing == "waiting" or p.effect in FOR_A_PERSON:
-        return "uncertain"
-    return "retried"
-
-
-def _a_decision(lease: Lease) -> bool:
-    """A lease a person's decision took to write it (decisions.py): not a driver's."""
-    return lease.owner.startswith("decision:")
-
-
-def _waits_for(state: RunState) -> str:
-    """What a person must do before the run can go on; empty when nothing."""
-    asks = [f"approve or deny {a.tool}({_args(a.args)})" for a in state.approvals.values()]
-    if state.status in ("paused", "escalated"):
-        asks += [f"say whether {p.tool}({_args(p.args)}) happened"
-                 for p in state.pending.values()]
-    if state.waits_for_a_person and not state.pending:
-        reason = (state.escalation or {}).get("reason") or "a conflict"
-        asks.append(f"decide the escalation ({reason})")
-    return "; ".join(asks)
-
-
-def _args(args: dict[str, Any], width: int = 60) -> str:
-    text = ", ".join(f"{k}={v!r}" for k, v in args.items())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _clock(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%H:%M:%S UTC")
 
 
 def events_page(store: Store, run_id: str, after: int = 0, limit: int = PAGE_EVENTS,
@@ -574,14 +437,14 @@ def _gap(prev: Event | None, e: Event) -> dict[str, Any] | None:
         return None
     seconds = (e.ts - prev.ts).total_seconds()
     took = _duration(seconds)
-    decided = _decision_said(e)
+    decided = decision_said(e)
     if decided:
-        kind = "person" if prev.type in WAITS or _decision_said(prev) else "stopped"
+        kind = "person" if prev.type in WAITS or decision_said(prev) else "stopped"
         before = (f"the run waited {took} for a person" if kind == "person" else
                   f"the process holding lease epoch {prev.epoch} stopped after seq "
                   f"{prev.seq} ({prev.type.value}); {took} later a person decided")
         text = f"{before}: {decided.split(': ', 1)[1]}"
-    elif _decision_said(prev):
+    elif decision_said(prev):
         kind = "after_decision"
         text = (f"{took} after {prev.payload.get('by')}'s decision, the run went on under "
                 f"lease epoch {e.epoch}")
@@ -629,7 +492,7 @@ def state_at(store: Store, run_id: str, seq: int) -> dict[str, Any]:
 def _message(m: Any) -> dict[str, Any]:
     return {"seq": m.seq, "role": m.role, "trust": m.trust, "content": m.content,
             "name": m.name, "is_error": m.is_error,
-            "calls": [f"{c.name}({_args(c.args if isinstance(c.args, dict) else {})})"
+            "calls": [f"{c.name}({args_text(c.args if isinstance(c.args, dict) else {})})"
                       for c in m.tool_calls]}
 
 
