@@ -329,3 +329,19 @@ def test_jsonl_a_run_of_one_batch_whose_head_file_was_deleted_is_damage_not_empt
     with open_store(f"jsonl:///{directory}", readonly=True) as reader, pytest.raises(
             CorruptLogError, match="the head was deleted"):
         list(reader.read(RUN))
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_postgres_a_store_whose_record_of_migrations_was_emptied_is_damage(
+    store_url: str,
+) -> None:
+    """Not "no agentjournal tables" to a reader, nor "relation already exists" to a
+    writer: migrations commit with their schema_version rows, so the rows were removed."""
+    with open_store(store_url) as store:
+        a_run(store)
+    pg(store_url, "DELETE FROM {s}.schema_version")
+    result = verify(store_url)
+    assert result.exit_code == 3, (result.stdout, result.stderr)
+    assert "its schema_version table records no migration" in result.stderr
+    with pytest.raises(CorruptStoreError, match="record of its migrations was removed"):
+        open_store(store_url)

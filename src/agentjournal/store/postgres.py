@@ -596,6 +596,12 @@ class PostgresStore:
             self._q("SELECT coalesce(max(version), 0) FROM {s}.schema_version")).fetchall()
         if version > len(MIGRATIONS):
             raise UnsupportedVersionError(f"store {self.url}", version, len(MIGRATIONS))
+        if not version and (made := [t for t in ("events", "runs") if t in tables]):
+            # Migrations commit with their schema_version rows, in one transaction.
+            raise UnanchoredStoreError(self.url, (
+                f"its schema_version table records no migration, yet schema {self.schema!r} "
+                f"holds the {' and '.join(made)} table{'s' if len(made) > 1 else ''} "
+                "migration 1 makes: the store's record of its migrations was removed"))
         if version and (missing := [t for t in ("events", "runs") if t not in tables]):
             # runs holds each run's head (last_seq, last_digest): without it nothing
             # anchors a run's newest events. Damage, never "check the server".
