@@ -18,15 +18,13 @@ E = EventType
 
 #: Statuses that need nothing more from anyone.
 DONE = frozenset({"finished", "cancelled", "compensated"})
-
-
 #: Effects whose open call a resume hands to a person (settle.py): a retry could make
 #: the effect twice. A read-only or idempotent one is retried by whoever resumes the run.
 FOR_A_PERSON = frozenset({"reversible", "irreversible", "compensation"})
 
 
-def driver(store: Store, state: RunState, now: float) -> tuple[Lease | None,
-                                                                QueuedRun | None]:
+def driver(store: Store, state: RunState,
+           now: float) -> tuple[Lease | None, QueuedRun | None]:
     """The run's lease, and its queue entry unless it is not needed (the run ended, or
     its lease is held): the queue is read whole, and a live tail asks at every batch."""
     holder = store.holder(state.run_id)
