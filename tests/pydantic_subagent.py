@@ -126,7 +126,8 @@ def _delegation(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 def make_delegator(store_url: str, run_id: str, ledger: str, *, child_durable: bool,
                    how: str = "run") -> Agent[None, str]:
     """An agent whose idempotent tool ``corrector`` runs the corrector agent (``how``:
-    ``run``, ``stream`` or ``iter``), which posts C-1 and C-2 to ledger-a at the ledger service
+    ``run``, ``stream``, ``iter``, or ``caught``: run, its error returned as the tool's
+    answer), which posts C-1 and C-2 to ledger-a at the ledger service
     ``ledger``, each with the key ``current_call()`` gives. ``child_durable``: the
     corrector has a ``JournalDurability`` of its own (run ``{run_id}-worker``)."""
     parent: Agent[None, str] = Agent(FunctionModel(_delegation), name="delegator",
@@ -150,6 +151,11 @@ def make_delegator(store_url: str, run_id: str, ledger: str, *, child_durable: b
                                          FENCING_HEADER: str(ctx.epoch)})
             return f"{correction_id}: {status} {applied.get('status') or applied.get('error')}"
 
+        if how == "caught":  # the tool answers the child's error itself
+            try:
+                return (await child.run(task)).output
+            except Exception as error:
+                return f"the corrector failed: {error}"
         if how == "stream":
             async with child.run_stream(task) as streamed:
                 return await streamed.get_output()

@@ -159,7 +159,7 @@ def ledger(tmp_path: Path) -> Iterator[LedgerService]:
 
 
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
-@pytest.mark.parametrize("how", ["run", "stream", "iter"])
+@pytest.mark.parametrize("how", ["run", "stream", "iter", "caught"])
 def test_an_agent_without_its_own_durability_is_refused_the_calls_key(
         store_url: str, ledger: LedgerService, how: str) -> None:
     # Its tools are not journaled, and each read the outer call's key: the ledger answered

@@ -477,6 +477,8 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
             made.append(True)
             with reading_checked(_read_in(ctx, run.run_id, call_id, refused)):
                 payload = await body()
+            if refused:  # caught in the body: still not a result (the child made no call
+                raise refused[0]  # with a key of its own), so the call is not completed
             kind = payload.get("kind") if isinstance(payload, dict) else None
             if kind not in _ANSWERED:  # it did not act: recorded as a proven failure
                 raise ToolFailed(_FLOW + json.dumps(payload, sort_keys=True))
