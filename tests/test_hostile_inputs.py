@@ -20,8 +20,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agentjournal import Agent, EventType, ScriptedModel, calls, open_store, reply
+from agentjournal import Agent, EventType, Rules, ScriptedModel, calls, open_store, reply
 from agentjournal.bridge import open_run
+from agentjournal.decisions import decide_approval
 from agentjournal.errors import ResultNotKeptError
 from agentjournal.metrics import METRICS
 from agentjournal.models import ModelRequest, ModelResponse
@@ -515,3 +516,102 @@ def test_a_secret_in_an_agents_sdk_turn_does_not_change_what_its_replay_asks(
     finally:
         store.close()
     assert not any(b"CANARY" in blob for blob in written_bytes(tmp_path))
+
+
+# --- tool-call ids the model (or its server) sends --------------------------------------------
+
+#: Call ids a provider may send that are no call id (a plain one is 1 to 128 letters, digits,
+#: ``_``, ``-``, ``.``, ``:``): each is model output, kept nowhere, replaced before recording.
+HOSTILE_IDS = {
+    "huge": "i" * 10_000,
+    "quotes": 'call"; DROP TABLE runs; --',
+    "braces": "{call}",
+    "control": "call\x00one\x1b[31m\r\n",
+    "secret_huge": f"call_{SECRET}" + "j" * 200,
+}
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_call_id_that_is_no_call_id_is_replaced_before_it_reaches_a_byte_or_span(
+        store_url: str, tmp_path: Path) -> None:
+    """The turn records a derived id (``call_{turn}_{place}``) for each, in its calls and
+    in the provider items that repeat it; the run pauses for approval of the calls and a
+    resume replays that turn from the log: each call is approved, made and answered under
+    the same derived id, and a plain provider id (``functions.lookup:0``) is kept."""
+    ids = [*HOSTILE_IDS.values(), "functions.lookup:0"]
+    turn = ModelResponse(
+        tool_calls=[ToolCall(id=cid, name="lookup", args={"order": n})
+                    for n, cid in enumerate(ids)],
+        items=[{"type": "function_call", "id": f"fc_{n}", "call_id": cid, "name": "lookup",
+                "arguments": f'{{"order": {n}}}'} for n, cid in enumerate(ids)],
+        provider="openai.responses")
+    asked: list[ModelRequest] = []
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        asked.append(request)
+        return reply("all shipped")
+
+    made: list[int] = []
+
+    @tool(effect="read_only")
+    def lookup(order: int) -> dict[str, Any]:
+        made.append(order)
+        return {"order": order, "status": "shipped"}
+
+    def agent() -> Agent:
+        return Agent(ScriptedModel([turn, answer]), [lookup],
+                     policy=Rules(require_approval=["lookup"]))
+
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    store = open_store(store_url)
+    try:
+        result = agent().run(store, "ids", "where are my orders?",
+                             observer=GenAITracer(provider))
+        resumes = 0
+        while result.status == "waiting_approval":  # a call at a time; each resume replays
+            (ask,) = [e.payload for e in store.read("ids")  # the turn from the log
+                      if e.type is E.APPROVAL_REQUESTED][resumes:]
+            decide_approval(store, "ids", ask["approval_id"], approved=True, by="test")
+            result = agent().run(store, "ids", observer=GenAITracer(provider))
+            resumes += 1
+        log = list(store.read("ids"))
+    finally:
+        store.close()
+
+    assert resumes == len(ids)
+    asks = [e.payload for e in log if e.type is E.APPROVAL_REQUESTED]
+
+    assert result.status == "finished" and result.outcome == "all shipped"
+    assert sorted(made) == list(range(len(ids)))  # each call made once
+    (recorded,) = [e.payload for e in log if e.type is E.MODEL_TURN][:1]
+    derived = [f"call_0_{n}" for n in range(len(HOSTILE_IDS))]
+    assert [c["id"] for c in recorded["tool_calls"]] == [*derived, "functions.lookup:0"]
+    assert [i["call_id"] for i in recorded["items"]] == [*derived, "functions.lookup:0"]
+    assert all("provider_id" not in c for c in recorded["tool_calls"])
+    assert [a["call_id"] for a in asks] == [*derived, "functions.lookup:0"]
+    done = [e.payload["call_id"] for e in log if e.type is E.TOOL_CALL_COMPLETED]
+    assert sorted(done) == sorted([*derived, "functions.lookup:0"])
+    # The model reads each result paired with its call under the derived id.
+    (request,) = asked
+    (assistant,) = [m for m in request.messages if m.role == "assistant"]
+    assert [c.id for c in assistant.tool_calls] == [*derived, "functions.lookup:0"]
+    assert sorted(m.tool_call_id for m in request.messages if m.role == "tool") == sorted(
+        [*derived, "functions.lookup:0"])
+
+    blobs = written_bytes(tmp_path)
+    if store_url.startswith("postgresql"):
+        blobs += postgres_rows(store_url)
+    assert blobs
+    for blob in blobs:
+        assert b"CANARY" not in blob and b"i" * 200 not in blob and b"j" * 200 not in blob
+        assert b"DROP TABLE" not in blob and b"{call}" not in blob
+        assert b"call\\u0000one" not in blob and b"call\x00one" not in blob
+    spans = [as_dict(s) for s in exporter.get_finished_spans()]
+    call_ids = {s["attributes"]["gen_ai.tool.call.id"] for s in spans
+                if "gen_ai.tool.call.id" in s["attributes"]}
+    assert call_ids == {*derived, "functions.lookup:0"}
+    exported = repr(spans)
+    assert "CANARY" not in exported and "i" * 200 not in exported
+    assert "DROP TABLE" not in exported and "{call}" not in exported

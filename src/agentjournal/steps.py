@@ -228,12 +228,12 @@ class StepMachine(Settling):
         response = within_args_limit(response, self.max_args_bytes)
         response = named_plainly(response, self.tools)
         given = [c.id for c in response.tool_calls]
-        response = msgspec.structs.replace(response, tool_calls=distinct_ids(
+        response = ids_plainly(response, distinct_ids(
             response.tool_calls, j.state.turns, j.call_ids_in_context()))
         payload = self._turn_payload(response, latency_ms)
         for call, provider_id in zip(payload["tool_calls"], given, strict=True):
-            if call["id"] != provider_id:  # what the provider sent, for the record
-                call["provider_id"] = provider_id
+            if call["id"] != provider_id and (plain_id(provider_id) or not provider_id):
+                call["provider_id"] = provider_id  # what the provider sent, for the record
         turn: list[Fact] = [(E.MODEL_TURN, payload)]
         kind = stop_kind(response)
         if response.tool_calls or kind == "continue":
@@ -730,19 +730,32 @@ def named_plainly(response: ModelResponse, tools: Collection[str]) -> ModelRespo
     return msgspec.structs.replace(response, tool_calls=tool_calls, items=items)
 
 
+#: A call id as providers make them (OpenAI ``call_...``/``fc_...``, Anthropic
+#: ``toolu_...``, OpenAI-compatible servers ``functions.add:0``): 1 to 128 letters, digits,
+#: ``_``, ``-``, ``.``, ``:``. A server may pass on whatever the model wrote as the id;
+#: anything else (quotes, braces, control characters, kilobytes) is not kept (distinct_ids).
+_CALL_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def plain_id(call_id: str) -> bool:
+    """Whether ``call_id`` has the form of a provider's call id (``_CALL_ID``)."""
+    return _CALL_ID.fullmatch(call_id) is not None
+
+
 def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[ToolCall]:
-    """``calls``, each with an id of its own: the provider's, unless it is empty, shared
-    by another call of the turn, or ``taken`` (by a call in the context), as some
-    OpenAI-compatible servers send them. Then ``call_{turn}_{place}`` (made unique),
-    which the turn records: a replay reads it, and results pair with their calls."""
+    """``calls``, each with an id of its own: the provider's, unless it is empty or no
+    call id at all (``plain_id``: it is model output, never recorded), shared by another
+    call of the turn, or ``taken`` (by a call in the context), as some OpenAI-compatible
+    servers send them. Then ``call_{turn}_{place}`` (made unique), which the turn records:
+    a replay reads it, and results pair with their calls."""
     ids = {c.id for c in calls}
-    if len(ids) == len(calls) and "" not in ids and ids.isdisjoint(taken):
+    if len(ids) == len(calls) and all(map(plain_id, ids)) and ids.isdisjoint(taken):
         return list(calls)  # the usual turn: every id the provider's own
     given = Counter(c.id for c in calls)
     used = set(given)  # this turn's; ``taken`` is the context's, not copied (it grows)
     out = []
     for place, call in enumerate(calls):
-        if call.id and given[call.id] == 1 and call.id not in taken:
+        if plain_id(call.id) and given[call.id] == 1 and call.id not in taken:
             out.append(call)
             continue
         derived = f"call_{turn}_{place}"
@@ -752,6 +765,25 @@ def distinct_ids(calls: Sequence[ToolCall], turn: int, taken: set[str]) -> list[
         used.add(derived)
         out.append(msgspec.structs.replace(call, id=derived))
     return out
+
+
+def ids_plainly(response: ModelResponse, tool_calls: list[ToolCall]) -> ModelResponse:
+    """``response`` with the ids ``distinct_ids`` gave its calls, in the calls and in the
+    provider items that repeat an id that is no call id (OpenAI's ``call_id``, Anthropic's
+    ``id``), so none is recorded. An id repeated or taken stays in the items as the
+    provider sent it: the adapters send each call item with its call's id
+    (``with_call_ids``)."""
+    replaced: dict[str, str] = {}
+    for before, after in zip(response.tool_calls, tool_calls, strict=True):
+        if not plain_id(before.id):
+            replaced.setdefault(before.id, after.id)
+    if not replaced:
+        return msgspec.structs.replace(response, tool_calls=tool_calls)
+    items = [{**item, **{field: replaced[value] for field, value in item.items()
+                         if field in ("id", "call_id") and isinstance(value, str)
+                         and value in replaced}}
+             for item in response.items]
+    return msgspec.structs.replace(response, tool_calls=tool_calls, items=items)
 
 
 def _due(j: RunJournal, observations: Collection[Observation]) -> list[Observation]:
