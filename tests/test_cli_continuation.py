@@ -273,3 +273,34 @@ def test_a_queued_runs_decisions_say_what_the_fleet_does_next(fleet: Any) -> Non
     assert "agentjournal resume" not in first.stdout + second.stdout
     fleet.until("the run to finish", lambda: fleet.runs()["cut"].state == "done")
     assert fleet.stop(proc) == 0
+
+
+# --- a second submit of a run id with another agent or task ------------------------------
+
+
+@pytest.fixture(params=workers.QUEUED)
+def queued_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from fresh_url(request.param, tmp_path)
+
+
+def test_a_refused_submit_names_what_continues_the_run_already_submitted(
+        queued_url: str) -> None:
+    """Queued, the run is the workers' to take up; parked, `requeue` hands it back: the
+    refusal says which, never `agentjournal resume` (which cannot run a worker's run)."""
+    from agentjournal.fleet import queue_of, submit
+
+    with open_store(queued_url) as store:
+        submit(store, "m:agent", "do it", "r1")
+        with pytest.raises(RunMismatchError) as queued:
+            submit(store, "m:agent", "do something else", "r1")
+        claim = queue_of(store).claim("w", 30, ["default"])
+        assert claim is not None
+        assert queue_of(store).hand_back(claim.lease, "parked", 0, "refused: no such agent")
+        with pytest.raises(RunMismatchError) as parked:
+            submit(store, "m:other", "do it", "r1")
+        assert [(r.run_id, r.state) for r in queue_of(store).runs()] == [("r1", "parked")]
+    said = (str(queued.value), str(parked.value))
+    assert "run r1 is in the queue: a worker will take it up" in said[0], said[0]
+    assert "agentjournal requeue r1" in said[1], said[1]
+    assert queued.value.field == "task" and parked.value.field == "agent"
+    assert not any("agentjournal resume" in text for text in said), said

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from .errors import RunMismatchError
 from .state import RunState
+
+if TYPE_CHECKING:
+    from .fleet.queue import Queue
 
 #: What continues the run:
 #:  ``resume``        ``agentjournal resume RUN`` (a native agent that recorded its ref)
@@ -177,3 +181,30 @@ def _openai_agents(state: RunState, name: str) -> Continuation:
         f"run {rid} is an OpenAI Agents SDK run (agent {name!r}): continue it with "
         f"JournalRunner on that agent and the same store (input None resumes with the "
         f"recorded one): {command}"))
+
+
+def check_resubmission(queue: Queue, run_id: str, recorded: tuple[str, str],
+                       given: tuple[str, str]) -> None:
+    """A second submit of ``run_id`` (``given``: its agent and task) is the request
+    ``recorded`` again (nothing changes), or refused, never a second run. The refusal
+    names what continues the run submitted first: its place in ``queue`` and its log
+    decide (a worker takes it up, ``requeue`` hands a parked one back, it ended), never
+    ``agentjournal resume``, which cannot drive a worker's run. Call it outside the
+    submit's transaction: a refusal reads the queue and the run."""
+    for field, was, now in zip(("agent", "task"), recorded, given, strict=True):
+        if was != now:
+            how = _submitted(queue, run_id, recorded[0])
+            raise RunMismatchError(run_id, field, was, now, advice=(
+                f"{how.sentence}; other work goes under a new run id (submit it without "
+                "a run id, or with new_run_id())"))
+
+
+def _submitted(queue: Queue, run_id: str, agent: str) -> Continuation:
+    from .snapshots import load_state  # (imported here: the fleet imports this module)
+
+    entry = next((r for r in queue.runs() if r.run_id == run_id), None)
+    store = queue.store
+    state = (load_state(store, run_id).state if store.last_seq(run_id)
+             else RunState(run_id=run_id, agent=agent))
+    return continuation(state, queue_state=None if entry is None else entry.state,
+                        runnable=None if entry is None else entry.runnable)

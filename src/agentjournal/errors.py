@@ -104,15 +104,17 @@ class RunMismatchError(JournalError, ValueError):
     """
 
     def __init__(self, run_id: str, field: str, recorded: str | None,
-                 given: str | None, *, resume: str | None = None) -> None:
+                 given: str | None, *, resume: str | None = None,
+                 advice: str | None = None) -> None:
         # ``resume``: what continues this run (continuation.py) when it is not
-        # `agentjournal resume`, e.g. an integration's own call.
+        # `agentjournal resume`, e.g. an integration's own call. ``advice``: the whole
+        # advice instead, where the run is not resumed by its caller (a queue's run).
         resume = resume or f"agentjournal resume {run_id}"
-        if field == "instructions":
+        if advice is None and field == "instructions":
             advice = ("To resume it with the new instructions, say so: Agent.run(..., "
                       "change_instructions=True) records the change; to keep the old ones, "
                       "give the agent the recorded instructions.")
-        else:
+        elif advice is None:
             advice = (f"To resume it, give no {field} or the recorded one ({resume}); for "
                       "other work, start a run under a new run id (new_run_id(), or "
                       "`agentjournal run` without --run-id).")

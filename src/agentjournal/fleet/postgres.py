@@ -23,7 +23,7 @@ import msgspec
 import psycopg
 from psycopg import sql
 
-from ..errors import RunMismatchError
+from ..continuation import check_resubmission
 from ..store import Lease
 from ..store.base import validate_run_id
 from ..store.postgres import PostgresStore
@@ -120,16 +120,14 @@ class PostgresQueue:
                 "INSERT INTO {s}.queue (run_id, queue, priority, agent, task, state)"
                 " VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT (run_id) DO NOTHING"
                 " RETURNING run_id"), (run_id, queue, priority, agent, task))
-            if not cur.fetchall():
-                cur.execute(self.store._q("SELECT agent, task FROM {s}.queue WHERE run_id = %s"),
-                            (run_id,))
-                (row,) = cur.fetchall()
-                for field, recorded, given in (("agent", row[0], agent), ("task", row[1], task)):
-                    if recorded != given:
-                        raise RunMismatchError(run_id, field, recorded, given)
-                return False
-            self._notify(cur)
-        return True
+            if cur.fetchall():
+                self._notify(cur)
+                return True
+            cur.execute(self.store._q("SELECT agent, task FROM {s}.queue WHERE run_id = %s"),
+                        (run_id,))
+            (row,) = cur.fetchall()
+        check_resubmission(self, run_id, (row[0], row[1]), (agent, task))
+        return False  # the same request again: nothing changes
 
     def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
         claims = self.claim_many(owner, ttl, queues, 1)

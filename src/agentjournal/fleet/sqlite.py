@@ -11,11 +11,10 @@ import sqlite3
 import time
 import typing
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 
-from ..errors import RunMismatchError
+from ..continuation import check_resubmission
 from ..store import Lease
 from ..store.base import host_clock, lease_left, validate_run_id
 from ..store.sqlite import SQLiteStore, last_seq_of
@@ -61,13 +60,13 @@ class SQLiteQueue:
         with self.store._tx() as db:
             row = db.execute("SELECT agent, task FROM queue WHERE run_id = ?",
                              (run_id,)).fetchone()
-            if row is not None:
-                _same_submission(run_id, row, agent, task)
-                return False
-            db.execute("INSERT INTO queue (run_id, queue, priority, agent, task, state,"
-                       " submitted_at, changed_at) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
-                       (run_id, queue, priority, agent, task, now, now))
-        return True
+            if row is None:
+                db.execute("INSERT INTO queue (run_id, queue, priority, agent, task, state,"
+                           " submitted_at, changed_at) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
+                           (run_id, queue, priority, agent, task, now, now))
+                return True
+        check_resubmission(self, run_id, (row[0], row[1]), (agent, task))
+        return False  # the same request again: nothing changes
 
     def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
         claims = self.claim_many(owner, ttl, queues, 1)
@@ -224,10 +223,3 @@ class SQLiteQueue:
 
     def close(self) -> None:
         pass
-
-
-def _same_submission(run_id: str, row: Any, agent: str, task: str) -> None:
-    """A second submit of ``run_id`` is the same request, or refused: never a second run."""
-    for field, recorded, given in (("agent", row[0], agent), ("task", row[1], task)):
-        if recorded != given:
-            raise RunMismatchError(run_id, field, recorded, given)
