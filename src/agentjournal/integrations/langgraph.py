@@ -31,12 +31,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import dataclass
 from typing import Any
 
-from ..bridge import BridgedRun, open_run
+from ..bridge import BridgedRun, open_run, reading_checked
 from ..bridge import current_call as bridge_current_call
 from ..errors import (
     ArchivedRunError,
     CallRefused,
     FencedError,
+    JournalError,
     LeaseExpiredError,
     LeaseHeldError,
     LeaseReleasedError,
@@ -77,6 +78,7 @@ try:
         writes_sort_key,
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.config import get_config
     from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.types import Command, interrupt
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
@@ -535,16 +537,24 @@ class ExactlyOnce:
         if request.tool is None:  # a name the model made up: LangGraph answers it, and
             return execute(request)  # nothing of it is recorded (no tool runs: no effect)
         call, run, spec = self._begin(request)
+        refused: list[JournalError] = []  # the body's reads of current_call() refused
+
+        def body(ctx: Any) -> Any:
+            with reading_checked(_read_in(request, run.run_id, refused)):
+                result = execute(request)
+            return self._encode(_unless_refused(result, refused))
+
         with _naming(_thread_id(request)):
             for _ in range(3):  # (a verdict, then the call it settles)
                 try:
                     value = run.call(call["name"], dict(call["args"]), call_id=call["id"],
-                                     body=lambda ctx: self._encode(execute(request)),
-                                     effect=spec.effect, identity=spec.identity,
+                                     body=body, effect=spec.effect, identity=spec.identity,
                                      lookup=spec.lookup)
                 except (ToolFailed, CallRefused) as exc:
                     return _error_message(call, exc)
                 except NeedsPerson as need:
+                    if refused:  # the caller is told what to change, not asked a verdict
+                        raise refused[0] from None
                     self._decide(run, call, need)
                     continue
                 return self._decode(value, call)
@@ -557,9 +567,12 @@ class ExactlyOnce:
         if request.tool is None:  # a name the model made up (see __call__)
             return await execute(request)
         call, run, spec = await asyncio.to_thread(self._begin, request)
+        refused: list[JournalError] = []
 
         async def body(ctx: Any) -> Any:
-            return self._encode(await execute(request))
+            with reading_checked(_read_in(request, run.run_id, refused)):
+                result = await execute(request)
+            return self._encode(_unless_refused(result, refused))
 
         with _naming(_thread_id(request)):
             for _ in range(3):
@@ -570,6 +583,8 @@ class ExactlyOnce:
                 except (ToolFailed, CallRefused) as exc:
                     return _error_message(call, exc)
                 except NeedsPerson as need:
+                    if refused:
+                        raise refused[0] from None
                     self._decide(run, call, need)
                     continue
                 return self._decode(value, call)
@@ -621,6 +636,44 @@ class ExactlyOnce:
         content = ("The call was made (settled without its result)." if value is None
                    else value if isinstance(value, str) else json.dumps(value, default=str))
         return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"])
+
+
+def _read_in(request: ToolCallRequest, run_id: str,
+             refused: list[JournalError]) -> Callable[[ToolContext], None]:
+    """Who may read a call's context (``current_call()``): the call's own tool, in the
+    graph's namespace the call runs in. A tool of a graph the tool invoked (its
+    namespace under this one) whose ToolNode is not wrapped by ``exactly_once`` is
+    refused (kept in ``refused``): its calls are not journaled, so each would send this
+    call's key, and a receiver that honours keys would apply only the first of them."""
+    call = request.tool_call
+    namespace = request.runtime.config.get("configurable", {}).get("checkpoint_ns")
+
+    def check(ctx: ToolContext) -> None:
+        try:
+            reader = get_config().get("configurable", {}).get("checkpoint_ns")
+        except RuntimeError:  # outside any runnable: not inside another graph's step
+            return
+        if reader == namespace:
+            return
+        refused.append(JournalError(
+            f"current_call() was read in a graph run inside tool call {call['name']!r} "
+            f"({call['id']}) of thread run {run_id!r} (namespace {reader!r}), whose tools "
+            "are not run by exactly_once: each of its calls would send that one call's "
+            "idempotency key, and a receiver that honours keys would apply only the first. "
+            "Wrap that graph's ToolNode with exactly_once(saver) too "
+            "(wrap_tool_call=, awrap_tool_call=): each of its calls then has a key of its "
+            "own.", run_id=run_id))
+        raise refused[-1]
+    return check
+
+
+def _unless_refused(result: Any, refused: list[JournalError]) -> Any:
+    """The tool's result, unless a read of its call's context was refused inside it (an
+    error the tool or its graph answered itself): that is not a result to complete the
+    call with, as its inner calls were not made."""
+    if refused:
+        raise refused[0]
+    return result
 
 
 def exactly_once(saver: JournalSaver, effects: Mapping[str, ToolEffect] | None = None, *,
