@@ -324,6 +324,44 @@ def test_a_worker_paused_before_two_kills_leaves_its_run_never_parked(
     assert EventType.RUN_ESCALATED not in types and types[-1] is EventType.RUN_FINISHED
 
 
+def test_a_run_parked_on_a_paused_worker_s_stop_is_not_compensated(
+        fleet: Fleet, tmp_path: Path) -> None:
+    """As above, with --compensate-parked: the claim after the pause counts the paused
+    worker's stop as the third (max crashes 3). An undo cannot be withdrawn, so the run
+    is held for one more TTL before it is compensated; the paused worker, resumed
+    (SIGCONT) in that time, wakes fenced and takes its stop back. No saga starts, the
+    run finishes, each correction applied once at the ledger."""
+    with LedgerService(tmp_path / "ledger.db", latency_ms=5) as ledger:
+        fleet.env.update({URL_ENV: ledger.url, DELAY_ENV: "0.3"})
+        run_id = _long_ledger_run(fleet.url)
+        args = ("--ttl", "2", "--max-crashes", "3", "--compensate-parked")
+        seen: set[int] = set()
+        for _ in range(2):
+            proc = fleet.worker(*args, agents="tests.chaos_agents")
+            _holds_and_appends(fleet, run_id, proc, seen)
+            proc.kill()
+            proc.wait()
+        paused = fleet.worker(*args, agents="tests.chaos_agents")
+        _holds_and_appends(fleet, run_id, paused, seen)
+        paused.send_signal(signal.SIGSTOP)
+        successor = fleet.worker(*args, agents="tests.chaos_agents")
+        fleet.until("the successor's claim", lambda: fleet.runs()[run_id].claims == 4)
+        paused.send_signal(signal.SIGCONT)
+        fleet.until("the run ended", lambda: fleet.runs()[run_id].state in ("done", "parked"),
+                    60)
+        with open_store(fleet.url) as store:
+            types = [e.type for e in store.read(run_id)]
+        assert EventType.SAGA_STARTED not in types, fleet.logs()
+        assert types[-1] is EventType.RUN_FINISHED, types
+        row = fleet.runs()[run_id]
+        assert (row.state, row.reason) == ("done", None), (row, fleet.logs())
+        counts = ledger.effects()["corrections"]
+        assert counts == dict.fromkeys(correction_ids(run_id), 1), counts
+        for proc in (paused, successor):
+            assert fleet.stop(proc) == 0, fleet.logs()
+    assert "stops taken back while it was held" in fleet.logs()
+
+
 def test_a_run_parked_after_raising_names_each_stop_it_raised(fleet: Fleet) -> None:
     """A run whose agent raises in its worker (alive, it leaves the run to its lease):
     each stop the next claim counts is named with what was raised, in the queue and in

@@ -210,8 +210,11 @@ def _set_import_path(dirs: tuple[str, ...]) -> None:
 @click.option("--max-crashes", type=click.IntRange(min=1), default=3, show_default=True,
               help="Park (and escalate) a run claimed after this many crashes.")
 @click.option("--compensate-parked", is_flag=True,
-              help="A run parked as poison has failed: undo its completed effects first "
-              "(a saga with its agent's tools); compensated, it is done.")
+              help="A run parked as poison has failed: undo its completed effects "
+              "(a saga with its agent's tools); compensated, it is done. An undo cannot "
+              "be withdrawn, so the run is held one more --ttl first: a worker only "
+              "paused past its lease that comes back in that time takes its stop back "
+              "and the run goes on instead.")
 @click.option("--poll", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds between looks for work when idle (PostgreSQL also wakes "
               "on NOTIFY).")

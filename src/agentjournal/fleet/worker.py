@@ -39,6 +39,8 @@ from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..agent import Agent
 from ..errors import (
     AgentRefError,
@@ -120,7 +122,10 @@ class Worker:
     not crash: fenced, it takes its stop back, and withdraws a park that counted it.
     ``compensate_parked``: a run parked as poison has failed for good: undo its
     completed effects first (a saga, with its agent's tools); a run so compensated is
-    done, one whose saga stopped for a person stays parked and escalated.
+    done, one whose saga stopped for a person stays parked and escalated. An undo
+    cannot be withdrawn as a park can, so the run is held one more ``ttl`` first and
+    its stops read again: a worker only paused that came back meanwhile took its stop
+    back, and the run goes on instead.
     ``worker_id``: the lease owner, ``host:pid:nonce`` by default.
 
     Store trouble (StoreUnavailableError, DurabilityError: a PostgreSQL restart;
@@ -540,6 +545,11 @@ class Worker:
         """The claimed run's agent; None when the run was parked instead (poison, or an
         agent this worker does not trust)."""
         run_id = claim.lease.run_id
+        if claim.crashes >= self.max_crashes and self.compensate_parked:
+            standing = self._crashes_evidenced(claim)
+            if standing is None:
+                return None  # drained while it waited: handed back queued
+            claim = standing
         if claim.crashes >= self.max_crashes:
             self._park(claim, self._poison(claim), undo=self.compensate_parked)
             return None
@@ -550,6 +560,31 @@ class Worker:
                        "trusted agent, or start workers that trust it (--agents), then "
                        f"run: agentjournal requeue {run_id}", undo=False)
             return None
+
+    def _crashes_evidenced(self, claim: Claim) -> Claim | None:
+        """The claim with the crashes that still stand after holding the run (its lease
+        renewed) for one more TTL: compensating is an undo no one can withdraw, so a
+        stop is taken as a crash only once its worker has had a TTL past its lapsed
+        lease to come back. A worker that was only paused (SIGSTOP, a frozen VM) wakes
+        fenced in that time and takes its stop back (``_absolve``): then the run is
+        below ``max_crashes`` and runs on. None if the worker drained meanwhile (the
+        run handed back queued, its crashes kept for the next claim to weigh)."""
+        run_id = claim.lease.run_id
+        self.log(f"{run_id} was claimed after {claim.crashes} stops: holding it {self.ttl:g}s "
+                 "before parking and compensating it, for a worker only paused to come "
+                 "back and take its stop back")
+        if self._draining.wait(self.ttl):
+            self._stop_renewing(run_id)
+            if self._hand_back(claim.lease, "queued", 0):
+                self.log(f"handed back {run_id} (now queued): drained before its stops "
+                         "were evidenced as crashes")
+            return None
+        row = next((r for r in self._control_queue().runs() if r.run_id == run_id), None)
+        if row is None or row.crashes >= claim.crashes:
+            return claim
+        self.log(f"{run_id}: {claim.crashes - row.crashes} of its stops taken back while "
+                 f"it was held ({row.crashes} still counted)", logging.WARNING)
+        return msgspec.structs.replace(claim, crashes=row.crashes, stops=row.stops)
 
     def _ended(self, claim: Claim, seen: dict[str, int], result: Stopped | None,
                error: Exception | None) -> None:
