@@ -740,7 +740,7 @@ class Worker:
                 journal.record(EventType.RUN_ESCALATED, crashes=claim.crashes,
                                reason="\n".join([reason, *claim.stops]),
                                by="agentjournal worker", worker=self.worker_id)
-                if undo:
+                if undo and self._stops_stand(claim):
                     self._undo(journal, claim)
             epoch, seq = journal.lease.epoch, journal.state.last_seq
             undone = journal.state.status == "compensated"
@@ -765,6 +765,17 @@ class Worker:
             return
         taken = [whose(line) for line in claim.stops if line not in row.stops]
         self._withdraw_park(run_id, taken or ["one of them"])
+
+    def _stops_stand(self, claim: Claim) -> bool:
+        """Whether every stop the claim counted is still counted (none taken back since
+        ``_crashes_evidenced`` read them): read again just before an undo."""
+        run_id = claim.lease.run_id
+        row = next((r for r in self._control_queue().runs() if r.run_id == run_id), None)
+        if row is not None and row.crashes < claim.crashes:
+            self.log(f"not compensating {run_id}: a stop it counted was taken back",
+                     logging.WARNING)
+            return False
+        return True
 
     def _undo(self, journal: RunJournal, claim: Claim) -> None:
         """The saga of a failed run; where it cannot go on, the run stays parked."""
