@@ -2,7 +2,7 @@
 runs. It says the run was interrupted and how to resume it; `runs` lists it as
 interrupted (not "running", which nobody is doing); the resume it names finishes it.
 Killed instead (SIGKILL: nothing is recorded), the run is listed as stalled once its
-lease lapses."""
+lease lapses. `show` states the status `runs` lists, with the command that continues it."""
 
 from __future__ import annotations
 
@@ -76,8 +76,10 @@ def test_ctrl_c_leaves_the_run_interrupted_with_the_command_that_resumes_it(
         listed = cli(tmp_path, "runs", *store).stdout
         (line,) = [line for line in listed.splitlines() if "w1" in line]
         assert "interrupted" in line and "running" not in line, listed
-        shown = cli(tmp_path, "show", "w1", *store).stdout
-        assert "interrupted" in shown, shown
+        shown = cli(tmp_path, "show", "w1", *store).stdout.splitlines()
+        assert shown[0].startswith("run w1: interrupted, "), shown  # as runs says it
+        assert f"next: continue it with: agentjournal resume w1 --store {store_url}" \
+            in shown, shown
     (tmp_path / "hurry").touch()
     done = cli(tmp_path, "resume", "w1", *store)
     assert done.returncode == 0 and "run w1: finished" in done.stdout, done.stderr
@@ -106,6 +108,9 @@ def test_a_killed_cli_run_is_listed_as_stalled_once_its_lease_lapses(
     listed = cli(tmp_path, "runs", *store).stdout
     (line,) = [line for line in listed.splitlines() if "k1" in line]
     assert "stalled" in line and "running" not in line, listed
+    shown = cli(tmp_path, "show", "k1", *store).stdout.splitlines()
+    assert shown[0].startswith("run k1: stalled ("), shown  # the status runs gives it
+    assert f"next: continue it with: agentjournal resume k1 --store {store_url}" in shown
     (tmp_path / "hurry").touch()
     done = cli(tmp_path, "resume", "k1", *store)
     assert done.returncode == 0 and "run k1: finished" in done.stdout, done.stderr

@@ -8,7 +8,7 @@ import json
 import os
 import sqlite3
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar, cast, get_args
@@ -349,7 +349,15 @@ def how_it_goes_on(store: Store, run_id: str, store_url: str) -> Continuation:
     # from before (which would read as a run outside the queue).
     queued = queued_runs(store).get(run_id)
     state = load_state(store, run_id).state
-    return continuation(state, started=None if first is None else first.payload,
+    return continuation_of(state, None if first is None else first.payload, queued,
+                           store_url)
+
+
+def continuation_of(state: RunState, started: Mapping[str, Any] | None,
+                    queued: QueuedRun | None, store_url: str) -> Continuation:
+    """How the run whose folded state is ``state`` continues (``started``: its
+    run_started payload; ``queued``: its place in the queue, if any)."""
+    return continuation(state, started=started,
                         queue_state=None if queued is None else queued.state,
                         runnable=queued is not None and queued.runnable,
                         store_hint=store_hint(store_url))

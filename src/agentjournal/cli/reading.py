@@ -27,7 +27,7 @@ from .. import (
     RunState,
     encode,
 )
-from ..continuation import was_interrupted
+from ..continuation import Continuation, was_interrupted
 from ..events import now
 from ..fleet import QueuedRun
 from ..integrations._graphlog import summary as graph_summary
@@ -44,6 +44,7 @@ from ._base import (
     _report_unreadable,
     age,
     cli,
+    continuation_of,
     exit_code_for,
     human_age,
     json_option,
@@ -89,11 +90,17 @@ def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None, *,
     }
 
 
+def status_word(status: str, *, interrupted: bool, stalled: bool) -> str:
+    """The status a person reads, in `runs` and `show` alike: "interrupted" (Ctrl-C
+    paused it) and "stalled" (nobody drives a run recorded as running) say what --json
+    says with their own fields."""
+    return "interrupted" if interrupted else "stalled" if stalled else status
+
+
 def shown_status(row: dict[str, Any]) -> str:
-    """The status a person reads: "interrupted" (Ctrl-C paused it) and "stalled" (nobody
-    drives a run recorded as running) say what --json says with their own fields."""
-    return ("interrupted" if row["interrupted"] else "stalled" if row["stalled"]
-            else str(row["status"]))
+    """A `runs` row's status, as ``status_word`` says it."""
+    return status_word(str(row["status"]), interrupted=row["interrupted"],
+                       stalled=row["stalled"])
 
 
 def queued_row(entry: QueuedRun) -> dict[str, Any]:
@@ -383,21 +390,40 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
             return
         run_id = thread_run(store, run_id) or run_id
         events, state = load(store, run_id, at)
+        stalled = at is None and is_stalled(store, state, queued)
+    how = None if at is not None else _next(events, state, queued, stalled, store_url)
     saga = saga_of(state)
     thread = thread_view(events)
     if as_json:
         emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga, "thread": thread,
                    "queue": queue_place(queued), "usage": run_usage(state, events),
+                   "interrupted": was_interrupted(state), "stalled": stalled, "next": how,
                    "events": [{**msgspec.to_builtins(e), "summary": line}
                               for e, line in zip(events, summaries(events), strict=True)]})
     elif at is None:
-        print_timeline(run_id, events, state)
+        print_timeline(run_id, events, state, stalled=stalled)
         if thread is not None:
             print_thread(thread)
         if queued is not None:
             echo(f"in queue {queued.queue!r}: {queued.state}{_held_by(queued)}")
+        if how is not None:
+            echo(f"next: {how.sentence}")
     else:
         print_state(state)
+
+
+def _next(events: list[Event], state: RunState, queued: QueuedRun | None, stalled: bool,
+          store_url: str) -> Continuation | None:
+    """How the run goes on, when that is the next step: None for a run that ended, that
+    a live process drives now (recorded as running, its lease held, outside a queue),
+    or that waits for a person's decision first (its timeline shows on what)."""
+    driven = state.status in ("running", "new") and not stalled and (
+        queued is None or queued.state == "done")
+    asks = (state.status == "waiting_approval" or bool(state.approvals)
+            or state.waits_for_a_person  # (an escalation a person decided on goes on)
+            or any(p.last_error is not None for p in state.pending.values()))  # uncertain
+    how = continuation_of(state, events[0].payload, queued, store_url)
+    return None if driven or asks or how.kind == "done" else how
 
 
 def print_thread(thread: dict[str, Any]) -> None:
@@ -438,12 +464,20 @@ def print_queued(entry: QueuedRun, store_url: str, as_json: bool) -> None:
              f"{module} --queue {entry.queue}{store_hint(store_url)}")
 
 
-def print_timeline(run_id: str, events: list[Event], state: RunState) -> None:
+#: What "stalled" means, beside it in `show`.
+STALLED = "recorded as running, but its lease lapsed and nothing drives it"
+
+
+def print_timeline(run_id: str, events: list[Event], state: RunState, *,
+                   stalled: bool = False) -> None:
     # Plain lines, cut at the terminal's width: one event is always one line (a newline
     # in content is made visible, so it cannot start another).
     console = out()
-    why = f" ({state.pause_reason})" if state.status == "paused" and state.pause_reason else ""
-    console.print(Text(visible(f"run {run_id}: {state.status}{why}, {len(events)} events"),
+    interrupted = was_interrupted(state)  # (its reason is the word: not said twice)
+    why = (f" ({STALLED})" if stalled else f" ({state.pause_reason})"
+           if state.status == "paused" and state.pause_reason and not interrupted else "")
+    shown = status_word(state.status, interrupted=interrupted, stalled=stalled)
+    console.print(Text(visible(f"run {run_id}: {shown}{why}, {len(events)} events"),
                        style="bold"))
     console.print(Text(usage_line(state, events)), no_wrap=True, overflow="ellipsis")
     width = max(len(e.type.value) for e in events)
