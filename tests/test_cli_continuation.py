@@ -304,3 +304,46 @@ def test_a_refused_submit_names_what_continues_the_run_already_submitted(
     assert "agentjournal requeue r1" in said[1], said[1]
     assert queued.value.field == "task" and parked.value.field == "agent"
     assert not any("agentjournal resume" in text for text in said), said
+
+
+# --- a child run: an agent run inside a call of a journaled parent -------------------------
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_child_run_goes_on_by_continuing_its_parent(store_url: str) -> None:
+    """A Pydantic AI agent run inside a tool call of another (its run_started names that
+    call): the parent's call, made again, resumes it, so its hint is the parent's call,
+    never the child's own prompt run alone (outside the call it would have no parent)."""
+    from agentjournal.bridge import open_run
+
+    with open_store(store_url) as store:
+        for run_id, agent, prompt, parent in (
+                ("boss", "pydantic_ai:orchestrator", "plan the day", None),
+                ("helper", "pydantic_ai:worker", "post x",
+                 {"run_id": "boss", "key": "k" * 64, "call_id": "call-7"})):
+            with pytest.raises(RuntimeError), open_run(store, run_id, agent=agent,
+                                                       input=prompt, parent=parent):
+                raise RuntimeError("stopped")  # leaves each run paused
+    shown = invoke("show", "helper", "--store", store_url)
+    assert shown.exit_code == 0, (shown.stdout, shown.stderr)
+    (said,) = [line for line in shown.stdout.splitlines() if line.startswith("next: ")]
+    assert "inside call call-7 of run boss" in said, said
+    assert "agent.run_sync('plan the day')" in said and "'post x'" not in said, said
+    as_json = invoke("show", "helper", "--json", "--store", store_url)
+    how = __import__("json").loads(as_json.stdout)["next"]
+    assert (how["kind"], how["command"]) == ("pydantic_ai", "agent.run_sync('plan the day')")
+
+
+def test_a_child_runs_hint_without_its_parents_names_the_parent_to_continue() -> None:
+    """Given no parent's continuation (a caller that read only the child), the hint still
+    points at the parent run, never at the child's own call."""
+    from agentjournal.continuation import continuation
+    from agentjournal.state import RunState
+
+    child = RunState(run_id="helper", status="paused", agent="pydantic_ai:worker",
+                     task="post x")
+    how = continuation(child, started={"parent": {"run_id": "boss", "key": "k" * 64,
+                                                  "call_id": "call-7"}},
+                       store_hint=" --store sqlite:///r.db")
+    assert (how.kind, how.command) == ("parent", "agentjournal show boss --store sqlite:///r.db")
+    assert "inside call call-7 of run boss" in how.sentence and "post x" not in how.sentence

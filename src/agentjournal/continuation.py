@@ -33,9 +33,12 @@ if TYPE_CHECKING:
 #:  ``pydantic_ai``   the Pydantic AI agent run again with the same prompt and run id
 #:  ``langgraph``     ``invoke(graph, None, thread)`` with the same thread id
 #:  ``openai_agents`` ``JournalRunner.run(agent, None, store=..., run_id=RUN)``
+#:  ``parent``        a child run (opened inside a call of another run): continuing
+#:                    that parent run resumes it (its own continuation not known here)
 #:  ``done``          nothing: the run ended (finished, cancelled, compensated)
+#: A child run whose parent's continuation is known takes the parent's kind and command.
 Kind = Literal["resume", "run", "worker", "decide", "requeue", "pydantic_ai", "langgraph",
-               "openai_agents", "done"]
+               "openai_agents", "parent", "done"]
 
 #: Statuses after which nothing continues the run.
 ENDED = ("finished", "cancelled", "compensated")
@@ -67,7 +70,7 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
 
 def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
                  queue_state: str | None = None, runnable: bool | None = None,
-                 store_hint: str = "") -> Continuation:
+                 store_hint: str = "", parent: Continuation | None = None) -> Continuation:
     """How to continue the run whose folded state is ``state``.
 
     ``started``: the payload of its ``run_started`` event, when the caller has it (a
@@ -79,7 +82,10 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
     now, e.g. a waiting run a person's last decision made runnable; False for a waiting
     run says the person's other decisions come first; None, not known: a waiting run is
     taken to be runnable). ``store_hint``:
-    appended to shell commands (e.g. `` --store URL``).
+    appended to shell commands (e.g. `` --store URL``). ``parent``: for a child run
+    (``started`` names the call of another run that opened it), how that parent run
+    continues: the child's hint is the parent's, since the parent's call, made again,
+    resumes the child (run alone, it would lose its link to that call).
 
     Native agent with a recorded ``MODULE:OBJECT``: ``agentjournal resume RUN``;
     queued: "a worker will take it up" (waiting in the queue: the person's other
@@ -95,6 +101,9 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
     queued = _in_queue(rid, "queued" if runnable else queue_state, store_hint)
     if queued is not None:
         return queued
+    link = (started or {}).get("parent")
+    if isinstance(link, Mapping) and isinstance(link.get("run_id"), str):
+        return _child(rid, link, parent, store_hint)
     agent = state.agent or ""
     if agent.startswith("pydantic_ai:"):
         return _pydantic_ai(state, agent.partition(":")[2])
@@ -133,6 +142,20 @@ def _in_queue(rid: str, queue_state: str | None, store_hint: str) -> Continuatio
             f"a worker parked run {rid}; once its cause is fixed, hand it back to the "
             f"workers with: {command}"))
     return None  # not in a queue, or done there: what drove it continues it
+
+
+def _child(rid: str, link: Mapping[str, Any], parent: Continuation | None,
+           store_hint: str) -> Continuation:
+    """A run opened inside a call of another run: that run's call resumes it."""
+    pid = str(link["run_id"])
+    inside = (f"run {rid} runs inside call {link.get('call_id') or link.get('key')} of run "
+              f"{pid}, whose call, made again, resumes it")
+    if parent is None:
+        command = f"agentjournal show {shlex.quote(pid)}{store_hint}"
+        return Continuation(kind="parent", run_id=rid, command=command, sentence=(
+            f"{inside}: continue run {pid} ({command} says how)"))
+    return Continuation(kind=parent.kind, run_id=rid, command=parent.command,
+                        shell=parent.shell, sentence=f"{inside}: {parent.sentence}")
 
 
 def _runnable(rid: str, agent: str, store_hint: str) -> Continuation:

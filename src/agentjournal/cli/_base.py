@@ -334,7 +334,12 @@ def queue_place(entry: QueuedRun | None) -> dict[str, Any] | None:
             "reason": entry.reason}
 
 
-def how_it_goes_on(store: Store, run_id: str, store_url: str) -> Continuation:
+#: How many parents up a child run's hint is looked for (a parent's parent ...).
+MAX_NESTING = 8
+
+
+def how_it_goes_on(store: Store, run_id: str, store_url: str, *,
+                   nesting: int = 0) -> Continuation:
     """How the run continues now (continuation.py): its state, its first event's
     payload and its place in the queue, read from the store."""
     events = store.read(run_id)
@@ -349,18 +354,26 @@ def how_it_goes_on(store: Store, run_id: str, store_url: str) -> Continuation:
     # from before (which would read as a run outside the queue).
     queued = queued_runs(store).get(run_id)
     state = load_state(store, run_id).state
-    return continuation_of(state, None if first is None else first.payload, queued,
-                           store_url)
+    return continuation_of(store, state, None if first is None else first.payload, queued,
+                           store_url, nesting=nesting)
 
 
-def continuation_of(state: RunState, started: Mapping[str, Any] | None,
-                    queued: QueuedRun | None, store_url: str) -> Continuation:
+def continuation_of(store: Store, state: RunState, started: Mapping[str, Any] | None,
+                    queued: QueuedRun | None, store_url: str, *,
+                    nesting: int = 0) -> Continuation:
     """How the run whose folded state is ``state`` continues (``started``: its
-    run_started payload; ``queued``: its place in the queue, if any)."""
+    run_started payload; ``queued``: its place in the queue, if any). A child run's is
+    its parent's (read from the store too): the parent's call resumes it."""
+    link = (started or {}).get("parent")
+    parent_id = link.get("run_id") if isinstance(link, Mapping) else None
+    parent = None
+    if (isinstance(parent_id, str) and nesting < MAX_NESTING and parent_id != state.run_id
+            and store.last_seq(parent_id)):
+        parent = how_it_goes_on(store, parent_id, store_url, nesting=nesting + 1)
     return continuation(state, started=started,
                         queue_state=None if queued is None else queued.state,
                         runnable=queued is not None and queued.runnable,
-                        store_hint=store_hint(store_url))
+                        store_hint=store_hint(store_url), parent=parent)
 
 
 def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:

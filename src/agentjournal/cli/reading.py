@@ -391,7 +391,8 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
         run_id = thread_run(store, run_id) or run_id
         events, state = load(store, run_id, at)
         stalled = at is None and is_stalled(store, state, queued)
-    how = None if at is not None else _next(events, state, queued, stalled, store_url)
+        how = None if at is not None else _next(store, events, state, queued, stalled,
+                                                store_url)
     saga = saga_of(state)
     thread = thread_view(events)
     if as_json:
@@ -412,8 +413,8 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
         print_state(state)
 
 
-def _next(events: list[Event], state: RunState, queued: QueuedRun | None, stalled: bool,
-          store_url: str) -> Continuation | None:
+def _next(store: Store, events: list[Event], state: RunState, queued: QueuedRun | None,
+          stalled: bool, store_url: str) -> Continuation | None:
     """How the run goes on, when that is the next step: None for a run that ended, that
     a live process drives now (recorded as running, its lease held, outside a queue),
     or that waits for a person's decision first (its timeline shows on what)."""
@@ -422,7 +423,7 @@ def _next(events: list[Event], state: RunState, queued: QueuedRun | None, stalle
     asks = (state.status == "waiting_approval" or bool(state.approvals)
             or state.waits_for_a_person  # (an escalation a person decided on goes on)
             or any(p.last_error is not None for p in state.pending.values()))  # uncertain
-    how = continuation_of(state, events[0].payload, queued, store_url)
+    how = continuation_of(store, state, events[0].payload, queued, store_url)
     return None if driven or asks or how.kind == "done" else how
 
 
