@@ -347,3 +347,24 @@ def test_a_child_runs_hint_without_its_parents_names_the_parent_to_continue() ->
                        store_hint=" --store sqlite:///r.db")
     assert (how.kind, how.command) == ("parent", "agentjournal show boss --store sqlite:///r.db")
     assert "inside call call-7 of run boss" in how.sentence and "post x" not in how.sentence
+
+
+def test_show_of_a_parked_run_with_no_events_names_the_command_that_requeues_it(
+        queued_url: str) -> None:
+    """A run a worker parked before it recorded anything: show says where it waits, on
+    lines of its own (stdout; nothing on stderr), and the requeue that continues it."""
+    from agentjournal.fleet import queue_of, submit
+
+    with open_store(queued_url) as store:
+        submit(store, "m:agent", "do it", "r1")
+        claim = queue_of(store).claim("w", 30, ["default"])
+        assert claim is not None
+        assert queue_of(store).hand_back(claim.lease, "parked", 0, "refused: no such agent")
+    shown = invoke("show", "r1", "--store", queued_url)
+    assert shown.exit_code == 0 and shown.stderr == "", (shown.stdout, shown.stderr)
+    lines = shown.stdout.splitlines(keepends=True)
+    assert len(lines) == 2 and all(line.endswith("\n") for line in lines), lines
+    assert lines[0].startswith("run r1: parked in queue 'default'"), lines
+    assert lines[1] == ("next: a worker parked run r1; once its cause is fixed, hand it "
+                        f"back to the workers with: agentjournal requeue r1 --store "
+                        f"{queued_url}\n"), lines

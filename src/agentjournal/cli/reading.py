@@ -386,7 +386,9 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
     with opened(store_url) as store:
         queued = queued_runs(store).get(run_id)
         if queued is not None and not store.last_seq(run_id):
-            print_queued(queued, store_url, as_json)  # submitted, not started yet
+            # submitted, not started yet
+            print_queued(queued, store_url, as_json, continuation_of(
+                store, RunState(run_id=run_id, agent=queued.agent), None, queued, store_url))
             return
         run_id = thread_run(store, run_id) or run_id
         events, state = load(store, run_id, at)
@@ -448,12 +450,14 @@ def _held_by(entry: QueuedRun) -> str:
     return f"{held} (why: {entry.reason})" if entry.reason else held
 
 
-def print_queued(entry: QueuedRun, store_url: str, as_json: bool) -> None:
-    """A submitted run no worker has started: where it waits, and for what."""
+def print_queued(entry: QueuedRun, store_url: str, as_json: bool,
+                 how: Continuation) -> None:
+    """A submitted run no worker has started: where it waits, for what, and (``how``)
+    what continues it."""
     if as_json:
         emit_json({"run_id": entry.run_id, "at": None, "state": None, "saga": None,
                    "queue": {**msgspec.to_builtins(entry), "name": entry.queue},
-                   "events": []})
+                   "next": how, "events": []})
         return
     waited = human_age(age(datetime.fromtimestamp(entry.submitted_at, UTC)))
     echo(f"run {entry.run_id}: {entry.state} in queue {entry.queue!r} of "
@@ -463,6 +467,8 @@ def print_queued(entry: QueuedRun, store_url: str, as_json: bool) -> None:
         module = entry.agent.partition(":")[0]
         note(f"a worker that trusts its agent starts it: agentjournal worker --agents "
              f"{module} --queue {entry.queue}{store_hint(store_url)}")
+    else:  # (held by a worker, or parked: requeue hands it back)
+        echo(f"next: {how.sentence}")
 
 
 #: What "stalled" means, beside it in `show`.
