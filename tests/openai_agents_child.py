@@ -127,7 +127,8 @@ def poster(receiver: str, *, block: str = "", tell: Connection | None = None,
 
 def delegator(ledger: str, *, block: str = "", tell: Connection | None = None,
               on_stream: bool = False, shared_model: bool = False,
-              own_run: str | None = None) -> tuple[Any, dict[str, Any], Any]:
+              own_run: str | None = None,
+              plain: str | None = None) -> tuple[Any, dict[str, Any], Any]:
     """An agent that hands the corrections to another agent used as a tool
     (``Agent.as_tool``): the parent asks ``corrector`` once; the child posts two different
     corrections (C-1, then C-2) to the ledger (``agentjournal.demo.ledger``, which honours
@@ -138,14 +139,23 @@ def delegator(ledger: str, *, block: str = "", tell: Connection | None = None,
     Returns the parent, the policies and a run config: with ``shared_model``, one model
     answers both agents, given as the run config's (so the child's run gets it too).
     ``own_run`` (a store URL): ``corrector`` is a function tool that runs the child with
-    JournalRunner as a run of its own (``child-`` and the call's key), not ``as_tool``."""
+    JournalRunner as a run of its own (``child-`` and the call's key), not ``as_tool``.
+    ``plain``: ``corrector`` is a function tool that runs the child with the SDK's own
+    Runner, not journaled: ``run``: ``Runner.run``, the child's tool errors raised to
+    ``corrector``; ``caught``: the same, ``corrector`` answering the error itself;
+    ``streamed``: ``Runner.run_streamed``, the child's tool errors answered to its model;
+    ``nested``: as ``run``, in a tool of an agent the parent uses as a tool."""
     from agents import Agent, RunConfig, function_tool
     from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
     from agentjournal import current_call
     from agentjournal.demo.ledger import FENCING_HEADER, http_json
 
-    @function_tool
+    # Run plainly, the child's tool errors reach the tool that runs it (``run``, ``caught``)
+    # or are answered to the child's model, as the SDK does by default (``streamed``).
+    raises = {"failure_error_function": None} if plain in ("run", "caught", "nested") else {}
+
+    @function_tool(**raises)
     def post_correction(correction_id: str, amount: int) -> str:
         """Apply correction `correction_id` of `amount` cents to ledger-a."""
         ctx = current_call()
@@ -197,10 +207,39 @@ def delegator(ledger: str, *, block: str = "", tell: Connection | None = None,
             return str(result.final_output)
 
         tool = run_corrector
+    if plain == "nested":
+        middle = Agent(name="middle", instructions="Delegate.",
+                       tools=[plain_corrector(child, "run")], model=model())
+        tool = middle.as_tool("corrector", "Apply the corrections a ledger needs.")
+    elif plain is not None:
+        tool = plain_corrector(child, plain)
     parent = Agent(name="delegator", instructions="Delegate.", tools=[tool],
                    model=None if shared_model else model())
     policies = {"corrector": "idempotent", "post_correction": "irreversible"}
     return parent, policies, RunConfig(model=model()) if shared_model else None
+
+
+def plain_corrector(child: Any, how: str) -> Any:
+    """A function tool ``corrector`` that runs ``child`` with the SDK's own Runner
+    (``how``: see :func:`delegator`'s ``plain``)."""
+    from agents import Runner, function_tool
+
+    @function_tool(name_override="corrector")
+    async def corrector(input: str) -> str:
+        """Apply the corrections a ledger needs."""
+        if how == "streamed":
+            streamed = Runner.run_streamed(child, input)
+            async for _ in streamed.stream_events():
+                pass
+            return str(streamed.final_output)
+        try:
+            return str((await Runner.run(child, input)).final_output)
+        except Exception as error:
+            if how != "caught":
+                raise
+            return f"the corrector failed: {error}"  # the tool answers the error itself
+
+    return corrector
 
 
 def run_delegator_until_blocked(store_url: str, ledger: str, block: str, *,

@@ -19,6 +19,7 @@ from mcp.types import ToolAnnotations
 from agentjournal import (
     Effect,
     EventType,
+    JournalError,
     NondeterminismError,
     decide_approval,
     fold,
@@ -198,6 +199,41 @@ def test_a_tool_running_an_agent_with_journal_runner_makes_it_a_run_of_its_own(
     assert types(store).count(E.MODEL_TURN) == 2
     keys = {e.payload["key"] for e in child_log if e.type is E.TOOL_CALL_STARTED}
     assert len(keys) == 2  # each correction its own key, in the child's run
+
+
+@backend_params()
+@pytest.mark.parametrize("how", ["run", "caught", "streamed", "nested"])
+def test_an_agent_run_by_the_sdks_own_runner_inside_a_call_is_refused_the_calls_key(
+        store: Store, ledger: LedgerService, how: str) -> None:
+    # A plain function tool runs the child with Runner.run: its tools are not journaled,
+    # and each read the outer call's key: the ledger answered C-2 from C-1 (422) and the
+    # run finished with C-2 never applied. Refused now, before either correction is sent,
+    # saying what to do, even where a tool answers the refusal itself (caught, streamed),
+    # and in a tool of an agent used as a tool (nested: that tool's own key refused).
+    agent, policies, _ = delegator(ledger.url, plain=how)
+    with pytest.raises(JournalError) as refused:
+        run_poster(agent, store, policies, streamed=False)
+    message = str(refused.value)
+    call_id = "call_1/call_1" if how == "nested" else "call_1"
+    assert f"tool of agent 'corrector', run with the SDK's own Runner inside tool call " \
+        f"'corrector' ({call_id})" in message
+    assert "JournalRunner under a run id of its own" in message and "as_tool" in message
+    effects = ledger.effects()
+    assert effects["corrections"] == {} and effects["replays"] == 0
+    log = list(store.read(RUN))
+    errors = [e.payload["error"] for e in log if e.type is E.TOOL_CALL_UNCERTAIN]
+    assert len(errors) == 3 and all("of its own" in e for e in errors)  # idempotent: retried
+    assert not [e for e in log if e.type is E.TOOL_CALL_COMPLETED]
+    state = fold(log)  # then left to a person, never completed
+    assert state.status == "paused" and [p.tool for p in state.pending.values()] == ["corrector"]
+
+    # Run as a tool (Agent.as_tool), the call made again (nothing was sent) applies both.
+    (key,) = [p.key for p in state.pending.values()]
+    resolve_uncertain(store, RUN, key, outcome="did_not_happen", by="ana")
+    agent, policies, _ = delegator(ledger.url)
+    assert run_poster(agent, store, policies, streamed=False).final_output == "delegated"
+    effects = ledger.effects()
+    assert effects["corrections"] == {"C-1": 1, "C-2": 1} and effects["replays"] == 0
 
 
 @backend_params()

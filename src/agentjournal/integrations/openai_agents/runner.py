@@ -21,6 +21,14 @@ model again for a turn it answered, and without making a recorded call again:
   would be (its tool and arguments, or its policy's identity, in the run's scope): two
   different calls never share the outer call's key, and a retried outer call sends the
   same keys again.
+- **agents run with the SDK's own Runner inside a call** (a function tool calling
+  ``Runner.run(child, ...)``): their calls are not journaled, so each would send the
+  outer call's key. ``current_call()`` read in a tool of such a run raises
+  ``JournalError`` (before anything is sent), naming what to do instead (run the child
+  with ``JournalRunner`` under a run id of its own, or use ``Agent.as_tool``); the
+  outer call is left uncertain, never completed, and the refusal is raised to the
+  caller, even where a tool answered it. "Such a run" is told by the SDK's own mark of
+  a run, which every ``Runner.run`` sets anew.
 - **interruptions**: a tool with ``needs_approval`` records ``approval_requested``; a
   call whose effect is uncertain and that no lookup settles becomes an SDK interruption
   too (its tool asks "approval"). The SDK's ``RunState`` at an interruption is stored
@@ -67,6 +75,10 @@ from agents import (
 )
 from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse, ToolApprovalItem
+
+# The SDK's own mark of one run (each Runner.run / run_streamed sets its own, and an agent
+# used as a tool runs one too): who reads a call's context (openai-agents 0.24).
+from agents.run_internal.agent_tool_configuration import _current_run as _SDK_RUN
 from agents.tool import FunctionTool, maybe_invoke_function_tool_failure_error_function
 from agents.tool_context import ToolContext as SdkToolContext
 from agents.tracing import gen_trace_id
@@ -80,7 +92,7 @@ from openai.types.responses import (
 )
 from pydantic import TypeAdapter
 
-from ...bridge import _CURRENT, BridgedRun, Turn, current_call, open_run
+from ...bridge import _CURRENT, BridgedRun, Turn, open_run, reading_checked
 from ...errors import CallRefused, JournalError, NeedsPerson, ResultNotKeptError
 from ...events import EventType
 from ...fleet.runnable import Stopped
@@ -307,12 +319,18 @@ async def _run_once(agent: Agent[Any], input: Any, *, store: Store, run_id: str,
             trace_id = run_config.trace_id or gen_trace_id()
             run_config = dataclasses.replace(run_config, trace_id=trace_id)
             processor.bind(trace_id)
+        refusal: JournalError | None = None
         try:
             result = await driver.drive(agent, given_state, input, run_config=run_config,
                                         **runner)
+        except Exception as error:
+            if (refusal := driver.refusal_behind(error)) is None:
+                raise
         finally:
             if processor is not None:
                 driver.record_trace(processor, run_config.trace_id or "")
+        if refusal is not None:  # the caller is told what to change, not the SDK's wrap
+            raise refusal
         if not result.interruptions:
             run.finish(to_json(result.final_output, "final_output"))
         return result, (run.status, run.state.last_seq, run.journal.lease.epoch)
@@ -352,6 +370,10 @@ class _Driver:
         self.turns = _Turns()
         self._agents: dict[int, Agent[Any]] = {}
         self._inside: dict[int, Agent[Any]] = {}  # the agents run inside a call, keyed
+        # Each call context given out (by id, while it is current): the SDK run it was
+        # given in, the only one that may read it (see read_in).
+        self._given_in: dict[int, object] = {}
+        self._refusals: list[JournalError] = []  # raised by a tool to the run's caller
 
     async def drive(self, agent: Agent[Any], given: RunState[Any] | None, input: Any, *,
                     context: Any, serializer: Any, deserializer: Any, run_config: RunConfig,
@@ -489,6 +511,62 @@ class _Driver:
             return self.policies[tool]
         return ToolPolicy(effect=mcp_effect(annotations))
 
+    # --- who reads a call's context --------------------------------------------------
+
+    @contextlib.contextmanager
+    def given(self, ctx: ToolContext) -> Iterator[None]:
+        """``ctx`` is given out in the SDK run current here, while inside."""
+        self._given_in[id(ctx)] = _SDK_RUN.get()
+        try:
+            yield
+        finally:
+            self._given_in.pop(id(ctx), None)
+
+    def read_in(self, tool: str,
+                refused: list[JournalError]) -> Callable[[ToolContext], None]:
+        """Who may read a call's context (``current_call()``) inside a call of ``tool``:
+        code of the SDK run it was given in (the tool's, or, for an agent used as a
+        tool, that agent's: :meth:`key_tool`). A tool of another run, one its body
+        started with the SDK's own Runner, is refused (each refusal kept in
+        ``refused``): its calls are not journaled, so each would send that context's
+        key, and a receiver that honours keys would apply only the first of them."""
+        def check(ctx: ToolContext) -> None:
+            reader, given_in = _SDK_RUN.get(), self._given_in.get(id(ctx))
+            if reader is None or given_in is None or reader is given_in:
+                return
+            agent = _starting_agent(reader)
+            refused.append(JournalError(
+                f"current_call() was read in a tool of agent {agent!r}, run with the "
+                f"SDK's own Runner inside tool call {tool!r} ({ctx.call_id}) of run "
+                f"{self.run.run_id!r}: its calls are not journaled, so each would send "
+                "that one call's idempotency key, and a receiver that honours keys would "
+                f"apply only the first. Run {agent!r} with JournalRunner under a run id of "
+                "its own (same store, e.g. one made of this call's key), or give it to "
+                "the agent as a tool (Agent.as_tool): each of its calls then has a key of "
+                "its own.", run_id=self.run.run_id))
+            raise refused[-1]
+        return check
+
+    def refusal(self, refused: JournalError) -> JournalError:
+        """What a call whose body read a context it was refused raises: that refusal,
+        for the run's caller (not a person asked, nor the model told), a new error with
+        no pause behind it (the call is already left uncertain: :meth:`refusal_behind`)."""
+        told = JournalError(str(refused), run_id=self.run.run_id)
+        self._refusals.append(told)
+        return told
+
+    def refusal_behind(self, error: BaseException) -> JournalError | None:
+        """The refusal a tool raised (:meth:`refusal`) behind ``error``: the SDK wraps
+        what a tool raises in its own ``UserError``."""
+        seen: BaseException | None = error
+        for _ in range(10):
+            if seen is None:
+                break
+            if any(seen is told for told in self._refusals):
+                return cast(JournalError, seen)
+            seen = seen.__cause__ or seen.__context__
+        return None
+
     # --- traces ------------------------------------------------------------------------
 
     def record_trace(self, processor: tracing.JournalTraceProcessor, trace_id: str) -> None:
@@ -573,13 +651,15 @@ class _Driver:
             original._invoke_tool_impl = self._child_of(tool, inner)  # type: ignore[attr-defined]
 
         async def invoke(ctx: SdkToolContext[Any], arguments: str) -> Any:
-            args, outer = _arguments(arguments), current_call()
+            # The outer call's context as set: read here, in the child's run, it is not
+            # this tool's to send (current_call() would refuse it).
+            args, outer = _arguments(arguments), _CURRENT.get()
             if args is None or outer is None:  # not a JSON object: the SDK says so
                 return await original(ctx, arguments)
             own = dataclasses.replace(
                 outer, key=idempotency_key(outer.scope, tool.name, args, identity),
                 call_id=f"{outer.call_id}/{ctx.tool_call_id}")
-            with _calling(own):
+            with _calling(own), self.given(own):
                 return await original(ctx, arguments)
 
         clone.on_invoke_tool = invoke
@@ -602,28 +682,39 @@ class _Driver:
                 return await original(ctx, arguments)
             call_id = ctx.tool_call_id
             await driver.turns.wait(call_id)
+            refused: list[JournalError] = []  # reads of current_call() refused in the body
 
-            async def body(_: ToolContext) -> Any:
+            async def body(given: ToolContext) -> Any:
                 driver.turns.release(call_id)  # our start is durable: the next may start
-                return await raw(ctx, arguments)
+                with driver.given(given), reading_checked(
+                        driver.read_in(tool.name, refused)):
+                    result = await raw(ctx, arguments)
+                if refused:  # answered inside (by the SDK or a tool): still no result, as
+                    raise refused[0]  # the child's calls were not made: not completed
+                return result
 
             try:
                 return await driver.run.acall(
                     tool.name, args, call_id=call_id, body=body, effect=policy.effect,
                     identity=policy.identity, lookup=policy.lookup,
                     key_retention=policy.key_retention, encode=_encode_result)
-            except (CallRefused, ResultNotKeptError) as refused:
-                return refused.reason
-            except NeedsPerson:
-                raise
-            except Exception as error:  # a proven failure (or a read-only tool's error)
-                said = await maybe_invoke_function_tool_failure_error_function(
-                    function_tool=clone, context=ctx, error=error)
-                if said is None:
-                    raise
-                return said
+            except (CallRefused, ResultNotKeptError) as denied:
+                return denied.reason
+            except Exception as error:  # a person needed, a proven failure (or a read-only
+                if not refused:  # tool's error), unless a read was refused (below)
+                    if isinstance(error, NeedsPerson):
+                        raise
+                    said = await maybe_invoke_function_tool_failure_error_function(
+                        function_tool=clone, context=ctx, error=error)
+                    if said is None:
+                        raise
+                    return said
             finally:
                 driver.turns.release(call_id)
+            # A read of current_call() was refused inside: the caller is told what to
+            # change (not a person asked, nor the model told), raised outside the handler
+            # so that nothing takes it for a pause.
+            raise driver.refusal(refused[0])
 
         asks = tool.needs_approval
 
@@ -766,6 +857,13 @@ class _JournaledModel(Model):
             await self.inner.close()
 
 
+def _starting_agent(run: object) -> str:
+    """The name of the agent an SDK run started with (the first its mark records)."""
+    resolutions = getattr(run, "resolutions", None) or {}
+    first = next(iter(resolutions.values()), None)
+    return str(getattr(getattr(first, "agent", None), "name", None) or "unnamed")
+
+
 def _asked_by_a_child(run_id: str) -> bool:
     """Whether the model is asked inside the body of a call of run ``run_id``: by an
     agent that call runs (an agent used as a tool is given the run's config, and with it
@@ -773,7 +871,7 @@ def _asked_by_a_child(run_id: str) -> bool:
     replay that does not run that agent again would meet them where the run's next turn
     is. They are not journaled yet (a sub-agent as a run of its own is issue 45). (Inside
     a call of another run, this run is the one nested: its turns are its own.)"""
-    call = current_call()
+    call = _CURRENT.get()  # as set: asked by another run, current_call() would refuse it
     return call is not None and call.run_id == run_id
 
 
