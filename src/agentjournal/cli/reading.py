@@ -147,20 +147,22 @@ def newest_runs(store: Store, status: str | None, limit: int | None) -> Listing:
                 listing.errors.append(exc)
                 continue
             entry = queued.get(candidate.run_id)
-            row = run_row(candidate, state, entry, stalled=is_stalled(store, state, entry))
+            stalled = is_stalled(store, candidate.run_id, state, entry)
+            row = run_row(candidate, state, entry, stalled=stalled)
         if status is None or row["status"] == status:
             listing.rows.append(row)
     return listing
 
 
-def is_stalled(store: Store, state: RunState, queued: QueuedRun | None) -> bool:
+def is_stalled(store: Store, run_id: str, state: RunState,
+               queued: QueuedRun | None) -> bool:
     """Recorded as running, yet nobody drives it: its lease lapsed or was let go (the
     process driving it was killed or stopped) and no worker of a queue will take it up.
     Read only for runs recorded as running: one lease read each."""
     if state.status not in ("running", "new") or (queued is not None
                                                    and queued.state != "done"):
         return False
-    lease = store.holder(state.run_id)
+    lease = store.holder(run_id)  # a log may lack run_started: state.run_id is then ''
     return lease is None or lease.expires_at <= time.time()
 
 
@@ -392,7 +394,7 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
             return
         run_id = thread_run(store, run_id) or run_id
         events, state = load(store, run_id, at)
-        stalled = at is None and is_stalled(store, state, queued)
+        stalled = at is None and is_stalled(store, run_id, state, queued)
         how = None if at is not None else _next(store, events, state, queued, stalled,
                                                 store_url)
     saga = saga_of(state)

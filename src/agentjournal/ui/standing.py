@@ -23,14 +23,14 @@ DONE = frozenset({"finished", "cancelled", "compensated"})
 FOR_A_PERSON = frozenset({"reversible", "irreversible", "compensation"})
 
 
-def driver(store: Store, state: RunState,
+def driver(store: Store, run_id: str, state: RunState,
            now: float) -> tuple[Lease | None, QueuedRun | None]:
     """The run's lease, and its queue entry unless it is not needed (the run ended, or
     its lease is held): the queue is read whole, and a live tail asks at every batch."""
-    holder = store.holder(state.run_id)
+    holder = store.holder(run_id)  # not state.run_id: '' in a log without run_started
     if state.status in DONE or (holder is not None and holder.expires_at > now):
         return holder, None
-    return holder, queue_runs(store).get(state.run_id)
+    return holder, queue_runs(store).get(run_id)
 
 
 def queue_runs(store: Store) -> dict[str, QueuedRun]:

@@ -276,7 +276,7 @@ def run_summary(store: Store, states: States, run_id: str,
         raise NotFound(run_id)
     state = states.of(run_id, last)
     now = time.time()
-    holder, queued = driver(store, state, now)
+    holder, queued = driver(store, run_id, state, now)
     stand = standing_of(state, holder, queued, now)
     return {
         "run_id": run_id, "status": state.status, "pause_reason": state.pause_reason,
@@ -358,7 +358,7 @@ def decision_note(store: Store, states: States, run_id: str, seq: int,
         return None
     state = states.of(run_id, last)
     now = time.time()
-    holder, queued = driver(store, state, now)
+    holder, queued = driver(store, run_id, state, now)
     stand = standing_of(state, holder, queued, now)
     note: dict[str, Any] = {"run_id": run_id, "seq": seq, "recorded": recorded,
                             "standing": stand, "command": "", "shell": True, "silent": ""}
