@@ -52,11 +52,16 @@ def interrupted(cwd: Path, *args: str) -> tuple[int, str]:
     """Run `agentjournal ARGS`, send it SIGINT once its tool runs; its exit code, stderr."""
     child = subprocess.Popen([sys.executable, "-m", "agentjournal", *args], cwd=cwd,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "COLUMNS": "200"})
+                             env={**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1"})
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "TOOL STARTED"
     child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=HANG)
+    try:
+        _, err = child.communicate(timeout=HANG)
+    except subprocess.TimeoutExpired:  # hung: its threads' stacks say where (faulthandler)
+        child.send_signal(signal.SIGABRT)
+        _, err = child.communicate(timeout=HANG)
+        raise AssertionError(f"{args} hung after SIGINT:\n{err}") from None
     return child.returncode, err
 
 
