@@ -315,7 +315,66 @@ def pydantic_ai_run(store_url: str, made: list[str], value: Any) -> list[Any]:
         store.close()
 
 
-@pytest.mark.parametrize("shell", [native_run, pydantic_ai_run], ids=["native", "pydantic_ai"])
+def langgraph_run(store_url: str, made: list[str], value: Any,
+                  **saver_options: Any) -> list[Any]:
+    """The call made by a ToolNode wrapped by exactly_once, then replayed from the
+    checkpoint before the tools ran (the same call, answered from the log). Each time the
+    model is told the call was made and its result not kept, and the graph goes on."""
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    from agentjournal.integrations.langgraph import (
+        JournalSaver,
+        exactly_once,
+        invoke,
+        thread_run_id,
+    )
+
+    @lc_tool
+    def make(order: int) -> Any:
+        """Make order `order` (an irreversible effect)."""
+        made.append("make")
+        return value()
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        if any(isinstance(m, ToolMessage) for m in state["messages"]):
+            return {"messages": [AIMessage("done")]}
+        return {"messages": [AIMessage("", tool_calls=[
+            {"id": "c1", "name": "make", "args": {"order": 7}}])]}
+
+    store = open_store(store_url)
+    try:
+        saver = JournalSaver(store, **saver_options)
+        calls_ = exactly_once(saver)
+        builder = StateGraph(MessagesState)
+        builder.add_node("model", model)
+        builder.add_node("tools", ToolNode([make], wrap_tool_call=calls_,
+                                           awrap_tool_call=calls_.awrap))
+        builder.add_edge(START, "model")
+        builder.add_conditional_edges("model", tools_condition, ["tools", END])
+        builder.add_edge("tools", "model")
+        graph = builder.compile(checkpointer=saver)
+        conf: Any = {"configurable": {"thread_id": "t1"}}
+        ran = [invoke(graph, {"messages": [HumanMessage("make order 7")]}, conf)]
+        before = next(s for s in graph.get_state_history(conf) if s.next == ("tools",))
+        ran.append(invoke(graph, None, before.config))  # the same call id, again
+        log = list(store.read(thread_run_id("t1")))
+    finally:
+        store.close()
+    for out in ran:
+        told = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+        assert [m.status for m in told] == ["error"]
+        assert str(told[0].content).startswith(
+            "error: the call was made, but its result was not kept")
+        assert out["messages"][-1].content == "done"
+    return log
+
+
+@pytest.mark.parametrize("shell", [native_run, pydantic_ai_run, langgraph_run],
+                         ids=["native", "pydantic_ai", "langgraph"])
 @pytest.mark.parametrize("value", NO_JSON_FORM, ids=list(NO_JSON_FORM))
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
 def test_a_result_with_no_json_form_or_a_nan_completes_not_kept_under_every_shell(
@@ -332,6 +391,33 @@ def test_a_result_with_no_json_form_or_a_nan_completes_not_kept_under_every_shel
     assert done["content"].startswith("error: the call was made, but its result was not kept")
     assert ("NaN" in done["encoding_error"]) is (value == "nan")
     assert [e.type for e in log if e.type is E.RUN_FINISHED] == [E.RUN_FINISHED]
+
+
+#: A result LangGraph would store whole but agentjournal does not keep, and how it is kept.
+LANGGRAPH_NOT_KEPT = {
+    "deep": (lambda: nested(20_000), {}, b"[" * 20_000 + b"1" + b"]" * 20_000),
+    "big": (lambda: "x" * 2_000, {"max_result_bytes": 1_000},
+            b'{"tool_message":{"content":"' + b"x" * 2_000 + b'","status":"success"}}'),
+}
+
+
+@pytest.mark.parametrize("case", LANGGRAPH_NOT_KEPT, ids=list(LANGGRAPH_NOT_KEPT))
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_langgraph_result_too_deep_or_too_big_completes_not_kept_with_its_digest(
+        case: str, store_url: str) -> None:
+    """Nested 20,000 deep (LangChain's own encoder exhausts the stack on it) or over
+    the saver's ``max_result_bytes``: the call completes not kept with the size and
+    sha256 of what it returned, the graph goes on, and a replay does not make it again
+    (never an uncertain call for a person, never ResultNotKeptError out of the graph)."""
+    value, options, body = LANGGRAPH_NOT_KEPT[case]
+    made: list[str] = []
+    log = langgraph_run(store_url, made, value, **options)
+    assert made == ["make"]
+    assert not any(e.type in (E.TOOL_CALL_UNCERTAIN, E.RUN_PAUSED) for e in log)
+    (done,) = [e.payload for e in log if e.type is E.TOOL_CALL_COMPLETED]
+    assert done["idempotency_key"] and done["result"] is None
+    assert done["result_bytes"] == len(body)
+    assert done["result_sha256"] == hashlib.sha256(body).hexdigest()
 
 
 def test_a_bridged_call_whose_encoder_refuses_its_value_completes_not_kept(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -36,6 +37,7 @@ from ..bridge import current_call as bridge_current_call
 from ..errors import (
     ArchivedRunError,
     CallRefused,
+    EncodingError,
     FencedError,
     JournalError,
     LeaseExpiredError,
@@ -43,9 +45,12 @@ from ..errors import (
     LeaseReleasedError,
     MissingExtraError,
     NeedsPerson,
+    ResultNotKeptError,
 )
 from ..events import Event, EventType, now
 from ..journal import default_owner
+from ..limits import checked_limit
+from ..results import ResultNotEncodable, to_json
 from ..store import Store
 from ..store.base import Tombstone, records_digest
 from ..tools import Effect, Reconciler, ToolContext, ToolFailed
@@ -65,7 +70,9 @@ from ._graphlog import (
 
 try:
     from langchain_core.messages import ToolMessage
+    from langchain_core.messages.tool import ToolOutputMixin
     from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import BaseTool
     from langgraph.checkpoint.base import (
         WRITES_IDX_MAP,
         BaseCheckpointSaver,
@@ -149,14 +156,19 @@ class JournalSaver(BaseCheckpointSaver[str]):
 
     ``owner``: who holds the threads' leases (default: this process). ``ttl``: the
     lease's time to live; a heartbeat renews it every ttl/3 while it is held.
+    ``max_result_bytes``: a tool call's result over this many bytes (as the log would
+    hold it) completes its call as "result not kept", its size and sha256 kept instead
+    (None, the default: no limit).
     """
 
     def __init__(self, store: Store, *, serde: SerializerProtocol | None = None,
-                 owner: str | None = None, ttl: float = 30.0) -> None:
+                 owner: str | None = None, ttl: float = 30.0,
+                 max_result_bytes: int | None = None) -> None:
         super().__init__(serde=serde)
         self.store = store
         self.owner = owner or default_owner()
         self.ttl = ttl
+        self.max_result_bytes = checked_limit("max_result_bytes", max_result_bytes)
         self._threads: dict[str, Thread] = {}
         self._lock = threading.Lock()
 
@@ -197,7 +209,8 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 with _naming(thread_id):
                     run = open_run(self.store, t.run_id, agent=AGENT, owner=self.owner,
                                    ttl=self.ttl, input={"thread_id": thread_id},
-                                   task=f"LangGraph thread {thread_id}", opening=opening)
+                                   task=f"LangGraph thread {thread_id}", opening=opening,
+                                   max_result_bytes=self.max_result_bytes)
                 try:  # the log as it is now that nobody else may write it
                     t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
                 except BaseException:
@@ -538,11 +551,13 @@ class ExactlyOnce:
             return execute(request)  # nothing of it is recorded (no tool runs: no effect)
         call, run, spec = self._begin(request)
         refused: list[JournalError] = []  # the body's reads of current_call() refused
+        unkept: list[Any] = []  # what the tool returned, when it is not to be kept
+        checked = request.override(tool=_checking(request.tool, unkept))
 
         def body(ctx: Any) -> Any:
             with reading_checked(_read_in(request, run.run_id, refused)):
-                result = execute(request)
-            return self._encode(_unless_refused(result, refused))
+                result = execute(checked)
+            return self._recorded(_unless_refused(result, refused), unkept)
 
         with _naming(_thread_id(request)):
             for _ in range(3):  # (a verdict, then the call it settles)
@@ -552,6 +567,8 @@ class ExactlyOnce:
                                      lookup=spec.lookup)
                 except (ToolFailed, CallRefused) as exc:
                     return _error_message(call, exc)
+                except ResultNotKeptError as exc:  # made: the model is told, the graph goes on
+                    return _not_kept_message(call, exc)
                 except NeedsPerson as need:
                     if refused:  # the caller is told what to change, not asked a verdict
                         raise refused[0] from None
@@ -568,11 +585,13 @@ class ExactlyOnce:
             return await execute(request)
         call, run, spec = await asyncio.to_thread(self._begin, request)
         refused: list[JournalError] = []
+        unkept: list[Any] = []
+        checked = request.override(tool=_checking(request.tool, unkept))
 
         async def body(ctx: Any) -> Any:
             with reading_checked(_read_in(request, run.run_id, refused)):
-                result = await execute(request)
-            return self._encode(_unless_refused(result, refused))
+                result = await execute(checked)
+            return self._recorded(_unless_refused(result, refused), unkept)
 
         with _naming(_thread_id(request)):
             for _ in range(3):
@@ -582,6 +601,8 @@ class ExactlyOnce:
                                             identity=spec.identity, lookup=spec.lookup)
                 except (ToolFailed, CallRefused) as exc:
                     return _error_message(call, exc)
+                except ResultNotKeptError as exc:  # made: the model is told, the graph goes on
+                    return _not_kept_message(call, exc)
                 except NeedsPerson as need:
                     if refused:
                         raise refused[0] from None
@@ -617,6 +638,18 @@ class ExactlyOnce:
                              f"{{'verdict': 'did_not_happen'}}), not {answer!r}")
         happened, by, reason, result = verdict
         run.resolve(call["id"], happened=happened, by=by, reason=reason, result=result)
+
+    def _recorded(self, result: ToolMessage | Command[Any], unkept: list[Any]) -> Any:
+        """What the call's completion records: the value the tool returned itself when
+        it is not kept (the loop's rule then completes the call as "result not kept",
+        with its size and sha256 when it nests too deep), else the message or command."""
+        if unkept:
+            return unkept[0]
+        try:
+            return self._encode(result)
+        except Exception as exc:  # the tool ran: its value has no form the log can hold
+            raise ResultNotEncodable(
+                f"its result has no JSON form: {type(exc).__name__}: {exc}") from None
 
     def _encode(self, result: ToolMessage | Command[Any]) -> dict[str, Any]:
         if isinstance(result, ToolMessage):
@@ -718,6 +751,67 @@ def _verdict(answer: Any) -> tuple[bool, str, str, Any] | None:
         return None
     return (happened, str(answer.get("by") or "langgraph resume"),
             str(answer.get("reason") or ""), answer.get("result"))
+
+
+def _checking(tool: BaseTool, unkept: list[Any]) -> BaseTool:
+    """A copy of ``tool`` that keeps in ``unkept`` a value it returns that agentjournal
+    does not keep (no JSON form, a NaN, nested past results.MAX_DEPTH; results.py), and
+    gives LangChain an empty content for it instead. LangChain would make that value the
+    message's text itself, as ``str(value)`` (a repr, which may hold a secret), as JSON
+    text with NaN in it, or raise RecursionError after the effect happened: under
+    LangGraph the call then completes as "result not kept", as under every shell."""
+    copy = tool.model_copy()
+    for name in ("_run", "_arun"):
+        method = getattr(tool, name)
+        wrapper = (_checked_async(method, tool, unkept) if name == "_arun"
+                   else _checked_sync(method, tool, unkept))
+        object.__setattr__(copy, name, wrapper)
+    return copy
+
+
+def _checked_sync(method: Callable[..., Any], tool: BaseTool,
+                  unkept: list[Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _kept_or_stood_in(method(*args, **kwargs), tool, unkept)
+    return run
+
+
+def _checked_async(method: Callable[..., Any], tool: BaseTool,
+                   unkept: list[Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def arun(*args: Any, **kwargs: Any) -> Any:
+        return _kept_or_stood_in(await method(*args, **kwargs), tool, unkept)
+    return arun
+
+
+def _kept_or_stood_in(response: Any, tool: BaseTool, unkept: list[Any]) -> Any:
+    pair = tool.response_format == "content_and_artifact"
+    content = response[0] if pair and isinstance(response, tuple) and response else response
+    if unkept or _keepable(content):  # (unkept: an async tool's sync part already kept it)
+        return response
+    unkept.append(content)
+    return ("", None) if pair else ""
+
+
+def _keepable(content: Any) -> bool:
+    """Whether a tool's value is one the log may hold as LangChain renders it: text, a
+    message or command, or a value with a JSON form (results.to_json)."""
+    if isinstance(content, str | ToolOutputMixin):
+        return True
+    if isinstance(content, list) and content and all(
+            isinstance(item, ToolOutputMixin) for item in content):
+        return True
+    try:
+        to_json(content)
+    except EncodingError:
+        return False
+    return True
+
+
+def _not_kept_message(call: Any, exc: ResultNotKeptError) -> ToolMessage:
+    return ToolMessage(content=exc.reason, tool_call_id=call["id"], name=call["name"],
+                       status="error")
 
 
 def _error_message(call: Any, exc: Exception) -> ToolMessage:
