@@ -112,7 +112,7 @@ def applied_at(receiver: str) -> Any:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     config = {"configurable": {"thread_id": args.thread}}
-    given: Any = None if args.resume else {"messages": [HumanMessage(TASK)]}
+    given: Any = None if args.resume else {"messages": [HumanMessage(args.ask)]}
     if args.decide:
         given = Command(resume={"verdict": args.decide, "by": "test", "reason": "checked"})
     if args.saver == "stock":
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--receiver", required=True)
     p.add_argument("--block", choices=["opened", "model", "before", "after"])
     p.add_argument("--gate", help="a file whose creation ends the wait of --block")
+    p.add_argument("--ask", default=TASK, help="the human message of this invocation")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--decide", help="resume with Command(resume={'verdict': ...})")
     p.add_argument("--lookup", action="store_true", help="the tool has a reconcile lookup")

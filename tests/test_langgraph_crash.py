@@ -44,9 +44,9 @@ def default_size(request: pytest.FixtureRequest) -> None:
     run on all three). Decided before the receiver starts."""
     params = getattr(request.node, "callspec", None)
     given = params.params if params is not None else {}
-    if request.config.getoption("--slow") or request.node.name.startswith(
-            "test_killed_as_the_thread_opens"):
-        return  # (that window on every backend: where the thread's first append is made)
+    if request.config.getoption("--slow") or request.node.name.startswith((
+            "test_killed_as_the_thread_opens", "test_killed_as_an_unfinished_thread")):
+        return  # (those windows on every backend: where a thread's run is opened)
     if given.get("store_url", "sqlite") != "sqlite":
         pytest.skip("on this backend with --slow (the default suite kills on sqlite)")
     stock = request.node.name.startswith("test_stock")
@@ -187,6 +187,27 @@ def test_killed_as_the_thread_opens_it_resumes_with_no_input(
     assert kinds == [EventType.RUN_STARTED, EventType.USER_MESSAGE, EventType.GRAPH_INPUT]
     out = finish(journal(store_url, receiver, "--lookup", "--resume"))
     assert out["messages"][0] == ["HumanMessage", "Refund order 42 once."], out
+    assert out["messages"][-1] == ["AIMessage", "Refunded order 42."]
+    assert receiver.by_label() == {LABEL: 1}
+    assert [e.type for e in log_of(store_url)][-1] is EventType.RUN_FINISHED
+
+
+@backend_params()
+def test_killed_as_an_unfinished_thread_reopens_its_new_input_is_kept(
+        store_url: str, receiver: Receiver) -> None:
+    # A thread left unfinished (killed before its model answered), then given a new input
+    # by a process killed right after it opened the thread's run again: the input is in
+    # that same append (run_resumed with graph_input), so invoke(graph, None, thread)
+    # runs the graph on it; it was a second append, lost with the kill.
+    kill_in(journal(store_url, receiver, "--lookup", "--block", "model"), "model")
+    first = len(log_of(store_url))
+    kill_in(journal(store_url, receiver, "--lookup", "--ask", "Refund it, please.",
+                    "--block", "opened"), "opened")
+    reopened = log_of(store_url)[first:]
+    assert [e.type for e in reopened] == [EventType.RUN_RESUMED, EventType.GRAPH_INPUT]
+    out = finish(journal(store_url, receiver, "--lookup", "--resume"))
+    assert [m for m in out["messages"] if m[0] == "HumanMessage"] == [
+        ["HumanMessage", "Refund order 42 once."], ["HumanMessage", "Refund it, please."]], out
     assert out["messages"][-1] == ["AIMessage", "Refunded order 42."]
     assert receiver.by_label() == {LABEL: 1}
     assert [e.type for e in log_of(store_url)][-1] is EventType.RUN_FINISHED

@@ -249,8 +249,8 @@ class BridgedRun(StepMachine):
     """An open run stepped through by another framework. Made by :func:`open_run`."""
 
     reads_ride = False  # the framework asks the model: a result is stored as it comes
-    #: The caller's ``opening`` facts as stored with ``run_started`` (see open_run);
-    #: empty when the run existed.
+    #: The caller's ``opening`` facts as stored with ``run_started`` or ``run_resumed``
+    #: (see open_run); empty when neither was recorded.
     opened: tuple[Event, ...] = ()
 
     def __init__(self, journal: RunJournal, *, tool_timeout: float | None,
@@ -715,7 +715,10 @@ class BridgedRun(StepMachine):
                 raise RunMismatchError(j.run_id, name, was, now, resume=continuation(
                     j.state, started={"input": self._input}).command)
         if j.state.status not in ("finished", "cancelled", "compensating", "compensated"):
-            j.record(E.RUN_RESUMED)
+            # The caller's facts in the same append as run_resumed, as with run_started:
+            # a crash never leaves the run reopened without the input it was opened for.
+            j.stage([(E.RUN_RESUMED, {})])
+            self.opened = tuple(j.record_all(list(opening), redact=False))
 
     def record(self, facts: Sequence[tuple[EventType, dict[str, Any]]], *,
                redact: bool = True) -> list[Event]:
@@ -800,8 +803,10 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
     may take before it is abandoned as uncertain (None: no limit). ``parent``: the call
     of another run that opens this one (its ``run_id``, the call's ``key`` and
     ``call_id``), recorded in ``run_started`` on first open. ``opening``: facts of the
-    framework's own (record-only types) stored with ``run_started`` in its one append
-    when the run is new, e.g. its first input (``run.opened``); not on a resume.
+    framework's own (record-only types) stored in the one append that opens the run,
+    with ``run_started`` when it is new or ``run_resumed`` when it resumes, e.g. the
+    input it is opened for (``run.opened``); not stored (``run.opened`` empty) when
+    neither is recorded (a finished or cancelled run: the caller records them itself).
     """
     run_id = require_run_id(run_id)
     holder: list[BridgedRun] = []

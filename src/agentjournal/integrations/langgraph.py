@@ -201,8 +201,9 @@ class JournalSaver(BaseCheckpointSaver[str]):
              opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> BridgedRun:
         """Open the thread's run (if this saver has not): take its lease, start or resume
         it (``agentjournal.bridge.open_run``), and return it. ``LeaseHeldError`` when
-        another process holds it. ``opening``: facts stored in the append that starts a
-        new thread's run (``run.opened``)."""
+        another process holds it. ``opening``: facts stored in the append that opens the
+        thread's run, with its start or its resume (``run.opened``; empty when a finished
+        thread's run is opened: nothing is appended then)."""
         t = self.thread(thread_id)
         with t.lock:
             if t.run is None:
@@ -494,8 +495,8 @@ class JournalSaver(BaseCheckpointSaver[str]):
             return input if pending is None else self.serde.loads_typed(pending)
         fact = (EventType.GRAPH_INPUT, {"input": _typed(self.serde.dumps_typed(input))})
         with t.lock:
-            # A new thread's run is started with its input in one append: a crash can
-            # never leave a thread opened without the input it was opened for.
+            # A thread's run is started or resumed with its input in one append: a crash
+            # can never leave a thread opened without the input it was opened for.
             opening = t.run is None
             if not (opening and self.hold(thread_id, opening=[fact]).opened):
                 self.append(thread_id, [fact])
