@@ -193,6 +193,27 @@ def chaos(fleet: Fleet, size: Size, cluster: ThrowawayCluster, rng: random.Rando
     return did
 
 
+#: How long no run may be queued or running before the fleet counts as settled: a worker
+#: woken from SIGSTOP takes back its stop at its next beat, withdrawing a park that counted
+#: it (the run is queued again), so a moment with every run done or parked is not the end.
+SETTLED = 2 * TTL + 1.0
+
+
+def wait_settled(fleet: Fleet, within: float) -> None:
+    """Until no run has been queued or running for SETTLED seconds, or ``within`` passed."""
+    deadline = time.monotonic() + within
+    quiet_since: float | None = None
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if fleet.query(unfinished):
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since >= SETTLED:
+            return
+        time.sleep(0.25)
+
+
 def settle_kills(fleet: Fleet, kills: list[Kill]) -> None:
     """Each kill's last heartbeat and the runs it held, from the rows it left."""
     def read(store: Any) -> None:
@@ -238,9 +259,7 @@ def test_fleet_survives_kills_stops_and_a_postgres_restart(
             for _ in range(size.workers):
                 fleet.start()
             did = chaos(fleet, size, own_postgres, rng, kills)
-            deadline = time.monotonic() + size.finish
-            while fleet.query(unfinished) and time.monotonic() < deadline:
-                time.sleep(0.25)
+            wait_settled(fleet, size.finish)
             left = fleet.query(unfinished)
             assert left == 0, f"{left} runs unfinished after the deadline\n{fleet.logs()}"
             fleet.wait_started()
