@@ -20,6 +20,10 @@ import pytest
 from .conftest import BACKENDS
 
 AGENT = '''
+import linecache
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +40,32 @@ def wait(seconds: int) -> str:
 
 
 agent = Agent(ScriptedModel([calls(("wait", {"seconds": 120})), reply("done")]), [wait])
+
+
+def main_thread_waits() -> bool:
+    """Whether the main thread is in a timed wait on a lock (so, holding this thread's
+    GIL, past its last look for a signal): a signal that is not sent to it now does not
+    end that wait."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return (frame is not None and frame.f_code is threading.Condition.wait.__code__
+            and linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+            == "gotit = waiter.acquire(True, timeout)")
+
+
+@tool(effect="read_only")
+def wait_signalled(seconds: int) -> str:
+    """Wait, Ctrl-C taken by this thread once the main thread waits: its handler has run,
+    and the main thread's wait goes on (as when Ctrl-C comes just before it waits)."""
+    while not main_thread_waits():
+        time.sleep(0.001)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+    print("TOOL STARTED", flush=True)
+    time.sleep(seconds)
+    return "waited"
+
+
+signalled = Agent(ScriptedModel([calls(("wait_signalled", {"seconds": 600})), reply("done")]),
+                  [wait_signalled])
 short_lease = Agent(ScriptedModel([calls(("wait", {"seconds": 120})), reply("done")]),
                     [wait], lease_ttl=1.0)
 '''
@@ -48,14 +78,16 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "COLUMNS": "200"})
 
 
-def interrupted(cwd: Path, *args: str) -> tuple[int, str]:
-    """Run `agentjournal ARGS`, send it SIGINT once its tool runs; its exit code, stderr."""
+def interrupted(cwd: Path, *args: str, send: bool = True) -> tuple[int, str]:
+    """Run `agentjournal ARGS`, send it SIGINT once its tool runs (``send``; else the
+    tool sends it); its exit code, stderr."""
     child = subprocess.Popen([sys.executable, "-m", "agentjournal", *args], cwd=cwd,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1"})
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "TOOL STARTED"
-    child.send_signal(signal.SIGINT)
+    if send:
+        child.send_signal(signal.SIGINT)
     try:
         _, err = child.communicate(timeout=HANG)
     except subprocess.TimeoutExpired:  # hung: its threads' stacks say where (faulthandler)
@@ -88,6 +120,23 @@ def test_ctrl_c_leaves_the_run_interrupted_with_the_command_that_resumes_it(
     (tmp_path / "hurry").touch()
     done = cli(tmp_path, "resume", "w1", *store)
     assert done.returncode == 0 and "run w1: finished" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_ctrl_c_whose_handler_ran_before_the_main_thread_waited_still_interrupts_the_run(
+        store_url: str, tmp_path: Path) -> None:
+    """Ctrl-C that comes after the main thread last looked for one and before it waits
+    on the run (it did, under load in CI) is not lost: the run is interrupted, not left
+    running until its tool returns (here 600 s; the hang guard fails the test first)."""
+    module = f"slow_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(AGENT)
+    store = ["--store", store_url]
+    code, err = interrupted(tmp_path, "run", f"{module}:signalled", "wait", "--run-id", "s1",
+                            *store, send=False)
+    assert code == 130, err
+    assert "run s1 was interrupted" in err and "agentjournal resume s1" in err, err
+    (row,) = json.loads(cli(tmp_path, "runs", "--json", *store).stdout)
+    assert row["status"] == "paused" and row["interrupted"] is True, row
 
 
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)

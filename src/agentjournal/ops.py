@@ -189,6 +189,13 @@ def run_sync(steps: Steps[T]) -> T:
             error = exc
 
 
+#: The longest the main thread watches a run in one wait. Ctrl-C whose handler runs
+#: after the thread last looked for a signal and before it began to wait does not end
+#: that wait (only one arriving during it does): it is acted on when the wait ends, so
+#: within this, not when the run's tool returns (it happened, under load).
+SIGNAL_LATENCY = 0.5
+
+
 @dataclass(frozen=True)
 class _InFlight:
     """The call a driver is making, and what a driver that goes on without it needs."""
@@ -219,6 +226,9 @@ class _Watch:
         self.in_flight: _InFlight | None = None
         self.wake_at = float("inf")  # when the watcher wakes: one due sooner wakes it
         self.patience: float | None = None  # the last call's timeout: sleep between calls
+        # Only the main thread is interrupted by a signal (see SIGNAL_LATENCY).
+        self.longest_wait = (SIGNAL_LATENCY if threading.current_thread()
+                             is threading.main_thread() else None)
         self.ended = False
         self.value: Any = None
         self.error: BaseException | None = None
@@ -248,6 +258,8 @@ class _Watch:
                                                          flight.call.timeout))))
             return
         wait = (flight.deadline - now if flight is not None else self.patience)
+        if self.longest_wait is not None:
+            wait = self.longest_wait if wait is None else min(wait, self.longest_wait)
         self.wake_at = now + wait if wait is not None else float("inf")
         self.lock.wait(wait)
 
@@ -342,8 +354,8 @@ def run_watched(steps: Steps[T]) -> T:
     watches: a tool call past its timeout is abandoned as by :func:`call_in_thread`, at
     no cost to a call that returns in time (see _Watch). A call of a batch run at once
     is still timed by its own thread. Interrupted (KeyboardInterrupt), this thread
-    returns at once unless the driver is appending: then once it has, and no driver
-    goes on."""
+    returns at once (or within SIGNAL_LATENCY: see there) unless the driver is
+    appending: then once it has, and no driver goes on."""
     result: T = _Watch(steps).run()
     return result
 
