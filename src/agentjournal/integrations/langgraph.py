@@ -789,7 +789,7 @@ def _checked_async(method: Callable[..., Any], tool: BaseTool,
 def _kept_or_stood_in(response: Any, tool: BaseTool, unkept: list[Any]) -> Any:
     pair = tool.response_format == "content_and_artifact"
     content = response[0] if pair and isinstance(response, tuple) and response else response
-    if unkept or _keepable(content):  # (unkept: an async tool's sync part already kept it)
+    if unkept or _keepable(content):  # (unkept: kept aside already, by the other wrapper)
         return response
     unkept.append(content)
     return ("", None) if pair else ""
