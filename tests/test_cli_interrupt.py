@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from agentjournal import Agent, ScriptedModel, calls, reply, tool
+from agentjournal import Agent, ScriptedModel, Undo, calls, reply, tool, tools
 
 
 @tool(effect="read_only")
@@ -68,6 +68,35 @@ signalled = Agent(ScriptedModel([calls(("wait_signalled", {"seconds": 600})), re
                   [wait_signalled])
 short_lease = Agent(ScriptedModel([calls(("wait", {"seconds": 120})), reply("done")]),
                     [wait], lease_ttl=1.0)
+
+
+def main_thread_waits_on_a_call() -> bool:
+    """Whether the main thread is in the timed wait for a tool call made on another
+    thread (tools.CallRunner): as main_thread_waits, for that wait."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return (frame is not None and frame.f_code.co_filename == tools.__file__
+            and "acquire(timeout=" in linecache.getline(frame.f_code.co_filename,
+                                                        frame.f_lineno))
+
+
+def undo_signalled(undo: Undo) -> str:
+    """An undo that waits, Ctrl-C taken by this thread once the main thread waits on it
+    (as wait_signalled)."""
+    while not main_thread_waits_on_a_call():
+        time.sleep(0.001)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+    print("TOOL STARTED", flush=True)
+    time.sleep(600)
+    return "undone"
+
+
+@tool(effect="reversible", compensate=undo_signalled, timeout=900)
+def post(label: str) -> str:
+    """Post something that can be undone."""
+    return "posted"
+
+
+posting = Agent(ScriptedModel([calls(("post", {"label": "x"})), reply("done")]), [post])
 '''
 HANG = 120  # a hang guard, not a speed limit
 
@@ -137,6 +166,26 @@ def test_ctrl_c_whose_handler_ran_before_the_main_thread_waited_still_interrupts
     assert "run s1 was interrupted" in err and "agentjournal resume s1" in err, err
     (row,) = json.loads(cli(tmp_path, "runs", "--json", *store).stdout)
     assert row["status"] == "paused" and row["interrupted"] is True, row
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_ctrl_c_whose_handler_ran_before_compensate_waited_on_an_undo_still_interrupts_it(
+        store_url: str, tmp_path: Path) -> None:
+    """The same race on `agentjournal compensate`, whose main thread waits on an undo
+    made on another thread (its tool's timeout, here 900 s): Ctrl-C stops it, the undo
+    left started and not completed (the next compensate settles it by its lookup)."""
+    module = f"undo_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(AGENT)
+    store = ["--store", store_url]
+    ran = cli(tmp_path, "run", f"{module}:posting", "post it", "--run-id", "c1", *store)
+    assert ran.returncode == 0, ran.stderr
+    code, err = interrupted(tmp_path, "compensate", "c1", "--agent", f"{module}:posting",
+                            *store, send=False)
+    assert code == 130, err  # interrupted: neither compensated nor stopped for a person
+    events = [json.loads(line)["type"] for line in
+              cli(tmp_path, "events", "c1", *store).stdout.splitlines()]
+    assert events.count("compensation_started") == 1, events
+    assert "compensation_completed" not in events, events
 
 
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)

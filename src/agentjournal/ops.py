@@ -24,13 +24,20 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .models import Model, ModelRequest
 from .state import PendingCall
-from .tools import CallGuard, CallRunner, Tool, ToolTimedOut, abandoned
+from .tools import (
+    CallGuard,
+    CallRunner,
+    Tool,
+    ToolTimedOut,
+    abandoned,
+    wait_for,
+)
 
 T = TypeVar("T")
 
@@ -150,7 +157,19 @@ def _invoke_sync(op: Invoke) -> None:
                             thread_name_prefix="agentjournal-call") as pool:
         running = {pool.submit(_outcome, lambda c=c: call_in_thread(c)): i  # type: ignore[misc]
                    for i, c in enumerate(op.calls)}
-        for future in as_completed(running):
+        # (not as_completed: its wait has no end, and Ctrl-C must end it: see wait_for)
+        finished: collections.deque[Future[Outcome]] = collections.deque()
+        came = threading.Semaphore(0)
+
+        def arrived(future: Future[Outcome]) -> None:
+            finished.append(future)
+            came.release()
+
+        for future in running:
+            future.add_done_callback(arrived)
+        for _ in running:
+            wait_for(lambda wait: came.acquire(timeout=wait), None)
+            future = finished.popleft()
             op.done(running[future], future.result())
 
 
@@ -189,13 +208,6 @@ def run_sync(steps: Steps[T]) -> T:
             error = exc
 
 
-#: The longest the main thread watches a run in one wait. Ctrl-C whose handler runs
-#: after the thread last looked for a signal and before it began to wait does not end
-#: that wait (only one arriving during it does): it is acted on when the wait ends, so
-#: within this, not when the run's tool returns (it happened, under load).
-SIGNAL_LATENCY = 0.5
-
-
 @dataclass(frozen=True)
 class _InFlight:
     """The call a driver is making, and what a driver that goes on without it needs."""
@@ -226,9 +238,6 @@ class _Watch:
         self.in_flight: _InFlight | None = None
         self.wake_at = float("inf")  # when the watcher wakes: one due sooner wakes it
         self.patience: float | None = None  # the last call's timeout: sleep between calls
-        # Only the main thread is interrupted by a signal (see SIGNAL_LATENCY).
-        self.longest_wait = (SIGNAL_LATENCY if threading.current_thread()
-                             is threading.main_thread() else None)
         self.ended = False
         self.value: Any = None
         self.error: BaseException | None = None
@@ -258,10 +267,8 @@ class _Watch:
                                                          flight.call.timeout))))
             return
         wait = (flight.deadline - now if flight is not None else self.patience)
-        if self.longest_wait is not None:
-            wait = self.longest_wait if wait is None else min(wait, self.longest_wait)
         self.wake_at = now + wait if wait is not None else float("inf")
-        self.lock.wait(wait)
+        wait_for(self.lock.wait, wait)  # in slices on the main thread: see there
 
     def _start(self, after: tuple[_InFlight, Outcome] | None) -> None:
         """A new driver (the caller holds ``lock``), from the start or after a call."""
@@ -354,7 +361,7 @@ def run_watched(steps: Steps[T]) -> T:
     watches: a tool call past its timeout is abandoned as by :func:`call_in_thread`, at
     no cost to a call that returns in time (see _Watch). A call of a batch run at once
     is still timed by its own thread. Interrupted (KeyboardInterrupt), this thread
-    returns at once (or within SIGNAL_LATENCY: see there) unless the driver is
+    returns at once (or within SIGNAL_LATENCY: see wait_for) unless the driver is
     appending: then once it has, and no driver goes on."""
     result: T = _Watch(steps).run()
     return result

@@ -29,6 +29,7 @@ import inspect
 import math
 import os
 import threading
+import time
 import typing
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -114,6 +115,28 @@ class CallGuard:
             self.abandoned = True
 
 
+#: The longest the main thread waits on another thread in one go. Ctrl-C whose handler
+#: runs after the thread last looked for a signal and before it began to wait does not
+#: end that wait (only one arriving during it does): it is acted on when the wait ends,
+#: so within this, not when the call waited on returns (it happened, under load).
+SIGNAL_LATENCY = 0.5
+
+
+def wait_for(wait: Callable[[float | None], bool], timeout: float | None) -> bool:
+    """``wait(timeout)`` (a lock's ``acquire`` or a condition's ``wait``: True once what
+    it waits for came), made in waits of at most SIGNAL_LATENCY on the main thread, so
+    Ctrl-C is acted on between them. Elsewhere no signal is acted on: one wait."""
+    if threading.current_thread() is not threading.main_thread():
+        return wait(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = math.inf if deadline is None else max(0.0, deadline - time.monotonic())
+        if wait(min(left, SIGNAL_LATENCY)):
+            return True
+        if left <= SIGNAL_LATENCY:
+            return False
+
+
 class _Job:
     __slots__ = ("done", "error", "fn", "result")
 
@@ -123,6 +146,10 @@ class _Job:
         self.done.acquire()
         self.result: Any = None
         self.error: BaseException | None = None
+
+    def wait(self, timeout: float | None) -> bool:
+        """Whether the call returned within ``timeout`` seconds (None: however long)."""
+        return self.done.acquire(timeout=-1 if timeout is None else timeout)
 
 
 class _Worker:
@@ -186,7 +213,7 @@ class CallRunner:
             worker = self._start()
         job = _Job(fn)
         worker.hand(job)
-        if not job.done.acquire(timeout=timeout):
+        if not wait_for(job.wait, timeout):
             guard.abandon()
             self._retire()
             raise abandoned(what, timeout)
