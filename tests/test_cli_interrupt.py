@@ -186,6 +186,9 @@ def test_ctrl_c_whose_handler_ran_before_compensate_waited_on_an_undo_still_inte
               cli(tmp_path, "events", "c1", *store).stdout.splitlines()]
     assert events.count("compensation_started") == 1, events
     assert "compensation_completed" not in events, events
+    shown = cli(tmp_path, "show", "c1", *store).stdout.splitlines()
+    assert f"agentjournal compensate c1 --store {store_url}" in "\n".join(shown), shown
+    assert "agentjournal resume" not in "\n".join(shown), shown  # its loop never runs again
 
 
 @pytest.mark.parametrize("store_url", BACKENDS, indirect=True)

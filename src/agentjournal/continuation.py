@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 #:  ``worker``        nothing to do: a worker of the queue takes it up
 #:  ``decide``        a queued run that still waits for a person's other decisions
 #:  ``requeue``       ``agentjournal requeue RUN`` (a worker parked it)
+#:  ``compensate``    ``agentjournal compensate RUN`` (its saga stopped before its end)
 #:  ``pydantic_ai``   the Pydantic AI agent run again with the same prompt and run id
 #:  ``langgraph``     ``invoke(graph, None, thread)`` with the same thread id
 #:  ``openai_agents`` ``JournalRunner.run(agent, None, store=..., run_id=RUN)``
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
 #:                    that parent run resumes it (its own continuation not known here)
 #:  ``done``          nothing: the run ended (finished, cancelled, compensated)
 #: A child run whose parent's continuation is known takes the parent's kind and command.
-Kind = Literal["resume", "run", "worker", "decide", "requeue", "pydantic_ai", "langgraph",
-               "openai_agents", "parent", "done"]
+Kind = Literal["resume", "run", "worker", "decide", "requeue", "compensate", "pydantic_ai",
+               "langgraph", "openai_agents", "parent", "done"]
 
 #: Statuses after which nothing continues the run.
 ENDED = ("finished", "cancelled", "compensated")
@@ -101,6 +102,11 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
     queued = _in_queue(rid, "queued" if runnable else queue_state, store_hint)
     if queued is not None:
         return queued
+    if state.status == "compensating":  # the loop never drives it again: its saga does
+        command = f"agentjournal compensate {shlex.quote(rid)}{store_hint}"
+        return Continuation(kind="compensate", run_id=rid, command=command, sentence=(
+            f"run {rid} is being compensated: go on with its saga (its plan is kept, no "
+            f"effect is undone twice) with: {command}"))
     link = (started or {}).get("parent")
     if isinstance(link, Mapping) and isinstance(link.get("run_id"), str):
         return _child(rid, link, parent, store_hint)
