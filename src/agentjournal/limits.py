@@ -88,12 +88,13 @@ def deep_json(value: Any) -> bytes:
     return b"".join(out)
 
 
-def args_size(call: ToolCall) -> int:
-    """Bytes of the arguments as the log would hold them (the raw text, if not JSON)."""
+def args_size(call: ToolCall, deep: bool) -> int:
+    """Bytes of the arguments as the log would hold them (the raw text, if not JSON);
+    ``deep``: they nest past MAX_DEPTH (the caller measured it: not walked again)."""
     if call.raw_arguments is not None:
         return len(call.raw_arguments.encode())
     try:
-        return json_size(call.args) if not nested_deeper(call.args) else len(deep_json(call.args))
+        return len(deep_json(call.args)) if deep else json_size(call.args)
     except (TypeError, msgspec.EncodeError, EncodingError):
         return 0  # no JSON form: refused where the turn is encoded, as it always was
 
@@ -106,7 +107,7 @@ def within_args_limit(response: ModelResponse, limit: int | None) -> ModelRespon
     deep = [nested_deeper(c.args) for c in response.tool_calls]
     if limit is None and not any(deep):
         return response
-    sizes = [args_size(c) for c in response.tool_calls]
+    sizes = [args_size(c, d) for c, d in zip(response.tool_calls, deep, strict=True)]
     kept = [not too_deep and (limit is None or size <= limit)
             for too_deep, size in zip(deep, sizes, strict=True)]
     if all(kept):
