@@ -5,11 +5,12 @@ backwards cannot extend the time budget."""
 from __future__ import annotations
 
 import contextvars
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 from agentjournal import EventType, FencedError, LeaseHeldError, fold, open_store
 from agentjournal import journal as journal_module
+from agentjournal import ops
 from agentjournal import settle as settle_module
 from agentjournal.agent import Agent
 from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
@@ -378,3 +380,32 @@ def test_a_wall_clock_going_backwards_does_not_extend_the_time_budget(
     assert result.status == "paused" and "seconds" in (result.pause_reason or "")
     (hit,) = [e for e in store.read("r1") if e.type is E.BUDGET_EXCEEDED]
     assert hit.payload["used"] == pytest.approx(20)
+
+
+def test_a_run_that_ends_as_the_watcher_s_wait_times_out_is_seen_to_end() -> None:
+    """The watcher waits in slices (Ctrl-C); a driver's notify that comes as a slice times
+    out is lost: Condition.wait returns False. The watcher must still see the run end (a
+    woken SIGSTOPped worker hung so in CI). Here every notify is lost."""
+
+    class Deaf(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            super().wait(0.01)
+            return False
+
+    def steps() -> Generator[Any, Any, int]:
+        return 42
+        yield  # (a generator)
+
+    watch = ops._Watch(steps())
+    watch.lock = Deaf(threading.Lock())
+
+    def too_long(signum: int, frame: Any) -> None:
+        raise TimeoutError("the watcher did not see the run end")
+
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(10)
+    try:
+        assert watch.run() == 42
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -268,7 +268,10 @@ class _Watch:
             return
         wait = (flight.deadline - now if flight is not None else self.patience)
         self.wake_at = now + wait if wait is not None else float("inf")
-        wait_for(self.lock.wait, wait)  # in slices on the main thread: see there
+        # In slices on the main thread (see wait_for), and a notify that comes as a slice
+        # times out is lost (Condition.wait returns False): look at what it would say.
+        wait_for(lambda slice: (self.lock.wait(slice) or self.ended
+                                or self.in_flight is not flight), wait)
 
     def _start(self, after: tuple[_InFlight, Outcome] | None) -> None:
         """A new driver (the caller holds ``lock``), from the start or after a call."""
