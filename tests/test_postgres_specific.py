@@ -7,7 +7,10 @@ Skipped when it is unreachable, except under CI=true, where that is a failure.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -747,3 +750,43 @@ def test_batched_appends_of_runs_that_meet_commit_together_without_a_sync(
         # The held one alone (autocommit: durable at once), then the group of five.
         assert commits == 2 and settings[1:] == ["off"], settings
         assert all(len(list(store.read(run_id))) == 2 for run_id in runs)
+
+
+FROZEN_HOLDER = """
+import os, signal, sys
+from agentjournal.store.postgres import PostgresStore
+
+url, schema, run_id = sys.argv[1:]
+store = PostgresStore(url, schema=schema)
+with store._conn() as conn, conn.transaction():
+    conn.execute(f'SELECT 1 FROM "{schema}".runs WHERE run_id = %s FOR UPDATE', (run_id,))
+    print("locked", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # frozen before its COMMIT, as under a SIGSTOP
+"""
+
+
+def test_a_process_frozen_inside_a_transaction_does_not_hide_its_run_from_claims(
+        store: PostgresStore, schema: str) -> None:
+    """A worker SIGSTOPped between a statement and its COMMIT held its run's row lock, and
+    the claim (SKIP LOCKED) skipped the run for as long as it stayed frozen (a successor
+    never claimed it, in CI). The server now ends such a session after
+    IDLE_IN_TRANSACTION_TIMEOUT: the run is claimed a few seconds later."""
+    from agentjournal.fleet import queue_of
+
+    queue = queue_of(store)
+    queue.submit("frozen-run", "tests.chaos_agents:ledger_agent", "t")
+    with store._conn() as conn:
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("5s",)
+    holder = subprocess.Popen([sys.executable, "-c", FROZEN_HOLDER, PG_URL, schema,
+                               "frozen-run"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        deadline = time.monotonic() + 30 + pg_module.IDLE_IN_TRANSACTION_TIMEOUT
+        claim = None
+        while claim is None and time.monotonic() < deadline:
+            claim = queue.claim("successor", 5.0, ["default"])
+            time.sleep(0.2)
+        assert claim is not None and claim.lease.run_id == "frozen-run"
+    finally:
+        holder.kill()
+        holder.wait()

@@ -47,8 +47,12 @@ successor does not wait out the TTL.
 No statement waits for a lock longer than ``lock_timeout`` (30 s unless the URL says
 ``?lock_timeout=SECONDS``; 0 waits forever): another session's ``LOCK TABLE``, advisory
 lock or long transaction (a tenant's: store/tenants.py) makes the call fail with
-``StoreLockedError`` instead of stalling it. An up-to-date schema is opened without the
-migration lock, so a session holding that lock can delay a migration, never an open.
+``StoreLockedError`` instead of stalling it. A session idle inside a transaction
+(its process frozen between a statement and its commit) is ended by the server after
+``IDLE_IN_TRANSACTION_TIMEOUT`` (5 s), releasing the locks it held, unless the URL's
+``options`` or the role or database set ``idle_in_transaction_session_timeout``. An
+up-to-date schema is opened without the migration lock, so a session holding that lock
+can delay a migration, never an open.
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ DEFAULT_SCHEMA = "agentjournal"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _CONNECT_TIMEOUT = 10  # seconds, unless the conninfo sets connect_timeout
 DEFAULT_LOCK_TIMEOUT = 30.0  # seconds a statement waits for a lock, unless ?lock_timeout=
+IDLE_IN_TRANSACTION_TIMEOUT = 5.0  # seconds a frozen session keeps its locks (_configure)
 _MIGRATION_LOCK = 0x414A  # advisory lock key ("AJ"), paired with hashtext(schema)
 _PAGE = 1000  # events per read query: a long run is never held in memory at once
 _ENDS = 4096  # runs whose log end a handle remembers (the most recently used)
@@ -480,6 +485,12 @@ def _configure(conn: Conn, *, lock_timeout: float, readonly: bool) -> None:
     # RunInfo datetimes come back in UTC, as from the other backends.
     conn.execute("SET TIME ZONE 'UTC'")
     _set_lock_timeout(conn, lock_timeout)
+    # A process frozen between a statement and its COMMIT (SIGSTOP, a paused VM) keeps
+    # its row locks: a claim skips such a run, a writer waits on it. The server ends the
+    # session instead, unless the user, role or database set a bound of their own.
+    conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
+                 " WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
+                 (f"{round(IDLE_IN_TRANSACTION_TIMEOUT * 1000)}ms",))
     if readonly:
         conn.execute("SET default_transaction_read_only = on")  # the server refuses writes too
     conn.commit()
