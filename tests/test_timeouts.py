@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from agentjournal import EventType, FencedError, LeaseHeldError, fold, open_store
+from agentjournal import EventType, FencedError, LeaseHeldError, fold, open_store, ops
 from agentjournal import journal as journal_module
-from agentjournal import ops
 from agentjournal import settle as settle_module
 from agentjournal.agent import Agent
 from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
