@@ -36,7 +36,10 @@ from .errors import EncodingError, UnknownEventTypeError, UnsupportedVersionErro
 #: model_turn may carry that unit's ``step`` and ``value`` (no older payload changed);
 #: the conversation of an OpenAI Agents SDK session (session_items_added,
 #: session_item_popped, session_cleared) and a framework's trace spans (trace_recorded).
-SCHEMA_VERSION = 7
+#: v8: deploys: run_started and run_resumed carry the ``agent_version`` that started or
+#: continued the run; request_changed (a recorded model turn served to a request that
+#: the code now makes differently: which parts changed, by digest).
+SCHEMA_VERSION = 8
 
 #: The first schema version whose events are stored sealed (with a chained digest).
 SEALED_SINCE = 4
@@ -78,6 +81,7 @@ class EventType(StrEnum):
     RUN_CANCELLED = "run_cancelled"
     WORKSPACE_CHECKPOINT = "workspace_checkpoint"
     STEP_RECORDED = "step_recorded"
+    REQUEST_CHANGED = "request_changed"
     # A LangGraph thread (integrations/langgraph.py); record-only, indexed by the saver.
     GRAPH_INPUT = "graph_input"
     GRAPH_CHECKPOINT = "graph_checkpoint"
@@ -365,6 +369,7 @@ _TYPES_SINCE: dict[EventType, int] = {
                      EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES,
                      EventType.SESSION_ITEMS_ADDED, EventType.SESSION_ITEM_POPPED,
                      EventType.SESSION_CLEARED, EventType.TRACE_RECORDED), 7),
+    EventType.REQUEST_CHANGED: 8,
 }
 
 # (type, payload field) -> the version that introduced it; "usage." names a usage field.
@@ -378,6 +383,8 @@ _FIELDS_SINCE: dict[tuple[EventType, str], int] = {
     (EventType.TOOL_CALL_STARTED, "key_retention"): 6,
     (EventType.MODEL_TURN, "step"): 7,
     (EventType.MODEL_TURN, "value"): 7,
+    (EventType.RUN_STARTED, "agent_version"): 8,
+    (EventType.RUN_RESUMED, "agent_version"): 8,
 }
 
 

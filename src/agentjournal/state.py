@@ -36,7 +36,8 @@ from .events import Event, EventType, render
 #: v10: a finished run's run_resumed with ``reopened`` (a LangGraph thread given new
 #: input) runs it again.
 #: v11: a conversation session's items (``session``: added, popped, cleared).
-FOLD_VERSION = 11
+#: v12: the agent versions that started and continued the run (``versions``).
+FOLD_VERSION = 12
 
 Trust = Literal["user", "assistant", "tool", "untrusted"]
 Status = Literal["new", "running", "waiting_approval", "paused", "escalated", "finished",
@@ -202,6 +203,9 @@ class RunState(msgspec.Struct, kw_only=True):
     scope: str = ""
     origin: dict[str, Any] | None = None
     agent: str | None = None  # "module:object" of the agent that runs it, if known
+    #: The agent versions that started the run and then continued it, in order (each
+    #: once in a row): run_started's and run_resumed's ``agent_version``.
+    versions: list[str] = msgspec.field(default_factory=list)
     started_at: datetime | None = None
     last_seq: int = 0
     messages: list[Message] = msgspec.field(default_factory=list)
@@ -332,6 +336,7 @@ def _run_started(st: RunState, ev: Event) -> None:
     st.origin = p.get("origin")
     st.instructions = p.get("instructions")
     st.agent = p.get("agent")
+    st.versions = [p["agent_version"]] if p.get("agent_version") else []
     st.started_at = ev.ts
     st.trace = p.get("trace", st.trace)
 
@@ -535,6 +540,9 @@ def _run_resumed(st: RunState, ev: Event) -> None:
     # recorded (``by``: a requeue) is their decision to go on.
     st.resumes += 1
     st.trace = ev.payload.get("trace", st.trace)
+    version = ev.payload.get("agent_version")
+    if version and (not st.versions or st.versions[-1] != version):
+        st.versions.append(version)
     if ev.payload.get("by"):
         st.decided_seq = ev.seq
     if st.status == "finished" and ev.payload.get("reopened"):
@@ -742,6 +750,9 @@ RECORD_ONLY: frozenset[EventType] = frozenset({
     EventType.GRAPH_INPUT, EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES,
     # A framework's trace spans are what it observed, for people; no run relies on them.
     EventType.TRACE_RECORDED,
+    # A recorded turn served to a request the code now makes otherwise: the turn stands
+    # (history is history); the change is kept for people (show, the viewer, check).
+    EventType.REQUEST_CHANGED,
 })
 
 
