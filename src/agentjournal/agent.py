@@ -11,17 +11,19 @@ perform what it asks for (ops.py), in a thread or on an event loop.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import os
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from .deploys import AgentShape, agent_shape, forecast, model_identity, tool_shape
 from .errors import AgentRefError, InvalidRunIdError, RunMismatchError
 from .events import EventType
 from .journal import Observer, RunJournal, open_journal
@@ -40,7 +42,7 @@ from .policy import (
     RegexGuardrail,
 )
 from .redaction import Redaction
-from .settle import as_json, changed_intent, same_intent
+from .settle import as_json, changed_intent, same_intent, uncertain_of
 from .snapshots import settle as settle_maps
 from .state import Approval, PendingCall, RunState, Status
 from .steps import StepMachine, limit, not_kept
@@ -126,6 +128,9 @@ class Agent(StepMachine):
         workspace: Workspace | str | os.PathLike[str] | None = None,
         max_args_bytes: int | None = MAX_ARGS_BYTES,
         max_result_bytes: int | None = MAX_RESULT_BYTES,
+        version: str | None = None,
+        strict: bool = False,
+        renamed: Mapping[str, str] | None = None,
     ) -> None:
         """``tool_timeout``: seconds a tool call may take unless the tool says otherwise
         (None: no limit); past it the call is abandoned and uncertain. ``stuck_after``:
@@ -160,7 +165,18 @@ class Agent(StepMachine):
         no limit). Arguments over it are not kept and the call is denied, telling the
         model why; the run goes on. A result over it comes after the effect: the call
         is completed (never made again), its result's size and sha256 kept instead of
-        it, and the model told. See limits.py."""
+        it, and the model told. See limits.py.
+
+        ``version``: this agent's version, recorded in run_started and in each
+        run_resumed (default: a digest of the instructions, the tools' definitions and
+        the model's identity, ``agent.version``). A run resumed under another version
+        continues from its history (deploys.py): recorded turns are served, the next one
+        asked with this agent; a changed instructions is recorded. A call the change
+        made unusable (its tool gone, its identity or effect class changed, its
+        arguments no longer valid) pauses the run for a person. ``strict=True`` refuses
+        a resume under another version instead (also per run: ``run(..., strict=)``).
+        ``renamed``: old tool name -> new, so calls recorded under the old name are
+        settled and served by the new tool, under their old keys."""
         self.model = model
         self.tools = {t.name: t for t in tools}
         self.policy = policy or AllowAll()
@@ -188,6 +204,23 @@ class Agent(StepMachine):
                           else Workspace(workspace))
         self.max_args_bytes = checked_limit("max_args_bytes", max_args_bytes)
         self.max_result_bytes = checked_limit("max_result_bytes", max_result_bytes)
+        self.strict = strict
+        self.renamed = dict(renamed or {})
+        unknown = sorted(new for new in self.renamed.values() if new not in self.tools)
+        if unknown:
+            raise ValueError(f"renamed maps to tools this agent does not have: {unknown}")
+        self._version = version
+
+    @functools.cached_property
+    def shape(self) -> AgentShape:
+        """What a deploy may change about this agent (deploys.py), computed once."""
+        return agent_shape(instructions=self.instructions, model=model_identity(self.model),
+                           tools=[tool_shape(t) for t in self.tools.values()],
+                           version=self._version, strict=self.strict, renamed=self.renamed)
+
+    @property
+    def version(self) -> str:
+        return self.shape.version
 
     @staticmethod
     def _redaction(given: Redaction | None, guardrails: Sequence[Guardrail]) -> Redaction:
@@ -218,6 +251,7 @@ class Agent(StepMachine):
         keep_lease: bool = False,
         settle: bool = True,
         lease: Lease | None = None,
+        strict: bool | None = None,
     ) -> RunResult:
         """Start ``run_id`` with ``task``, or resume it. Returns where the run stopped.
 
@@ -247,7 +281,7 @@ class Agent(StepMachine):
             raise TypeError(f"{type(self.model).__name__} has no complete(): it is an async "
                             "model, so run the agent with `await agent.arun(...)`")
         with self._opened(store, run_id, task, scope, owner, observer, agent_ref,
-                          change_instructions, keep_lease, lease) as (j, drive):
+                          change_instructions, keep_lease, lease, strict) as (j, drive):
             if drive:
                 run_watched(self._drive(j, stop))
                 j.at_rest()
@@ -268,6 +302,7 @@ class Agent(StepMachine):
         keep_lease: bool = False,
         settle: bool = True,
         lease: Lease | None = None,
+        strict: bool | None = None,
     ) -> RunResult:
         """:meth:`run` for async code: async models and tools are awaited, sync ones run
         in threads, and the calls of one turn run concurrently as tasks. The event loop
@@ -276,7 +311,7 @@ class Agent(StepMachine):
         the appends of the process's runs that arrive together are committed together
         (the store's group commit). An observer is called on those threads."""
         opened = self._opened(store, run_id, task, scope, owner, observer, agent_ref,
-                              change_instructions, keep_lease, lease)
+                              change_instructions, keep_lease, lease, strict)
         j, drive = await in_thread(opened.__enter__)
         if j.state.resumes:  # see to_the_back; a new run asks its model at once
             to_the_back()
@@ -291,8 +326,8 @@ class Agent(StepMachine):
     @contextlib.contextmanager
     def _opened(self, store: Store, run_id: str, task: str | None, scope: str | None,
                 owner: str | None, observer: Observer | None, agent_ref: str | None,
-                change_instructions: bool, keep_lease: bool,
-                lease: Lease | None) -> Iterator[tuple[RunJournal, bool]]:
+                change_instructions: bool, keep_lease: bool, lease: Lease | None,
+                strict: bool | None = None) -> Iterator[tuple[RunJournal, bool]]:
         """The run's journal, started or resumed, and whether there is anything to
         drive (not when it waits for a person)."""
         run_id = require_run_id(run_id)
@@ -300,12 +335,15 @@ class Agent(StepMachine):
                           snapshot_every=self.snapshot_every, redaction=self.redaction,
                           keep_lease=keep_lease, lease=lease) as j:
             try:
-                yield j, self._start_or_resume(j, task, scope, agent_ref, change_instructions)
+                yield j, self._start_or_resume(j, task, scope, agent_ref, change_instructions,
+                                               strict)
             finally:
                 segment_hook(observer, "segment_ended", j.state)
 
     def _start_or_resume(self, j: RunJournal, task: str | None, scope: str | None,
-                         agent_ref: str | None, change_instructions: bool) -> bool:
+                         agent_ref: str | None, change_instructions: bool,
+                         strict: bool | None = None) -> bool:
+        version = self.version
         if j.state.last_seq == 0:
             if task is None:
                 raise ValueError(f"run {j.run_id!r} does not exist yet; give it a task")
@@ -314,6 +352,7 @@ class Agent(StepMachine):
             j.record_all(self._guarded(j, [
                 (E.RUN_STARTED, {"task": task, "scope": scope or run_scope(j.run_id),
                                  "agent": agent_ref, "instructions": self.instructions,
+                                 "agent_version": version,
                                  **({"trace": trace} if trace else {})}),
                 (E.USER_MESSAGE, {"content": task}),
             ]))
@@ -321,23 +360,35 @@ class Agent(StepMachine):
         # Compared as recorded: a task holding a secret was recorded redacted.
         self._check_same_run(j.state, task=j.as_recorded(task), scope=j.as_recorded(scope),
                              agent_ref=j.as_recorded(agent_ref))
+        # History is history: the change is judged (deploys.forecast, as `agentjournal
+        # check` judges it), then recorded, and the run continues from what it recorded.
+        ahead = forecast(j.state, self.shape, strict=strict, accept=change_instructions)
+        if ahead.action == "refuse":
+            raise RunMismatchError(j.run_id, "agent version", j.state.versions[-1]
+                                   if j.state.versions else None, version, advice=(
+                                       f"{ahead.sentence}. Strict mode refused it."))
         changed = j.as_recorded(self.instructions) != j.state.instructions
-        if changed and not change_instructions:
-            raise RunMismatchError(j.run_id, "instructions", j.state.instructions,
-                                   self.instructions)
         if j.state.saga is not None or j.state.status == "cancelled":
             return False  # cancelled, or being compensated: its loop never runs again
         if self._waits_for_a_person(j):
             # Nothing new to act on: another lookup would only escalate again.
             return False
-        if j.state.status != "finished":
-            trace = segment_hook(j.observer, "segment_started", j.state)
-            resumed: list[tuple[EventType, dict[str, Any]]] = [
-                (E.RUN_RESUMED, {"trace": trace} if trace else {})]
-            if changed:
-                resumed.append((E.INSTRUCTIONS_CHANGED, {"instructions": self.instructions}))
-            j.record_all(resumed)
-        return True
+        if j.state.status == "finished":
+            return True
+        if ahead.action == "pause" and j.state.status == "paused" \
+                and j.state.pause_reason == ahead.sentence:
+            return False  # paused for this very reason, nothing settled since: no new facts
+        trace = segment_hook(j.observer, "segment_started", j.state)
+        resumed: list[tuple[EventType, dict[str, Any]]] = [
+            (E.RUN_RESUMED, {"agent_version": version, **({"trace": trace} if trace else {})})]
+        if changed:
+            resumed.append((E.INSTRUCTIONS_CHANGED, {"instructions": self.instructions}))
+        if ahead.action == "pause":
+            # Before recovery could retry, look up or re-make a call under the new code.
+            resumed.append((E.RUN_PAUSED, {"reason": ahead.sentence,
+                                           "uncertain": uncertain_of(j.state)}))
+        j.record_all(resumed)
+        return ahead.action != "pause"
 
     @staticmethod
     def _waits_for_a_person(j: RunJournal) -> bool:

@@ -17,7 +17,8 @@ The same rules judge a call another run of the scope left uncertain
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .errors import EncodingError
@@ -29,7 +30,7 @@ from .ops import LookUp, Steps
 from .peers import Elsewhere, peers_of
 from .redaction import was_redacted
 from .results import to_json
-from .state import SETTLING_VERDICTS, CompletedCall, PendingCall, ToolCall
+from .state import SETTLING_VERDICTS, CompletedCall, PendingCall, RunState, ToolCall
 from .tools import Absent, Conflict, Effect, Found, Tool, Unknown
 
 if TYPE_CHECKING:
@@ -75,10 +76,19 @@ def as_json(value: Any, limit: int | None = None) -> Any:
     return {"not_kept": why, "bytes": size["result_bytes"], "sha256": size["result_sha256"]}
 
 
+def uncertain_of(state: RunState) -> list[dict[str, Any]]:
+    """The run's open calls, as a pause records them for a person."""
+    return [{"key": p.key, "tool": p.tool, "args": p.args, "effect": p.effect,
+             "started_at": p.started_at.isoformat(), "attempt": p.attempt,
+             "last_error": p.last_error} for p in state.pending.values()]
+
+
 class Settling:
     """The recovery rules of the step machine (mixed into ``StepMachine``)."""
 
     tools: dict[str, Tool]
+    #: Old tool name -> new: calls recorded under the old name are the new tool's.
+    renamed: Mapping[str, str] = MappingProxyType({})
     max_attempts: int
     max_recoveries: int
     max_result_bytes: int | None
@@ -92,6 +102,13 @@ class Settling:
                         not_kept_why: str | None = None) -> Fact: ...
         def _guarded(self, j: RunJournal, facts: list[Fact]) -> list[Fact]: ...
         def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str) -> bool: ...
+
+    def _tool_for(self, name: str) -> Tool | None:
+        """The tool that serves calls recorded (or asked) under ``name``."""
+        found = self.tools.get(name)
+        if found is None and name in self.renamed:
+            found = self.tools.get(self.renamed[name])
+        return found
 
     def _evidence(self, value: Any) -> Any:
         """``value`` kept beside a verdict, within the run's result limit."""
@@ -114,7 +131,7 @@ class Settling:
 
     def _settle(self, j: RunJournal, p: PendingCall) -> Steps[bool]:
         """Resolve one uncertain call from evidence; True if it is settled."""
-        tool = self.tools.get(p.tool)
+        tool = self._tool_for(p.tool)
         if tool is None:
             return self._verdict(j, p, "unknown", reason=f"tool {p.tool!r} is not registered")
         if self._asks_peers(tool) and self._done_in_scope(j, p):
@@ -235,12 +252,7 @@ class Settling:
     def _pause(j: RunJournal, reason: str) -> None:
         if j.state.status != "running":
             return  # escalated or waiting: that already says why it stopped
-        uncertain = [
-            {"key": p.key, "tool": p.tool, "args": p.args, "effect": p.effect,
-             "started_at": p.started_at.isoformat(), "attempt": p.attempt,
-             "last_error": p.last_error}
-            for p in j.state.pending.values()
-        ]
+        uncertain = uncertain_of(j.state)
         j.record(E.RUN_PAUSED, reason=reason, uncertain=uncertain)
         METRICS.count("uncertain_handed_to_a_person", len(uncertain))
 

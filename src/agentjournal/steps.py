@@ -307,7 +307,7 @@ class StepMachine(Settling):
         without running (served, denied); False when the run must stop here."""
         if call.too_large is not None:  # its arguments were not kept: never make it
             return self._deny(j, call, None, args_refused(call.too_large, self.max_args_bytes))
-        tool = self.tools.get(call.name)
+        tool = self._tool_for(call.name)
         if tool is None:
             return self._deny(j, call, None, self._unknown(call.name), unknown_tool=True)
         if call.raw_arguments is not None:
@@ -326,7 +326,7 @@ class StepMachine(Settling):
             tool.check_args(call.args)
         except msgspec.ValidationError as exc:
             return self._deny(j, call, None, f"invalid arguments: {exc}")
-        key = tool.key(j.state.scope, call.args)
+        key = self._key_of(j, call, tool)
         if (done := j.state.completed.get(key)) is not None:
             return self._serve(j, call, tool, key, done)
         for p in list(j.state.pending.values()):
@@ -352,6 +352,14 @@ class StepMachine(Settling):
         if tool.requires_fresh and not (yield from self._fresh_enough(j, call, tool)):
             return True  # denied: the model decides again on what it reads now
         return call, tool, key
+
+    @staticmethod
+    def _key_of(j: RunJournal, call: ToolCall, tool: Tool) -> str:
+        """The call's key. A call under a tool's old name (``renamed``) keeps the key it
+        was recorded with (the old name's), never a new one its receiver has not seen."""
+        if call.name == tool.name:
+            return tool.key(j.state.scope, call.args)
+        return idempotency_key(j.state.scope, call.name, call.args, tool.identity or None)
 
     def _serve(self, j: RunJournal, call: ToolCall, tool: Tool, key: str,
                done: CompletedCall) -> bool:
@@ -420,7 +428,7 @@ class StepMachine(Settling):
         False if a call ends uncertain and cannot be settled. ``alone``: the starts only
         if no other run shares the scope, else ScopeSharedError (nothing started)."""
         starts = j.record_all([(E.TOOL_CALL_STARTED, {
-            "key": key, "tool": tool.name, "args": call.args, "call_id": call.id,
+            "key": key, "tool": call.name, "args": call.args, "call_id": call.id,
             "effect": tool.effect.value, "attempt": j.state.attempts.get(key, 0) + 1,
             **_retention(tool)}) for call, tool, key in ready], alone=alone)
         calls = [self._prepared(j, start.seq, start.payload["attempt"], *r)
@@ -507,7 +515,8 @@ class StepMachine(Settling):
         """A completion. ``args`` when its start is not (or no longer) open in this run,
         so the fold can keep them; ``origin`` names the run and seq it came from;
         ``not_kept_why`` why the run that made it kept no result (``CompletedCall.error``)."""
-        tool = self.tools[call.name]
+        tool = self._tool_for(call.name)
+        assert tool is not None  # a call completes only through a tool the agent has
         extra: dict[str, Any] = {"trust": "untrusted"} if tool.untrusted else {}
         if tool.fresh_for is not None:
             extra["fresh_for"] = tool.fresh_for
