@@ -177,7 +177,13 @@ def forecast(state: RunState, shape: AgentShape, *, strict: bool | None = None,
         return Forecast(state.run_id, "done", (), (), f"run {state.run_id}: nothing to resume: "
                         f"{why}")
     recorded = state.versions[-1] if state.versions else None
-    if recorded == shape.version:  # the hot path: the code that continued it last
+    if recorded == shape.version:
+        # The code that continued it last. Its open calls are judged all the same: that
+        # resume may have paused for them (the change came with it).
+        calls = calls_for_a_person(state, shape)
+        if calls:
+            return Forecast(state.run_id, "pause", what_changed(state, shape), calls,
+                            pause_reason(state, calls))
         return Forecast(state.run_id, "continue", (), (),
                         f"run {state.run_id}: continues; the agent did not change "
                         f"({shape.version})")
