@@ -13,6 +13,7 @@ from __future__ import annotations
 from .agent import Agent, RunResult, new_run_id
 from .archive import ArchiveError
 from .bridge import Answer, BridgedRun, CallSpec, Turn, aopen_run, current_call, open_run
+from .check import check_runs
 from .decisions import (
     Decision,
     decide_approval,
@@ -211,6 +212,7 @@ __all__ = [
     "apply",
     "calls",
     "canonical_args",
+    "check_runs",
     "cancel",
     "compensate",
     "decide_approval",

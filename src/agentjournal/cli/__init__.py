@@ -24,6 +24,7 @@ line on stderr; ``--json`` output is the only thing on stdout.
 """
 
 from . import (  # noqa: F401  (each registers its commands)
+    check,
     decide,
     fleet,
     reading,

@@ -83,7 +83,8 @@ def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None, *,
         "run_id": info.run_id, "status": state.status, "events": info.last_seq,
         "started": info.created_at, "last_activity": info.updated_at,
         "uncertain": len(state.pending), "approvals": len(state.approvals),
-        "agent": state.agent, "pause_reason": state.pause_reason,
+        "agent": state.agent, "versions": list(state.versions),
+        "pause_reason": state.pause_reason,
         "interrupted": was_interrupted(state), "stalled": stalled,
         "queue": queue_place(queued),
         **totals(state, seconds_between(info.created_at, info.updated_at)),
@@ -108,7 +109,8 @@ def queued_row(entry: QueuedRun) -> dict[str, Any]:
     return {
         "run_id": entry.run_id, "status": entry.state, "events": 0, "started": None,
         "last_activity": datetime.fromtimestamp(entry.changed_at, UTC), "uncertain": 0,
-        "approvals": 0, "agent": entry.agent, "pause_reason": None, "interrupted": False,
+        "approvals": 0, "agent": entry.agent, "versions": [], "pause_reason": None,
+        "interrupted": False,
         "stalled": False,
         "queue": queue_place(entry), **totals(RunState(), None),
     }
@@ -208,21 +210,32 @@ def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_
     elif not rows:
         note(f"no runs{f' with status {status}' if status else ''} in {store_url}")
     else:
+        # The version a run goes on under: a column only once some run recorded one.
+        versioned = any(r["versions"] for r in rows)
         print_fitted(out(), (
             "run", "status", "events", "started", "last activity", "uncertain", "approvals",
-            "tokens in/out", "cost", "duration"), cells(
+            "tokens in/out", "cost", "duration", *(("version",) if versioned else ())), cells(
             (r["run_id"], shown_status(r),
              str(r["events"]), local_time(r["started"]),
              human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
              str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
              cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),
-             span(r["duration_s"])) for r in rows), drop=RUNS_DROP, keep=("run",))
+             span(r["duration_s"]), *((_version(r["versions"]),) if versioned else ()))
+            for r in rows), drop=(("version",) if versioned else ()) + RUNS_DROP,
+            keep=("run",))
     if listing.more:
         shown = (f"the newest {len(rows)} runs with status {status} (of {listing.total} in "
                  "all; more may match)" if status else
                  f"the newest {len(rows)} of {listing.total} runs")
         note(f"{shown}; more with --limit N or --all")
     _report_unreadable(ctx, listing.errors)
+
+
+def _version(versions: Sequence[str]) -> str:
+    """The version a run goes on under, and how many it has run under before."""
+    if not versions:
+        return "-"
+    return versions[-1] + (f" (after {len(versions) - 1} other)" if len(versions) > 1 else "")
 
 
 def _calls(calls: Iterable[dict[str, Any]]) -> str:
@@ -283,6 +296,11 @@ def summary(event: Event, then: Event | None = None) -> str:
             return f"{p.get('budget')}: {p.get('used')} of {p.get('limit')}"
         case E.STEP_RECORDED:
             return f"{p.get('name')} #{p.get('n')}: {short(p.get('value'), 60)}"
+        case E.REQUEST_CHANGED:
+            return request_change_line(p)
+        case E.RUN_RESUMED if p.get("agent_version"):
+            said = short(p.get("reason") or p.get("name") or "")
+            return " ".join(filter(None, [said, f"[version {p['agent_version']}]"]))
         case E.RUN_FINISHED:
             return short(p.get("outcome", ""))
         case E.WORKSPACE_CHECKPOINT:
@@ -330,6 +348,28 @@ def summary(event: Event, then: Event | None = None) -> str:
             kept = f"; {stands['tool']} at seq {stands['effect_seq']} stands" if stands else ""
             return f"{p.get('undone', 0)} effect(s) undone{kept}"
     return short(p.get("reason") or p.get("name") or p.get("key") or "")
+
+
+def request_change_line(p: dict[str, Any]) -> str:
+    """A recorded model turn served to a request the code now makes otherwise: which
+    turn, and what changed (the turn stands: history is history)."""
+    changed = ", ".join(str(c) for c in p.get("changed") or []) or "the request"
+    turn = f" (seq {p['seq']})" if p.get("seq") else ""
+    return (f"{p.get('step')} #{p.get('n')}: the recorded turn{turn} was served; "
+            f"{changed} changed since it was asked")
+
+
+def version_line(versions: Sequence[str]) -> str:
+    """Which agent version started the run, and which continued it."""
+    if not versions:
+        return "agent version: none recorded (the run began before versions were recorded)"
+    line = f"started by version {versions[0]}"
+    return line + (f", continued by {', then '.join(versions[1:])}" if versions[1:] else "")
+
+
+def request_changes(events: Iterable[Event]) -> list[dict[str, Any]]:
+    """The request_changed events: recorded turns served to a changed request."""
+    return [{**e.payload, "at_seq": e.seq} for e in events if e.type is E.REQUEST_CHANGED]
 
 
 def session_items_line(items: list[dict[str, Any]]) -> str:
@@ -401,6 +441,9 @@ def show(run_id: str, at: int | None, as_json: bool, store_url: str) -> None:
     thread = thread_view(events)
     if as_json:
         emit_json({"run_id": run_id, "at": at, "state": state, "saga": saga, "thread": thread,
+                   "versions": {"started_by": state.versions[0] if state.versions else None,
+                                "continued_by": state.versions[1:]},
+                   "request_changes": request_changes(events),
                    "queue": queue_place(queued), "usage": run_usage(state, events),
                    "interrupted": was_interrupted(state), "stalled": stalled, "next": how,
                    "events": [{**msgspec.to_builtins(e), "summary": line}
@@ -486,7 +529,9 @@ def print_timeline(run_id: str, events: list[Event], state: RunState, *,
     why = (f" ({STALLED})" if stalled else f" ({state.pause_reason})"
            if state.status == "paused" and state.pause_reason and not interrupted else "")
     shown = status_word(state.status, interrupted=interrupted, stalled=stalled)
-    console.print(Text(visible(f"run {run_id}: {shown}{why}, {len(events)} events"),
+    # (a run from before versions were recorded says nothing of them)
+    versions = f"; {version_line(state.versions)}" if state.versions else ""
+    console.print(Text(visible(f"run {run_id}: {shown}{why}, {len(events)} events{versions}"),
                        style="bold"))
     console.print(Text(usage_line(state, events)), no_wrap=True, overflow="ellipsis")
     width = max(len(e.type.value) for e in events)

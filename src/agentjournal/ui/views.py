@@ -65,6 +65,9 @@ class States:
         self._lock = threading.Lock()
         self._states: dict[str, RunState] = {}
         self._started: dict[str, dict[str, Any] | None] = {}
+        # Per run: the seq read up to, and the request_changed events up to it (record-only,
+        # so no fold keeps them): each look reads only the events since the last.
+        self._changes: dict[str, tuple[int, list[dict[str, Any]]]] = {}
 
     def started(self, state: RunState) -> dict[str, Any] | None:
         """The payload of the run's ``run_started``, where ``continuation`` needs it (a
@@ -82,6 +85,20 @@ class States:
         with self._lock:
             self._started[state.run_id] = payload
         return payload
+
+    def request_changes(self, run_id: str, last_seq: int) -> list[dict[str, Any]]:
+        """The run's request_changed events up to ``last_seq``: recorded model turns
+        served to a request the code now makes otherwise."""
+        with self._lock:
+            read_to, found = self._changes.get(run_id, (0, []))
+        from ..cli.reading import request_changes  # the CLI's reading, shared
+
+        if read_to < last_seq:
+            found = [*found, *request_changes(itertools.islice(
+                self.store.read(run_id, after_seq=read_to), last_seq - read_to))]
+            with self._lock:
+                self._changes[run_id] = (last_seq, found)
+        return [c for c in found if c["at_seq"] <= last_seq]
 
     def of(self, run_id: str, last_seq: int) -> RunState:
         with self._lock:
@@ -270,6 +287,8 @@ def _run_row(store: Store, states: States, info: RunInfo, now: datetime,
 def run_summary(store: Store, states: States, run_id: str,
                 store_hint: str = "") -> dict[str, Any]:
     """The facts at the head of a run's page: status, counts, usage, what waits."""
+    from ..cli.reading import request_change_line, version_line  # the CLI's wording
+
     run_id = checked_id(run_id)
     last = store.last_seq(run_id)
     if not last:
@@ -286,6 +305,10 @@ def run_summary(store: Store, states: States, run_id: str,
         # The state's own last seq (a fold may read past ``last``): the seq the whole
         # page is as of.
         "agent": state.agent, "task": state.task, "events": state.last_seq,
+        "versions": list(state.versions),
+        "versions_line": version_line(state.versions) if state.versions else None,
+        "request_changes": [{**c, "line": request_change_line(c)}
+                            for c in states.request_changes(run_id, state.last_seq)],
         "turns": state.turns,
         "tool_calls": state.tool_calls, "resumes": state.resumes,
         "started_at": state.started_at.isoformat() if state.started_at else None,
