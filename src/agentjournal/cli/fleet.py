@@ -71,14 +71,19 @@ def queue_at(url: str, *, create: bool = False, readonly: bool = False) -> Itera
               help="The queue it waits in (workers name the queues they drain).")
 @click.option("--priority", type=int, default=0, show_default=True,
               help="Higher is claimed first.")
+@click.option("--pin-version", "pin_version", metavar="VERSION",
+              help="Run it with this version of the agent only, for its whole life: only "
+              "a worker serving that version claims it (see `agentjournal workers`); until "
+              "one is live it stays queued, the reason in `agentjournal queue`. Default: "
+              "unpinned, run with the newest version of the worker that claims it.")
 @json_option
 @store_option
 def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
-               priority: int, as_json: bool, store_url: str) -> None:
+               priority: int, pin_version: str | None, as_json: bool, store_url: str) -> None:
     """Put a run in the queue for a worker; prints its run id.
 
-    Idempotent: the same --run-id with the same agent and task is the same run
-    (exit 0, "already submitted"); another agent or task under that id is refused
+    Idempotent: the same --run-id with the same agent, task and --pin-version is the
+    same run (exit 0, "already submitted"); another one under that id is refused
     (exit 2), never a second run.
 
     \b
@@ -88,13 +93,16 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
     """
     if problem := ref_problem(agent_ref):
         raise CliError(f"--agent {agent_ref!r}: {problem}", 2)
+    if pin_version is not None and not pin_version.strip():
+        raise CliError("--pin-version is empty: give the version to pin the run to", 2)
     import_args, unimportable = _worker_import_args(agent_ref)
     # As fleet.submit does, keeping whether the run was created.
     submitted = new_run_id() if run_id is None else require_run_id(run_id)
     with queue_at(store_url, create=True) as queue:
         try:
             created = queue.submit(submitted, agent_ref, Redaction().scrub(task),
-                                   queue=queue_name, priority=priority)
+                                   queue=queue_name, priority=priority,
+                                   pin_version=pin_version)
         except RunMismatchError as exc:
             raise CliError(str(exc), 2) from None
     if as_json:
@@ -108,7 +116,8 @@ def submit_cmd(agent_ref: str, task: str, run_id: str | None, queue_name: str,
              f"park it: {unimportable}. Its workers trust it with --agents "
              f"{agent_ref.partition(':')[0]}")
     else:
-        note(f"submitted {submitted} to queue {queue_name!r}; start workers with: "
+        pinned = "" if pin_version is None else f" pinned to version {pin_version}"
+        note(f"submitted {submitted}{pinned} to queue {queue_name!r}; start workers with: "
              f"agentjournal worker --agents {agent_ref.partition(':')[0]}{import_args}"
              f"{store_hint(store_url)}")
 
@@ -189,7 +198,8 @@ def _set_import_path(dirs: tuple[str, ...]) -> None:
               help="The agents this worker runs (required): module prefixes "
               "(myapp.agents trusts myapp.agents:x and myapp.agents.sub:y) or whole refs, "
               "comma-separated or repeated. A run naming any other agent is parked at "
-              "once, nothing it names imported.")
+              "once, nothing it names imported. Whole refs are loaded at start, and the "
+              "versions they serve logged.")
 @click.option("--import-path", "import_path", multiple=True, metavar="DIR",
               type=click.Path(exists=True, file_okay=False),
               help="A directory to import agents from (repeatable). The working "
@@ -239,7 +249,15 @@ def worker(ctx: click.Context, agents: list[str], import_path: tuple[str, ...],
 
     It runs only the agents --agents names: a run naming another one (or anything
     but an Agent or a function annotated -> Agent) is parked at once with the reason,
-    and what it names is never imported or called. A run that killed its worker
+    and what it names is never imported or called.
+
+    Versions (rollouts): it serves, for each agent ref, the version of the agent its
+    code has (Agent(..., version="v2"), or a digest of it): logged at start and listed
+    by `agentjournal workers`. To serve several versions of one ref during a rollout,
+    the ref names agentjournal.fleet.Versions(agent_v2, agent_v1), newest first.
+    An unpinned run is run with the newest version; a run submitted with
+    --pin-version only by a worker serving that version. Old and new workers may
+    drain one store side by side. A run that killed its worker
     --max-crashes times is parked and escalated (see `agentjournal queue`;
     `agentjournal requeue RUN` after fixing it). Needs a SQLite (one host) or
     PostgreSQL (many hosts) store; JSONL has no queue. Logs one line per event on
@@ -305,6 +323,11 @@ def _queue_summary(queue: Queue) -> dict[str, Any]:
                     "parked_age_s": round(max(0.0, now - r.changed_at), 3),
                     "runnable": r.runnable, "reason": r.reason, "stops": r.stops}
                    for r in runs if r.state == "parked"],
+        # Pinned runs no live worker serves: they wait (never parked) for one that does.
+        "unserved": [{"run_id": r.run_id, "queue": r.queue, "state": r.state,
+                      "agent": r.agent, "pin_version": r.pin_version,
+                      "reason": r.waiting_for}
+                     for r in runs if r.waiting_for is not None],
     }
 
 
@@ -313,7 +336,8 @@ def _queue_summary(queue: Queue) -> dict[str, Any]:
 @store_option
 def queue_cmd(as_json: bool, store_url: str) -> None:
     """Counts of runs per state and queue, the oldest queued run, how many are
-    runnable now, and the poison (parked) runs. Reading never writes.
+    runnable now, the poison (parked) runs, and the runs pinned to a version no live
+    worker serves (they wait for one). Reading never writes.
 
     \b
     Example:
@@ -344,6 +368,8 @@ def queue_cmd(as_json: bool, store_url: str) -> None:
                 _echo_reason(p["run_id"], p["reason"], p["stops"])
         note(f"see why: agentjournal show RUN{store_hint(store_url)}; after fixing the "
              f"cause: agentjournal requeue RUN{store_hint(store_url)}")
+    for u in summary["unserved"]:
+        echo(f"{u['run_id']}: {u['reason']}")
 
 
 def _echo_reason(run_id: str, reason: str, stops: list[str]) -> None:
@@ -358,9 +384,10 @@ def _echo_reason(run_id: str, reason: str, stops: list[str]) -> None:
 @json_option
 @store_option
 def workers(as_json: bool, store_url: str) -> None:
-    """The workers that sent a heartbeat: id, host, pid, the runs they hold, the age
-    of their last heartbeat, and whether they drain. A worker that exited cleanly
-    removed its row; one that died keeps it, ageing. Reading never writes.
+    """The workers that sent a heartbeat: id, host, pid, the versions of each agent
+    they serve, the runs they hold, the age of their last heartbeat, and whether they
+    drain. A worker that exited cleanly removed its row; one that died keeps it,
+    ageing. Reading never writes.
 
     \b
     Example:
@@ -377,10 +404,17 @@ def workers(as_json: bool, store_url: str) -> None:
     if not rows:
         note("no workers")
         return
-    out().print(table(("worker", "host", "pid", "runs", "heartbeat", "draining"), cells(
-        (r["worker_id"], r["host"], str(r["pid"]), ", ".join(r["runs"]) or "-",
-         human_age(r["heartbeat_age_s"]) + " ago", "yes" if r["draining"] else "no")
-        for r in rows), keep=("worker",)))
+    out().print(table(
+        ("worker", "host", "pid", "serves", "runs", "heartbeat", "draining"), cells(
+            (r["worker_id"], r["host"], str(r["pid"]), _serves(r["versions"]),
+             ", ".join(r["runs"]) or "-", human_age(r["heartbeat_age_s"]) + " ago",
+             "yes" if r["draining"] else "no")
+            for r in rows), keep=("worker",)))
+
+
+def _serves(versions: dict[str, list[str]]) -> str:
+    """``ref v2, v1; ref2 -`` (``-``: its agent carries no version)."""
+    return "; ".join(f"{ref} {', '.join(v) or '-'}" for ref, v in sorted(versions.items())) or "-"
 
 
 @cli.command()

@@ -5,6 +5,11 @@ epoch, runs it with the agent named by its ``agent_ref``, and hands it back done
 waiting for a person, or (draining) queued for another worker. The agent may be
 another framework's, driven by an integration: a :class:`Runnable` (fleet/runnable.py).
 SQLite serves the workers of one host; PostgreSQL those of many. JSONL has no queue.
+
+During a rollout old and new workers run side by side: each serves the versions of the
+agents it has (a ref naming :class:`Versions` serves several); a run moves to the newest
+version of the worker that claims it, unless submitted with ``pin_version``: then only a
+worker serving that version claims it (fleet/queue.py, fleet/versions.py).
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from ..store import Store
 from .queue import QUEUE_STATES, Claim, Queue, QueuedRun, QueueState, WorkerInfo
 from .runnable import Runnable, Stopped
 from .trust import ref_problem
+from .versions import Versions, version_of
 
 __all__ = ["QUEUE_STATES", "Claim", "Queue", "QueueState", "QueuedRun", "Runnable", "Stopped",
-           "WorkerInfo", "keep_waiting", "queue_of", "requeue", "submit"]
+           "Versions", "WorkerInfo", "keep_waiting", "queue_of", "requeue", "submit",
+           "version_of"]
 
 
 def queue_of(store: Store) -> Queue:
@@ -59,22 +66,29 @@ def keep_waiting(store: Store, run_id: str, at_seq: int) -> None:
 
 def submit(store: Store, agent_ref: str, task: str, run_id: str | None = None, *,
            queue: str = "default", priority: int = 0,
-           redaction: Redaction | None = None) -> str:
+           redaction: Redaction | None = None, pin_version: str | None = None) -> str:
     """Put a run in the queue for a worker to run with the agent ``agent_ref``
     ("module:object"; workers run only the agents they trust, see fleet/trust.py);
     returns its run id (a new one unless given).
 
-    Submitting a run id again with the same agent and task changes nothing and
-    returns it; with another agent or task it is refused (RunMismatchError):
-    never a second run. The task is stored as the run would record it: with
-    ``redaction`` (default: the common credential patterns) applied, since it
-    waits on disk until a worker takes it.
+    ``pin_version``: only a worker serving that version of the agent claims the run,
+    and runs it with that version, for its whole life; until one is live it waits
+    queued (``QueuedRun.waiting_for`` says so), never parked. Unpinned (the default),
+    any worker serving the agent claims it, and it moves to that worker's newest version.
+
+    Submitting a run id again with the same agent, task and pin changes nothing and
+    returns it; with another one it is refused (RunMismatchError): never a second run.
+    The task is stored as the run would record it: with ``redaction`` (default: the
+    common credential patterns) applied, since it waits on disk until a worker takes it.
     """
     if problem := ref_problem(agent_ref):
         raise ValueError(f"agent_ref {agent_ref!r}: {problem}")
+    if pin_version is not None and not pin_version.strip():
+        raise ValueError("pin_version is empty: give the version to pin the run to, or None")
     run_id = new_run_id() if run_id is None else require_run_id(run_id)
     kept = (Redaction() if redaction is None else redaction).scrub(task)
-    queue_of(store).submit(run_id, agent_ref, kept, queue=queue, priority=priority)
+    queue_of(store).submit(run_id, agent_ref, kept, queue=queue, priority=priority,
+                           pin_version=pin_version)
     return run_id
 
 

@@ -33,11 +33,15 @@ from .queue import (
     Claim,
     QueuedRun,
     QueueState,
+    Served,
     WorkerInfo,
+    check_pin,
     parked_reason,
+    served_keys,
     stop_line,
     stops_in,
     taken_back,
+    unserved,
 )
 
 # Runnable: submitted or handed back; running on an expired lease (its worker died);
@@ -47,6 +51,10 @@ _RUNNABLE: LiteralString = """(q.state = 'queued'
     OR (q.state IN ('running', 'waiting', 'parked')
         AND coalesce(r.lease_expires_at <= clock_timestamp(), true)
         AND (q.state = 'running' OR r.last_seq > q.parked_seq)))"""
+
+# A pinned run only for a claim serving its version (queue.py's served_keys: "REF VERSION").
+_SERVED: LiteralString = """(q.pin_version IS NULL
+    OR q.agent || ' ' || q.pin_version = ANY(%(served)s::text[]))"""
 
 # One statement: pick (skipping rows another claim or an append holds), take the lease
 # with the next epoch, mark the run running. A claim of a run still marked running
@@ -58,7 +66,7 @@ _RUNNABLE: LiteralString = """(q.state = 'queued'
 _CLAIM: LiteralString = """
 WITH pick AS (
     SELECT q.run_id, q.state FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id
-    WHERE q.queue = ANY(%(queues)s) AND """ + _RUNNABLE + """
+    WHERE q.queue = ANY(%(queues)s) AND """ + _RUNNABLE + """ AND """ + _SERVED + """
     ORDER BY q.priority DESC, q.submitted_at, q.run_id
     LIMIT %(n)s FOR UPDATE OF q, r SKIP LOCKED
 ), leased AS (
@@ -78,7 +86,7 @@ UPDATE {s}.queue q SET state = 'running', worker = %(owner)s, claims = q.claims 
 FROM leased
 WHERE q.run_id = leased.run_id
 RETURNING q.run_id, leased.lease_epoch, leased.until, q.agent, q.task, q.queue, q.crashes,
-    leased.last_seq, leased.last_digest, leased.live, q.reason
+    leased.last_seq, leased.last_digest, leased.live, q.reason, q.pin_version
 """
 
 # The stop lines (queue.py's stops_in) of the row's reason; NULL if none.
@@ -111,46 +119,50 @@ class PostgresQueue:
         self._claim, self._hand_back = (store._q(text) for text in (_CLAIM, _HAND_BACK))
 
     def submit(self, run_id: str, agent: str, task: str, *, queue: str = "default",
-               priority: int = 0) -> bool:
+               priority: int = 0, pin_version: str | None = None) -> bool:
         validate_run_id(run_id)
         with self.store._write(run_id) as cur:
             # The run's row first (a claim joins on it): a tenant queues only its own runs.
             self.store._lock_run(cur, run_id)
             cur.execute(self.store._q(
-                "INSERT INTO {s}.queue (run_id, queue, priority, agent, task, state)"
-                " VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT (run_id) DO NOTHING"
-                " RETURNING run_id"), (run_id, queue, priority, agent, task))
+                "INSERT INTO {s}.queue (run_id, queue, priority, agent, task, state,"
+                " pin_version) VALUES (%s, %s, %s, %s, %s, 'queued', %s)"
+                " ON CONFLICT (run_id) DO NOTHING RETURNING run_id"),
+                (run_id, queue, priority, agent, task, pin_version))
             if cur.fetchall():
                 self._notify(cur)
                 return True
-            cur.execute(self.store._q("SELECT agent, task FROM {s}.queue WHERE run_id = %s"),
-                        (run_id,))
+            cur.execute(self.store._q(
+                "SELECT agent, task, pin_version FROM {s}.queue WHERE run_id = %s"), (run_id,))
             (row,) = cur.fetchall()
         check_resubmission(self, run_id, (row[0], row[1]), (agent, task))
+        check_pin(run_id, row[2], pin_version)
         return False  # the same request again: nothing changes
 
-    def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
-        claims = self.claim_many(owner, ttl, queues, 1)
+    def claim(self, owner: str, ttl: float, queues: Sequence[str], *,
+              served: Served | None = None) -> Claim | None:
+        claims = self.claim_many(owner, ttl, queues, 1, served=served)
         return claims[0] if claims else None
 
-    def claim_many(self, owner: str, ttl: float, queues: Sequence[str],
-                   n: int) -> list[Claim]:
+    def claim_many(self, owner: str, ttl: float, queues: Sequence[str], n: int, *,
+                   served: Served | None = None) -> list[Claim]:
         """Up to ``n`` runs claimed in one statement (a worker holding many runs, taking
         them over after another died), most urgent first."""
         with self.store._write(None) as cur:
             cur.execute(self._claim, {"queues": list(queues), "owner": owner, "ttl": ttl,
-                                      "n": n, "lapsed": LAPSED})
+                                      "n": n, "lapsed": LAPSED,
+                                      "served": served_keys(served)})
             rows = cur.fetchall()
         urgent = {run_id: i for i, (run_id, *_) in enumerate(rows)}
         claims = []
-        for run_id, epoch, until, agent, task, queue, crashes, last, digest, live, reason in sorted(
-                rows, key=lambda r: urgent[r[0]]):
+        for (run_id, epoch, until, agent, task, queue, crashes, last, digest, live, reason,
+             pin) in sorted(rows, key=lambda r: urgent[r[0]]):
             if live:  # as an acquire does: the run's first append under the claim is warm
                 self.store._remember(run_id, int(last), str(digest))
             lease = Lease(run_id, owner, int(epoch), float(until),
                           last_seq=int(last) if live else None)
             claims.append(Claim(lease=lease, agent=agent, task=task, queue=queue,
-                                crashes=int(crashes), stops=stops_in(reason)))
+                                crashes=int(crashes), stops=stops_in(reason), pin_version=pin))
         return claims
 
     def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
@@ -214,12 +226,28 @@ class PostgresQueue:
                 "SELECT q.run_id, q.queue, q.state, q.priority, q.agent, q.worker, q.crashes,"
                 " q.claims, extract(epoch FROM q.submitted_at)::float8,"
                 " extract(epoch FROM q.changed_at)::float8, q.reason, " + _RUNNABLE
-                + " FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id"
+                + ", q.pin_version"
+                " FROM {s}.queue q JOIN {s}.runs r ON r.run_id = q.run_id"
                 " ORDER BY q.submitted_at, q.run_id")).fetchall()
-        return [QueuedRun(run_id=r[0], queue=r[1], state=r[2], priority=r[3], agent=r[4],
-                          worker=r[5], crashes=r[6], claims=r[7], submitted_at=r[8],
-                          changed_at=r[9], reason=parked_reason(r[2], r[10]),
-                          stops=stops_in(r[10]), runnable=bool(r[11])) for r in rows]
+            workers = self._workers(conn)
+        out, now = [], time.time()  # (the clock the workers' heartbeats are written with)
+        for r in rows:
+            waiting_for = unserved(r[4], r[12], workers, now) if r[11] else None
+            out.append(QueuedRun(
+                run_id=r[0], queue=r[1], state=r[2], priority=r[3], agent=r[4], worker=r[5],
+                crashes=r[6], claims=r[7], submitted_at=r[8], changed_at=r[9],
+                reason=parked_reason(r[2], r[10]), stops=stops_in(r[10]),
+                runnable=bool(r[11]) and waiting_for is None, pin_version=r[12],
+                waiting_for=waiting_for))
+        return out
+
+    def pinned_agents(self, queues: Sequence[str]) -> list[str]:
+        with self.store._read() as conn:
+            rows = conn.execute(self.store._q(
+                "SELECT DISTINCT agent FROM {s}.queue WHERE state <> 'done'"
+                " AND pin_version IS NOT NULL AND queue = ANY(%s) ORDER BY agent"),
+                (list(queues),)).fetchall()
+        return [agent for (agent,) in rows]
 
     def beat(self, worker: WorkerInfo) -> None:
         with self.store._write(None) as cur:
@@ -244,8 +272,11 @@ class PostgresQueue:
 
     def workers(self) -> list[WorkerInfo]:
         with self.store._conn() as conn:
-            rows = conn.execute(self.store._q(
-                "SELECT info FROM {s}.workers ORDER BY worker_id")).fetchall()
+            return self._workers(conn)
+
+    def _workers(self, conn: psycopg.Connection[Any]) -> list[WorkerInfo]:
+        rows = conn.execute(self.store._q(
+            "SELECT info FROM {s}.workers ORDER BY worker_id")).fetchall()
         return [msgspec.convert(r[0], WorkerInfo) for r in rows]
 
     # --- wake-ups --------------------------------------------------------------------

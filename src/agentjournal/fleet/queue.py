@@ -30,16 +30,24 @@ the run's ``reason`` until the run is parked (the reason then names them) or han
 back clean. A worker that lost a run's lease while it was alive (paused past its lease,
 the store away) did not crash: when it finds out, fenced, it takes its stop back
 (``absolve``), even from a run already parked on it.
+
+Versions (a rollout: old and new workers side by side). A claim says which versions of
+which agent refs the claimer serves (``served``, fleet/versions.py). A run submitted
+with ``pin_version`` is claimed only by a claim serving that version of its agent, in
+the claim's one statement; an unpinned run by any claim, which runs it with its newest
+version (the run moves to it). A pinned run that no live worker serves stays in its
+state, never parked: ``QueuedRun.waiting_for`` says why (``unserved``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol
 
 import msgspec
 
+from ..errors import RunMismatchError
 from ..store import Lease, Store
 
 QueueState = Literal["queued", "running", "waiting", "parked", "done"]
@@ -98,6 +106,47 @@ def taken_back(state: str, crashes: int, reason: str | None,
     return crashes - 1, "\n".join(kept) or None
 
 
+#: What a claimer serves: for each agent ref, the versions of it it runs, newest first.
+Served = Mapping[str, Sequence[str]]
+
+
+def served_keys(served: Served | None) -> list[str]:
+    """``served`` as the claim statements match it: ``"REF VERSION"`` (a ref has no
+    spaces: fleet/trust.py's ``ref_problem``)."""
+    return [f"{ref} {version}" for ref, versions in (served or {}).items()
+            for version in versions]
+
+
+def serves(served: Served | None, agent: str, pin_version: str | None) -> bool:
+    """Whether a claim serving ``served`` may take a run of ``agent`` pinned to
+    ``pin_version`` (None: unpinned, any claim may)."""
+    return pin_version is None or pin_version in (served or {}).get(agent, ())
+
+
+def live(worker: WorkerInfo, now: float) -> bool:
+    """A worker that claims: not draining, and its last heartbeat within its TTL (it
+    renews every third of one). A row of a release before versions has no TTL: 30 s."""
+    return not worker.draining and now - worker.heartbeat_at <= (worker.ttl or 30.0)
+
+
+def unserved(agent: str, pin_version: str | None, workers: Sequence[WorkerInfo],
+             now: float) -> str | None:
+    """Why no worker claims a run of ``agent`` pinned to ``pin_version``: no live
+    worker serves that version (None if one does, or if the run is not pinned)."""
+    if pin_version is None:
+        return None
+    alive = [w for w in workers if live(w, now)]
+    if any(pin_version in w.versions.get(agent, ()) for w in alive):
+        return None
+    others = sorted({v for w in alive for v in w.versions.get(agent, ())})
+    if others:
+        now_served = f"live workers serve {', '.join(others)}"
+    else:
+        now_served = "no live worker serves it" if alive else "no worker is live"
+    return (f"waiting for a worker serving version {pin_version} of {agent} ({now_served}):"
+            f" start one whose code has that version (agentjournal worker --agents ...)")
+
+
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
     """A run a worker now owns, with what it needs to run it."""
 
@@ -107,6 +156,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     queue: str
     crashes: int  # earlier claims of this run that never handed it back
     stops: list[str] = []  # what each counted crash was (stop_line), oldest first
+    pin_version: str | None = None  # run it with this version of its agent only
 
 
 class QueuedRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,10 +170,13 @@ class QueuedRun(msgspec.Struct, frozen=True, kw_only=True):
     claims: int
     submitted_at: float  # seconds since the epoch
     changed_at: float
-    runnable: bool  # a claim would take it now
+    runnable: bool  # a claim would take it now (of a live worker serving it, if pinned)
     reason: str | None = None  # why a worker parked it (parked runs only), on one line
     stops: list[str] = []  # what each crash counted was (stop_line), oldest first
-
+    pin_version: str | None = None  # only a worker serving this version claims it
+    #: Why no worker claims it though it is otherwise runnable: pinned to a version no
+    #: live worker serves (``unserved``); None otherwise.
+    waiting_for: str | None = None
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +188,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     started_at: float
     heartbeat_at: float
     draining: bool = False
+    #: The versions it serves of each agent ref it has loaded, newest first.
+    versions: dict[str, list[str]] = {}
+    ttl: float | None = None  # its lease TTL: a heartbeat older than that is a dead worker's
 
 
 class Queue(Protocol):
@@ -144,20 +200,29 @@ class Queue(Protocol):
     def store(self) -> Store: ...
 
     def submit(self, run_id: str, agent: str, task: str, *, queue: str = "default",
-               priority: int = 0) -> bool:
-        """Queue a new run; False if ``run_id`` was already submitted with this agent and
-        task (nothing changes). Another agent or task under that id: RunMismatchError."""
+               priority: int = 0, pin_version: str | None = None) -> bool:
+        """Queue a new run (``pin_version``: claimed only by workers serving that version
+        of ``agent``); False if ``run_id`` was already submitted with this agent, task and
+        pin (nothing changes). Another one under that id: RunMismatchError."""
         ...
 
-    def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
-        """Take the most urgent runnable run of ``queues``, with its lease, or None."""
+    def claim(self, owner: str, ttl: float, queues: Sequence[str], *,
+              served: Served | None = None) -> Claim | None:
+        """Take the most urgent runnable run of ``queues``, with its lease, or None.
+        ``served``: the versions the claimer serves; a pinned run is taken only if it
+        serves the run's version (None serves none: unpinned runs only)."""
         ...
 
-    def claim_many(self, owner: str, ttl: float, queues: Sequence[str],
-                   n: int) -> list[Claim]:
+    def claim_many(self, owner: str, ttl: float, queues: Sequence[str], n: int, *,
+                   served: Served | None = None) -> list[Claim]:
         """Up to ``n`` runs claimed at once (one statement on PostgreSQL, one transaction
         on SQLite), most urgent first: a worker with many free slots, taking over the
-        runs of one that died."""
+        runs of one that died. ``served`` as for :meth:`claim`."""
+        ...
+
+    def pinned_agents(self, queues: Sequence[str]) -> list[str]:
+        """The agent refs of the unfinished pinned runs in ``queues``: a worker trusting
+        module prefixes loads those it trusts, so it knows which versions it serves."""
         ...
 
     def hand_back(self, lease: Lease, state: QueueState, at_seq: int,
@@ -222,3 +287,12 @@ class Queue(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def check_pin(run_id: str, recorded: str | None, given: str | None) -> None:
+    """A second submit of ``run_id`` asks for the pin it was submitted with, or is refused
+    (RunMismatchError): a run's pin is part of the request, never changed by a resubmit."""
+    if recorded != given:
+        raise RunMismatchError(run_id, "pin_version", recorded, given, advice=(
+            "A run is pinned (or not) when it is first submitted; other work goes under a "
+            "new run id (submit it without a run id, or with new_run_id())."))

@@ -23,17 +23,22 @@ from .queue import (
     Claim,
     QueuedRun,
     QueueState,
+    Served,
     WorkerInfo,
+    check_pin,
     has_stop,
     parked_reason,
+    serves,
     stop_line,
     stops_in,
     taken_back,
+    unserved,
 )
 
 _CANDIDATES = f"""
     SELECT q.run_id, q.state, q.parked_seq, q.agent, q.task, q.queue, q.crashes, q.worker,
-           q.reason, l.epoch, l.expires_at, l.boot_id, l.deadline, {last_seq_of("q.run_id")}
+           q.reason, q.pin_version, l.epoch, l.expires_at, l.boot_id, l.deadline,
+           {last_seq_of("q.run_id")}
     FROM queue q LEFT JOIN leases l ON l.run_id = q.run_id
     WHERE q.state != 'done' {{where}}
     ORDER BY q.priority DESC, q.submitted_at, q.run_id
@@ -54,36 +59,41 @@ class SQLiteQueue:
         self.store = store
 
     def submit(self, run_id: str, agent: str, task: str, *, queue: str = "default",
-               priority: int = 0) -> bool:
+               priority: int = 0, pin_version: str | None = None) -> bool:
         validate_run_id(run_id)
         now = time.time()
         with self.store._tx() as db:
-            row = db.execute("SELECT agent, task FROM queue WHERE run_id = ?",
+            row = db.execute("SELECT agent, task, pin_version FROM queue WHERE run_id = ?",
                              (run_id,)).fetchone()
             if row is None:
                 db.execute("INSERT INTO queue (run_id, queue, priority, agent, task, state,"
-                           " submitted_at, changed_at) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
-                           (run_id, queue, priority, agent, task, now, now))
+                           " submitted_at, changed_at, pin_version)"
+                           " VALUES (?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
+                           (run_id, queue, priority, agent, task, now, now, pin_version))
                 return True
         check_resubmission(self, run_id, (row[0], row[1]), (agent, task))
+        check_pin(run_id, row[2], pin_version)
         return False  # the same request again: nothing changes
 
-    def claim(self, owner: str, ttl: float, queues: Sequence[str]) -> Claim | None:
-        claims = self.claim_many(owner, ttl, queues, 1)
+    def claim(self, owner: str, ttl: float, queues: Sequence[str], *,
+              served: Served | None = None) -> Claim | None:
+        claims = self.claim_many(owner, ttl, queues, 1, served=served)
         return claims[0] if claims else None
 
-    def claim_many(self, owner: str, ttl: float, queues: Sequence[str],
-                   n: int) -> list[Claim]:
+    def claim_many(self, owner: str, ttl: float, queues: Sequence[str], n: int, *,
+                   served: Served | None = None) -> list[Claim]:
         marks = ", ".join("?" * len(queues))
         claims: list[Claim] = []
         with self.store._tx() as db:
             wall, (boot, now) = time.time(), host_clock()
             for row in db.execute(_CANDIDATES.format(where=f"AND q.queue IN ({marks})"),
                                   tuple(queues)).fetchall():
-                (run_id, state, parked, agent, task, queue, crashes, holder, reason, epoch,
-                 expires, boot_id, deadline, last) = row
+                (run_id, state, parked, agent, task, queue, crashes, holder, reason, pin,
+                 epoch, expires, boot_id, deadline, last) = row
                 left = lease_left(expires, boot_id, deadline, wall, boot, now) if epoch else 0
-                if not _runnable(state, parked, last, left):
+                # (In the claim's transaction: a pinned run this claimer does not serve is
+                # never taken, so never handed back nor parked.)
+                if not _runnable(state, parked, last, left) or not serves(served, agent, pin):
                     continue
                 if state == "running":  # its holder stopped without handing it back
                     crashes += 1
@@ -96,7 +106,7 @@ class SQLiteQueue:
                            " crashes = ?, reason = ?, changed_at = ? WHERE run_id = ?",
                            (owner, crashes, reason, wall, run_id))
                 claims.append(Claim(lease=lease, agent=agent, task=task, queue=queue,
-                                    crashes=crashes, stops=stops_in(reason)))
+                                    crashes=crashes, stops=stops_in(reason), pin_version=pin))
                 if len(claims) == n:
                     break
         return claims
@@ -171,21 +181,33 @@ class SQLiteQueue:
         with self.store._reading() as db:
             rows = db.execute(
                 "SELECT q.run_id, q.queue, q.state, q.priority, q.agent, q.worker, q.crashes,"
-                " q.claims, q.submitted_at, q.changed_at, q.parked_seq, q.reason, l.epoch,"
-                " l.expires_at,"
+                " q.claims, q.submitted_at, q.changed_at, q.parked_seq, q.reason,"
+                " q.pin_version, l.epoch, l.expires_at,"
                 f" l.boot_id, l.deadline, {last_seq_of('q.run_id')} FROM queue q"
                 " LEFT JOIN leases l ON l.run_id = q.run_id"
                 " ORDER BY q.submitted_at, q.run_id").fetchall()
+            workers = self._workers(db)
         out = []
         for (run_id, queue, state, priority, agent, worker, crashes, claims, submitted,
-             changed, parked, reason, epoch, expires, boot_id, deadline, last) in rows:
+             changed, parked, reason, pin, epoch, expires, boot_id, deadline, last) in rows:
             left = lease_left(expires, boot_id, deadline, wall, boot, now) if epoch else 0
+            runnable = _runnable(state, parked, last, left)
+            waiting_for = unserved(agent, pin, workers, wall) if runnable else None
             out.append(QueuedRun(
                 run_id=run_id, queue=queue, state=state, priority=priority, agent=agent,
                 worker=worker, crashes=crashes, claims=claims, submitted_at=submitted,
-                changed_at=changed, runnable=_runnable(state, parked, last, left),
-                reason=parked_reason(state, reason), stops=stops_in(reason)))
+                changed_at=changed, runnable=runnable and waiting_for is None,
+                reason=parked_reason(state, reason), stops=stops_in(reason),
+                pin_version=pin, waiting_for=waiting_for))
         return out
+
+    def pinned_agents(self, queues: Sequence[str]) -> list[str]:
+        marks = ", ".join("?" * len(queues))
+        with self.store._reading() as db:
+            rows = db.execute("SELECT DISTINCT agent FROM queue WHERE state != 'done'"
+                              f" AND pin_version IS NOT NULL AND queue IN ({marks})"
+                              " ORDER BY agent", tuple(queues)).fetchall()
+        return [agent for (agent,) in rows]
 
     def beat(self, worker: WorkerInfo) -> None:
         with self.store._tx() as db:
@@ -211,7 +233,10 @@ class SQLiteQueue:
 
     def workers(self) -> list[WorkerInfo]:
         with self.store._reading() as db:
-            rows = db.execute("SELECT info FROM workers ORDER BY worker_id").fetchall()
+            return self._workers(db)
+
+    def _workers(self, db: sqlite3.Connection) -> list[WorkerInfo]:
+        rows = db.execute("SELECT info FROM workers ORDER BY worker_id").fetchall()
         return [msgspec.json.decode(r[0], type=WorkerInfo) for r in rows]
 
     def wait(self, timeout: float) -> bool:

@@ -16,8 +16,9 @@ worker's working directory). So a worker is given the agents it trusts, as eithe
 A ref is checked as text first, before anything is imported: dotted identifiers,
 no private names, trusted. What a trusted ref names must then be an Agent, a
 Runnable (an agent of another framework an integration drives: fleet/runnable.py),
-or a factory of one: a function of the trusted modules, taking no arguments,
-annotated to return an Agent or a Runnable class; it is called, and what it
+a :class:`Versions` of them (several versions served during a rollout:
+fleet/versions.py), or a factory of one: a function of the trusted modules, taking no arguments,
+annotated to return an Agent, a Runnable class or Versions; it is called, and what it
 returns must be one. Anything else (a builtin such as ``os.abort`` reached through
 a trusted module, a function imported from elsewhere, a Tool) is refused without
 being called. Refusals are AgentRefError, saying why.
@@ -37,19 +38,22 @@ from typing import Any
 from ..agent import Agent, resolve_ref
 from ..errors import AgentRefError
 from .runnable import Runnable
+from .versions import Versions
 
 #: What a worker drives: agentjournal's own Agent, or another framework's (a Runnable).
 Driven = Agent | Runnable
-AgentFactory = Callable[[], Driven]
+#: What a trusted ref names, once made: one agent, or the versions of one (a rollout).
+Loaded = Driven | Versions
+AgentFactory = Callable[[], Loaded]
 #: What a worker is told to trust: prefixes (or whole refs), or a registry.
-Trusted = Sequence[str] | Mapping[str, Driven | AgentFactory]
+Trusted = Sequence[str] | Mapping[str, Loaded | AgentFactory]
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = rf"{_NAME}(?:\.{_NAME})*"
 _REF = re.compile(rf"({_DOTTED}):({_DOTTED})")
 _PREFIX = re.compile(rf"{_DOTTED}(?::{_DOTTED})?")
-_FACTORY = ("a function of the trusted modules, taking no arguments, annotated -> Agent "
-            "or -> a Runnable class")
+_FACTORY = ("a function of the trusted modules, taking no arguments, annotated -> Agent, "
+            "-> a Runnable class or -> Versions")
 
 
 def ref_problem(ref: str) -> str | None:
@@ -66,7 +70,7 @@ class AgentTrust:
     def __init__(self, agents: Trusted) -> None:
         if isinstance(agents, str):
             agents = agents.split(",")
-        self.registry: dict[str, Driven | AgentFactory] | None = None
+        self.registry: dict[str, Loaded | AgentFactory] | None = None
         self.prefixes: tuple[str, ...] = ()
         names: Sequence[str]
         if isinstance(agents, Mapping):
@@ -100,18 +104,32 @@ class AgentTrust:
 
     def load(self, ref: str) -> Driven:
         """The Agent (or Runnable) ``ref`` names, checked before anything is imported or
-        called."""
+        called: the newest, if it names Versions of one."""
+        loaded = self.load_versions(ref)
+        return loaded.newest if isinstance(loaded, Versions) else loaded
+
+    def load_versions(self, ref: str) -> Loaded:
+        """What ``ref`` names, made: an Agent, a Runnable, or the Versions of one a
+        worker serves during a rollout; checked as :meth:`load` does."""
         return _made(ref, self.resolve(ref))
 
-    def resolve(self, ref: str) -> Driven | AgentFactory:
+    def whole_refs(self) -> list[str]:
+        """The refs it was given whole (a registry's, or prefixes naming an object): a
+        worker loads them at start, to say which versions it serves."""
+        if self.registry is not None:
+            return sorted(self.registry)
+        return [p for p in self.prefixes if ":" in p]
+
+    def resolve(self, ref: str) -> Loaded | AgentFactory:
         """What ``ref`` names, imported, if :meth:`load` would run it: an Agent, a
-        Runnable, or a factory it may call (never called here); else AgentRefError."""
+        Runnable, Versions of them, or a factory it may call (never called here); else
+        AgentRefError."""
         self.check(ref)
         if self.registry is not None:
             return self.registry[ref]
         found = _resolve(ref)
-        if _driven(found):
-            return typing.cast(Driven, found)
+        if _loaded(found):
+            return typing.cast(Loaded, found)
         if problem := self._not_a_factory(found):
             raise AgentRefError(ref, f"it is {problem}, not an Agent, a Runnable or a "
                                 f"factory of one ({_FACTORY})")
@@ -156,7 +174,8 @@ def _returns_an_agent(fn: Callable[..., Any]) -> bool:
     except Exception:  # an annotation that does not resolve says nothing we can trust
         return False
     return isinstance(returned, type) and (
-        issubclass(returned, Agent) or callable(getattr(returned, "run_claimed", None)))
+        issubclass(returned, (Agent, Versions))
+        or callable(getattr(returned, "run_claimed", None)))
 
 
 def _driven(found: object) -> bool:
@@ -167,9 +186,19 @@ def _driven(found: object) -> bool:
         and isinstance(found, Runnable))
 
 
-def _made(ref: str, factory: Driven | AgentFactory) -> Driven:
-    agent = factory if _driven(factory) else typing.cast(AgentFactory, factory)()
-    if not _driven(agent):
+def _loaded(found: object) -> bool:
+    """An agent (``_driven``), or Versions of agents."""
+    return _driven(found) or isinstance(found, Versions)
+
+
+def _made(ref: str, factory: Loaded | AgentFactory) -> Loaded:
+    agent = factory if _loaded(factory) else typing.cast(AgentFactory, factory)()
+    if not _loaded(agent):
         raise AgentRefError(ref, f"its factory returned a {type(agent).__name__}, not an "
-                            "Agent or a Runnable")
-    return typing.cast(Driven, agent)
+                            "Agent, a Runnable or Versions")
+    if isinstance(agent, Versions):
+        for member in agent.agents:
+            if not _driven(member):
+                raise AgentRefError(ref, f"its Versions hold a {type(member).__name__}, "
+                                    "not an Agent or a Runnable")
+    return typing.cast(Loaded, agent)

@@ -19,6 +19,14 @@ same owner, so the journal renews the claimed epoch), and handed back with the l
 released in the same transaction: ``done`` when it finished, ``waiting`` when it
 stopped for a person, ``queued`` when drained.
 
+Versions: the worker serves, for each agent ref it has loaded, the versions of what
+the ref names (several if it names :class:`~agentjournal.fleet.Versions`, during a
+rollout); it loads the refs it was given whole at start, and says what it serves in its
+first log line and in its heartbeat row (``agentjournal workers``). A worker trusting
+module prefixes loads a trusted ref when a run of it is claimed, or when a run pinned
+to a version of it waits in its queues. Its claims take a pinned run only if it serves
+that version, and an unpinned one runs with its newest version (fleet/queue.py).
+
 It logs through ``logging.getLogger("agentjournal.worker")``, one line per event,
 each starting with the worker id; a crash's traceback only at DEBUG.
 """
@@ -63,7 +71,8 @@ from ..store import Lease, Store, open_store
 from . import queue_of, requeue
 from .queue import POISONED, Claim, Queue, QueueState, WorkerInfo, whose
 from .runnable import Stopped
-from .trust import AgentTrust, Driven, Trusted
+from .trust import AgentTrust, Driven, Loaded, Trusted
+from .versions import Versions, pick, served_by
 
 if TYPE_CHECKING:
     from ..agent import RunResult
@@ -173,7 +182,9 @@ class Worker:
         self._slot_free = threading.Event()
         self._lock = threading.Lock()
         self._held: dict[str, threading.Thread | Future[None]] = {}
-        self._agents: dict[str, Driven] = {}
+        self._agents: dict[str, Loaded] = {}  # each ref loaded, its versions if several
+        self._looked_for_pins = 0.0  # (monotonic) when pinned runs' refs were last loaded
+        self._unloadable: set[str] = set()  # pinned runs' refs that failed to load (logged)
         self._started_at = time.time()
         self._store: Store | None = None
         self._queue: Queue | None = None
@@ -237,9 +248,10 @@ class Worker:
 
         NoQueueError (a JSONL store) and a bad URL are raised at once."""
         self._control_queue()  # a store without a queue is refused before anything runs
+        self._load_whole_refs()
         self.log(f"started: queues {','.join(self.queues)}, concurrency {self.concurrency},"
                  f" ttl {self.ttl:g}s, max crashes {self.max_crashes}, trusting "
-                 f"{self.trust.describe()}")
+                 f"{self.trust.describe()}; serving {self.describe_served()}")
         beats = threading.Thread(target=self._heartbeat, name="worker-heartbeat",
                                  daemon=True)
         beats.start()
@@ -283,7 +295,10 @@ class Worker:
                 continue
             try:
                 queue = self._control_queue()
-                claims = queue.claim_many(self.worker_id, self.ttl, self.queues, free)
+                claims = queue.claim_many(self.worker_id, self.ttl, self.queues, free,
+                                          served=self.served())
+                if len(claims) < free and self._load_pinned_refs(queue):
+                    continue  # it serves more versions now: claim again at once
                 idle = self.poll if claims else self._idle_for(queue)
             except TROUBLE as exc:
                 if not troubled:
@@ -403,7 +418,60 @@ class Worker:
         return WorkerInfo(worker_id=self.worker_id, host=socket.gethostname(),
                           pid=os.getpid(), queues=list(self.queues), runs=self.held(),
                           started_at=self._started_at, heartbeat_at=self._renewed_at,
-                          draining=self.draining)
+                          draining=self.draining, versions=self.served(), ttl=self.ttl)
+
+    # --- versions served ---------------------------------------------------------------
+
+    def served(self) -> dict[str, list[str]]:
+        """The versions it serves of each agent ref it has loaded, newest first (a ref
+        whose agent carries no version serves unpinned runs only)."""
+        with self._lock:
+            loaded = list(self._agents.items())
+        return {ref: served_by(agent) for ref, agent in loaded}
+
+    def describe_served(self) -> str:
+        """What it serves, for its log: ``ref v2, v1; ref2 (no version)``."""
+        served = self.served()
+        return "; ".join(f"{ref} {', '.join(v) or '(no version)'}"
+                         for ref, v in sorted(served.items())) or (
+            "nothing loaded yet (it loads each trusted agent its first run names)")
+
+    def _load_whole_refs(self) -> None:
+        """Load the refs it was given whole, so its first heartbeat says which versions
+        it serves (a pinned run is claimed only by a worker that says so). One that does
+        not load is logged; a run of it is parked on its claim, as before."""
+        for ref in self.trust.whole_refs():
+            try:
+                self._load(ref)
+            except Exception as exc:
+                self.log(f"could not load {ref}: {type(exc).__name__}: {exc}; a run of it "
+                         "will be parked when claimed", logging.WARNING)
+
+    def _load_pinned_refs(self, queue: Queue) -> bool:
+        """A worker trusting module prefixes has not loaded every ref it trusts: load
+        those of the pinned runs waiting in its queues (at most once a poll), so it
+        serves them if it has their version. True if it loaded one."""
+        if self.trust.registry is not None or time.monotonic() < self._looked_for_pins:
+            return False
+        self._looked_for_pins = time.monotonic() + self.poll
+        with self._lock:
+            new = [ref for ref in queue.pinned_agents(self.queues)
+                   if ref not in self._agents and ref not in self._unloadable]
+        loaded = False
+        for ref in new:
+            try:
+                self.trust.check(ref)
+            except AgentRefError:
+                continue  # not this worker's to serve (nothing imported)
+            try:
+                self._load(ref)
+            except Exception as exc:
+                self._unloadable.add(ref)
+                self.log(f"could not load {ref}, which a pinned run names: "
+                         f"{type(exc).__name__}: {exc}", logging.WARNING)
+                continue
+            loaded = True
+        return loaded
 
     def _heartbeat(self) -> None:
         """Every third of a TTL, renew every lease this worker holds, then write its row
@@ -450,20 +518,36 @@ class Worker:
 
     # --- one run -----------------------------------------------------------------------
 
-    def _agent(self, ref: str) -> Driven:
-        """The agent ``ref`` names, if this worker trusts it (else AgentRefError): an
-        Agent, or another framework's agent (a Runnable, fleet/runnable.py)."""
+    def _load(self, ref: str) -> Loaded:
+        """What ``ref`` names, loaded once, if this worker trusts it (else AgentRefError):
+        an Agent, another framework's agent (a Runnable, fleet/runnable.py), or the
+        Versions of one it serves."""
         with self._lock:
-            agent = self._agents.get(ref)
-        if agent is None:
-            agent = self.trust.load(ref)
-            if isinstance(agent, Agent):
-                # A copy: the worker's TTL governs the lease, not the agent's own default.
-                agent = copy.copy(agent)
-                agent.lease_ttl = self.ttl
+            loaded = self._agents.get(ref)
+        if loaded is None:
+            made = self.trust.load_versions(ref)
+            loaded = (Versions(*map(self._own, made.agents)) if isinstance(made, Versions)
+                      else self._own(made))
             with self._lock:
-                agent = self._agents.setdefault(ref, agent)
+                new = ref not in self._agents
+                loaded = self._agents.setdefault(ref, loaded)
+            if new:
+                self.log(f"serving {ref}: {', '.join(served_by(loaded)) or '(no version)'}")
+                self._beat_now.set()  # its row says so soon: pinned runs wait on it
+        return loaded
+
+    def _own(self, agent: Driven) -> Driven:
+        """A copy of an Agent: the worker's TTL governs the lease, not its own default."""
+        if isinstance(agent, Agent):
+            agent = copy.copy(agent)
+            agent.lease_ttl = self.ttl
         return agent
+
+    def _agent(self, ref: str, pin_version: str | None = None) -> Driven | None:
+        """The agent of ``ref`` to run a run pinned to ``pin_version`` with (the newest
+        for None), if this worker trusts it (else AgentRefError); None if it does not
+        serve that version."""
+        return pick(self._load(ref), pin_version)
 
     def _driven(self, agent: Driven, claim: Claim) -> Stopped:
         """Run the claimed run with another framework's agent (a Runnable), holding the
@@ -539,7 +623,8 @@ class Worker:
         if claim.crashes >= self.max_crashes:
             return None
         with self._lock:
-            return self._agents.get(claim.agent)
+            loaded = self._agents.get(claim.agent)
+        return None if loaded is None else pick(loaded, claim.pin_version)
 
     def _prepared(self, claim: Claim) -> Driven | None:
         """The claimed run's agent; None when the run was parked instead (poison, or an
@@ -554,7 +639,14 @@ class Worker:
             self._park(claim, self._poison(claim), undo=self.compensate_parked)
             return None
         try:
-            return self._agent(claim.agent)
+            agent = self._agent(claim.agent, claim.pin_version)
+            if agent is None:  # (its claim served the version: never, but never park it)
+                self._stop_renewing(run_id)
+                self._hand_back(claim.lease, "queued", 0)
+                self.log(f"handed back {run_id} (now queued): it is pinned to version "
+                         f"{claim.pin_version} of {claim.agent}, which this worker does not "
+                         "serve", logging.WARNING)
+            return agent
         except AgentRefError as exc:  # it would refuse every time: park it now
             self._park(claim, f"refused by a worker: {exc}. Submit the run again with a "
                        "trusted agent, or start workers that trust it (--agents), then "
@@ -781,7 +873,7 @@ class Worker:
         """The saga of a failed run; where it cannot go on, the run stays parked."""
         agent = None
         with contextlib.suppress(AgentRefError):
-            agent = self._agent(claim.agent)
+            agent = self._agent(claim.agent, claim.pin_version)
         if not isinstance(agent, Agent):
             self.log(f"cannot compensate {claim.lease.run_id}: its agent is not an "
                      "agentjournal Agent with the tools that undo its effects", logging.WARNING)

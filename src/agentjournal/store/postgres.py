@@ -272,6 +272,10 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     """
     ALTER TABLE {s}.queue ADD COLUMN IF NOT EXISTS reason text;
     """,
+    # The version a run is pinned to (submit --pin-version): see fleet/queue.py.
+    """
+    ALTER TABLE {s}.queue ADD COLUMN IF NOT EXISTS pin_version text;
+    """,
 )
 
 def _param(name: str) -> str:

@@ -27,6 +27,7 @@ import errno
 import functools
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -250,8 +251,13 @@ MIGRATIONS: tuple[str, ...] = (
         json_valid(CAST(body AS TEXT)) THEN json_extract(CAST(body AS TEXT), '$.v') END)
         FROM events), {SCHEMA_VERSION}));
     """,
+    # The version a run is pinned to (submit --pin-version): see fleet/queue.py.
+    """
+    ALTER TABLE queue ADD COLUMN pin_version TEXT;
+    """,
 )
 _HEADS = 11  # the migration that added heads
+_ADD_COLUMN = re.compile(r"\s*ALTER TABLE (\w+) ADD COLUMN (\w+)")
 
 
 def _tables(names: set[str]) -> str:
@@ -726,8 +732,16 @@ class SQLiteStore:
                 if number == _HEADS:
                     self._refuse_unanchored(version)
                 for statement in filter(str.strip, script.split(";")):
-                    self._db.execute(statement)
+                    if not self._column_there(statement):
+                        self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={number}")
+
+    def _column_there(self, statement: str) -> bool:
+        """An ADD COLUMN whose column is there already (a file whose migration count was
+        turned back): skipped, as PostgreSQL's ADD COLUMN IF NOT EXISTS is."""
+        added = _ADD_COLUMN.match(statement)
+        return added is not None and any(
+            row[1] == added[2] for row in self._db.execute(f"PRAGMA table_info({added[1]})"))
 
     def _refuse_unanchored(self, version: int) -> None:
         """Before the heads migration computes heads from the logs: a file holding a record
