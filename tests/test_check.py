@@ -345,3 +345,14 @@ def test_show_runs_and_the_viewer_say_which_versions_ran_it_and_what_request_cha
         assert f"continued by {later[0]}" in page and 'id="request-changes"' in page
     finally:
         viewer.close()
+
+
+def test_the_bench_measures_check_beside_reading_each_run(tmp_path: Path) -> None:
+    from agentjournal.bench import run_bench
+    from agentjournal.bench._common import SMOKE
+
+    # (the Postgres URL only because CI=true demands one reachable; check runs on sqlite)
+    (figure,) = run_bench(quick=True, postgres_url=POSTGRES_URL, workdir=tmp_path, plan=SMOKE,
+                          only=["check"], progress=lambda _: None)
+    assert figure.name == f"check.{SMOKE.check_runs}" and figure.unit == "µs/run"
+    assert figure.value and figure.floor and figure.ratio  # (how fast is not a test)

@@ -24,6 +24,8 @@ Figure families (a name up to its first dot):
                                    2 records per step, each INSERT+COMMIT (hand-written)
     group_commit                   100 concurrent runs appending to one SQLite store, durable
                                    events/s vs one connection's commits/s
+    check                          µs per run of `agentjournal check` over N unfinished runs
+                                   (10,000; 1,000 with --quick) vs load_state of each
     saga                           µs per effect undone by compensate (no-op undo) vs one
                                    durable effect (started + completed appends), per backend
     workspace                      a checkpoint of 3 changed files in a 1,000-file workspace

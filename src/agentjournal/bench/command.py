@@ -39,6 +39,7 @@ from .appends import (
 from .chain import (
     chain_figures,
 )
+from .check import check_figures
 from .cpu import (
     agent_figures,
     cpu_figures,
@@ -138,6 +139,7 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "step": lambda r: step_figures(r.workdir, r.plan, r.progress),
     "group-commit": lambda r: group_commit_figures(r.workdir, r.plan, r.progress),
     "saga": lambda r: saga_figures(r.workdir, r.postgres_url, r.plan, r.progress),
+    "check": lambda r: check_figures(r.workdir, r.plan, r.progress),
     "workspace": lambda r: workspace_figures(r.workdir, r.plan, r.progress),
     "retention": lambda r: retention_figures(r.workdir, r.plan, r.progress),
     "temporal": lambda r: temporal_figures(r.workdir, r.plan, r.progress),
