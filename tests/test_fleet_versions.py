@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agentjournal import open_store
+from agentjournal import RunMismatchError, open_store
 from agentjournal.decisions import decide_approval
 from agentjournal.demo.ledger import LedgerService
-from agentjournal.fleet import submit
+from agentjournal.fleet import WorkerInfo, queue_of, submit
 from agentjournal.snapshots import load_state
 
 from .conftest import fresh_url
@@ -65,8 +66,11 @@ def test_pinned_runs_wait_for_a_worker_serving_their_version(fleet: Fleet,
     everyone = (*PINNED_V1, *PINNED_V2, *UNPINNED)
     with LedgerService(tmp_path / "ledger.db") as ledger:
         fleet.env[URL_ENV] = ledger.url
+        submitted = fleet.cli("submit", "--agent", REF, "--task", "reconcile p1", "--run-id",
+                              "p1", "--pin-version", "v1")
+        assert submitted.returncode == 0 and "pinned to version v1" in submitted.stderr
         with open_store(fleet.url) as store:
-            for run_id in everyone:
+            for run_id in everyone[1:]:
                 pin = "v2" if run_id in PINNED_V2 else "v1" if run_id in PINNED_V1 else None
                 submit(store, REF, f"reconcile {run_id}", run_id, pin_version=pin)
         # The old release alone: it takes every run but the one pinned to v2.
@@ -122,3 +126,33 @@ def test_pinned_runs_wait_for_a_worker_serving_their_version(fleet: Fleet,
         effects = ledger.effects()
         assert effects["corrections"] == {f"{r}-c1": 1 for r in everyone}
         assert effects["tickets"] == {f"{r}-t1": 1 for r in everyone}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_claim_takes_a_pinned_run_only_serving_its_version(backend: str,
+                                                              tmp_path: Path) -> None:
+    """The queue alone (no processes): the claim statement filters, a resubmit keeps the
+    pin, and the reason names what the live workers serve."""
+    for url in fresh_url(backend, tmp_path):
+        with open_store(url) as store:
+            queue = queue_of(store)
+            submit(store, REF, "old", "pinned", pin_version="v1")
+            submit(store, REF, "any", "free")
+            submit(store, REF, "old", "pinned", pin_version="v1")  # the same request
+            with pytest.raises(RunMismatchError, match="pin_version"):
+                submit(store, REF, "old", "pinned", pin_version="v2")
+            with pytest.raises(RunMismatchError, match="pin_version"):
+                submit(store, REF, "old", "pinned")
+            new = {REF: ["v2"]}
+            claims = queue.claim_many("new", 30, ["default"], 5, served=new)
+            assert [(c.lease.run_id, c.pin_version) for c in claims] == [("free", None)]
+            assert queue.claim("unversioned", 30, ["default"]) is None  # serves no version
+            queue.beat(WorkerInfo(worker_id="new", host="h", pid=1, queues=["default"],
+                                  runs=["free"], started_at=time.time(),
+                                  heartbeat_at=time.time(), versions=new, ttl=30))
+            (row,) = [r for r in queue.runs() if r.run_id == "pinned"]
+            assert (row.state, row.runnable, row.pin_version) == ("queued", False, "v1")
+            assert row.waiting_for is not None and row.waiting_for.startswith(
+                f"waiting for a worker serving version v1 of {REF} (live workers serve v2)")
+            old = queue.claim("old", 30, ["default"], served={REF: ["v2", "v1"]})
+            assert old is not None and (old.lease.run_id, old.pin_version) == ("pinned", "v1")
