@@ -63,8 +63,8 @@ def script():
 
 if DEPLOY == "v1":
     agent = Agent(script(), [post], instructions="Post what you are asked.")
-else:
-    agent = Agent(script(), [post_entry, balance],
+else:  # v2, or v2 strict: the agent refuses to resume a run of another version
+    agent = Agent(script(), [post_entry, balance], strict=DEPLOY == "v2-strict",
                   instructions="Post what you are asked. Check the balance first.")
 other = Agent(script(), [post])
 not_an_agent = 42
@@ -119,6 +119,17 @@ def run_child(url: str, code: tuple[Path, str], run_id: str, obj: str,
     child = subprocess.run([sys.executable, "-m", "agentjournal", "run", f"{module}:{obj}",
                             "Post a and b.", "--run-id", run_id, "--store", url],
                            cwd=directory, env=env, capture_output=True, text=True,
+                           timeout=HANG)
+    return child.returncode
+
+
+def resume_child(url: str, code: tuple[Path, str], run_id: str, deploy: str) -> int:
+    """`agentjournal resume` under release ``deploy`` in a real child process."""
+    directory, _ = code
+    env = {**os.environ, "DEPLOY": deploy, "AGENTJOURNAL_STORE": ""}
+    env.pop("AGENTJOURNAL_FAULT", None)
+    child = subprocess.run([sys.executable, "-m", "agentjournal", "resume", run_id, "--store",
+                            url], cwd=directory, env=env, capture_output=True, text=True,
                            timeout=HANG)
     return child.returncode
 
@@ -206,11 +217,13 @@ def test_check_says_what_a_deploy_does_to_each_open_run_and_changes_nothing(
     assert "instructions" in going["changes"] and "tools removed: post" in going["changes"]
     assert len(going["versions"]) == 1 and going["versions"][0] != doc["version"]
 
-    # Strict: every run whose version changed would be refused; exit 5 wins over 4.
-    strict = check(url, code, "--json", "--strict")
-    assert strict.exit_code == 5, strict.stderr
-    assert {r: v["action"] for r, v in by_run(strict).items()} == {
-        "mid-call": "refuse", "between": "refuse"}
+    # Strict (the agent's own, or asked for): every run whose version changed would be
+    # refused; exit 5 wins over 4.
+    for strict in (check(url, code, "--json", "--strict"),
+                   check(url, code, "--json", deploy="v2-strict")):
+        assert strict.exit_code == 5, strict.stderr
+        assert {r: v["action"] for r, v in by_run(strict).items()} == {
+            "mid-call": "refuse", "between": "refuse"}
 
     # For people: a table and a summary; named runs, a finished one among them.
     shown = check(url, code, "mid-call", "done")
@@ -236,6 +249,10 @@ def test_check_says_what_a_deploy_does_to_each_open_run_and_changes_nothing(
             check_runs(store, f"{module}:agent", sys.modules[module].agent,
                        run_ids=["elsewhere"])
     assert fingerprint(url) == before  # nothing appended, no lease, no lock, no file
+
+    # And a resume under v2 does what check said: it pauses the one, continues the other.
+    assert resume_child(url, code, "mid-call", "v2") == 4
+    assert resume_child(url, code, "between", "v2") == 0
 
 
 # --- bad input: one line, the documented code ---------------------------------------------
@@ -308,13 +325,7 @@ def test_show_runs_and_the_viewer_say_which_versions_ran_it_and_what_request_cha
     (tmp_path / "store").mkdir()
     url = f"sqlite:///{tmp_path / 'store' / 'journal.db'}"
     assert run_child(url, code, "between", "agent", "model_call:2") == -9
-    directory, _ = code
-    env = {**os.environ, "DEPLOY": "v2", "AGENTJOURNAL_STORE": ""}
-    env.pop("AGENTJOURNAL_FAULT", None)
-    resumed = subprocess.run([sys.executable, "-m", "agentjournal", "resume", "between",
-                              "--store", url], cwd=directory, env=env, capture_output=True,
-                             text=True, timeout=HANG)
-    assert resumed.returncode in (0, 4), resumed.stderr
+    assert resume_child(url, code, "between", "v2") == 0
     # What an integration records when a framework asks a recorded turn again, changed.
     with closing(open_store(url)) as store, open_journal(store, "between") as journal:
         journal.record(EventType.REQUEST_CHANGED, step="poster__model.request", n=0,
