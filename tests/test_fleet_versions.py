@@ -17,12 +17,14 @@ import pytest
 from agentjournal import RunMismatchError, open_store
 from agentjournal.decisions import decide_approval
 from agentjournal.demo.ledger import LedgerService
-from agentjournal.fleet import WorkerInfo, queue_of, submit
+from agentjournal.fleet import Versions, WorkerInfo, queue_of, submit
+from agentjournal.fleet.trust import AgentTrust
+from agentjournal.fleet.versions import pick
 from agentjournal.snapshots import load_state
 
 from .conftest import fresh_url
 from .test_worker import Fleet
-from .versioned_agents import RELEASE_ENV, URL_ENV
+from .versioned_agents import RELEASE_ENV, URL_ENV, release
 
 REF = "tests.versioned_agents:ledger"
 PINNED_V1, PINNED_V2, UNPINNED = ("p1", "p2"), ("q2",), ("u1", "u2")
@@ -156,3 +158,18 @@ def test_a_claim_takes_a_pinned_run_only_serving_its_version(backend: str,
                 f"waiting for a worker serving version v1 of {REF} (live workers serve v2)")
             old = queue.claim("old", 30, ["default"], served={REF: ["v2", "v1"]})
             assert old is not None and (old.lease.run_id, old.pin_version) == ("pinned", "v1")
+
+
+def test_versions_serve_each_version_once_newest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(URL_ENV, "http://127.0.0.1:9")  # (never called)
+    v1, v2 = release("v1"), release("v2")
+    both = Versions(v2, v1)
+    assert (both.versions, both.get(None), both.get("v1"), both.get("v3")) == (
+        ["v2", "v1"], v2, v1, None)
+    assert (pick(both, "v1"), pick(v1, None), pick(v1, "v2")) == (v1, v1, None)
+    with pytest.raises(ValueError, match="version 'v1' given twice"):
+        Versions(v1, release("v1"))
+    monkeypatch.setenv(RELEASE_ENV, "v2+v1")
+    trust = AgentTrust(["tests.versioned_agents"])  # a factory annotated -> Versions
+    assert trust.load_versions(REF).versions == ["v2", "v1"]  # type: ignore[union-attr]
+    assert trust.load(REF).version == "v2"  # type: ignore[union-attr]

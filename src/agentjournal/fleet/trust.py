@@ -195,7 +195,7 @@ def _made(ref: str, factory: Loaded | AgentFactory) -> Loaded:
     agent = factory if _loaded(factory) else typing.cast(AgentFactory, factory)()
     if not _loaded(agent):
         raise AgentRefError(ref, f"its factory returned a {type(agent).__name__}, not an "
-                            "Agent, a Runnable or Versions")
+                            "Agent or a Runnable (nor Versions of them)")
     if isinstance(agent, Versions):
         for member in agent.agents:
             if not _driven(member):

@@ -454,8 +454,9 @@ class Worker:
         if self.trust.registry is not None or time.monotonic() < self._looked_for_pins:
             return False
         self._looked_for_pins = time.monotonic() + self.poll
+        pinned = queue.pinned_agents(self.queues)
         with self._lock:
-            new = [ref for ref in queue.pinned_agents(self.queues)
+            new = [ref for ref in pinned
                    if ref not in self._agents and ref not in self._unloadable]
         loaded = False
         for ref in new:
