@@ -367,3 +367,60 @@ def test_the_bench_measures_check_beside_reading_each_run(tmp_path: Path) -> Non
                           only=["check"], progress=lambda _: None)
     assert figure.name == f"check.{SMOKE.check_runs}" and figure.unit == "µs/run"
     assert figure.value and figure.floor and figure.ratio  # (how fast is not a test)
+
+
+# --- a framework's agent: described by its integration, its runs by the name they record --
+
+PYDANTIC_AGENTS = '''
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
+
+poster = Agent(TestModel(), name="poster", instructions="Post what you are asked.")
+
+
+@poster.tool_plain
+def post_entry(label: str) -> str:
+    """Post the entry named label (post_effect, renamed)."""
+    return label
+'''
+
+
+def test_a_pydantic_ai_agent_is_checked_against_the_runs_it_recorded(tmp_path: Path) -> None:
+    pytest.importorskip("pydantic_ai")
+    from agentjournal import EventType
+    from agentjournal.journal import open_journal
+    from agentjournal.keys import run_scope
+
+    directory, module = tmp_path / "code", f"pyd_agents_{uuid.uuid4().hex[:8]}"
+    directory.mkdir()
+    (directory / f"{module}.py").write_text(PYDANTIC_AGENTS)
+    (tmp_path / "store").mkdir()
+    url = f"sqlite:///{tmp_path / 'store' / 'journal.db'}"
+    # What the integration recorded before the release renamed post_effect: a call
+    # started, never completed (its process was killed).
+    args = {"label": "a"}
+    with closing(open_store(url)) as store, open_journal(store, "pyd-1") as journal:
+        journal.record_all([
+            (EventType.RUN_STARTED, {"task": "Post a.", "agent": "pydantic_ai:poster",
+                                     "scope": run_scope("pyd-1"), "agent_version": "old"}),
+            (EventType.USER_MESSAGE, {"content": "Post a."}),
+            (EventType.MODEL_TURN, {"text": "", "tool_calls": [
+                {"id": "call-a", "name": "post_effect", "args": args}]}),
+            (EventType.TOOL_CALL_STARTED, {"key": "k-" + "0" * 30, "tool": "post_effect",
+                                           "args": args, "call_id": "call-a",
+                                           "effect": "irreversible", "attempt": 1})])
+    before = fingerprint(url)
+    try:
+        base = ["check", "--agent", f"{module}:poster", "--import-path", str(directory),
+                "--store", url, "--json"]
+        unnamed = CliRunner().invoke(cli, base)
+        assert unnamed.exit_code == 0, unnamed.stderr
+        assert json.loads(unnamed.stdout)["other_agents"] == 1  # recorded under its name
+        named = CliRunner().invoke(cli, [*base, "--recorded-as", "pydantic_ai:poster"])
+        assert named.exit_code == 4, named.stderr
+        (run,) = json.loads(named.stdout)["runs"]
+        assert (run["run_id"], run["action"]) == ("pyd-1", "pause")
+        assert [c["tool"] for c in run["calls"]] == ["post_effect"]
+    finally:
+        sys.modules.pop(module, None)
+    assert fingerprint(url) == before

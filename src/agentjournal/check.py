@@ -15,6 +15,9 @@ Runnable or a factory of one is accepted.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -51,18 +54,21 @@ class Checked:
 
 def check_runs(store: Store, agent_ref: str, agent: object | None = None, *,
                run_ids: Sequence[str] | None = None, trusted: Sequence[str] | None = None,
-               strict: bool | None = None) -> list[Forecast]:
+               strict: bool | None = None, recorded_as: str | None = None) -> list[Forecast]:
     """What a resume under the current code would do to each unfinished run of
     ``agent_ref`` in ``store`` (or to each of ``run_ids``), oldest first.
 
     ``agent``: the agent as the code defines it now; by default the one ``agent_ref``
     names, imported under the worker's trust rules with ``trusted`` (module prefixes or
     whole refs; default: the ref's own module) as the allow-list. ``strict``: judge each
-    run as a resume with ``run(..., strict=)`` would (default: the agent's own). A run named in
-    ``run_ids`` that records another agent is RunMismatchError; a run that cannot be read
-    raises its error (a check that skipped it would pass a deploy it knows nothing of)."""
+    run as a resume with ``run(..., strict=)`` would (default: the agent's own).
+    ``recorded_as``: the agent name the runs record, when it is not ``agent_ref`` (a
+    framework's agent run outside a worker records its own: ``pydantic_ai:NAME``,
+    ``openai-agents:NAME``, ``langgraph``). A run named in ``run_ids`` that records
+    another agent is RunMismatchError; a run that cannot be read raises its error (a
+    check that skipped it would pass a deploy it knows nothing of)."""
     checked = inspect_runs(store, agent_ref, agent, run_ids=run_ids, trusted=trusted,
-                           strict=strict)
+                           strict=strict, recorded_as=recorded_as)
     if checked.unreadable:
         raise checked.unreadable[0]
     return checked.forecasts
@@ -70,14 +76,15 @@ def check_runs(store: Store, agent_ref: str, agent: object | None = None, *,
 
 def inspect_runs(store: Store, agent_ref: str, agent: object | None = None, *,
                  run_ids: Sequence[str] | None = None, trusted: Sequence[str] | None = None,
-                 strict: bool | None = None) -> Checked:
+                 strict: bool | None = None, recorded_as: str | None = None) -> Checked:
     """As :func:`check_runs`, keeping what was left aside and what could not be read."""
     shape = shape_of(agent_ref, load_trusted(agent_ref, trusted) if agent is None else agent)
     checked = Checked(agent_ref, shape)
+    name = recorded_as or agent_ref
     for run_id, state in _states(store, run_ids, checked):
-        if state.agent != agent_ref:
+        if state.agent != name:
             if run_ids is not None:
-                raise RunMismatchError(run_id, "agent", state.agent, agent_ref, advice=(
+                raise RunMismatchError(run_id, "agent", state.agent, name, advice=(
                     f"check it with the agent it records: --agent {state.agent}"
                     if state.agent else "it records no agent, so no agent's check covers it"))
             checked.other_agents += 1
@@ -89,15 +96,39 @@ def inspect_runs(store: Store, agent_ref: str, agent: object | None = None, *,
 
 
 def load_trusted(agent_ref: str, trusted: Sequence[str] | None = None) -> object:
-    """The Agent (or Runnable) ``agent_ref`` names, loaded as a worker trusting
-    ``trusted`` (default: the ref's module) would: checked as text before any import,
-    refused (AgentRefError) unless it is an Agent, a Runnable or a factory of one."""
+    """The agent ``agent_ref`` names, loaded as a worker trusting ``trusted`` (default:
+    the ref's module) would: checked as text before any import, then imported. An agent
+    object a describer knows (an Agent, a Pydantic AI or Agents SDK agent, a compiled
+    LangGraph graph, a Runnable wrapping one) is only read, never called; anything else
+    must be what a worker runs (a factory of one is called, under the worker's rules),
+    else AgentRefError."""
+    from .agent import resolve_ref
     from .fleet.trust import AgentTrust, ref_problem  # (the fleet: only when asked)
 
     if problem := ref_problem(agent_ref):  # as text, before anything is imported
         raise AgentRefError(agent_ref, problem)
     trust = AgentTrust(list(trusted) if trusted else [agent_ref.partition(":")[0]])
+    trust.check(agent_ref)  # trusted, no private name: still nothing imported
+    found = resolve_ref(agent_ref, "install it, or give the directory that holds it "
+                        "(--import-path)")
+    _import_describers()
+    if describe(found) is not None:
+        return found
     return trust.load(agent_ref)
+
+
+#: The integration that describes each framework's agents, imported when the framework
+#: is (an agent module may use the framework without importing our integration).
+_DESCRIBED_BY = {"pydantic_ai": "agentjournal.integrations.pydantic_ai",
+                 "agents": "agentjournal.integrations.openai_agents.runner",
+                 "langgraph": "agentjournal.integrations.langgraph"}
+
+
+def _import_describers() -> None:
+    for framework, integration in _DESCRIBED_BY.items():
+        if framework in sys.modules:
+            with contextlib.suppress(ImportError):  # (an integration's extra not installed)
+                importlib.import_module(integration)
 
 
 def shape_of(agent_ref: str, agent: object) -> AgentShape:

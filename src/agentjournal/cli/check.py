@@ -64,8 +64,10 @@ def _import_path(dirs: tuple[str, ...]) -> Iterator[None]:
 @cli.command(name="check", epilog=CHECK_EXIT_CODES)
 @click.argument("run_ids", metavar="[RUN]...", nargs=-1)
 @click.option("--agent", "agent_ref", required=True, metavar="MODULE:OBJECT",
-              help="The agent as the code to deploy defines it (an Agent, a Runnable, or a "
-              "function annotated -> Agent); the runs checked are those recording this ref.")
+              help="The agent as the code to deploy defines it: an Agent, a Pydantic AI or "
+              "Agents SDK agent, a compiled LangGraph graph (read, never called), a Runnable, "
+              "or a function annotated -> Agent; the runs checked are those recording this "
+              "ref (or --recorded-as).")
 @click.option("--trust", "trusted", metavar="PREFIX,...",
               help="The modules it may be imported from, as `worker --agents` takes them "
               "(default: the ref's own module).")
@@ -73,6 +75,10 @@ def _import_path(dirs: tuple[str, ...]) -> Iterator[None]:
               type=click.Path(exists=True, file_okay=False),
               help="A directory to import the agent from (repeatable); as for a worker, the "
               "working directory is not on the import path unless given here.")
+@click.option("--recorded-as", "recorded_as", metavar="NAME",
+              help="The agent name the runs record, when it is not MODULE:OBJECT: a "
+              "framework's agent run outside a worker records its own (pydantic_ai:NAME, "
+              "openai-agents:NAME, langgraph; `agentjournal runs --json` shows it).")
 @click.option("--strict", is_flag=True, default=None,
               help="Judge each run as a strict resume would (`run(..., strict=True)`): a "
               "changed version is refused. Default: the agent's own strict setting.")
@@ -80,8 +86,8 @@ def _import_path(dirs: tuple[str, ...]) -> Iterator[None]:
 @store_option
 @click.pass_context
 def check(ctx: click.Context, run_ids: tuple[str, ...], agent_ref: str, trusted: str | None,
-          import_path: tuple[str, ...], strict: bool | None, as_json: bool,
-          store_url: str) -> None:
+          import_path: tuple[str, ...], recorded_as: str | None, strict: bool | None,
+          as_json: bool, store_url: str) -> None:
     """Say, for every unfinished run of --agent (or each RUN), what resuming it under
     the code now would do: continue (and what changed since the run's version), pause
     for a person (which call, and why), or be refused in strict mode.
@@ -109,7 +115,7 @@ def check(ctx: click.Context, run_ids: tuple[str, ...], agent_ref: str, trusted:
     store = open_store(store_url, readonly=True)
     try:
         checked = inspect_runs(store, agent_ref, agent, run_ids=run_ids or None,
-                               strict=strict)
+                               strict=strict, recorded_as=recorded_as)
     except (RunMismatchError, AgentRefError) as exc:  # another agent's run; no describer
         raise CliError(str(exc), 2) from None
     finally:
