@@ -424,3 +424,22 @@ def test_a_pydantic_ai_agent_is_checked_against_the_runs_it_recorded(tmp_path: P
     finally:
         sys.modules.pop(module, None)
     assert fingerprint(url) == before
+
+
+def test_a_run_it_cannot_read_is_reported_beside_the_others_with_exit_3(
+        tmp_path: Path, code: tuple[Path, str]) -> None:
+    (tmp_path / "store").mkdir()
+    url = f"jsonl:///{tmp_path / 'store'}"
+    assert run_child(url, code, "between", "agent", "model_call:2") == -9
+    assert run_child(url, code, "damaged", "agent", "model_call:2") == -9
+    log = tmp_path / "store" / "damaged.jsonl"
+    log.write_bytes(log.read_bytes().replace(b"Post a and b.", b"Post a and c.", 1))
+    before = fingerprint(url)
+    result = check(url, code, "--json")
+    assert result.exit_code == 3, result.stderr
+    doc = json.loads(result.stdout)
+    assert [r["run_id"] for r in doc["runs"]] == ["between"]  # the others still judged
+    assert len(doc["unreadable"]) == 1 and "damaged" in doc["unreadable"][0]
+    errors = result.stderr.splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "damaged" in errors[0]
+    assert fingerprint(url) == before
