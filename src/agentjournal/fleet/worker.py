@@ -442,7 +442,7 @@ class Worker:
         not load is logged; a run of it is parked on its claim, as before."""
         for ref in self.trust.whole_refs():
             try:
-                self._load(ref)
+                self._load(ref, announce=False)  # (the start's line says what it serves)
             except Exception as exc:
                 self.log(f"could not load {ref}: {type(exc).__name__}: {exc}; a run of it "
                          "will be parked when claimed", logging.WARNING)
@@ -519,7 +519,7 @@ class Worker:
 
     # --- one run -----------------------------------------------------------------------
 
-    def _load(self, ref: str) -> Loaded:
+    def _load(self, ref: str, *, announce: bool = True) -> Loaded:
         """What ``ref`` names, loaded once, if this worker trusts it (else AgentRefError):
         an Agent, another framework's agent (a Runnable, fleet/runnable.py), or the
         Versions of one it serves."""
@@ -532,8 +532,9 @@ class Worker:
             with self._lock:
                 new = ref not in self._agents
                 loaded = self._agents.setdefault(ref, loaded)
-            if new:
+            if new and announce:
                 self.log(f"serving {ref}: {', '.join(served_by(loaded)) or '(no version)'}")
+            if new:
                 self._beat_now.set()  # its row says so soon: pinned runs wait on it
         return loaded
 
