@@ -86,16 +86,26 @@ class States:
             self._started[state.run_id] = payload
         return payload
 
-    def request_changes(self, run_id: str, last_seq: int) -> list[dict[str, Any]]:
-        """The run's request_changed events up to ``last_seq``: recorded model turns
-        served to a request the code now makes otherwise."""
-        with self._lock:
-            read_to, found = self._changes.get(run_id, (0, []))
+    def request_changes(self, run_id: str, state: RunState) -> list[dict[str, Any]]:
+        """The run's request_changed events up to its state's seq: recorded model turns
+        served to a request the code now makes otherwise. Only a run that went on after
+        its first process (resumed, or a fork) can have any: another's log is not read."""
         from ..cli.reading import request_changes  # the CLI's reading, shared
 
+        last_seq = state.last_seq
+        if not state.resumes and state.origin is None:
+            return []
+        with self._lock:
+            read_to, found = self._changes.get(run_id, (0, []))
         if read_to < last_seq:
-            found = [*found, *request_changes(itertools.islice(
-                self.store.read(run_id, after_seq=read_to), last_seq - read_to))]
+            events = self.store.read(run_id, after_seq=read_to)
+            try:
+                found = [*found, *request_changes(itertools.islice(events,
+                                                                   last_seq - read_to))]
+            finally:
+                close = getattr(events, "close", None)
+                if close is not None:  # a generator holding a cursor: done with it
+                    close()
             with self._lock:
                 self._changes[run_id] = (last_seq, found)
         return [c for c in found if c["at_seq"] <= last_seq]
@@ -308,7 +318,7 @@ def run_summary(store: Store, states: States, run_id: str,
         "versions": list(state.versions),
         "versions_line": version_line(state.versions) if state.versions else None,
         "request_changes": [{**c, "line": request_change_line(c)}
-                            for c in states.request_changes(run_id, state.last_seq)],
+                            for c in states.request_changes(run_id, state)],
         "turns": state.turns,
         "tool_calls": state.tool_calls, "resumes": state.resumes,
         "started_at": state.started_at.isoformat() if state.started_at else None,
