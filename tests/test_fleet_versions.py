@@ -112,9 +112,10 @@ def test_pinned_runs_wait_for_a_worker_serving_their_version(fleet: Fleet,
         assert all(u["reason"].startswith(f"waiting for a worker serving version v1 of {REF}"
                                           " (live workers serve v2)") for u in unserved)
         assert "waiting for a worker serving version v1" in fleet.cli("queue").stdout
+        assert json.loads(fleet.cli("queue", "--json").stdout)["runnable"] == 0
         for run_id in PINNED_V1:  # never claimed by the v2 worker, never parked
             row = fleet.runs()[run_id]
-            assert (row.state, row.claims, row.runnable) == ("waiting", 1, False)
+            assert (row.state, row.claims, row.runnable) == ("waiting", 1, True)
         assert not _claimed_in(v2_log) & set(PINNED_V1)
 
         # A v1 worker again (trusting the module: it loads the pinned runs' agent).
@@ -153,7 +154,7 @@ def test_a_claim_takes_a_pinned_run_only_serving_its_version(backend: str,
                                   runs=["free"], started_at=time.time(),
                                   heartbeat_at=time.time(), versions=new, ttl=30))
             (row,) = [r for r in queue.runs() if r.run_id == "pinned"]
-            assert (row.state, row.runnable, row.pin_version) == ("queued", False, "v1")
+            assert (row.state, row.runnable, row.pin_version) == ("queued", True, "v1")
             assert row.waiting_for is not None and row.waiting_for.startswith(
                 f"waiting for a worker serving version v1 of {REF} (live workers serve v2)")
             old = queue.claim("old", 30, ["default"], served={REF: ["v2", "v1"]})

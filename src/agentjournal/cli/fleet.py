@@ -314,7 +314,8 @@ def _queue_summary(queue: Queue) -> dict[str, Any]:
     return {
         "total": totals,
         "queues": by_queue,
-        "runnable": sum(r.runnable for r in runs),
+        # (A pinned run no live worker serves is no worker's to take now.)
+        "runnable": sum(r.runnable and r.waiting_for is None for r in runs),
         "oldest_queued": None if oldest is None else {
             "run_id": oldest.run_id, "queue": oldest.queue,
             "age_s": round(max(0.0, now - oldest.submitted_at), 3)},

@@ -237,7 +237,7 @@ class PostgresQueue:
                 run_id=r[0], queue=r[1], state=r[2], priority=r[3], agent=r[4], worker=r[5],
                 crashes=r[6], claims=r[7], submitted_at=r[8], changed_at=r[9],
                 reason=parked_reason(r[2], r[10]), stops=stops_in(r[10]),
-                runnable=bool(r[11]) and waiting_for is None, pin_version=r[12],
+                runnable=bool(r[11]), pin_version=r[12],
                 waiting_for=waiting_for))
         return out
 

@@ -170,12 +170,12 @@ class QueuedRun(msgspec.Struct, frozen=True, kw_only=True):
     claims: int
     submitted_at: float  # seconds since the epoch
     changed_at: float
-    runnable: bool  # a claim would take it now (of a live worker serving it, if pinned)
+    runnable: bool  # a claim would take it now (if pinned: one serving its version)
     reason: str | None = None  # why a worker parked it (parked runs only), on one line
     stops: list[str] = []  # what each crash counted was (stop_line), oldest first
     pin_version: str | None = None  # only a worker serving this version claims it
-    #: Why no worker claims it though it is otherwise runnable: pinned to a version no
-    #: live worker serves (``unserved``); None otherwise.
+    #: Why no worker claims it though it is runnable: pinned to a version no live worker
+    #: serves (``unserved``, judged by the workers' heartbeats); None otherwise.
     waiting_for: str | None = None
 
 

@@ -196,7 +196,7 @@ class SQLiteQueue:
             out.append(QueuedRun(
                 run_id=run_id, queue=queue, state=state, priority=priority, agent=agent,
                 worker=worker, crashes=crashes, claims=claims, submitted_at=submitted,
-                changed_at=changed, runnable=runnable and waiting_for is None,
+                changed_at=changed, runnable=runnable,
                 reason=parked_reason(state, reason), stops=stops_in(reason),
                 pin_version=pin, waiting_for=waiting_for))
         return out
