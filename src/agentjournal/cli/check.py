@@ -16,6 +16,7 @@ from ..errors import AgentRefError
 from ..state import RunState
 from ..store import mask_secrets, open_store
 from ._base import (
+    EXIT_NEEDS_A_PERSON,
     CliError,
     _check_target,
     _report_unreadable,
@@ -131,7 +132,9 @@ def check(ctx: click.Context, run_ids: tuple[str, ...], agent_ref: str, trusted:
 def verdict(forecasts: list[Forecast]) -> int:
     """The exit code: refused wins over a pause, a pause over going on."""
     actions = {f.action for f in forecasts}
-    return EXIT_WOULD_REFUSE if "refuse" in actions else 4 if "pause" in actions else 0
+    if "refuse" in actions:
+        return EXIT_WOULD_REFUSE
+    return EXIT_NEEDS_A_PERSON if "pause" in actions else 0
 
 
 def run_json(state: RunState, f: Forecast) -> dict[str, Any]:
