@@ -91,10 +91,11 @@ def test_a_resumed_run_serves_recorded_steps_without_calling_their_body(store: S
     assert [m.content for m in state.messages if m.role == "assistant"] == ["one", "two"]
 
 
-def test_a_changed_fingerprint_is_a_nondeterminism_error_naming_both(store: Store) -> None:
+def test_a_changed_fingerprint_in_strict_mode_is_a_nondeterminism_error_naming_both(
+        store: Store) -> None:
     with open_run(store, RUN, input="hi") as run:
         run.step("model.request", "fp-recorded", lambda: {"text": "x"}, turn=turn_of)
-    with pytest.raises(NondeterminismError) as caught, open_run(store, RUN) as run:
+    with pytest.raises(NondeterminismError) as caught, open_run(store, RUN, strict=True) as run:
         run.step("model.request", "fp-asked", lambda: {"text": "y"}, turn=turn_of)
     assert "fp-recorded" in str(caught.value) and "fp-asked" in str(caught.value)
     assert (caught.value.name, caught.value.position) == ("model.request", 0)
@@ -339,7 +340,7 @@ def test_a_step_at_a_given_position_replays_that_unit(store: Store) -> None:
         for n in range(3):
             run.step("model.request", f"fp-{n}", lambda n=n: {"text": str(n)}, turn=turn_of)
     ran: list[int] = []
-    with open_run(store, RUN) as run:
+    with open_run(store, RUN, strict=True) as run:
         assert run.step("model.request", "fp-2", lambda: ran.append(2), turn=turn_of,
                         position=2) == {"text": "2"}
         assert run.step("model.request", "fp-3", lambda: ran.append(3) or {"text": "3"},

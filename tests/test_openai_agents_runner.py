@@ -482,14 +482,15 @@ def test_a_finished_run_is_replayed_from_its_log(tmp_path: Any, posting: Posting
     store.close()
 
 
-def test_a_model_asked_something_else_on_resume_is_refused(
+def test_a_model_asked_something_else_on_resume_in_strict_mode_is_refused(
         tmp_path: Any, posting: Posting) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
     posting.resume(store)
     agent, policies = posting.agent()
     changed = agent.clone(instructions="Post nothing.")
     with pytest.raises(NondeterminismError, match=r"openai_agents\.model\.0"):
-        JournalRunner.run_sync(changed, TASK, store=store, run_id=RUN, policies=policies)
+        JournalRunner.run_sync(changed, TASK, store=store, run_id=RUN, policies=policies,
+                               strict=True)
     assert posting.counts() == {"a": 1, "b": 1}
     store.close()
 

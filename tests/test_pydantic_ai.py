@@ -257,12 +257,12 @@ def test_the_callers_approval_is_recorded_and_bound(tmp_path: Path) -> None:
 # --- what the log says ------------------------------------------------------------------
 
 
-def test_a_changed_request_at_a_recorded_place_is_a_nondeterminism_error(
+def test_a_changed_request_at_a_recorded_place_in_strict_mode_is_a_nondeterminism_error(
         tmp_path: Path, module_receiver: Any) -> None:
     url = f"sqlite:///{tmp_path / 'j.db'}"
     drive(url, RUN, module_receiver.url, "lookup", "nd-")
     agent = make_agent(module_receiver.url, CountingModel(["nd-a", "nd-b"]),
-                       JournalDurability(url, RUN), "lookup")
+                       JournalDurability(url, RUN, strict=True), "lookup")
     agent.instructions("Be terse.")  # the request the run recorded asked without it
     with pytest.raises(NondeterminismError) as caught:
         agent.run_sync("post nd-a, nd-b")

@@ -16,30 +16,39 @@ Start and resume are the same call with the same run id. Opening takes the run's
 lease (fencing as for native runs) and records ``run_started`` with the input on
 first open, so a crash before any step loses nothing.
 
-**Steps** (``step`` / ``astep``): the n-th unit of a name. Recorded before with
-the same fingerprint: its stored value is decoded and the body is not called.
-Recorded with another fingerprint: :class:`NondeterminismError`, naming both.
-Otherwise the body runs and its value is appended, durably, before it is used:
-as a ``model_turn`` when ``turn`` summarises it (text, tool calls, usage: shown
-like a native turn; the framework's own JSON stored beside it), else as a
-record-only ``step_recorded``. A turn that asks for calls is stored with the first
-fact about them (their starts, in one append), as the loop does: a crash before
-that asks the model again.
+**Steps** (``step`` / ``astep``): the n-th unit of a name. Recorded before with the
+same fingerprint: its stored value is decoded and the body is not called. Recorded
+with another fingerprint (the code changed since: a prompt edited, a tool added, the
+model switched): history is history, the recorded value is served all the same and a
+``request_changed`` fact says which ``parts`` of the request differ (once per step);
+``open_run(strict=True)`` refuses instead (:class:`NondeterminismError`, naming
+both). A model step given the ``tools`` the code has now pauses the run for a person
+(:class:`NeedsPerson`) when a call the log holds open (uncertain, or waiting for an
+approval) is of a tool no longer among them: nothing could settle it. Otherwise the
+body runs and its value is appended, durably, before it is used: as a ``model_turn``
+when ``turn`` summarises it (text, tool calls, usage: shown like a native turn; the
+framework's own JSON stored beside it), else as a record-only ``step_recorded``. A
+turn that asks for calls is stored with the first fact about them (their starts, in
+one append), as the loop does: a crash before that asks the model again.
 
-**Calls** (``call`` / ``acall`` / ``call_batch`` / ``acall_batch``): the loop's
-own rules, run by the loop's own code (a ``StepMachine`` whose tools are the
-bridged calls). A call already answered in this run (completed, failed, refused:
-matched by call id and idempotency key) is answered from the log, the body not
-called. Otherwise: a completed key is served (same arguments only; the same
-identity with other arguments is refused, :class:`CallRefused`); an uncertain
-key is settled by settle.py (the lookup, a retry with the same key for
-read-only and idempotent calls, else :class:`NeedsPerson`, the run paused); an
-approval is bound to the exact arguments (:class:`NeedsApproval` until a person
-or the caller decides); then ``tool_call_started`` is durable before the body
-runs and the completion is appended after. A body raising ``ToolFailed``
-proves the effect did not happen (recorded as a failure, may be tried again);
-any other exception from a call with an effect leaves it uncertain. A value the
-body returned that has no JSON form (``encode`` raised, or the body raised
+**Calls** (``call`` / ``acall`` / ``call_batch`` / ``acall_batch``): the loop's own
+rules, run by the loop's own code (a ``StepMachine`` whose tools are the bridged
+calls). A call whose call id the log holds open (started and uncertain, or waiting
+for an approval) under another tool, key or effect class (the code changed under it)
+is never made under its new key: the run pauses for a person (:class:`NeedsPerson`,
+the reason naming both), who settles the recorded call with ``agentjournal resolve``
+(then the call is answered from that) or cancels the run. A call already answered in
+this run (completed, failed, refused: matched by call id and idempotency key) is
+answered from the log, the body not called. Otherwise: a completed key is served
+(same arguments only; the same identity with other arguments is refused,
+:class:`CallRefused`); an uncertain key is settled by settle.py (the lookup, a retry
+with the same key for read-only and idempotent calls, else :class:`NeedsPerson`, the
+run paused); an approval is bound to the exact arguments (:class:`NeedsApproval`
+until a person or the caller decides); then ``tool_call_started`` is durable before
+the body runs and the completion is appended after. A body raising ``ToolFailed``
+proves the effect did not happen (recorded as a failure, may be tried again); any
+other exception from a call with an effect leaves it uncertain. A value the body
+returned that has no JSON form (``encode`` raised, or the body raised
 ``results.ResultNotEncodable``: the framework's own encoder refused it) completes
 the call as "result not kept", as the loop does (``ResultNotKeptError``).
 
@@ -62,7 +71,7 @@ import contextvars
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -104,8 +113,8 @@ from .steps import StepMachine, not_kept
 from .store import Store
 from .tools import Effect, Reconciler, Tool, ToolContext, ToolFailed
 
-__all__ = ["Answer", "BridgedRun", "CallSpec", "Turn", "aopen_run", "current_call",
-           "open_run"]
+__all__ = ["Answer", "BridgedRun", "CallSpec", "CodeChanged", "Turn", "aopen_run",
+           "current_call", "open_run"]
 
 E = EventType
 _ANSWERS = (E.TOOL_CALL_COMPLETED, E.TOOL_RESULT_SERVED, E.TOOL_CALL_DENIED)
@@ -148,6 +157,12 @@ def reading_checked(check: Callable[[ToolContext], None]) -> Iterator[None]:
         yield
     finally:
         _CHECK.reset(token)
+
+
+class CodeChanged(NeedsPerson):
+    """The code changed under a call the log holds open (its tool is gone, or its name,
+    identity or effect class is not the recorded one): the run is paused for a person,
+    the reason naming the change. Running the same code again stops here again."""
 
 
 def _same(value: Any) -> Any:
@@ -218,6 +233,15 @@ class _Unit:
     seq: int
     fingerprint: str
     value: Any
+    #: The digests of the request's parts (instructions, tools, model...), when recorded.
+    parts: dict[str, str] | None = None
+    #: The ids of the calls a recorded model turn asked for.
+    calls: tuple[str, ...] = ()
+
+
+#: A request's parts by name, each a digest; or a function making them when needed (only
+#: a step that is asked, or one whose request changed, needs them).
+Parts = Mapping[str, str] | Callable[[], Mapping[str, str]]
 
 
 class _BridgedTool(Tool):
@@ -255,8 +279,11 @@ class BridgedRun(StepMachine):
 
     def __init__(self, journal: RunJournal, *, tool_timeout: float | None,
                  max_attempts: int, max_recoveries: int,
-                 max_result_bytes: int | None) -> None:
+                 max_result_bytes: int | None, strict: bool = False) -> None:
         self.journal = journal
+        #: A recorded step asked with another fingerprint raises (NondeterminismError)
+        #: instead of being served with a request_changed fact.
+        self.strict = strict
         self.run_id = journal.run_id
         self.tools: dict[str, Tool] = {}
         self._approvals = _Approvals()
@@ -277,10 +304,17 @@ class BridgedRun(StepMachine):
         self._next: dict[str, int] = {}  # the position of the next step of each name
         self._answers: dict[str, Event] = {}  # call id -> the last event answering it
         self._start_keys: dict[int, str] = {}  # a start's seq -> its key
+        self._start_ids: dict[int, str] = {}  # a start's seq -> its call id
         self._live: dict[str, tuple[bool, Any]] = {}  # call id -> (ok, value or error)
         self._input: Any = None  # the input recorded when the run started
         self._in_flight: set[str] = set()  # keys of calls this run is making now
         self._closed = False
+        # (step, n, asked) of each request_changed recorded: each told once.
+        self._changes: set[tuple[str, int, str]] = set()
+        # call id -> (tool, key, approval id) of each approval asked for.
+        self._approval_calls: dict[str, tuple[str, str, str]] = {}
+        self._opened_at = journal.state.last_seq  # the log as this process found it
+        self._asked: set[str] = set()  # the call ids the framework asked for here
 
     # --- reading the log ----------------------------------------------------------
 
@@ -290,11 +324,19 @@ class BridgedRun(StepMachine):
         if event.type is E.STEP_RECORDED or (event.type is E.MODEL_TURN and "step" in p):
             step = p["step"] if event.type is E.MODEL_TURN else p
             units = self._units.setdefault(step["name"], {})
-            units.setdefault(step["n"], _Unit(event.seq, step["fingerprint"], p.get("value")))
+            calls = tuple(str(c.get("id")) for c in p.get("tool_calls") or ()
+                          if isinstance(c, dict))
+            units.setdefault(step["n"], _Unit(event.seq, step["fingerprint"], p.get("value"),
+                                              step.get("parts"), calls))
+        elif event.type is E.REQUEST_CHANGED:
+            self._changes.add((p.get("step", ""), p.get("n", -1), p.get("asked", "")))
+        elif event.type is E.APPROVAL_REQUESTED and p.get("call_id"):
+            self._approval_calls[p["call_id"]] = (p["tool"], p["key"], p["approval_id"])
         elif event.type is E.RUN_STARTED:
             self._input = p.get("input")
         elif event.type is E.TOOL_CALL_STARTED:
             self._start_keys[event.seq] = p["key"]
+            self._start_ids[event.seq] = p.get("call_id", "")
         elif event.type in _ANSWERS and p.get("call_id"):
             self._answers[p["call_id"]] = event
 
@@ -342,21 +384,98 @@ class BridgedRun(StepMachine):
             units = self._units.get(name, {})
             return [units[n].value for n in range(len(units)) if n in units]
 
-    def _claim(self, name: str, fingerprint: str,
-               position: int | None) -> tuple[int, _Unit | None]:
-        """The position of this step of ``name``, and its recorded unit if it has one."""
+    def _claim(self, name: str, fingerprint: str, position: int | None,
+               parts: Parts | None) -> tuple[int, _Unit | None, dict[str, Any] | None]:
+        """The position of this step of ``name``, its recorded unit if it has one, and
+        the ``request_changed`` fact to record when it was recorded for another request
+        (None when the request is the same, or the change was told already)."""
         with self._lock:
             n = self._next.get(name, 0) if position is None else position
             self._next[name] = n + 1
             unit = self._units.get(name, {}).get(n)
-        if unit is not None and unit.fingerprint != fingerprint:
+        if unit is None or unit.fingerprint == fingerprint:
+            return n, unit, None
+        if self.strict:
             raise NondeterminismError(self.run_id, name, n, unit.fingerprint, fingerprint,
                                       unit.seq)
-        return n, unit
+        with self._lock:
+            if (name, n, fingerprint) in self._changes:
+                return n, unit, None
+            self._changes.add((name, n, fingerprint))
+        asked = _parts_of(parts)
+        changed = ([k for k in sorted({*unit.parts, *asked})
+                    if unit.parts.get(k) != asked.get(k)] if unit.parts and asked else [])
+        return n, unit, {"step": name, "n": n, "recorded": unit.fingerprint,
+                         "asked": fingerprint, "changed": changed or ["request"],
+                         "seq": unit.seq}
+
+    def _tell_changed(self, change: dict[str, Any] | None) -> None:
+        """Record that a recorded step was served to a request the code now makes
+        otherwise (record-only: the run's state is the same)."""
+        if change is not None:
+            with self._lock:
+                self.journal.record_all([(E.REQUEST_CHANGED, change)])
+
+    def _orphaned(self, unit: _Unit | None,
+                  tools: Collection[str]) -> list[tuple[str, PendingCall | None]]:
+        """The calls the log holds open that no one will settle, each with why. For a
+        recorded turn: the calls it asked for whose tool is not among ``tools`` (the
+        model's tools now). For a turn to be asked: also each call left uncertain before
+        this process that the framework did not make again (its tool no longer accepts
+        the recorded arguments, say): asked on, the model could make it again under a
+        new key."""
+        j = self.journal
+        found: list[tuple[str, PendingCall | None]] = []
+
+        def mine(call_id: str) -> bool:
+            return unit is None or call_id in unit.calls
+
+        for p in list(j.state.pending.values()):
+            if p.key in self._in_flight or not mine(p.call_id):
+                continue
+            said = (f"call {p.call_id} of tool {p.tool!r} (key {p.key[:16]}, {p.effect}) "
+                    "was started and its outcome is unknown")
+            if p.tool not in tools:
+                found.append((f"{said}, and the agent has no tool {p.tool!r} any more", p))
+            elif (unit is None and p.started_seq <= self._opened_at
+                  and p.call_id not in self._asked):
+                found.append((f"{said}, and the code did not make it again (does tool "
+                              f"{p.tool!r} still accept its recorded arguments "
+                              f"{render(p.args)}?)", p))
+        for call_id, (tool, _, approval_id) in list(self._approval_calls.items()):
+            if tool not in tools and approval_id in j.state.approvals and mine(call_id):
+                found.append((f"call {call_id} of tool {tool!r} waits for approval "
+                              f"{approval_id}, and the agent has no tool {tool!r} any more",
+                              None))
+        return found
+
+    def _stranded(self, name: str, unit: _Unit | None,
+                  tools: Collection[str] | None) -> CodeChanged | None:
+        """The pause for a person a model step stops at (see :meth:`_orphaned`), or None."""
+        if tools is None:
+            return None
+        found = self._orphaned(unit, tools)
+        if not found:
+            return None
+        reason = (f"the code changed under an open call: {'; '.join(w for w, _ in found)}. "
+                  f"Settle it with `agentjournal resolve {self.run_id} KEY --happened | "
+                  "--did-not-happen` (or deploy the tool again under its old name), then run "
+                  f"again; or cancel the run (`agentjournal cancel {self.run_id} "
+                  "[--compensate]`)")
+        with self._lock:
+            self.journal.flush()
+            self._pause(self.journal, reason)
+        pending = next((p for _, p in found if p is not None), None)
+        if pending is None:
+            return CodeChanged(self.run_id, name, "model", reason)
+        return CodeChanged(self.run_id, pending.call_id, pending.tool, reason,
+                           key=pending.key, pending=pending)
 
     def _record_step(self, name: str, n: int, fingerprint: str, value: Any,
-                     turn: Turn | None, latency_ms: float) -> None:
-        step = {"name": name, "n": n, "fingerprint": fingerprint}
+                     turn: Turn | None, latency_ms: float, parts: Parts | None = None) -> None:
+        step: dict[str, Any] = {"name": name, "n": n, "fingerprint": fingerprint}
+        if parts is not None:
+            step["parts"] = _parts_of(parts)
         if turn is None:
             fact = (E.STEP_RECORDED, {**step, "value": value})
         else:
@@ -380,7 +499,8 @@ class BridgedRun(StepMachine):
              encode: Encode = _same, decode: Encode = _same,
              turn: Callable[[Any], Turn] | None = None,
              executed: Callable[[bool], None] | None = None,
-             position: int | None = None) -> Any:
+             position: int | None = None, parts: Parts | None = None,
+             tools: Collection[str] | None = None) -> Any:
         """The value of the next step named ``name``: recorded, or made by ``body()``.
 
         ``encode`` turns the value into JSON data to record, ``decode`` a recorded one
@@ -389,8 +509,16 @@ class BridgedRun(StepMachine):
         (False: replayed from the log). ``position``: the step's place among the steps
         of its name when the framework knows it (e.g. the number of model responses in
         the history a request carries, for a framework that continues a run from a
-        history instead of replaying it); default: the one after the last asked here."""
-        n, unit = self._claim(name, fingerprint, position)
+        history instead of replaying it); default: the one after the last asked here.
+        ``parts``: the request's parts by name (instructions, tools, model, settings,
+        output, history), each a digest, or a function making them: recorded with the
+        step, so a later request at its place can be told apart by part. ``tools``
+        (a model step): the names of the tools the model is given now (see
+        :meth:`_orphaned`)."""
+        n, unit, change = self._claim(name, fingerprint, position, parts)
+        self._tell_changed(change)
+        if (stop := self._stranded(name, unit, tools)) is not None:
+            raise stop
         if unit is not None:
             _tell(executed, False)
             return decode(unit.value)
@@ -398,8 +526,8 @@ class BridgedRun(StepMachine):
             fault_point("model_call")
         began = time.monotonic()
         value = encode(body())
-        self._record_step(name, n, fingerprint, value,
-                          turn(value) if turn else None, (time.monotonic() - began) * 1000)
+        self._record_step(name, n, fingerprint, value, turn(value) if turn else None,
+                          (time.monotonic() - began) * 1000, parts)
         _tell(executed, True)
         return decode(value)
 
@@ -407,9 +535,15 @@ class BridgedRun(StepMachine):
                     encode: Encode = _same, decode: Encode = _same,
                     turn: Callable[[Any], Turn] | None = None,
                     executed: Callable[[bool], None] | None = None,
-                    position: int | None = None) -> Any:
+                    position: int | None = None, parts: Parts | None = None,
+                    tools: Collection[str] | None = None) -> Any:
         """:meth:`step` for an async body."""
-        n, unit = self._claim(name, fingerprint, position)
+        n, unit, change = self._claim(name, fingerprint, position, parts)
+        if change is not None:
+            await in_thread(self._tell_changed, change)
+        if tools is not None and (stop := await in_thread(
+                self._stranded, name, unit, tools)) is not None:
+            raise stop
         if unit is not None:
             _tell(executed, False)
             return decode(unit.value)
@@ -419,7 +553,8 @@ class BridgedRun(StepMachine):
         value = encode(await body())
         # The append waits on a stepper thread, never on the loop (as ops.run_async does).
         await in_thread(self._record_step, name, n, fingerprint, value,
-                        turn(value) if turn else None, (time.monotonic() - began) * 1000)
+                        turn(value) if turn else None, (time.monotonic() - began) * 1000,
+                        parts)
         _tell(executed, True)
         return decode(value)
 
@@ -515,8 +650,11 @@ class BridgedRun(StepMachine):
         """One call of a batch: its recorded answer, how the rules answered or stopped it,
         or the call ready to run. A call whose key another call of this run is making
         right now waits for it (a start in flight is not an uncertain one)."""
+        self._asked.add(spec.call_id)
         while key in self._in_flight:
             yield Sleep(IN_FLIGHT_POLL)
+        if (changed := self._changed_under(spec, key)) is not None:
+            return changed
         if (replayed := self._replayed(spec, key)) is not None:
             _tell(executed, False)
             return replayed
@@ -573,12 +711,64 @@ class BridgedRun(StepMachine):
                 self._approvals.required.pop(spec.call_id, None)
         return tool
 
+    def _changed_under(self, spec: CallSpec, key: str) -> Outcome | None:
+        """The pause for a person when the log holds this call id open (started and
+        uncertain, or waiting for an approval) as another call: another tool, key
+        (identity) or effect class. Made under its new key, the effect could happen a
+        second time; only a person knows whether the recorded one happened."""
+        j, effect = self.journal, Effect(spec.effect).value
+        for p in list(j.state.pending.values()):
+            if p.call_id != spec.call_id or p.key in self._in_flight:
+                continue
+            if (p.tool, p.key, p.effect) == (spec.tool, key, effect):
+                return None  # the same call: the rules settle it
+            what = _differs(("tool", p.tool, spec.tool), ("key", p.key[:16], key[:16]),
+                            ("effect", p.effect, effect))
+            return self._changed_pause(spec, key, p.key, p, (
+                f"call {spec.call_id} was started as {p.tool} (key {p.key[:16]}, "
+                f"{p.effect}) and its outcome is unknown; the code now makes it as "
+                f"{spec.tool} (key {key[:16]}, {effect}): {what} changed. Made under the "
+                f"new key its effect could happen twice"))
+        opened = self._approval_calls.get(spec.call_id)
+        if opened is not None and opened[2] in j.state.approvals and opened[:2] != (
+                spec.tool, key):
+            tool, old_key, approval_id = opened
+            what = _differs(("tool", tool, spec.tool), ("key", old_key[:16], key[:16]))
+            return self._changed_pause(spec, key, old_key, None, (
+                f"call {spec.call_id} waits for approval {approval_id} as {tool} (key "
+                f"{old_key[:16]}); the code now makes it as {spec.tool} (key {key[:16]}): "
+                f"{what} changed, so the approval asked for is not this call's"))
+        return None
+
+    def _changed_pause(self, spec: CallSpec, key: str, old_key: str,
+                       pending: PendingCall | None, what: str) -> Outcome:
+        run = self.run_id
+        reason = (f"{what}. Settle the recorded call with `agentjournal resolve {run} "
+                  f"{old_key[:16]} --happened | --did-not-happen` (or deploy its old "
+                  f"definition again), then run again; or cancel the run (`agentjournal "
+                  f"cancel {run} [--compensate]`)")
+        j = self.journal
+        j.flush()
+        self._pause(j, reason)
+        return Outcome(error=CodeChanged(run, spec.call_id, spec.tool, reason, key=old_key,
+                                         pending=pending))
+
     def _replayed(self, spec: CallSpec, key: str) -> Outcome | None:
         """The recorded answer to this very call (same call id and key), if it has one."""
         found = self.answer(spec.call_id)
-        if found is None or found.key not in (key, None):
+        if found is None:
+            return None
+        if found.key not in (key, None) and not self._settled_before(spec, found):
             return None
         return self._as_outcome(spec, found)
+
+    def _settled_before(self, spec: CallSpec, found: Answer) -> bool:
+        """Whether ``found``, under another key, is a person's verdict on this very call
+        started under its old definition (see _changed_under): it stands for the call."""
+        if found.source != "person" or found.kind != "result":
+            return False
+        return any(key == found.key for seq, key in self._start_keys.items()
+                   if self._start_ids.get(seq) == spec.call_id)
 
     def _as_outcome(self, spec: CallSpec, found: Answer) -> Outcome:
         if found.kind == "refused":
@@ -696,7 +886,9 @@ class BridgedRun(StepMachine):
 
     def _start_or_resume(self, *, agent: str | None, input: Any, task: str | None,
                          scope: str | None, parent: Mapping[str, Any] | None = None,
-                         opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> None:
+                         opening: Sequence[tuple[EventType, dict[str, Any]]] = (),
+                         agent_version: str | None = None,
+                         instructions: str | None = None) -> None:
         j = self.journal
         if j.state.last_seq == 0:
             text = task if task is not None else render(input) if input is not None else ""
@@ -704,6 +896,10 @@ class BridgedRun(StepMachine):
                        "scope": scope or run_scope(j.run_id)}
             if parent is not None:
                 started["parent"] = dict(parent)
+            if agent_version:
+                started["agent_version"] = agent_version
+            if instructions is not None:
+                started["instructions"] = instructions
             j.stage([(E.RUN_STARTED, started), (E.USER_MESSAGE, {"content": text})])
             # The caller's own facts in the same batch (opaque encodings: not redacted).
             self.opened = tuple(j.record_all(list(opening), redact=False))
@@ -717,7 +913,8 @@ class BridgedRun(StepMachine):
         if j.state.status not in ("finished", "cancelled", "compensating", "compensated"):
             # The caller's facts in the same append as run_resumed, as with run_started:
             # a crash never leaves the run reopened without the input it was opened for.
-            j.stage([(E.RUN_RESUMED, {})])
+            j.stage([(E.RUN_RESUMED, {"agent_version": agent_version} if agent_version
+                      else {})])
             self.opened = tuple(j.record_all(list(opening), redact=False))
 
     def record(self, facts: Sequence[tuple[EventType, dict[str, Any]]], *,
@@ -787,7 +984,9 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
              max_recoveries: int = 20, max_result_bytes: int | None = None,
              snapshot_every: int | None = None,
              parent: Mapping[str, Any] | None = None,
-             opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> BridgedRun:
+             opening: Sequence[tuple[EventType, dict[str, Any]]] = (),
+             strict: bool = False, agent_version: str | None = None,
+             instructions: str | None = None) -> BridgedRun:
     """Start run ``run_id`` or resume it, for a framework to step through.
 
     Takes the run's lease (LeaseHeldError while another live owner holds it; a dead
@@ -807,6 +1006,12 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
     with ``run_started`` when it is new or ``run_resumed`` when it resumes, e.g. the
     input it is opened for (``run.opened``); not stored (``run.opened`` empty) when
     neither is recorded (a finished or cancelled run: the caller records them itself).
+    ``agent_version``: the version of the agent code that opens it (given by the user,
+    or a digest of its instructions, tools and model: ``deploys.AgentShape.version``),
+    recorded with ``run_started`` or ``run_resumed``; ``instructions``: the agent's, as
+    text, recorded with ``run_started`` (``agentjournal check`` tells an edit by them).
+    ``strict``: a recorded step asked with another fingerprint (the
+    code changed) raises :class:`NondeterminismError` instead of being served.
     """
     run_id = require_run_id(run_id)
     holder: list[BridgedRun] = []
@@ -820,14 +1025,16 @@ def open_run(store: Store, run_id: str, *, agent: str | None = None, input: Any 
                            snapshot_every=snapshot_every)
     try:
         run = BridgedRun(journal, tool_timeout=tool_timeout, max_attempts=max_attempts,
-                         max_recoveries=max_recoveries, max_result_bytes=max_result_bytes)
+                         max_recoveries=max_recoveries, max_result_bytes=max_result_bytes,
+                         strict=strict)
         if journal.state.last_seq:
             for event in store.read(run_id):
                 run._index(event)
         holder.append(run)
         run._start_or_resume(opening=opening, agent=agent,
                              input=input, task=task, scope=scope,
-                             parent=parent)
+                             parent=parent, agent_version=agent_version,
+                             instructions=instructions)
     except BaseException:
         journal.close()
         raise
@@ -856,6 +1063,17 @@ def _encoded(encode: Encode, value: Any) -> Any:
         return encode(value)
     except Exception as exc:
         return NotKept(f"its result has no JSON form: {type(exc).__name__}: {exc}")
+
+
+def _parts_of(parts: Parts | None) -> dict[str, str]:
+    if parts is None:
+        return {}
+    return dict(parts() if callable(parts) else parts)
+
+
+def _differs(*fields: tuple[str, str, str]) -> str:
+    """The names of the fields whose old and new values differ, as a phrase."""
+    return " and ".join(name for name, old, new in fields if old != new) or "nothing"
 
 
 def _tell(executed: Callable[[bool], None] | None, ran: bool) -> None:

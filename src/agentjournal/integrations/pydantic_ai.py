@@ -12,9 +12,18 @@ is the agentjournal run ``run_id``: its lease is taken (a second process gets
 ``LeaseHeldError``), its input recorded on the first run, and then
 
 - each **model request** is a step: recorded once (a ``model_turn``, shown like a native
-  one), served from the log on a resume (the model is not asked again), and a request
-  that differs from the recorded one at the same place is a ``NondeterminismError``
-  naming both fingerprints;
+  one), served from the log on a resume (the model is not asked again). A request that
+  differs from the recorded one at the same place (a deploy edited the instructions,
+  added a tool, switched the model) is served the recorded answer all the same, and a
+  ``request_changed`` fact names the parts that changed (instructions, tools, model,
+  settings, output, history); the next request is asked with the new code.
+  ``JournalDurability(strict=True)`` refuses instead (``NondeterminismError``);
+- a call the log holds open (uncertain after a crash, or waiting for an approval) that
+  the new code makes under another tool, identity (key) or effect class, or whose tool
+  is gone, pauses the run for a person with a reason naming the change (never made
+  again under a new key);
+- the agent's version (``version=``, else a digest of its instructions, tools and
+  model: :func:`agent_version`) is recorded as the run starts and at each resume;
 - each **tool call** (function, MCP and dynamic toolsets) goes through agentjournal's
   call protocol: ``tool_call_started`` is durable before the tool runs, the completion
   after; a call already answered is answered from the log; the same identity with other
@@ -72,7 +81,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 from pydantic import TypeAdapter
-from pydantic_ai import DeferredToolRequests
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai._run_context import get_current_run_context
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
@@ -118,6 +127,8 @@ from agentjournal import (
 )
 from agentjournal.agent import require_run_id
 from agentjournal.bridge import _CURRENT, reading_checked
+from agentjournal.deploys import DESCRIBERS, AgentShape, ToolShape, digest, model_identity
+from agentjournal.deploys import agent_shape as make_shape
 from agentjournal.errors import LeaseHeldError, RunNotFoundError
 from agentjournal.events import EventType
 from agentjournal.fleet import Stopped
@@ -125,7 +136,8 @@ from agentjournal.journal import open_journal
 from agentjournal.results import ResultNotEncodable, holds_non_finite
 from agentjournal.snapshots import load_state
 
-__all__ = ["DurableAgent", "JournalDurability", "ToolEffect", "effect_of_annotations"]
+__all__ = ["DurableAgent", "JournalDurability", "ToolEffect", "agent_shape", "agent_version",
+           "effect_of_annotations"]
 
 #: Where a tool's metadata holds its declaration, and the capability's engine name.
 METADATA_KEY = "agentjournal"
@@ -218,7 +230,10 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
     ``keep_lease``: leave the lease held when the run returns (a worker hands the run
     back itself). ``models``, ``event_stream_handler``, ``name``: as for every
     Pydantic AI durability capability (the agent's ``name``, or ``name``, names its
-    steps).
+    steps). ``strict``: a model request that differs from the one recorded at its place
+    raises ``NondeterminismError`` (default: the recorded answer is served and the
+    change recorded). ``version``: the agent's version recorded with the run (default:
+    :func:`agent_version`, a digest of its instructions, tools and model).
     """
 
     engine_spec: ClassVar[DurabilityEngineSpec] = DurabilityEngineSpec(
@@ -233,9 +248,11 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                  effects: Mapping[str, Effect | str | ToolEffect] | None = None,
                  scope: str | None = None, owner: str | None = None, ttl: float = 30.0,
                  keep_lease: bool = False, models: Mapping[str, Model] | None = None,
-                 event_stream_handler: Any = None, name: str | None = None) -> None:
+                 event_stream_handler: Any = None, name: str | None = None,
+                 strict: bool = False, version: str | None = None) -> None:
         super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
         self.store, self.run_id, self.scope = store, run_id, scope
+        self.strict, self.version = strict, version
         self.owner, self.ttl, self.keep_lease = owner, ttl, keep_lease
         self.effects = {tool: given if isinstance(given, ToolEffect) else ToolEffect(effect=given)
                         for tool, given in (effects or {}).items()}
@@ -293,7 +310,10 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                           input=_plain(ctx.prompt) if ctx.prompt is not None else None,
                           scope=self.scope, owner=binding.owner if binding else self.owner,
                           ttl=binding.ttl if binding else self.ttl,
-                          keep_lease=binding.keep_lease if binding else self.keep_lease) as run:
+                          keep_lease=binding.keep_lease if binding else self.keep_lease,
+                          strict=self.strict,
+                          agent_version=agent_version(ctx.agent, self),
+                          instructions=_instructions_text(ctx.agent)) as run:
                 self._last[:] = [run]
                 if binding is not None:
                     binding.run = run
@@ -446,8 +466,21 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
             recorded=run.journal.as_recorded)
         # The n-th request of a run follows its n-th response, replayed or continued.
         position = sum(isinstance(m, ModelResponse) for m in history)
+        request = cast(ModelRequestParameters, parameters)
+        tools = {t.name for t in (*request.function_tools, *request.output_tools)}
+
+        # The model that answers: the request names it only when the capability's
+        # ``models=`` does (a part only, never the fingerprint: recorded runs stay served).
+        asking = get_current_run_context()
+        model = model_id or (model_identity(asking.model) if asking is not None else None)
+
+        def parts() -> dict[str, str]:
+            return request_parts(cast("str | None", model), history,
+                                 cast("Mapping[str, Any] | None", settings), request,
+                                 recorded=run.journal.as_recorded)
+
         return await run.astep(name, fingerprint, body, turn=turn_of, executed=_report,
-                               position=position)
+                               position=position, parts=parts, tools=tools)
 
     async def _tool_call(self, run: BridgedRun, body: Callable[[], Awaitable[object]],
                          cache_key: tuple[object, ...]) -> object:
@@ -775,10 +808,123 @@ def request_fingerprint(model_id: str | None, messages: Sequence[ModelMessage],
     return digest.hexdigest()[:32]
 
 
-def _message_digest(message: ModelMessage,
-                    recorded: Callable[[Any], Any] | None = None) -> str:
+def request_parts(model_id: str | None, messages: Sequence[ModelMessage],
+                  settings: Mapping[str, Any] | None, parameters: ModelRequestParameters,
+                  *, recorded: Callable[[Any], Any] | None = None) -> dict[str, str]:
+    """A model request's parts, each a digest, to say which changed when a request
+    differs from the one recorded at its place: ``instructions`` (the agent's, in the
+    messages and the parameters), ``tools`` (their definitions without metadata),
+    ``model``, ``settings``, ``output`` (the other request parameters) and ``history``
+    (the messages, without their instructions). Made only when a request is asked of
+    the model or differs from the recorded one: never on a plain replay."""
+    shown = _plain(parameters, opaque=True)
+    tools = []
+    for kind in ("function_tools", "output_tools"):
+        for tool_def in shown.pop(kind, None) or ():
+            tool_def.pop("metadata", None)
+            tools.append(tool_def)
+    instructions = [shown.pop("instruction_parts", None)]
+    history = hashlib.sha256()
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            instructions.append(message.instructions)
+        history.update(_message_digest(message, recorded, without=("instructions",)).encode())
+    content_settings = {k: v for k, v in (settings or {}).items() if k != "timeout"}
+    return {"instructions": _part(instructions), "tools": _part(tools),
+            "model": _part(model_id), "settings": _part(_plain(content_settings, opaque=True)),
+            "output": _part(shown), "history": history.hexdigest()[:16]}
+
+
+def _part(value: Any) -> str:
+    return hashlib.sha256(_canonical_json(value)).hexdigest()[:16]
+
+
+def agent_shape(agent: Any, durability: JournalDurability[Any] | None = None) -> AgentShape:
+    """What a deploy may change about a Pydantic AI agent (``agentjournal check`` and the
+    run's recorded version): its instructions (a function by its name), its function
+    tools (name, description, parameters; effect and identity as ``durability`` and
+    their metadata declare them) and its model. ``durability``: the agent's
+    ``JournalDurability`` (default: the one among its capabilities)."""
+    durability = durability or _durability_of(agent)
+    tools = []
+    toolset = getattr(agent, "_function_toolset", None)
+    for tool in (getattr(toolset, "tools", None) or {}).values():
+        tool_def = tool.tool_def
+        declared = (durability._declared(tool_def.name, tool_def) if durability is not None
+                    else ToolEffect())
+        tools.append(ToolShape(
+            name=tool_def.name, effect=str(Effect(declared.effect)),
+            identity=tuple(declared.identity) or None,
+            schema_digest=digest([tool_def.name, tool_def.description,
+                                  tool_def.parameters_json_schema]),
+            check_args=_args_check(tool)))
+    model = getattr(agent, "model", None)
+    return make_shape(instructions=_instructions_text(agent), tools=tools,
+                      model=None if model is None else model if isinstance(model, str)
+                      else model_identity(model),
+                      version=durability.version if durability is not None else None,
+                      strict=durability.strict if durability is not None else False)
+
+
+def agent_version(agent: Any, durability: JournalDurability[Any] | None = None) -> str:
+    """The version a run of ``agent`` records: ``JournalDurability(version=)``, else
+    derived from its shape (:func:`agent_shape`). The same code gives the same version."""
+    return agent_shape(agent, durability).version
+
+
+def _instructions_text(agent: Any) -> str | None:
+    """The agent's instructions as recorded with a run: the texts, a function by name."""
+    given = [_named(getattr(i, "instruction", i)) for i in getattr(agent, "_instructions", ())]
+    return "\n\n".join(str(i) for i in given) if given else None
+
+
+def _durability_of(agent: Any) -> JournalDurability[Any] | None:
+    root = getattr(agent, "_root_capability", None)
+    return next((c for c in getattr(root, "capabilities", None) or ()
+                 if isinstance(c, JournalDurability)), None)
+
+
+def _args_check(tool: Any) -> Callable[[Mapping[str, Any]], str | None] | None:
+    """Validates a call's recorded arguments against the tool's schema now."""
+    validator = getattr(getattr(tool, "function_schema", None), "validator", None)
+    if validator is None:
+        return None
+
+    def check(args: Mapping[str, Any]) -> str | None:
+        try:
+            validator.validate_python(dict(args))
+        except Exception as exc:  # pydantic's ValidationError: said in its own words
+            return str(exc).splitlines()[0]
+        return None
+    return check
+
+
+def _describe(obj: object) -> AgentShape | None:
+    """deploys.DESCRIBERS: a Pydantic AI agent, or a worker's DurableAgent."""
+    if isinstance(obj, DurableAgent):
+        return agent_shape(obj.agent, obj.durability)
+    if isinstance(obj, Agent):
+        return agent_shape(obj)
+    return None
+
+
+DESCRIBERS.append(_describe)
+
+
+def _named(value: Any) -> Any:
+    """``value`` as the same text in every process: a function or a class by its
+    qualified name (its repr holds an address), a list item by item."""
+    if isinstance(value, list | tuple):
+        return [_named(v) for v in value]
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+    return value
+
+
+def _message_digest(message: ModelMessage, recorded: Callable[[Any], Any] | None = None,
+                    *, without: Sequence[str] = ()) -> str:
     (dumped,) = ModelMessagesTypeAdapter.dump_python([message], mode="json")
-    kept = {k: v for k, v in dumped.items() if k not in _VOLATILE}
+    kept = {k: v for k, v in dumped.items() if k not in _VOLATILE and k not in without}
     kept["parts"] = [{k: v for k, v in part.items() if k != "timestamp"}
                      for part in dumped.get("parts", [])]
     if recorded is not None:

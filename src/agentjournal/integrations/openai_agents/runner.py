@@ -7,8 +7,14 @@ model again for a turn it answered, and without making a recorded call again:
 - **model calls**: the agent (and every agent it hands off to) gets a model wrapper; a
   call is a bridge step named ``openai_agents.model.<segment>``, fingerprinted by what
   the model was asked (instructions, input, tools, handoffs, output type). On resume
-  the recorded answer is served; asked something else, the run stops with
-  ``NondeterminismError`` rather than diverge.
+  the recorded answer is served, also when the code now asks something else (a deploy
+  edited the instructions, added a tool): history is history, and a ``request_changed``
+  fact names the parts that changed; the next turn is asked with the new code.
+  ``strict=True`` refuses instead (``NondeterminismError``). A call the log holds open
+  (uncertain, or waiting for an approval) that the new code makes under another tool,
+  identity or effect class, or whose tool is gone, pauses the run for a person
+  (``CodeChanged``, a ``NeedsPerson``) with a reason naming the change. The agent's
+  version (``version=``, else :func:`agent_version`) is recorded at start and resume.
 - **function tools** (and MCP tools): ``on_invoke_tool`` is replaced by one that goes
   through the bridge's call protocol with the tool's effect class, identity and lookup
   (:class:`ToolPolicy`; an MCP tool's annotations give its class when no policy is
@@ -92,7 +98,9 @@ from openai.types.responses import (
 )
 from pydantic import TypeAdapter
 
-from ...bridge import _CURRENT, BridgedRun, Turn, open_run, reading_checked
+from ...bridge import _CURRENT, BridgedRun, CodeChanged, Turn, open_run, reading_checked
+from ...deploys import DESCRIBERS, AgentShape, ToolShape, digest, model_identity
+from ...deploys import agent_shape as make_shape
 from ...errors import CallRefused, JournalError, NeedsPerson, ResultNotKeptError
 from ...events import EventType
 from ...fleet.runnable import Stopped
@@ -102,7 +110,8 @@ from ...store import Store
 from ...tools import Absent, Effect, Found, Reconciler, ToolContext
 from . import tracing
 
-__all__ = ["JournalAgent", "JournalRunner", "JournaledStream", "ToolPolicy", "mcp_effect"]
+__all__ = ["JournalAgent", "JournalRunner", "JournaledStream", "ToolPolicy", "agent_shape",
+           "agent_version", "mcp_effect"]
 
 log = logging.getLogger("agentjournal.openai_agents")
 
@@ -169,7 +178,7 @@ class JournalRunner:
                   owner: str | None = None, ttl: float = 30.0, trace: bool = True,
                   context_serializer: Callable[[Any], Mapping[str, Any]] | None = None,
                   context_deserializer: Callable[[Mapping[str, Any]], Any] | None = None,
-                  ) -> RunResult:
+                  strict: bool = False, version: str | None = None) -> RunResult:
         """Start run ``run_id`` or resume it: the SDK's ``RunResult``.
 
         The same call resumes a run that was killed, or stopped at an interruption
@@ -178,14 +187,17 @@ class JournalRunner:
         with approvals made on it (they are recorded in the journal first).
         ``policies`` maps tool names to their :class:`ToolPolicy` (or just an effect).
         The other arguments are ``Runner.run``'s. Raises what ``Runner.run`` raises, and
-        the bridge's ``NondeterminismError`` when the agent asked the model something
-        other than what the log recorded.
+        ``CodeChanged`` when the code changed under a call the log holds open (the run is
+        paused for a person). ``strict``: raise the bridge's ``NondeterminismError`` when
+        the agent asks the model something other than what the log recorded (default:
+        the recorded answer is served and the change recorded). ``version``: the agent's
+        version recorded with the run (default: :func:`agent_version`).
         """
         result, _ = await _run(starting_agent, input, **_run_args(
             store=store, run_id=run_id, policies=policies, context=context,
             max_turns=max_turns, hooks=hooks, run_config=run_config, session=session,
             owner=owner, ttl=ttl, trace=trace, context_serializer=context_serializer,
-            context_deserializer=context_deserializer))
+            context_deserializer=context_deserializer, strict=strict, version=version))
         return cast(RunResult, result)
 
     @classmethod
@@ -226,9 +238,11 @@ class JournalAgent:
     def __init__(self, agent: Agent[Any], *,
                  policies: Mapping[str, ToolPolicy | Effect | str] | None = None,
                  context: Any = None, max_turns: int | None = None,
-                 run_config: RunConfig | None = None, trace: bool = True) -> None:
+                 run_config: RunConfig | None = None, trace: bool = True,
+                 strict: bool = False, version: str | None = None) -> None:
         self.agent, self.policies, self.context = agent, dict(policies or {}), context
         self.max_turns, self.run_config, self.trace = max_turns, run_config, trace
+        self.strict, self.version = strict, version
 
     def run_claimed(self, store: Store, run_id: str, task: str | None, *, agent_ref: str,
                     owner: str, ttl: float, stop: threading.Event) -> Stopped:
@@ -239,7 +253,7 @@ class JournalAgent:
             context=self.context, max_turns=self.max_turns, hooks=None,
             run_config=self.run_config or RunConfig(), session=None, owner=owner, ttl=ttl,
             trace=self.trace, serializer=None, deserializer=None, agent_ref=agent_ref,
-            keep_lease=True))
+            keep_lease=True, strict=self.strict, version=self.version))
         return Stopped(status, last_seq, epoch)
 
 
@@ -293,8 +307,11 @@ async def _run(agent: Agent[Any], input: Any, *, emit: Emit | None = None,
     try:
         return await _run_once(agent, input, emit=emit, **args)
     except Exception as error:
-        if _needs_person(error) is None:
+        needs = _needs_person(error)
+        if needs is None:
             raise
+        if isinstance(needs, CodeChanged):  # the same code stops there again
+            raise needs from error
     # A call's effect became uncertain as it ran, and nothing settled it: the run is
     # paused. Opened again, the SDK meets that call in the log, as an interruption (a
     # replay of what a stream already showed: not streamed again).
@@ -305,11 +322,15 @@ async def _run_once(agent: Agent[Any], input: Any, *, store: Store, run_id: str,
                     policies: Mapping[str, ToolPolicy | Effect | str], owner: str | None,
                     ttl: float, trace: bool, run_config: RunConfig,
                     agent_ref: str | None = None, keep_lease: bool = False,
+                    strict: bool = False, version: str | None = None,
                     **runner: Any) -> tuple[SdkResult, Ended]:
     given_state = input if isinstance(input, RunState) else None
     recorded_input = None if given_state is not None else _plain(input)
+    shape = agent_shape(agent, policies, version=version, strict=strict)
     with open_run(store, run_id, agent=agent_ref or f"openai-agents:{agent.name}",
-                  input=recorded_input, owner=owner, ttl=ttl, keep_lease=keep_lease) as run:
+                  input=recorded_input, owner=owner, ttl=ttl, keep_lease=keep_lease,
+                  strict=strict, agent_version=shape.version,
+                  instructions=_instructions_text(agent)) as run:
         if input is None and given_state is None:
             input = run.state.task  # a resume that did not repeat the input
         driver = _Driver(run, policies)
@@ -795,15 +816,21 @@ class _JournaledModel(Model):
             return await ask()
         asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
                              kwargs, self.driver.run.journal.as_recorded)
-        return await self._answer(asked, ask, tools, inner)
+        parts = _Parts(system_instructions, input, tools, output_schema, handoffs, kwargs,
+                       self.driver.run.journal.as_recorded, inner)
+        return await self._answer(asked, ask, tools, inner, parts, handoffs)
 
     async def _answer(self, asked: str, ask: Callable[[], Awaitable[ModelResponse]],
-                      tools: list[Any], inner: Model) -> ModelResponse:
+                      tools: list[Any], inner: Model, parts: _Parts,
+                      handoffs: list[Any]) -> ModelResponse:
         """The answer to ``asked``: recorded, or asked of the model and recorded."""
         tool_names = {t.name for t in tools if isinstance(t, FunctionTool)}
+        given = {str(getattr(t, "name", "")) for t in tools} | {
+            str(getattr(h, "tool_name", "")) for h in handoffs}
         response: ModelResponse = await self.driver.run.astep(
             f"{MODEL_STEP}.{self.driver.segment}", asked, ask, encode=_encode_response,
-            decode=_decode_response, turn=lambda value: _turn(value, tool_names, inner))
+            decode=_decode_response, turn=lambda value: _turn(value, tool_names, inner),
+            parts=parts, tools=given)
         self.driver.expect_calls(response)
         return response
 
@@ -823,6 +850,8 @@ class _JournaledModel(Model):
             return
         asked = _fingerprint(system_instructions, input, tools, output_schema, handoffs,
                              kwargs, self.driver.run.journal.as_recorded)
+        parts = _Parts(system_instructions, input, tools, output_schema, handoffs, kwargs,
+                       self.driver.run.journal.as_recorded, inner)
         completed: list[ResponseCompletedEvent] = []
 
         async def answer(put: Callable[[Any], None]) -> ModelResponse:
@@ -845,7 +874,7 @@ class _JournaledModel(Model):
                     final.output = finished
                 return _model_response(final)
 
-            return await self._answer(asked, ask, tools, inner)
+            return await self._answer(asked, ask, tools, inner, parts, handoffs)
 
         answered: list[ModelResponse] = []
         async for event in _relayed(answer, answered.append):
@@ -1012,6 +1041,126 @@ def _fingerprint(instructions: str | None, input: Any, tools: list[Any], output_
     }
     canonical = json.dumps(asked, sort_keys=True, separators=(",", ":"), default=_dump)
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+class _Parts:
+    """A model request's parts, each a digest (instructions, history, tools, handoffs,
+    output, model), made when called: only for a request asked of the model or one that
+    differs from the recorded one (never on a plain replay)."""
+
+    def __init__(self, instructions: str | None, input: Any, tools: list[Any],
+                 output_schema: Any, handoffs: list[Any], extra: Mapping[str, Any],
+                 recorded: Callable[[Any], Any], model: Any) -> None:
+        self.given = (instructions, input, tools, output_schema, handoffs, extra, recorded,
+                      model)
+
+    def __call__(self) -> dict[str, str]:
+        instructions, input, tools, output_schema, handoffs, extra, recorded, model = (
+            self.given)
+        return {
+            "instructions": _digest(instructions)[:16],
+            "history": _digest([recorded(_plain(input)), extra.get("previous_response_id"),
+                                extra.get("conversation_id")])[:16],
+            "tools": _digest(sorted((_tool_shape(t) for t in tools),
+                                    key=lambda t: str(t["name"])))[:16],
+            "handoffs": _digest(sorted(str(getattr(h, "tool_name", h))
+                                       for h in handoffs))[:16],
+            "output": _digest(None if output_schema is None else output_schema.name())[:16],
+            "model": _digest(_model_name(model))[:16],
+        }
+
+
+def _tool_shape(tool: Any) -> dict[str, Any]:
+    """What a tool is to the model (and to keys): its name, description, parameters."""
+    return {"name": str(getattr(tool, "name", type(tool).__name__)),
+            "description": getattr(tool, "description", None),
+            "parameters": getattr(tool, "params_json_schema", None)}
+
+
+def _model_name(model: Any) -> str | None:
+    if model is None or isinstance(model, str):
+        return model
+    return str(getattr(model, "model", None) or type(model).__qualname__)
+
+
+def agent_shape(agent: Agent[Any],
+                policies: Mapping[str, ToolPolicy | Effect | str] | None = None, *,
+                version: str | None = None, strict: bool = False) -> AgentShape:
+    """What a deploy may change about an SDK agent (``agentjournal check`` and the run's
+    recorded version): its instructions (a function by its name), its function tools
+    (name, description, parameters; effect and identity as ``policies`` give them, else
+    an MCP tool's annotations, else irreversible), its handoffs, output type and model."""
+    given = {name: p if isinstance(p, ToolPolicy) else ToolPolicy(effect=p)
+             for name, p in (policies or {}).items()}
+    tools = []
+    for tool in agent.tools:
+        shape = _tool_shape(tool)
+        name = str(shape["name"])
+        policy = given.get(name) or ToolPolicy(
+            effect=mcp_effect(getattr(tool, "mcp_annotations", None)))
+        tools.append(ToolShape(name=name, effect=str(Effect(policy.effect)),
+                               identity=tuple(policy.identity) or None,
+                               schema_digest=digest(shape),
+                               check_args=_schema_check(shape["parameters"])))
+    for handoff in agent.handoffs:  # a handoff is a tool to the model, with no effect
+        name = str(getattr(handoff, "tool_name", None)
+                   or f"transfer_to_{getattr(handoff, 'name', '')}")
+        tools.append(ToolShape(name=name, effect=str(Effect.READ_ONLY), identity=None,
+                               schema_digest=digest(name)))
+    model = agent.model
+    return make_shape(instructions=_instructions_text(agent), tools=tools,
+                      model=model if model is None or isinstance(model, str)
+                      else model_identity(model), version=version, strict=strict)
+
+
+def _instructions_text(agent: Agent[Any]) -> str | None:
+    """The agent's instructions as recorded with a run (a function by its name), and its
+    output type: what it tells the model besides its tools."""
+    instructions = agent.instructions
+    if callable(instructions):
+        instructions = f"<{getattr(instructions, '__qualname__', type(instructions).__name__)}>"
+    output = getattr(agent.output_type, "__qualname__", None) or repr(agent.output_type)
+    return None if instructions is None and agent.output_type is None else (
+        f"{instructions or ''}\n\noutput: {output}")
+
+
+def agent_version(agent: Agent[Any],
+                  policies: Mapping[str, ToolPolicy | Effect | str] | None = None) -> str:
+    """The version a run of ``agent`` records unless given (``version=``): derived from
+    its shape (:func:`agent_shape`). The same code gives the same version."""
+    return agent_shape(agent, policies).version
+
+
+def _schema_check(schema: Any) -> Callable[[Mapping[str, Any]], str | None] | None:
+    """A check of recorded arguments against a tool's JSON schema now: its required
+    fields, and no others where it allows none (what a changed signature breaks)."""
+    if not isinstance(schema, dict):
+        return None
+    required = set(schema.get("required") or ())
+    known = set(schema.get("properties") or {})
+    closed = schema.get("additionalProperties") is False
+
+    def check(args: Mapping[str, Any]) -> str | None:
+        missing = sorted(required - set(args))
+        unknown = sorted(set(args) - known) if closed else []
+        if missing or unknown:
+            return "; ".join(filter(None, (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"unknown {', '.join(unknown)}" if unknown else "")))
+        return None
+    return check
+
+
+def _describe(obj: object) -> AgentShape | None:
+    """deploys.DESCRIBERS: an SDK agent, or a worker's JournalAgent."""
+    if isinstance(obj, JournalAgent):
+        return agent_shape(obj.agent, obj.policies, version=obj.version, strict=obj.strict)
+    if isinstance(obj, Agent):
+        return agent_shape(obj)
+    return None
+
+
+DESCRIBERS.append(_describe)
 
 
 def _encode_response(response: ModelResponse) -> dict[str, Any]:
