@@ -108,7 +108,8 @@ class Worker:
 
     ``agents`` (required): the agents it runs, as module prefixes or whole refs
     (``["myapp.agents"]``), or a registry mapping refs to an Agent or a factory of one
-    (``{"myapp.agents:reconciler": reconciler}``): see fleet/trust.py. A run whose ref
+    (``{"myapp.agents:reconciler": reconciler}``): see fleet/trust.py. A ref naming
+    ``Versions(new, old)`` serves both versions (a rollout: see fleet/versions.py). A run whose ref
     it refuses is parked on its first claim, the reason in the queue (and escalated in
     its log, if it has one); what it names is never imported or called.
     ``queues``: the queues it claims from (most urgent first across them).
@@ -183,6 +184,7 @@ class Worker:
         self._lock = threading.Lock()
         self._held: dict[str, threading.Thread | Future[None]] = {}
         self._agents: dict[str, Loaded] = {}  # each ref loaded, its versions if several
+        self._served: dict[str, list[str]] = {}  # each ref loaded: its versions, newest first
         self._looked_for_pins = 0.0  # (monotonic) when pinned runs' refs were last loaded
         self._unloadable: set[str] = set()  # pinned runs' refs that failed to load (logged)
         self._started_at = time.time()
@@ -426,8 +428,7 @@ class Worker:
         """The versions it serves of each agent ref it has loaded, newest first (a ref
         whose agent carries no version serves unpinned runs only)."""
         with self._lock:
-            loaded = list(self._agents.items())
-        return {ref: served_by(agent) for ref, agent in loaded}
+            return {ref: list(versions) for ref, versions in self._served.items()}
 
     def describe_served(self) -> str:
         """What it serves, for its log: ``ref v2, v1; ref2 (no version)``."""
@@ -529,11 +530,13 @@ class Worker:
             made = self.trust.load_versions(ref)
             loaded = (Versions(*map(self._own, made.agents)) if isinstance(made, Versions)
                       else self._own(made))
+            versions = served_by(loaded)  # (once: an integration's digest is not free)
             with self._lock:
                 new = ref not in self._agents
                 loaded = self._agents.setdefault(ref, loaded)
+                self._served.setdefault(ref, versions)
             if new and announce:
-                self.log(f"serving {ref}: {', '.join(served_by(loaded)) or '(no version)'}")
+                self.log(f"serving {ref}: {', '.join(versions) or '(no version)'}")
             if new:
                 self._beat_now.set()  # its row says so soon: pinned runs wait on it
         return loaded
