@@ -452,8 +452,9 @@ class Worker:
         """A worker trusting module prefixes has not loaded every ref it trusts: load
         those of the pinned runs waiting in its queues (at most once a poll), so it
         serves them if it has their version. True if it loaded one."""
-        if self.trust.registry is not None or time.monotonic() < self._looked_for_pins:
-            return False
+        whole = self.trust.registry is not None or all(":" in p for p in self.trust.prefixes)
+        if whole or time.monotonic() < self._looked_for_pins:
+            return False  # (whole refs were all loaded at start)
         self._looked_for_pins = time.monotonic() + self.poll
         pinned = queue.pinned_agents(self.queues)
         with self._lock:
