@@ -100,8 +100,10 @@ def post_tool(url: str, variant: str) -> Tool:
             return post(ctx, url, label)
         fn = plain
     fn.__doc__ = doc
+    # The idempotent variant drops the lookup (the receiver "dedupes now"): recovery
+    # would retry the open call with its key.
     made: Tool = tool(name=name, effect=effect, identity=identity,
-                      reconcile=lookup(url))(fn)
+                      reconcile=None if variant == "effect_changed" else lookup(url))(fn)
     return made
 
 

@@ -365,8 +365,7 @@ class Agent(StepMachine):
         ahead = forecast(j.state, self.shape, strict=strict, accept=change_instructions)
         if ahead.action == "refuse":
             raise RunMismatchError(j.run_id, "agent version", j.state.versions[-1]
-                                   if j.state.versions else None, version, advice=(
-                                       f"{ahead.sentence}. Strict mode refused it."))
+                                   if j.state.versions else None, version, advice=ahead.sentence)
         changed = j.as_recorded(self.instructions) != j.state.instructions
         if j.state.saga is not None or j.state.status == "cancelled":
             return False  # cancelled, or being compensated: its loop never runs again

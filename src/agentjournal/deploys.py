@@ -183,7 +183,7 @@ def forecast(state: RunState, shape: AgentShape, *, strict: bool | None = None,
         calls = calls_for_a_person(state, shape)
         if calls:
             return Forecast(state.run_id, "pause", what_changed(state, shape), calls,
-                            pause_reason(state, calls))
+                            pause_reason(state, shape, calls))
         return Forecast(state.run_id, "continue", (), (),
                         f"run {state.run_id}: continues; the agent did not change "
                         f"({shape.version})")
@@ -193,10 +193,12 @@ def forecast(state: RunState, shape: AgentShape, *, strict: bool | None = None,
         return Forecast(state.run_id, "refuse", changes, (), (
             f"run {state.run_id}: refused in strict mode: the agent changed since "
             f"{recorded or 'the run started'} ({'; '.join(changes) or 'version'}); resume it "
-            "with the code that recorded it, or without strict mode to continue"))
+            "with the code that recorded it, accept the change (Agent.run(..., "
+            "change_instructions=True)), or resume without strict mode to continue from "
+            "its history"))
     calls = calls_for_a_person(state, shape)
     if calls:
-        return Forecast(state.run_id, "pause", changes, calls, pause_reason(state, calls))
+        return Forecast(state.run_id, "pause", changes, calls, pause_reason(state, shape, calls))
     since = f" since {recorded}" if recorded else ""
     return Forecast(state.run_id, "continue", changes, (),
                     f"run {state.run_id}: continues under {shape.version}"
@@ -244,6 +246,8 @@ def calls_for_a_person(state: RunState, shape: AgentShape) -> tuple[tuple[str, s
     pending approval the change made unusable."""
     out: list[tuple[str, str, str]] = []
     for p in state.pending.values():
+        if p.effect == READ_ONLY and _still_a_read(shape.tool(p.tool)):
+            continue  # a read made nothing: recovery reads again, or tells the model it's gone
         why = _unusable(state, shape, p.tool, p.key, p.args, effect=p.effect)
         if why is not None:
             out.append((p.call_id, p.tool, f"its call {p.call_id} (key {p.key[:16]}) was "
@@ -256,6 +260,15 @@ def calls_for_a_person(state: RunState, shape: AgentShape) -> tuple[tuple[str, s
             out.append((call_id, a.tool, f"its call {call_id} waits for approval "
                         f"{a.approval_id}, and {why}"))
     return tuple(out)
+
+
+READ_ONLY = "read_only"
+
+
+def _still_a_read(tool: ToolShape | None) -> bool:
+    """Whether an open read-only call is still only a read (or its tool is gone): then
+    nothing it did can be doubled, and no person is needed."""
+    return tool is None or tool.effect == READ_ONLY
 
 
 def _unusable(state: RunState, shape: AgentShape, name: str, key: str, args: dict[str, Any],
@@ -286,13 +299,21 @@ def _unusable(state: RunState, shape: AgentShape, name: str, key: str, args: dic
     return None
 
 
-def pause_reason(state: RunState, calls: Iterable[tuple[str, str, str]]) -> str:
+def pause_reason(state: RunState, shape: AgentShape,
+                 calls: Iterable[tuple[str, str, str]]) -> str:
     """The run_paused reason: what changed under which calls, and what a person can do."""
+    calls = list(calls)
     run = state.run_id
     whys = "; ".join(f"{tool}: {why}" for _, tool, why in calls)
-    return (f"the agent changed under calls a person must settle: {whys}. A person decides: "
-            f"settle a started call with `agentjournal resolve {run} KEY --happened` or "
-            "`--did-not-happen`, deny an approval with "
-            f"`agentjournal deny {run} APPROVAL_ID`, map a renamed tool with "
-            "Agent(..., renamed={'old': 'new'}), or cancel with compensation "
-            f"(`agentjournal cancel {run} --compensate`); then resume the run")
+    started = {p.call_id for p in state.pending.values()}
+    can = []
+    if any(call_id in started for call_id, _, _ in calls):
+        can.append(f"settle a started call with `agentjournal resolve {run} KEY --happened` "
+                   "or `--did-not-happen`")
+    if state.approvals:
+        can.append(f"deny an approval with `agentjournal deny {run} APPROVAL_ID`")
+    if any(shape.tool(tool) is None for _, tool, _ in calls):
+        can.append("map a renamed tool with Agent(..., renamed={'old': 'new'})")
+    can.append(f"cancel with compensation (`agentjournal cancel {run} --compensate`)")
+    return (f"the agent changed under calls a person must settle: {whys}. A person "
+            f"decides: {', '.join(can[:-1])}, or {can[-1]}; then resume the run")

@@ -102,6 +102,8 @@ class Settling:
                         not_kept_why: str | None = None) -> Fact: ...
         def _guarded(self, j: RunJournal, facts: list[Fact]) -> list[Fact]: ...
         def _deny(self, j: RunJournal, call: ToolCall, key: str | None, reason: str) -> bool: ...
+        @staticmethod
+        def _failure_fact(started_seq: int, call: ToolCall, error: str) -> Fact: ...
 
     def _tool_for(self, name: str) -> Tool | None:
         """The tool that serves calls recorded (or asked) under ``name``."""
@@ -132,6 +134,11 @@ class Settling:
     def _settle(self, j: RunJournal, p: PendingCall) -> Steps[bool]:
         """Resolve one uncertain call from evidence; True if it is settled."""
         tool = self._tool_for(p.tool)
+        if tool is None and p.effect == Effect.READ_ONLY:
+            # A read made nothing: the model is told it failed, and that the tool is gone.
+            j.record_all([self._failure_fact(p.started_seq, self._call_of(j, None, p), (
+                f"tool {p.tool!r} is no longer in the agent: the read was not made again"))])
+            return True
         if tool is None:
             return self._verdict(j, p, "unknown", reason=f"tool {p.tool!r} is not registered")
         if self._asks_peers(tool) and self._done_in_scope(j, p):
