@@ -5,7 +5,8 @@ before a deploy (``base``) and in each code a deploy may bring (the variants).
                                   --variant NAME
 
 runs (or resumes) the run once and prints one JSON line: status, pause reason, last seq.
-The model is scripted: turn 0 posts effect A, turn 1 effect B, turn 2 answers "done"; each
+The model is scripted: turn 0 posts effect A, turn 1 effect B, turn 2 answers "done" (with
+``--read-first``, a turn calling the read-only ``note`` comes first); each
 time it is asked it appends its turn number to ``--turns`` (the test counts the asks).
 ``post_effect`` posts to the receiver of tests/crash_agent.py (which counts every POST by
 label and key) with the call's key, and looks the key up there to settle an open call.
@@ -22,7 +23,7 @@ from typing import Any
 
 from agentjournal import Agent, open_store
 from agentjournal.demo.ledger import http_json
-from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel
+from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls
 from agentjournal.state import PendingCall, ToolCall
 from agentjournal.tools import Absent, Conflict, Found, Tool, ToolContext, ToolFailed, Unknown, tool
 
@@ -30,14 +31,15 @@ TASK = "Post effect A, then effect B, then say done."
 INSTRUCTIONS = "You post effects at the receiver."
 VARIANTS = ("base", "instructions", "tool_added", "tool_removed", "tool_renamed",
             "tool_renamed_mapped", "args_changed", "identity_changed", "effect_changed",
-            "model_switched")
+            "model_switched", "note_removed")
 
 
 class CountingModel(ScriptedModel):
     """Posts A, then B, then says done; every ask is counted in ``turns_file``."""
 
-    def __init__(self, turns_file: Path, model: str) -> None:
-        super().__init__([self._post("A"), self._post("B")])
+    def __init__(self, turns_file: Path, model: str, *, read_first: bool = False) -> None:
+        first = [calls(("note", {"text": "starting"}))] if read_first else []
+        super().__init__([*first, self._post("A"), self._post("B")])
         self.turns_file = turns_file
         self.model = model  # its identity: part of the agent's version
 
@@ -124,18 +126,19 @@ def note_tool() -> Tool:
     return note
 
 
-def agent_for(variant: str, receiver: str, turns_file: Path) -> Agent:
+def agent_for(variant: str, receiver: str, turns_file: Path, *,
+              read_first: bool = False) -> Agent:
     """The agent as the code of ``variant`` defines it (``base``: before the deploy)."""
     if variant not in VARIANTS:
         raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    tools = [note_tool()]
+    tools = [] if variant == "note_removed" else [note_tool()]
     if variant != "tool_removed":
         tools.append(post_tool(receiver, variant))
     if variant == "tool_added":
         tools.append(read_tool(receiver))
     instructions = INSTRUCTIONS + (" Be brief." if variant == "instructions" else "")
     model = CountingModel(turns_file, "scripted-2" if variant == "model_switched"
-                          else "scripted-1")
+                          else "scripted-1", read_first=read_first)
     renamed = {"post_effect": "post_effect_v2"} if variant == "tool_renamed_mapped" else None
     return Agent(model, tools, instructions=instructions,
                  **({"renamed": renamed} if renamed else {}))
@@ -145,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     for flag in ("--store", "--run-id", "--receiver", "--turns", "--variant"):
         parser.add_argument(flag, required=True)
+    parser.add_argument("--read-first", action="store_true",
+                        help="turn 0 calls the read-only tool `note` before posting")
     args = parser.parse_args(argv)
-    agent = agent_for(args.variant, args.receiver, Path(args.turns))
+    agent = agent_for(args.variant, args.receiver, Path(args.turns),
+                      read_first=args.read_first)
     store = open_store(args.store)
     try:
         result = agent.run(store, args.run_id, TASK)

@@ -55,10 +55,10 @@ MATRIX: dict[str, str | None] = {
 
 
 def child(store_url: str, receiver: Receiver, turns: Path, variant: str,
-          fault: str = "") -> tuple[int, dict[str, Any]]:
+          fault: str = "", *extra: str) -> tuple[int, dict[str, Any]]:
     done = subprocess.run(
         [sys.executable, "-m", "tests.deploy_agents", "--store", store_url, "--run-id", "d1",
-         "--receiver", receiver.url, "--turns", str(turns), "--variant", variant],
+         "--receiver", receiver.url, "--turns", str(turns), "--variant", variant, *extra],
         cwd=ROOT, env={**os.environ, "AGENTJOURNAL_FAULT": fault}, capture_output=True,
         text=True, timeout=60)
     assert done.returncode in (0, -signal.SIGKILL), done.stderr
@@ -144,6 +144,21 @@ def test_a_renamed_tool_settles_its_open_call_under_the_old_key(
     assert (verdict["key"], verdict["verdict"], verdict["tool"]) == (
         old_key, "found", "post_effect")
     assert receiver.by_key()[old_key] == 1 and sum(receiver.by_key().values()) == 2
+
+
+def test_an_open_read_whose_tool_is_gone_is_told_to_the_model_not_to_a_person(
+        tmp_path: Path, receiver: Receiver) -> None:
+    """Killed with a read-only call open, resumed by code without that tool: the read
+    made nothing, so it completes as failed (the model told why) and the run goes on."""
+    url, turns = f"sqlite:///{tmp_path / 'j.db'}", tmp_path / "turns"
+    code, _ = child(url, receiver, turns, "base", "before_effect:1", "--read-first")
+    assert code == -signal.SIGKILL and asks(turns) == [0]
+    _, out = child(url, receiver, turns, "note_removed", "", "--read-first")
+    assert out["status"] == "finished", out
+    assert receiver.by_label() == {"A": 1, "B": 1} and asks(turns) == [0, 1, 2, 3]
+    (failed,) = [e.payload for e in events_of(url) if e.type is E.TOOL_CALL_COMPLETED
+                 and e.payload.get("is_error")]
+    assert failed["tool"] == "note" and "no longer in the agent" in failed["content"]
 
 
 # --- in process: strict mode, versions, forecast == resume ------------------------------
