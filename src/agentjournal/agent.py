@@ -260,9 +260,14 @@ class Agent(StepMachine):
         fresh id that would start the work, and its effects, again. To start a new
         run, pass :func:`new_run_id` and keep the id. Resuming with a task, scope or
         agent_ref other than the recorded ones is refused (RunMismatchError);
-        leaving them out, or repeating them, is a plain resume. So are instructions
-        other than the recorded ones, unless ``change_instructions=True``: then the
-        change is recorded (``instructions_changed``) before the model is asked.
+        leaving them out, or repeating them, is a plain resume.
+
+        New agent code (instructions, tools, model: another ``version``) goes on from
+        the run's history: a changed instructions is recorded (``instructions_changed``)
+        before the model is asked, and a recorded call the change made unusable pauses
+        the run for a person (deploys.py). ``strict`` (default: the agent's) refuses
+        another version instead (RunMismatchError), unless ``change_instructions=True``
+        accepts the change.
 
         ``scope`` is the idempotency scope (default: the run; see keys.py);
         ``agent_ref`` ("module:object") is recorded so `agentjournal resume`
