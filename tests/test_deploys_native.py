@@ -13,6 +13,7 @@ Then fast in-process tests: strict mode, versions recorded and folded, and the f
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -220,6 +221,8 @@ def test_strict_mode_refuses_a_changed_agent_and_says_what_changed(store: Store)
         assert "refused in strict mode" in str(refused.value)
         assert "instructions" in str(refused.value)
         assert store.last_seq("r1") == last  # refused before anything was appended
+    with pytest.raises(RunMismatchError, match="strict mode"):  # the async shell too
+        asyncio.run(new_agent("same", instructions="v2").arun(store, "r1", strict=True))
     # Strict, unchanged: a plain resume. Strict, told to accept the change: it goes on.
     assert new_agent("same", strict=True).run(store, "r1").status == "waiting_approval"
     resumed = new_agent("same", instructions="v2", strict=True).run(
