@@ -314,6 +314,7 @@ class BridgedRun(StepMachine):
         # call id -> (tool, key, approval id) of each approval asked for.
         self._approval_calls: dict[str, tuple[str, str, str]] = {}
         self._opened_at = journal.state.last_seq  # the log as this process found it
+        self._changes_staged = False  # request_changed facts wait for the next append
         self._asked: set[str] = set()  # the call ids the framework asked for here
 
     # --- reading the log ----------------------------------------------------------
@@ -411,10 +412,20 @@ class BridgedRun(StepMachine):
 
     def _tell_changed(self, change: dict[str, Any] | None) -> None:
         """Record that a recorded step was served to a request the code now makes
-        otherwise (record-only: the run's state is the same)."""
+        otherwise (record-only: the run's state is the same). Staged: stored with the
+        run's next append (one sync for a resume that serves many changed turns), and
+        before the next request is asked; a crash before that tells it again."""
         if change is not None:
             with self._lock:
-                self.journal.record_all([(E.REQUEST_CHANGED, change)])
+                self.journal.stage([(E.REQUEST_CHANGED, change)])
+                self._changes_staged = True
+
+    def _store_changes(self) -> None:
+        """Store the request_changed facts staged, before the world is waited on."""
+        with self._lock:
+            if self._changes_staged:
+                self._changes_staged = False
+                self.journal.flush()
 
     def _orphaned(self, unit: _Unit | None,
                   tools: Collection[str]) -> list[tuple[str, PendingCall | None]]:
@@ -449,14 +460,9 @@ class BridgedRun(StepMachine):
                               None))
         return found
 
-    def _stranded(self, name: str, unit: _Unit | None,
-                  tools: Collection[str] | None) -> CodeChanged | None:
-        """The pause for a person a model step stops at (see :meth:`_orphaned`), or None."""
-        if tools is None:
-            return None
-        found = self._orphaned(unit, tools)
-        if not found:
-            return None
+    def _stranded(self, name: str,
+                  found: list[tuple[str, PendingCall | None]]) -> CodeChanged:
+        """Pause the run for the calls :meth:`_orphaned` found; the error saying why."""
         reason = (f"the code changed under an open call: {'; '.join(w for w, _ in found)}. "
                   f"Settle it with `agentjournal resolve {self.run_id} KEY --happened | "
                   "--did-not-happen` (or deploy the tool again under its old name), then run "
@@ -517,11 +523,12 @@ class BridgedRun(StepMachine):
         :meth:`_orphaned`)."""
         n, unit, change = self._claim(name, fingerprint, position, parts)
         self._tell_changed(change)
-        if (stop := self._stranded(name, unit, tools)) is not None:
-            raise stop
+        if tools is not None and (found := self._orphaned(unit, tools)):
+            raise self._stranded(name, found)
         if unit is not None:
             _tell(executed, False)
             return decode(unit.value)
+        self._store_changes()
         if turn is not None:
             fault_point("model_call")
         began = time.monotonic()
@@ -539,14 +546,14 @@ class BridgedRun(StepMachine):
                     tools: Collection[str] | None = None) -> Any:
         """:meth:`step` for an async body."""
         n, unit, change = self._claim(name, fingerprint, position, parts)
-        if change is not None:
-            await in_thread(self._tell_changed, change)
-        if tools is not None and (stop := await in_thread(
-                self._stranded, name, unit, tools)) is not None:
-            raise stop
+        self._tell_changed(change)  # staged: no wait on the store
+        if tools is not None and (found := self._orphaned(unit, tools)):
+            raise await in_thread(self._stranded, name, found)
         if unit is not None:
             _tell(executed, False)
             return decode(unit.value)
+        if self._changes_staged:
+            await in_thread(self._store_changes)
         if turn is not None:
             fault_point("model_call")
         began = time.monotonic()

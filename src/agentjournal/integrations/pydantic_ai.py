@@ -147,6 +147,9 @@ _ANSWERED = frozenset({"tool_return", "tool_content_result"})
 _FLOW = "pydantic_ai:"
 Reconciler = Callable[[PendingCall], Any]
 #: The digests of a run's messages, by message object (see request_fingerprint).
+#: The same without their instructions, for a request's ``history`` part (request_parts).
+_HISTORY_DIGESTS: ContextVar[dict[int, tuple[Any, str]] | None] = ContextVar(
+    "agentjournal.pydantic_ai.history_digests", default=None)
 _DIGESTS: ContextVar[dict[int, tuple[Any, str]] | None] = ContextVar(
     "agentjournal.pydantic_ai.digests", default=None)
 #: The trace context of the agent's run (its ``invoke_agent`` span): where a span of a
@@ -318,6 +321,7 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                 if binding is not None:
                     binding.run = run
                 token, digests = self._active.set(run), _DIGESTS.set({})
+                history_digests = _HISTORY_DIGESTS.set({})
                 trace_token = _RUN_TRACE.set(otel_context.get_current())
                 enclosing = _ENCLOSING.set(run)
                 try:
@@ -326,6 +330,7 @@ class JournalDurability(BaseDurabilityCapability[AgentDepsT]):
                 finally:
                     self._active.reset(token)
                     _DIGESTS.reset(digests)
+                    _HISTORY_DIGESTS.reset(history_digests)
                     _RUN_TRACE.reset(trace_token)
                     _ENCLOSING.reset(enclosing)
                 # Before the outcome: a crash in between leaves the run to resume, and
@@ -477,7 +482,7 @@ class _JournalBackend(JournalCallableOperationBackend[None]):
         def parts() -> dict[str, str]:
             return request_parts(cast("str | None", model), history,
                                  cast("Mapping[str, Any] | None", settings), request,
-                                 recorded=run.journal.as_recorded)
+                                 _HISTORY_DIGESTS.get(), recorded=run.journal.as_recorded)
 
         return await run.astep(name, fingerprint, body, turn=turn_of, executed=_report,
                                position=position, parts=parts, tools=tools)
@@ -810,13 +815,15 @@ def request_fingerprint(model_id: str | None, messages: Sequence[ModelMessage],
 
 def request_parts(model_id: str | None, messages: Sequence[ModelMessage],
                   settings: Mapping[str, Any] | None, parameters: ModelRequestParameters,
-                  *, recorded: Callable[[Any], Any] | None = None) -> dict[str, str]:
+                  digests: dict[int, tuple[ModelMessage, str]] | None = None, *,
+                  recorded: Callable[[Any], Any] | None = None) -> dict[str, str]:
     """A model request's parts, each a digest, to say which changed when a request
     differs from the one recorded at its place: ``instructions`` (the agent's, in the
     messages and the parameters), ``tools`` (their definitions without metadata),
     ``model``, ``settings``, ``output`` (the other request parameters) and ``history``
     (the messages, without their instructions). Made only when a request is asked of
-    the model or differs from the recorded one: never on a plain replay."""
+    the model or differs from the recorded one: never on a plain replay. ``digests``
+    caches each message's digest, for one run (as for request_fingerprint)."""
     shown = _plain(parameters, opaque=True)
     tools = []
     for kind in ("function_tools", "output_tools"):
@@ -825,10 +832,15 @@ def request_parts(model_id: str | None, messages: Sequence[ModelMessage],
             tools.append(tool_def)
     instructions = [shown.pop("instruction_parts", None)]
     history = hashlib.sha256()
+    cache = {} if digests is None else digests
     for message in messages:
         if isinstance(message, ModelRequest):
             instructions.append(message.instructions)
-        history.update(_message_digest(message, recorded, without=("instructions",)).encode())
+        known = cache.get(id(message))
+        if known is None or known[0] is not message:
+            known = cache[id(message)] = (
+                message, _message_digest(message, recorded, without=("instructions",)))
+        history.update(known[1].encode())
     content_settings = {k: v for k, v in (settings or {}).items() if k != "timeout"}
     return {"instructions": _part(instructions), "tools": _part(tools),
             "model": _part(model_id), "settings": _part(_plain(content_settings, opaque=True)),
