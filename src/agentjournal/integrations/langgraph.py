@@ -25,15 +25,20 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
+import enum
 import functools
+import hashlib
+import inspect
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..bridge import BridgedRun, open_run, reading_checked
+from ..bridge import Answer, BridgedRun, CodeChanged, open_run, reading_checked
 from ..bridge import current_call as bridge_current_call
+from ..deploys import DESCRIBERS, AgentShape, ToolShape, agent_shape, digest, model_identity
 from ..errors import (
     ArchivedRunError,
     CallRefused,
@@ -51,6 +56,9 @@ from ..events import Event, EventType, now
 from ..journal import default_owner
 from ..limits import checked_limit
 from ..results import ResultNotEncodable, to_json
+from ..settle import same_intent
+from ..state import PendingCall
+from ..steps import not_kept
 from ..store import Store
 from ..store.base import Tombstone, records_digest
 from ..tools import Effect, Reconciler, ToolContext, ToolFailed
@@ -86,13 +94,18 @@ try:
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
     from langgraph.config import get_config
+    from langgraph.errors import GraphInterrupt
+    from langgraph.prebuilt import ToolNode
     from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.pregel import Pregel
     from langgraph.types import Command, interrupt
+    from pydantic import BaseModel, ValidationError
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     raise MissingExtraError("langgraph", "langgraph") from exc
 
-__all__ = ["DELETED", "ExactlyOnce", "JournalSaver", "Thread", "ToolEffect", "ainvoke",
-           "astream", "current_call", "exactly_once", "invoke", "stream", "thread_run_id"]
+__all__ = ["DELETED", "ExactlyOnce", "JournalSaver", "Thread", "ToolEffect", "agent_version",
+           "ainvoke", "astream", "current_call", "exactly_once", "graph_shape", "invoke",
+           "stream", "thread_run_id"]
 
 AGENT = "langgraph"
 
@@ -117,6 +130,7 @@ class Thread:
         self.thread_id, self.run_id = thread_id, run_id
         self.index = GraphIndex()
         self.run: BridgedRun | None = None
+        self.version: str | None = None  # the graph version its run was opened with
         self.lock = threading.RLock()
         # Per (namespace, channel): the last list value this saver stored.
         self.lists: dict[tuple[str, str], ListValue] = {}
@@ -158,14 +172,19 @@ class JournalSaver(BaseCheckpointSaver[str]):
     lease's time to live; a heartbeat renews it every ttl/3 while it is held.
     ``max_result_bytes``: a tool call's result over this many bytes (as the log would
     hold it) completes its call as "result not kept", its size and sha256 kept instead
-    (None, the default: no limit).
+    (None, the default: no limit). ``agent_version``: the version of the graph's code
+    that a thread's run records as it starts, resumes or reopens (``invoke``, ``stream``:
+    default derived from the graph, :func:`agent_version`; ``agentjournal show`` says
+    which version started a thread and which continued it).
     """
 
     def __init__(self, store: Store, *, serde: SerializerProtocol | None = None,
                  owner: str | None = None, ttl: float = 30.0,
-                 max_result_bytes: int | None = None) -> None:
+                 max_result_bytes: int | None = None,
+                 agent_version: str | None = None) -> None:
         super().__init__(serde=serde)
         self.store = store
+        self.agent_version = agent_version
         self.owner = owner or default_owner()
         self.ttl = ttl
         self.max_result_bytes = checked_limit("max_result_bytes", max_result_bytes)
@@ -198,20 +217,24 @@ class JournalSaver(BaseCheckpointSaver[str]):
             generation += 1
 
     def hold(self, thread_id: str, *,
-             opening: Sequence[tuple[EventType, dict[str, Any]]] = ()) -> BridgedRun:
+             opening: Sequence[tuple[EventType, dict[str, Any]]] = (),
+             agent_version: str | None = None) -> BridgedRun:
         """Open the thread's run (if this saver has not): take its lease, start or resume
         it (``agentjournal.bridge.open_run``), and return it. ``LeaseHeldError`` when
         another process holds it. ``opening``: facts stored in the append that opens the
         thread's run, with its start or its resume (``run.opened``; empty when a finished
-        thread's run is opened: nothing is appended then)."""
+        thread's run is opened: nothing is appended then). ``agent_version``: the graph's
+        version, recorded with the start or resume (default: the saver's)."""
         t = self.thread(thread_id)
         with t.lock:
             if t.run is None:
+                t.version = agent_version or self.agent_version
                 with _naming(thread_id):
                     run = open_run(self.store, t.run_id, agent=AGENT, owner=self.owner,
                                    ttl=self.ttl, input={"thread_id": thread_id},
                                    task=f"LangGraph thread {thread_id}", opening=opening,
-                                   max_result_bytes=self.max_result_bytes)
+                                   max_result_bytes=self.max_result_bytes,
+                                   agent_version=t.version)
                 try:  # the log as it is now that nobody else may write it
                     t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
                 except BaseException:
@@ -251,7 +274,9 @@ class JournalSaver(BaseCheckpointSaver[str]):
         with t.lock:
             run = self.hold(thread_id)
             if t.index.finished:
-                facts = [(EventType.RUN_RESUMED, {"reopened": True}), *facts]
+                reopened = {"reopened": True, **(
+                    {"agent_version": t.version} if t.version else {})}
+                facts = [(EventType.RUN_RESUMED, reopened), *facts]
             try:
                 with _naming(thread_id):
                     events = run.record(facts, redact=False)
@@ -481,16 +506,18 @@ class JournalSaver(BaseCheckpointSaver[str]):
 
     # --- an invocation's input, recorded before the graph runs ----------------------
 
-    def record_input(self, config: RunnableConfig, input: Any) -> Any:
+    def record_input(self, config: RunnableConfig, input: Any, *,
+                     agent_version: str | None = None) -> Any:
         """Hold the thread and record ``input`` durably before the graph runs, so a crash
         before LangGraph's first checkpoint loses nothing; returns the input to run with.
         ``None`` (a resume) returns the input recorded by an invocation that crashed
         before its input checkpoint, else None (LangGraph resumes from its checkpoint).
-        A ``Command`` is not recorded: it acts on a checkpoint, which holds its effects."""
+        A ``Command`` is not recorded: it acts on a checkpoint, which holds its effects.
+        ``agent_version``: the graph's version, recorded if this opens the thread's run."""
         thread_id, _ = _conf(config)
         t = self.thread(thread_id)
         if input is None or isinstance(input, Command):
-            self.hold(thread_id)
+            self.hold(thread_id, agent_version=agent_version)
             pending = t.index.pending_input if input is None else None
             return input if pending is None else self.serde.loads_typed(pending)
         fact = (EventType.GRAPH_INPUT, {"input": _typed(self.serde.dumps_typed(input))})
@@ -498,7 +525,8 @@ class JournalSaver(BaseCheckpointSaver[str]):
             # A thread's run is started or resumed with its input in one append: a crash
             # can never leave a thread opened without the input it was opened for.
             opening = t.run is None
-            if not (opening and self.hold(thread_id, opening=[fact]).opened):
+            if not (opening and self.hold(thread_id, opening=[fact],
+                                          agent_version=agent_version).opened):
                 self.append(thread_id, [fact])
         return input
 
@@ -542,15 +570,34 @@ class ExactlyOnce:
     it is recorded. Made by :func:`exactly_once`."""
 
     def __init__(self, saver: JournalSaver, effects: Mapping[str, ToolEffect],
-                 default: ToolEffect) -> None:
+                 default: ToolEffect, renamed: Mapping[str, BaseTool] | None = None) -> None:
         self.saver, self.effects, self.default = saver, dict(effects), default
+        self.renamed = dict(renamed or {})
+
+    def spec(self, name: str) -> ToolEffect:
+        """How calls of the tool named ``name`` are made (a renamed tool's old name: as
+        its new one, unless declared itself)."""
+        if name in self.effects:
+            return self.effects[name]
+        new = self.renamed.get(name)
+        return self.effects.get(new.name, self.default) if new is not None else self.default
+
+    def _mapped(self, request: ToolCallRequest) -> ToolCallRequest:
+        """A call recorded under a tool's old name, made by the tool it was renamed to
+        (``renamed=``): still under its old name, so its key is the recorded one."""
+        if request.tool is None and (new := self.renamed.get(request.tool_call["name"])):
+            return request.override(tool=new)
+        return request
 
     def __call__(self, request: ToolCallRequest,
                  execute: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
                  ) -> ToolMessage | Command[Any]:
-        if request.tool is None:  # a name the model made up: LangGraph answers it, and
-            return execute(request)  # nothing of it is recorded (no tool runs: no effect)
+        request = self._mapped(request)
+        if request.tool is None:  # a tool the node does not have (see _without_tool)
+            answered = self._without_tool(request)
+            return execute(request) if answered is None else answered
         call, run, spec = self._begin(request)
+        self._still_usable(run, call, request.tool)
         refused: list[JournalError] = []  # the body's reads of current_call() refused
         unkept: list[Any] = []  # what the tool returned, when it is not to be kept
         checked = request.override(tool=_checking(request.tool, unkept))
@@ -582,9 +629,12 @@ class ExactlyOnce:
                        execute: Callable[[ToolCallRequest],
                                       Awaitable[ToolMessage | Command[Any]]]
                     ) -> ToolMessage | Command[Any]:
-        if request.tool is None:  # a name the model made up (see __call__)
-            return await execute(request)
+        request = self._mapped(request)
+        if request.tool is None:  # (its appends, and a verdict's, off the loop)
+            answered = await asyncio.to_thread(self._without_tool, request)
+            return await execute(request) if answered is None else answered
         call, run, spec = await asyncio.to_thread(self._begin, request)
+        await asyncio.to_thread(self._still_usable, run, call, request.tool)
         refused: list[JournalError] = []
         unkept: list[Any] = []
         checked = request.override(tool=_checking(request.tool, unkept))
@@ -614,13 +664,76 @@ class ExactlyOnce:
 
     def _begin(self, request: ToolCallRequest) -> tuple[Any, BridgedRun, ToolEffect]:
         call = request.tool_call
-        return (call, self.saver.hold(_thread_id(request)),
-                self.effects.get(call["name"], self.default))
+        return call, self.saver.hold(_thread_id(request)), self.spec(call["name"])
+
+    def _without_tool(self, request: ToolCallRequest) -> ToolMessage | Command[Any] | None:
+        """A call of a tool the node does not have: a name the model made up, or a tool
+        removed or renamed since the thread recorded the call. Answered in the log: that
+        answer (history is history; not "not a valid tool" for an effect that happened).
+        Started and uncertain: a person decides (the thread stops at an interrupt, its run
+        paused with the reason); made again under another tool it could happen twice. A
+        read left open made nothing: it is closed as not made, and the model told.
+        Otherwise None: LangGraph answers it with its error, and nothing is recorded."""
+        call = request.tool_call
+        if call["id"] is None:  # not a call the log can hold: LangGraph answers it
+            return None
+        run = self.saver.hold(_thread_id(request))
+        for _ in range(3):  # (a verdict, then the answer it recorded)
+            if (found := _made(run, call)) is not None:
+                return self._served(found, call)
+            pending = _open_call(run, call)
+            if pending is None:
+                return None
+            if pending.effect == Effect.READ_ONLY:
+                run.resolve(call["id"], happened=False, by="agentjournal (langgraph)", reason=(
+                    f"a read left open, and the graph's ToolNode has no tool "
+                    f"{call['name']!r} any more: nothing to double; the model is told"))
+                return None
+            self._changed(run, call, pending, (
+                f"call {call['id']} of tool {pending.tool!r} (key {pending.key[:16]}, "
+                f"{pending.effect}) was started and its outcome is unknown, and the graph's "
+                f"ToolNode has no tool {call['name']!r} any more (removed or renamed; map a "
+                "renamed tool with exactly_once(..., renamed={'old': new_tool}))"))
+        raise RuntimeError(f"call {call['id']} was decided but not answered")
+
+    def _still_usable(self, run: BridgedRun, call: Any, tool: BaseTool) -> None:
+        """A call with an effect, started and left uncertain, whose recorded arguments the
+        tool no longer accepts (its schema changed): a person decides, as for a tool
+        removed. (A changed identity or effect class the bridge finds: CodeChanged.)"""
+        pending = _open_call(run, call)
+        if pending is None or pending.effect == Effect.READ_ONLY:
+            return  # (a read is made again, and the model told what the tool says now)
+        if (why := _rejects(tool, pending.args)) is None:
+            return
+        self._changed(run, call, pending, (
+            f"call {call['id']} of tool {pending.tool!r} (key {pending.key[:16]}, "
+            f"{pending.effect}) was started and its outcome is unknown, and the tool no "
+            f"longer accepts the recorded arguments ({why})"))
+
+    def _changed(self, run: BridgedRun, call: Any, pending: PendingCall, what: str) -> None:
+        """The code changed under an open call: ask a person (see _decide)."""
+        reason = (f"the code changed under an open call: {what}. Settle it with "
+                  f"`agentjournal resolve {run.run_id} {pending.key[:16]} --happened | "
+                  "--did-not-happen` or Command(resume={'verdict': ...}) on the thread (or "
+                  "deploy the tool's old definition again), then run again; or cancel the "
+                  f"run (`agentjournal cancel {run.run_id} [--compensate]`)")
+        self._decide(run, call, CodeChanged(run.run_id, call["id"], pending.tool, reason,
+                                            key=pending.key, pending=pending))
+
+    def _served(self, found: Answer, call: Any) -> ToolMessage | Command[Any]:
+        """The message of a call answered in the log, as when it was answered."""
+        if found.not_kept is not None:
+            why = found.not_kept if found.source == "served" else not_kept(found.not_kept)
+            return ToolMessage(content=why, tool_call_id=call["id"], name=call["name"],
+                               status="error")
+        return self._decode(found.result, call)
 
     def _decide(self, run: BridgedRun, call: Any, need: NeedsPerson) -> None:
         """Ask the person through LangGraph's interrupt (the first time this raises and
         the graph stops; on ``Command(resume=...)`` it returns the answer), then record
-        the answer as the call's verdict."""
+        the answer as the call's verdict. A change of the code under the call
+        (:class:`CodeChanged`) is named in the evidence (``change``), and the run is
+        paused with it as its reason when the graph stops."""
         pending = need.pending
         evidence = {"agentjournal": "uncertain", "run_id": run.run_id, "tool": call["name"],
                     "call_id": call["id"], "args": call["args"], "key": need.key,
@@ -631,7 +744,14 @@ class ExactlyOnce:
                     "answer_with": {"verdict": "happened | did_not_happen",
                                     "by": "who decided", "reason": "why",
                                     "result": "what it returned (happened only)"}}
-        answer = interrupt(evidence)
+        if isinstance(need, CodeChanged):
+            evidence["change"] = need.reason
+        try:
+            answer = interrupt(evidence)
+        except GraphInterrupt:
+            if isinstance(need, CodeChanged):  # (paused only as it stops: not on resume)
+                run.pause(need.reason)
+            raise
         verdict = _verdict(answer)
         if verdict is None:
             raise ValueError(f"the answer to call {call['id']!r} ({call['name']}) must say "
@@ -711,7 +831,8 @@ def _unless_refused(result: Any, refused: list[JournalError]) -> Any:
 
 
 def exactly_once(saver: JournalSaver, effects: Mapping[str, ToolEffect] | None = None, *,
-                 default: ToolEffect | None = None) -> ExactlyOnce:
+                 default: ToolEffect | None = None,
+                 renamed: Mapping[str, BaseTool] | None = None) -> ExactlyOnce:
     """A ``ToolNode`` wrapper making each tool call by agentjournal's call protocol on the
     thread's run (see :class:`ExactlyOnce`). ``effects``: per tool name; ``default``:
     for the others (irreversible unless given)::
@@ -722,8 +843,13 @@ def exactly_once(saver: JournalSaver, effects: Mapping[str, ToolEffect] | None =
         ToolNode(tools, wrap_tool_call=calls, awrap_tool_call=calls.awrap)
 
     A tool reads its call's idempotency key (to send to its receiver) and lease epoch
-    with ``current_call()``."""
-    return ExactlyOnce(saver, effects or {}, default or ToolEffect())
+    with ``current_call()``.
+
+    ``renamed``: a tool's old name -> the tool now (``{"refund": issue_refund}``): a call
+    the thread recorded under the old name (its model turn is history) is made, or
+    settled when a crash left it uncertain, by the new tool under its old name and key.
+    Without it, such a call left uncertain stops the thread for a person."""
+    return ExactlyOnce(saver, effects or {}, default or ToolEffect(), renamed)
 
 
 def current_call() -> ToolContext:
@@ -810,6 +936,37 @@ def _keepable(content: Any) -> bool:
     return True
 
 
+def _made(run: BridgedRun, call: Any) -> Answer | None:
+    """The recorded result of the call: made, with these arguments, under this call id
+    (a failure or a refusal had no effect: LangGraph's own answer is as true)."""
+    found = run.answer(call["id"])
+    if found is None or found.kind != "result" or found.key is None:
+        return None
+    made = run.state.completed.get(found.key)
+    return found if made is not None and same_intent(made.args, call["args"]) else None
+
+
+def _open_call(run: BridgedRun, call: Any) -> PendingCall | None:
+    """The call as the log holds it open (started, its outcome unknown): the same call id
+    and tool name (a graph run inside a tool call may reuse an id for another tool)."""
+    return next((p for p in run.state.pending.values()
+                 if p.call_id == call["id"] and p.tool == call["name"]), None)
+
+
+def _rejects(tool: BaseTool, args: Mapping[str, Any]) -> str | None:
+    """Why ``tool``'s schema now rejects ``args`` (None: it accepts them, or the tool's
+    schema is plain JSON schema, not checked here)."""
+    schema = tool.tool_call_schema
+    if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        return None
+    try:
+        schema.model_validate(dict(args))
+    except ValidationError as exc:
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+                         for e in exc.errors())
+    return None
+
+
 def _not_kept_message(call: Any, exc: ResultNotKeptError) -> ToolMessage:
     return ToolMessage(content=exc.reason, tool_call_id=call["id"], name=call["name"],
                        status="error")
@@ -881,7 +1038,7 @@ def _durably(graph: Any, input: Any, config: RunnableConfig, release: bool) -> I
     saver = _saver_of(graph)
     thread_id, _ = _conf(config)
     try:
-        yield saver.record_input(config, input)
+        yield saver.record_input(config, input, agent_version=agent_version(graph))
         if _ended(graph, config):
             saver.finish(config)
     finally:
@@ -896,10 +1053,200 @@ async def _adurably(graph: Any, input: Any, config: RunnableConfig,
     saver = _saver_of(graph)
     thread_id, _ = _conf(config)
     try:
-        yield await asyncio.to_thread(saver.record_input, config, input)
+        yield await asyncio.to_thread(functools.partial(
+            saver.record_input, config, input, agent_version=agent_version(graph)))
         if await asyncio.to_thread(_ended, graph, config):
             await asyncio.to_thread(saver.finish, config)
     finally:
         if release:
             await asyncio.to_thread(saver.release, thread_id)
 
+
+# --- what a deploy may change: the graph's shape and version ----------------------------
+
+
+def graph_shape(graph: Any) -> AgentShape:
+    """What a deploy may change about a compiled graph, for ``agentjournal check`` and the
+    version its threads record: the tools of its ToolNodes (name, description,
+    parameters; effect and identity as their ``exactly_once`` declares them; ``renamed=``
+    mappings) and its version: ``JournalSaver(agent_version=)`` when given, else a digest
+    of its nodes, edges and tools (:func:`agent_version`)."""
+    tools: dict[str, ToolShape] = {}
+    renamed: dict[str, str] = {}
+    for node in _tool_nodes(graph):
+        wrapper = node._wrap_tool_call
+        calls = wrapper if isinstance(wrapper, ExactlyOnce) else None
+        for tool in node.tools_by_name.values():
+            spec = calls.spec(tool.name) if calls is not None else ToolEffect()
+            tools[tool.name] = ToolShape(
+                name=tool.name, effect=str(Effect(spec.effect)),
+                identity=tuple(spec.identity) or None,
+                schema_digest=digest(_tool_form(tool)),
+                check_args=functools.partial(_rejects, tool))
+        if calls is not None:
+            renamed.update({old: new.name for old, new in calls.renamed.items()})
+    saver = getattr(graph, "checkpointer", None)
+    given = saver.agent_version if isinstance(saver, JournalSaver) else None
+    return agent_shape(instructions=None, tools=tools.values(), model=None,
+                       version=given or _derived_version(graph), renamed=renamed)
+
+
+def agent_version(graph: Any) -> str:
+    """The version a thread run by ``graph`` records (``run_started``, each
+    ``run_resumed``): ``JournalSaver(agent_version=)`` when given, else derived from the
+    graph's code: a digest of its nodes (a function node's code and the plain data it
+    reads: a prompt in a constant or a closure, a model's name), edges and tools. The
+    same code gives the same version in every process."""
+    saver = getattr(graph, "checkpointer", None)
+    given = saver.agent_version if isinstance(saver, JournalSaver) else None
+    return given or _derived_version(graph)
+
+
+def _derived_version(graph: Any) -> str:
+    return "langgraph-" + digest(_graph_form(graph, 0)).removeprefix("sha256:")
+
+
+def _describe_graph(obj: object) -> AgentShape | None:
+    return graph_shape(obj) if isinstance(obj, Pregel) else None
+
+
+DESCRIBERS.append(_describe_graph)
+
+#: How deep a graph's code is followed for its version (subgraphs, functions a node's
+#: code refers to): deep enough for a prompt one call away, bounded for any code.
+_DEPTH = 4
+
+
+def _builder_nodes(graph: Any) -> dict[str, Any]:
+    """A compiled graph's nodes as its builder declared them (the runnables themselves)."""
+    builder = getattr(graph, "builder", None)
+    nodes = getattr(builder, "nodes", None)
+    if isinstance(nodes, Mapping):
+        return {name: getattr(spec, "runnable", spec) for name, spec in nodes.items()}
+    return {name: getattr(node, "bound", node) for name, node in graph.nodes.items()}
+
+
+def _tool_nodes(graph: Any, depth: int = 0) -> Iterator[ToolNode]:
+    for runnable in _builder_nodes(graph).values():
+        if isinstance(runnable, ToolNode):
+            yield runnable
+        elif isinstance(runnable, Pregel) and depth < _DEPTH:
+            yield from _tool_nodes(runnable, depth + 1)
+
+
+def _graph_form(graph: Any, depth: int) -> Any:
+    """The graph as the data its version digests: nodes, edges, branches."""
+    builder = getattr(graph, "builder", None)
+    edges = sorted(map(str, getattr(builder, "edges", ()) or ()))
+    branches = {str(k): sorted(map(str, v)) for k, v in
+                (getattr(builder, "branches", None) or {}).items()}
+    nodes = {name: _node_form(runnable, depth)
+             for name, runnable in sorted(_builder_nodes(graph).items())}
+    return {"nodes": nodes, "edges": edges, "branches": branches}
+
+
+def _node_form(runnable: Any, depth: int) -> Any:
+    if isinstance(runnable, ToolNode):
+        wrapper = runnable._wrap_tool_call
+        calls = wrapper if isinstance(wrapper, ExactlyOnce) else None
+        return {"tools": [_tool_form(t, calls) for _, t in
+                          sorted(runnable.tools_by_name.items())],
+                "renamed": {} if calls is None else {
+                    old: new.name for old, new in sorted(calls.renamed.items())}}
+    if isinstance(runnable, Pregel):
+        return {"graph": _graph_form(runnable, depth + 1) if depth < _DEPTH else "<deep>"}
+    func = getattr(runnable, "func", None) or getattr(runnable, "afunc", None)
+    if callable(func):
+        return {"function": _code_form(func, depth, set())}
+    return {"runnable": f"{type(runnable).__module__}.{type(runnable).__qualname__}",
+            "config": _plain(getattr(runnable, "to_json", lambda: None)(), depth)}
+
+
+def _tool_form(tool: BaseTool, calls: ExactlyOnce | None = None) -> Any:
+    schema = tool.tool_call_schema
+    params = (schema.model_json_schema() if isinstance(schema, type)
+              and issubclass(schema, BaseModel) else schema)
+    form: dict[str, Any] = {"name": tool.name, "description": tool.description,
+                            "parameters": params}
+    if calls is not None:
+        spec = calls.spec(tool.name)
+        form.update(effect=str(Effect(spec.effect)), identity=list(spec.identity))
+    return form
+
+
+def _code_form(fn: Any, depth: int, seen: set[int]) -> Any:
+    """A function as its version digests it: its code (bytecode and constants, nested
+    functions too) and the plain data it reads (module globals it names, closure cells).
+    Never a value's repr, which may hold an address that differs per process."""
+    fn = inspect.unwrap(fn)
+    if isinstance(fn, functools.partial):
+        return {"partial": _code_form(fn.func, depth, seen),
+                "args": _plain(list(fn.args), depth), "kwargs": _plain(fn.keywords, depth)}
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: its class's __call__
+        call = type(fn).__dict__.get("__call__")
+        return {"object": f"{type(fn).__module__}.{type(fn).__qualname__}",
+                "call": _code_form(call, depth + 1, seen) if inspect.isfunction(call)
+                else None, "state": _plain(getattr(fn, "__dict__", None), depth)}
+    if id(code) in seen or depth > _DEPTH:
+        return f"<{fn.__qualname__}>"
+    seen.add(id(code))
+    names = getattr(fn, "__globals__", {})
+    cells = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
+    return {"name": fn.__qualname__, "code": _bytecode(code),
+            "globals": {n: _value_form(names[n], depth, seen) for n in code.co_names
+                        if n in names and not inspect.ismodule(names[n])},
+            "closure": [_value_form(v, depth, seen) for v in cells]}
+
+
+def _bytecode(code: Any) -> Any:
+    """A code object's bytecode and constants, nested code objects (a lambda, an inner
+    function) by the same rule."""
+    consts = [_bytecode(c) if inspect.iscode(c) else _plain(c, 0) for c in code.co_consts]
+    return [hashlib.sha256(code.co_code).hexdigest()[:16], consts, list(code.co_names)]
+
+
+def _value_form(value: Any, depth: int, seen: set[int]) -> Any:
+    """A value a function reads: plain data as itself, a function by its code, a model
+    by its class and name, anything else by its type."""
+    if inspect.isfunction(value) or isinstance(value, functools.partial):
+        return _code_form(value, depth + 1, seen)
+    if isinstance(value, BaseTool):
+        return _tool_form(value)
+    if isinstance(value, Pregel):
+        return {"graph": _graph_form(value, depth + 1) if depth < _DEPTH else "<deep>"}
+    plain = _plain(value, depth)
+    if isinstance(plain, str) and plain.startswith("<") and (
+            isinstance(getattr(value, "model", None), str)
+            or isinstance(getattr(value, "model_name", None), str)):
+        return model_identity(value)  # a chat model: its class and model name
+    return plain
+
+
+def _plain(value: Any, depth: int) -> Any:
+    """``value`` as JSON data when it is plain (text, numbers, lists, dicts, dataclasses
+    of those), else named by its type."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if depth > _DEPTH:
+        return f"<{type(value).__qualname__}>"
+    if isinstance(value, enum.Enum):
+        return _plain(value.value, depth + 1)
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_plain(v, depth + 1) for v in value]
+        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name), depth + 1)
+                for f in dataclasses.fields(value)}
+    # By its type's name alone: a module run as __main__ names its types otherwise.
+    return f"<{type(value).__qualname__}>"
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises ValueError
+    except ValueError:
+        return False
+    return True
