@@ -777,3 +777,41 @@ def test_a_takeover_of_many_runs_wakes_the_runs_loop_once_to_start_them(
                     on_loop=True)
     drive_until(worker, url, lambda q: [r.state for r in q.runs()] == ["done"] * 6)
     assert spawned == [6]
+
+
+#: The release before this one, as far as reading goes: it knows event schema v7 only.
+OLDER_RELEASE = """
+import agentjournal.events, agentjournal.store.base, agentjournal.snapshots
+for module in (agentjournal.events, agentjournal.store.base, agentjournal.snapshots):
+    module.SCHEMA_VERSION = 7
+"""
+
+
+def test_a_worker_of_an_older_release_hands_back_a_run_it_cannot_read_and_drains(
+        fleet: Fleet, tmp_path: Path) -> None:
+    """A rollout: the run holds records of this release (schema v8) and a worker of the
+    release before claims it. Counting that as a crash would park a sound run as poison
+    after three such claims: the worker hands it back queued, uncounted, and drains,
+    saying to upgrade it. A worker of this release finishes the run, its effect once."""
+    _submit(fleet.url, "needs_approval", "ask first", "ask")
+    current = fleet.worker()
+    fleet.until("the run to wait", lambda: fleet.runs()["ask"].state == "waiting")
+    assert fleet.stop(current) == 0
+    with open_store(fleet.url) as store:
+        (approval,) = load_state(store, "ask").state.approvals
+    assert fleet.cli("approve", "ask", approval, "--by", "ana").returncode == 0
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "sitecustomize.py").write_text(OLDER_RELEASE)
+    path = fleet.env.get("PYTHONPATH")
+    fleet.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(older), path]))
+    old = fleet.worker()
+    assert old.wait(timeout=120) == 0, fleet.logs()  # drained: it ends by itself
+    fleet.env.pop("PYTHONPATH") if path is None else fleet.env.update(PYTHONPATH=path)
+    run = fleet.runs()["ask"]
+    assert (run.state, run.crashes, fleet.effects()) == ("queued", 0, {}), fleet.logs()
+    assert "records of a later agentjournal release" in fleet.logs()
+    current = fleet.worker()
+    fleet.until("the run to finish", lambda: fleet.runs()["ask"].state == "done")
+    assert fleet.effects() == {("ask", "approved"): 1}
+    assert fleet.stop(current) == 0

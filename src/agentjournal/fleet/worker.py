@@ -61,6 +61,7 @@ from ..errors import (
     StoreUnavailableError,
     StoreUrlError,
     UnsettledError,
+    UnsupportedVersionError,
 )
 from ..events import Event, EventType
 from ..journal import SHORT_LOG, RunJournal, default_owner, heartbeat_of, open_journal, stateless
@@ -715,6 +716,14 @@ class Worker:
                 self.log(f"handed back {run_id} (now queued)")
             else:
                 self._absolve(run_id, claim.lease.epoch)
+        except UnsupportedVersionError as exc:  # a later release wrote it: no crash of it
+            self.log(f"{run_id} holds records of a later agentjournal release ({exc}): "
+                     "handing it back queued for an upgraded worker, and draining this one: "
+                     "upgrade it", logging.ERROR)
+            if self._hand_back(Lease(run_id, self.worker_id, seen["epoch"], 0.0), "queued",
+                               seen["seq"]):
+                self.log(f"handed back {run_id} (now queued)")
+            self.drain()  # every run it would claim next may be the same: claim none
         except Exception as exc:
             METRICS.count("worker_runs_crashed")
             self.log(f"run {run_id} crashed: {type(exc).__name__}: {exc}; not handing it back "
