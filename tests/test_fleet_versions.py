@@ -116,6 +116,9 @@ def test_pinned_runs_wait_for_a_worker_serving_their_version(fleet: Fleet,
         for run_id in PINNED_V1:  # never claimed by the v2 worker, never parked
             row = fleet.runs()[run_id]
             assert (row.state, row.claims, row.runnable) == ("waiting", 1, True)
+            shown = json.loads(fleet.cli("show", run_id, "--json").stdout)
+            assert shown["queue"]["waiting_for"] == row.waiting_for, shown
+            assert "waiting for a worker serving version v1" in shown["next"]["sentence"], shown
         assert not _claimed_in(v2_log) & set(PINNED_V1)
 
         # A v1 worker again (trusting the module: it loads the pinned runs' agent).

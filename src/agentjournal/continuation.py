@@ -71,7 +71,8 @@ class Continuation(msgspec.Struct, frozen=True, kw_only=True):
 
 def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
                  queue_state: str | None = None, runnable: bool | None = None,
-                 store_hint: str = "", parent: Continuation | None = None) -> Continuation:
+                 store_hint: str = "", parent: Continuation | None = None,
+                 waiting_for: str | None = None) -> Continuation:
     """How to continue the run whose folded state is ``state``.
 
     ``started``: the payload of its ``run_started`` event, when the caller has it (a
@@ -87,6 +88,8 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
     (``started`` names the call of another run that opened it), how that parent run
     continues: the child's hint is the parent's, since the parent's call, made again,
     resumes the child (run alone, it would lose its link to that call).
+    ``waiting_for``: ``QueuedRun.waiting_for``, why a queued run pinned to a version no
+    live worker serves is not taken up (then said instead of "a worker will take it up").
 
     Native agent with a recorded ``MODULE:OBJECT``: ``agentjournal resume RUN``;
     queued: "a worker will take it up" (waiting in the queue: the person's other
@@ -99,7 +102,7 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
                             sentence=f"run {rid} is {state.status}: nothing to continue")
     if queue_state == "waiting" and runnable is not False:
         queue_state = "queued"  # a decision made it runnable: the fleet takes it up
-    queued = _in_queue(rid, "queued" if runnable else queue_state, store_hint)
+    queued = _in_queue(rid, "queued" if runnable else queue_state, store_hint, waiting_for)
     if queued is not None:
         return queued
     if state.status == "compensating":  # the loop never drives it again: its saga does
@@ -130,10 +133,11 @@ def continuation(state: RunState, *, started: Mapping[str, Any] | None = None,
                         sentence=f"continue it with: {command}")
 
 
-def _in_queue(rid: str, queue_state: str | None, store_hint: str) -> Continuation | None:
+def _in_queue(rid: str, queue_state: str | None, store_hint: str,
+              waiting_for: str | None = None) -> Continuation | None:
     if queue_state == "queued":
-        return Continuation(kind="worker", run_id=rid,
-                            sentence=f"run {rid} is in the queue: a worker will take it up")
+        return Continuation(kind="worker", run_id=rid, sentence=f"run {rid} is in the queue: "
+                            f"{waiting_for or 'a worker will take it up'}")
     if queue_state == "waiting":  # (a decision that leaves others open keeps it waiting)
         command = f"agentjournal show {shlex.quote(rid)}{store_hint}"
         return Continuation(kind="decide", run_id=rid, command=command, sentence=(
@@ -236,4 +240,5 @@ def _submitted(queue: Queue, run_id: str, agent: str) -> Continuation:
     state = (load_state(store, run_id).state if store.last_seq(run_id)
              else RunState(run_id=run_id, agent=agent))
     return continuation(state, queue_state=None if entry is None else entry.state,
-                        runnable=None if entry is None else entry.runnable)
+                        runnable=None if entry is None else entry.runnable,
+                        waiting_for=None if entry is None else entry.waiting_for)

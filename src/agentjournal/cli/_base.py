@@ -331,7 +331,8 @@ def queue_place(entry: QueuedRun | None) -> dict[str, Any] | None:
     if entry is None:
         return None
     return {"name": entry.queue, "state": entry.state, "worker": entry.worker,
-            "reason": entry.reason}
+            "reason": entry.reason, "pin_version": entry.pin_version,
+            "waiting_for": entry.waiting_for}
 
 
 #: How many parents up a child run's hint is looked for (a parent's parent ...).
@@ -373,7 +374,8 @@ def continuation_of(store: Store, state: RunState, started: Mapping[str, Any] | 
     return continuation(state, started=started,
                         queue_state=None if queued is None else queued.state,
                         runnable=queued is not None and queued.runnable,
-                        store_hint=store_hint(store_url), parent=parent)
+                        store_hint=store_hint(store_url), parent=parent,
+                        waiting_for=None if queued is None else queued.waiting_for)
 
 
 def _report_unreadable(ctx: click.Context, errors: list[JournalError]) -> None:

@@ -87,7 +87,8 @@ def going_on(store: Store, state: RunState, queued: QueuedRun | None, now: float
     """How the run continues (``continuation``), and whether the workers it waits for
     were heard from lately."""
     how = continuation(state, started=started, store_hint=store_hint,
-                       queue_state=queued.state if queued else None)
+                       queue_state=queued.state if queued else None,
+                       waiting_for=queued.waiting_for if queued else None)
     return {"next": how.sentence, "command": how.command, "shell": how.shell,
             "silent": _workers_silent(store, now) if how.kind == "worker" else ""}
 
