@@ -295,8 +295,11 @@ def every_run_in_one_place(store_url: str, archive: Path,
 
 
 @backend_params()
-def test_gc_killed_at_random_moments_loses_no_run(store_url: str, tmp_path: Path) -> None:
-    kills = int(os.environ.get("GC_KILLS", "20"))  # random ones that land, per backend
+def test_gc_killed_at_random_moments_loses_no_run(store_url: str, tmp_path: Path,
+                                                  request: pytest.FixtureRequest) -> None:
+    # Random kills that land, per backend (besides the two chosen windows): 20 with --slow.
+    slow = request.config.getoption("--slow")
+    kills = int(os.environ.get("GC_KILLS", "20" if slow else "8"))
     seed = int(os.environ.get("GC_SEED", str(time.time_ns())))
     rng = random.Random(seed)
     archive = tmp_path / "archive"
