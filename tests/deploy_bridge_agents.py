@@ -146,7 +146,11 @@ def run_pydantic(variant: str, url: str, label: str, store_url: str, run_id: str
 
 
 def sdk_agent(variant: str, url: str, label: str, asked: Asked,
-              posted: threading.Barrier | None = None) -> tuple[Any, dict[str, Any]]:
+              posted: threading.Barrier | None = None, *, lookup: bool = True,
+              lost: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The SDK agent and its policies as the variant's code defines them. ``lookup``:
+    the receiver's lookup settles an open call; ``lost``: the connection drops after
+    each POST (the call is left uncertain, the run waits for a person)."""
     from agents import Agent, function_tool
     from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
@@ -174,7 +178,10 @@ def sdk_agent(variant: str, url: str, label: str, asked: Asked,
     else:
         def post_effect(label: str, note: str) -> str:
             """Apply the effect named `label` once at the receiver."""
-            return str(post(url, label, posted))
+            answer = str(post(url, label, posted))
+            if lost:
+                raise ConnectionResetError("the connection dropped after the POST")
+            return answer
         body = post_effect
 
     def peek(name: str) -> str:
@@ -183,13 +190,15 @@ def sdk_agent(variant: str, url: str, label: str, asked: Asked,
 
     tools: list[Any] = []
     if code.present:
-        tools.append(function_tool(body, name_override=code.name))
+        tools.append(function_tool(body, name_override=code.name,
+                                   failure_error_function=None))
     if code.extra_tool:
         tools.append(function_tool(peek))
     agent = Agent(name="poster", instructions=code.instructions, tools=tools,
                   model=Scripted([ModelStep.respond(answer) for _ in range(4)]))
     policies = {code.name: ToolPolicy(effect=code.effect, identity=list(code.identity),
-                                      lookup=lookup_at(url)), "peek": "read_only"}
+                                      lookup=lookup_at(url) if lookup else None),
+                "peek": "read_only"}
     return agent, policies
 
 

@@ -34,7 +34,15 @@ from agentjournal.bridge import CodeChanged, Turn
 from agentjournal.deploys import describe, forecast
 
 from .conftest import BACKENDS
-from .deploy_bridge_agents import FRAMEWORKS, TASK, VARIANTS, Asked, pydantic_agent, resume
+from .deploy_bridge_agents import (
+    FRAMEWORKS,
+    TASK,
+    VARIANTS,
+    Asked,
+    pydantic_agent,
+    resume,
+    sdk_agent,
+)
 
 E = EventType
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,6 +218,43 @@ def test_a_call_the_code_does_not_make_again_pauses_the_next_turn(tmp_path: Path
     store.close()
 
 
+def test_an_sdk_run_waiting_on_an_uncertain_call_keeps_its_recorded_key_across_a_deploy(
+        tmp_path: Path, module_receiver: Any) -> None:
+    """The SDK's interruption for an uncertain call, resumed after the tool's identity
+    changed: the pause names the key the call was started under (the one a person
+    resolves), and once resolved the call is answered from that, never made again."""
+    from click.testing import CliRunner
+
+    from agentjournal.cli import cli
+    from agentjournal.integrations.openai_agents import JournalRunner
+
+    url, label = f"sqlite:///{tmp_path / 'j.db'}", "sdk-wait-a"
+    counted = lambda: module_receiver.by_label().get(label)  # noqa: E731
+    store = open_store(url)
+    agent, policies = sdk_agent("base", module_receiver.url, label, Asked(), lookup=False,
+                                lost=True)
+    first = JournalRunner.run_sync(agent, TASK, store=store, run_id="w", policies=policies)
+    assert first.interruptions and counted() == 1
+    (pending,) = fold(store.read("w")).pending.values()
+    asked = Asked()
+    changed, changed_policies = sdk_agent("identity_changed", module_receiver.url, label,
+                                          asked, lookup=False)
+    again = JournalRunner.run_sync(changed, TASK, store=store, run_id="w",
+                                   policies=changed_policies)
+    state = fold(store.read("w"))
+    assert again.interruptions and state.status == "paused" and asked.turns == []
+    assert pending.key[:16] in (state.pause_reason or "")
+    assert "identity fields changed" in (state.pause_reason or "")
+    decided = CliRunner().invoke(cli, ["resolve", "w", pending.key[:16], "--happened", "--by",
+                                       "ana", "--store", url, "--result", '"posted"'])
+    assert decided.exit_code == 0, decided.output
+    done = JournalRunner.run_sync(changed, TASK, store=store, run_id="w",
+                                  policies=changed_policies)
+    assert done.final_output == f"posted {label}" and counted() == 1
+    assert asked.turns == ["openai_agents:identity_changed:1"]  # only the turn after it
+    store.close()
+
+
 def test_versions_and_describers_agree_with_what_a_run_records(
         tmp_path: Path, module_receiver: Any) -> None:
     """A Pydantic AI agent's describer gives the version its runs record; forecast says a
@@ -225,8 +270,6 @@ def test_versions_and_describers_agree_with_what_a_run_records(
     renamed = describe(pydantic_agent("tool_renamed", module_receiver.url, "x", url, "v",
                                       Asked()))
     assert renamed is not None and renamed.version != shape.version
-
-    from .deploy_bridge_agents import sdk_agent
 
     sdk, policies = sdk_agent("base", module_receiver.url, "x", Asked())
     from agentjournal.integrations.openai_agents import JournalAgent

@@ -164,6 +164,10 @@ class CodeChanged(NeedsPerson):
     identity or effect class is not the recorded one): the run is paused for a person,
     the reason naming the change. Running the same code again stops here again."""
 
+    #: Where the run stopped (status, last seq, lease epoch), when the integration that
+    #: raised it knows: a worker hands the run back paused with it.
+    stopped_at: tuple[str, int, int] | None = None
+
 
 def _same(value: Any) -> Any:
     return value

@@ -247,13 +247,21 @@ class JournalAgent:
     def run_claimed(self, store: Store, run_id: str, task: str | None, *, agent_ref: str,
                     owner: str, ttl: float, stop: threading.Event) -> Stopped:
         """Run (or resume) the claimed run to its end or its next interruption; it
-        cannot stop mid-run, so a draining worker waits for that."""
-        _, (status, last_seq, epoch) = asyncio.run(_run(
-            self.agent, task, store=store, run_id=run_id, policies=self.policies,
-            context=self.context, max_turns=self.max_turns, hooks=None,
-            run_config=self.run_config or RunConfig(), session=None, owner=owner, ttl=ttl,
-            trace=self.trace, serializer=None, deserializer=None, agent_ref=agent_ref,
-            keep_lease=True, strict=self.strict, version=self.version))
+        cannot stop mid-run, so a draining worker waits for that. A run the new code
+        cannot go on with (:class:`CodeChanged`) is handed back paused, waiting for a
+        person: not a crash."""
+        try:
+            _, (status, last_seq, epoch) = asyncio.run(_run(
+                self.agent, task, store=store, run_id=run_id, policies=self.policies,
+                context=self.context, max_turns=self.max_turns, hooks=None,
+                run_config=self.run_config or RunConfig(), session=None, owner=owner,
+                ttl=ttl, trace=self.trace, serializer=None, deserializer=None,
+                agent_ref=agent_ref, keep_lease=True, strict=self.strict,
+                version=self.version))
+        except CodeChanged as changed:
+            if changed.stopped_at is None:
+                raise
+            status, last_seq, epoch = changed.stopped_at
         return Stopped(status, last_seq, epoch)
 
 
@@ -345,6 +353,8 @@ async def _run_once(agent: Agent[Any], input: Any, *, store: Store, run_id: str,
             result = await driver.drive(agent, given_state, input, run_config=run_config,
                                         **runner)
         except Exception as error:
+            if isinstance(changed := _needs_person(error), CodeChanged):
+                changed.stopped_at = (run.status, run.state.last_seq, run.journal.lease.epoch)
             if (refusal := driver.refusal_behind(error)) is None:
                 raise
         finally:
@@ -436,7 +446,13 @@ class _Driver:
             approval = None if call is None else self.approval_id(call[1], call[2])
             if call is not None and approval not in self.run.state.approvals and (
                     approval not in self.run.state.decisions):
-                keys.append(f"{call[1]} {self.key(call[1], call[2])[:16]}")
+                now = self.key(call[1], call[2])
+                started = self.started_key(call[0]) or now
+                # The key its start recorded: the one a person resolves. Another key now
+                # (a deploy changed the tool's identity) is said, never used.
+                keys.append(f"{call[1]} {started[:16]}" + (
+                    "" if started == now else f" (recorded under that key; the code now "
+                    f"keys it {now[:16]}: the tool's name or identity fields changed)"))
         if keys:
             self.run.pause(f"uncertain: {', '.join(keys)}; decide with `agentjournal resolve "
                            f"{self.run.run_id} KEY --happened | --did-not-happen`, then run "
@@ -494,12 +510,21 @@ class _Driver:
     def uncertain_settled(self, call_id: str, tool: str, args: dict[str, Any]) -> bool:
         """Whether a call that stopped the run as uncertain has been decided since (one
         that never started, e.g. waiting for an approval, is not: it stays waiting)."""
-        key = self.key(tool, args)
+        key = self.started_key(call_id) or self.key(tool, args)
         if not self.run.state.attempts.get(key, 0):
             return False  # never started: not an uncertain call
         if self.run.answer(call_id) is not None:
             return True  # it happened (a person or a lookup said so): served from the log
         return not any(p.key == key for p in self.run.state.pending.values())
+
+    def started_key(self, call_id: str) -> str | None:
+        """The key call ``call_id`` was started under (open, or answered), if it was: the
+        code may key it otherwise now (a deploy changed its tool's identity)."""
+        for p in self.run.state.pending.values():
+            if p.call_id == call_id:
+                return p.key
+        answer = self.run.answer(call_id)
+        return answer.key if answer is not None else None
 
     async def needs_person(self, tool: str, args: dict[str, Any], policy: ToolPolicy) -> bool:
         """Whether the call would stop the run for a person if made now: its key is
