@@ -168,7 +168,7 @@ def applied_at(receiver: str) -> Any:
 
 def run(store_url: str, thread: str, receiver: str, *, change: str = "none",
         model_log: str, resume: bool = False, decide: str | None = None,
-        ask: str = TASK, how: str = "invoke") -> dict[str, Any]:
+        ask: str = TASK, how: str = "invoke", strict: bool = False) -> dict[str, Any]:
     """Run (or resume) the thread under release ``CHANGES[change]`` (``how``: by invoke
     or by ainvoke, the graph's async path); its messages and the interrupts it stopped
     at."""
@@ -182,8 +182,8 @@ def run(store_url: str, thread: str, receiver: str, *, change: str = "none",
     try:
         with JournalSaver(store) as saver:
             graph = build(release_of(change), saver, receiver, model_log=model_log)
-            out = (invoke(graph, given, config) if how == "invoke" else
-                   asyncio.run(ainvoke(graph, given, config)))
+            out = (invoke(graph, given, config, strict=strict) if how == "invoke" else
+                   asyncio.run(ainvoke(graph, given, config, strict=strict)))
     finally:
         store.close()
     return {"messages": [[type(m).__name__, m.content] for m in out.get("messages", [])],

@@ -22,6 +22,7 @@ from langchain_core.messages import HumanMessage
 
 from agentjournal import EventType, open_store
 from agentjournal.deploys import describe
+from agentjournal.errors import RunMismatchError
 from agentjournal.integrations.langgraph import (
     JournalSaver,
     agent_version,
@@ -132,6 +133,11 @@ def test_a_thread_killed_after_its_effect_resumes_under_changed_code(
         assert PAUSES[change] in state.pause_reason and "agentjournal resolve" in (
             state.pause_reason)
         assert model_calls(model_log) == 1
+        # Strict mode refuses the thread under another version, appending nothing.
+        with pytest.raises(RunMismatchError, match="strict mode refuses"):
+            run(store_url, THREAD, receiver.url, resume=True, strict=True,
+                **{**resume, "change": started_by})
+        assert thread_state(store_url)[1] == kinds
         out = run(store_url, THREAD, receiver.url, decide="happened", **resume)
         assert receiver.by_label() == {LABEL: 1}
     assert out["messages"][-1] == ["AIMessage", FINAL], out

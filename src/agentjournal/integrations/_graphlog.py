@@ -184,6 +184,9 @@ class GraphIndex:
     run_id: str = ""
     thread_id: str | None = None
     finished: bool = False
+    #: The graph versions that started the thread and then continued it (each once in a
+    #: row), as the run's state folds them (``RunState.versions``).
+    versions: list[str] = field(default_factory=list)
     #: The input of the newest invocation whose input checkpoint is not in the log yet.
     pending_input: Typed | None = None
     blobs: dict[str, str] = field(default_factory=dict)  # chunk name -> its bytes, base64
@@ -286,6 +289,13 @@ def thread_of(started: Event) -> str | None:
 
 def _started(ix: GraphIndex, ev: Event) -> None:
     ix.thread_id = thread_of(ev)
+    _versioned(ix, ev)
+
+
+def _versioned(ix: GraphIndex, ev: Event) -> None:
+    version = ev.payload.get("agent_version")
+    if version and (not ix.versions or ix.versions[-1] != version):
+        ix.versions.append(version)
 
 
 def _input(ix: GraphIndex, ev: Event) -> None:
@@ -334,6 +344,7 @@ def _finished(ix: GraphIndex, ev: Event) -> None:
 
 
 def _resumed(ix: GraphIndex, ev: Event) -> None:
+    _versioned(ix, ev)
     if ev.payload.get("reopened"):
         ix.finished = False
 

@@ -51,6 +51,7 @@ from ..errors import (
     MissingExtraError,
     NeedsPerson,
     ResultNotKeptError,
+    RunMismatchError,
 )
 from ..events import Event, EventType, now
 from ..journal import default_owner
@@ -175,16 +176,19 @@ class JournalSaver(BaseCheckpointSaver[str]):
     (None, the default: no limit). ``agent_version``: the version of the graph's code
     that a thread's run records as it starts, resumes or reopens (``invoke``, ``stream``:
     default derived from the graph, :func:`agent_version`; ``agentjournal show`` says
-    which version started a thread and which continued it).
+    which version started a thread and which continued it). ``strict``: an unfinished
+    thread last run by another version is refused (``RunMismatchError``, nothing
+    appended) instead of continued from its checkpoint (per invocation: ``invoke(...,
+    strict=)``).
     """
 
     def __init__(self, store: Store, *, serde: SerializerProtocol | None = None,
                  owner: str | None = None, ttl: float = 30.0,
                  max_result_bytes: int | None = None,
-                 agent_version: str | None = None) -> None:
+                 agent_version: str | None = None, strict: bool = False) -> None:
         super().__init__(serde=serde)
         self.store = store
-        self.agent_version = agent_version
+        self.agent_version, self.strict = agent_version, strict
         self.owner = owner or default_owner()
         self.ttl = ttl
         self.max_result_bytes = checked_limit("max_result_bytes", max_result_bytes)
@@ -218,17 +222,19 @@ class JournalSaver(BaseCheckpointSaver[str]):
 
     def hold(self, thread_id: str, *,
              opening: Sequence[tuple[EventType, dict[str, Any]]] = (),
-             agent_version: str | None = None) -> BridgedRun:
+             agent_version: str | None = None, strict: bool | None = None) -> BridgedRun:
         """Open the thread's run (if this saver has not): take its lease, start or resume
         it (``agentjournal.bridge.open_run``), and return it. ``LeaseHeldError`` when
         another process holds it. ``opening``: facts stored in the append that opens the
         thread's run, with its start or its resume (``run.opened``; empty when a finished
         thread's run is opened: nothing is appended then). ``agent_version``: the graph's
-        version, recorded with the start or resume (default: the saver's)."""
+        version, recorded with the start or resume (default: the saver's). ``strict``
+        (default: the saver's): see :class:`JournalSaver`."""
         t = self.thread(thread_id)
         with t.lock:
             if t.run is None:
                 t.version = agent_version or self.agent_version
+                self._refuse_another_version(t, self.strict if strict is None else strict)
                 with _naming(thread_id):
                     run = open_run(self.store, t.run_id, agent=AGENT, owner=self.owner,
                                    ttl=self.ttl, input={"thread_id": thread_id},
@@ -242,6 +248,20 @@ class JournalSaver(BaseCheckpointSaver[str]):
                     raise
                 t.run = run
             return t.run
+
+    @staticmethod
+    def _refuse_another_version(t: Thread, strict: bool) -> None:
+        """Strict mode: an unfinished thread last run by another version is refused
+        before anything is appended (the log as read just now)."""
+        recorded = t.index.versions[-1] if t.index.versions else None
+        if not strict or t.index.finished or None in (recorded, t.version) or (
+                recorded == t.version):
+            return  # (a version not given nor derived, as by graph.invoke: not judged)
+        raise RunMismatchError(t.run_id, "agent version", recorded, t.version, advice=(
+            f"LangGraph thread {t.thread_id!r} was last run by graph version {recorded!r} "
+            f"and strict mode refuses {t.version!r}: resume it with the code that recorded "
+            "it, or without strict mode (history is history: it continues from its "
+            "checkpoint, and a call the change made unusable goes to a person)"))
 
     def release(self, thread_id: str) -> None:
         """Close the thread's run and release its lease, if this saver holds it."""
@@ -507,17 +527,18 @@ class JournalSaver(BaseCheckpointSaver[str]):
     # --- an invocation's input, recorded before the graph runs ----------------------
 
     def record_input(self, config: RunnableConfig, input: Any, *,
-                     agent_version: str | None = None) -> Any:
+                     agent_version: str | None = None, strict: bool | None = None) -> Any:
         """Hold the thread and record ``input`` durably before the graph runs, so a crash
         before LangGraph's first checkpoint loses nothing; returns the input to run with.
         ``None`` (a resume) returns the input recorded by an invocation that crashed
         before its input checkpoint, else None (LangGraph resumes from its checkpoint).
         A ``Command`` is not recorded: it acts on a checkpoint, which holds its effects.
-        ``agent_version``: the graph's version, recorded if this opens the thread's run."""
+        ``agent_version``: the graph's version, recorded if this opens the thread's run;
+        ``strict``: see :class:`JournalSaver`."""
         thread_id, _ = _conf(config)
         t = self.thread(thread_id)
         if input is None or isinstance(input, Command):
-            self.hold(thread_id, agent_version=agent_version)
+            self.hold(thread_id, agent_version=agent_version, strict=strict)
             pending = t.index.pending_input if input is None else None
             return input if pending is None else self.serde.loads_typed(pending)
         fact = (EventType.GRAPH_INPUT, {"input": _typed(self.serde.dumps_typed(input))})
@@ -525,8 +546,8 @@ class JournalSaver(BaseCheckpointSaver[str]):
             # A thread's run is started or resumed with its input in one append: a crash
             # can never leave a thread opened without the input it was opened for.
             opening = t.run is None
-            if not (opening and self.hold(thread_id, opening=[fact],
-                                          agent_version=agent_version).opened):
+            if not (opening and self.hold(thread_id, opening=[fact], agent_version=agent_version,
+                                          strict=strict).opened):
                 self.append(thread_id, [fact])
         return input
 
@@ -994,51 +1015,61 @@ def _ended(graph: Any, config: RunnableConfig) -> bool:
 
 
 def invoke(graph: Any, input: Any, config: RunnableConfig, *, durability: str = "sync",
-           release: bool = True, **kwargs: Any) -> Any:
+           release: bool = True, strict: bool | None = None, **kwargs: Any) -> Any:
     """Run ``graph`` on a thread durably: hold the thread's lease for the whole
     invocation (``LeaseHeldError`` if another process holds it), record the input
     before the graph runs (``input=None`` resumes, with the input of an invocation
     that crashed before its first checkpoint if there is one), and record the finish
-    when the graph ends. ``durability`` defaults to LangGraph's ``"sync"``."""
-    with _durably(graph, input, config, release) as given:
+    when the graph ends. ``durability`` defaults to LangGraph's ``"sync"``.
+
+    The thread's run records the graph's version (:func:`agent_version`) as it starts
+    and at each resume. A thread recorded by other code continues from its checkpoint
+    (recorded model turns are not asked again), and a call that the change left
+    unusable (its tool gone, its identity, effect class or arguments changed while it
+    was uncertain) stops at an interrupt for a person. ``strict`` (default: the
+    saver's): refuse an unfinished thread last run by another version instead."""
+    with _durably(graph, input, config, release, strict) as given:
         return graph.invoke(given, config, durability=durability, **kwargs)
 
 
 async def ainvoke(graph: Any, input: Any, config: RunnableConfig, *,
-                  durability: str = "sync", release: bool = True, **kwargs: Any) -> Any:
+                  durability: str = "sync", release: bool = True, strict: bool | None = None,
+                  **kwargs: Any) -> Any:
     """``invoke`` for async code."""
-    async with _adurably(graph, input, config, release) as given:
+    async with _adurably(graph, input, config, release, strict) as given:
         return await graph.ainvoke(given, config, durability=durability, **kwargs)
 
 
 def stream(graph: Any, input: Any, config: RunnableConfig, *, durability: str = "sync",
-           release: bool = True, **kwargs: Any) -> Iterator[Any]:
+           release: bool = True, strict: bool | None = None, **kwargs: Any) -> Iterator[Any]:
     """``invoke``, streamed: ``graph.stream``'s chunks as they come (``stream_mode`` and
     the rest as ``graph.stream`` takes them), under the same lease, with the input
     recorded first and the finish at the end. The lease is taken at the first chunk
     asked for, and released when the iteration ends or is closed."""
-    with _durably(graph, input, config, release) as given:
+    with _durably(graph, input, config, release, strict) as given:
         yield from graph.stream(given, config, durability=durability, **kwargs)
 
 
 async def astream(graph: Any, input: Any, config: RunnableConfig, *,
-                  durability: str = "sync", release: bool = True,
+                  durability: str = "sync", release: bool = True, strict: bool | None = None,
                   **kwargs: Any) -> AsyncIterator[Any]:
     """``stream`` for async code."""
-    async with _adurably(graph, input, config, release) as given:
+    async with _adurably(graph, input, config, release, strict) as given:
         async for chunk in graph.astream(given, config, durability=durability, **kwargs):
             yield chunk
 
 
 @contextlib.contextmanager
-def _durably(graph: Any, input: Any, config: RunnableConfig, release: bool) -> Iterator[Any]:
+def _durably(graph: Any, input: Any, config: RunnableConfig, release: bool,
+             strict: bool | None) -> Iterator[Any]:
     """Around one run of ``graph`` on a thread: the input recorded (the lease taken) and
     given to the graph; once the graph returned, its finish recorded if it ended; the
     lease released after, whatever happened, if ``release``."""
     saver = _saver_of(graph)
     thread_id, _ = _conf(config)
     try:
-        yield saver.record_input(config, input, agent_version=agent_version(graph))
+        yield saver.record_input(config, input, agent_version=agent_version(graph),
+                                 strict=strict)
         if _ended(graph, config):
             saver.finish(config)
     finally:
@@ -1047,14 +1078,15 @@ def _durably(graph: Any, input: Any, config: RunnableConfig, release: bool) -> I
 
 
 @contextlib.asynccontextmanager
-async def _adurably(graph: Any, input: Any, config: RunnableConfig,
-                    release: bool) -> AsyncIterator[Any]:
+async def _adurably(graph: Any, input: Any, config: RunnableConfig, release: bool,
+                    strict: bool | None) -> AsyncIterator[Any]:
     """``_durably`` for async code: the saver's calls on a thread, off the loop."""
     saver = _saver_of(graph)
     thread_id, _ = _conf(config)
     try:
         yield await asyncio.to_thread(functools.partial(
-            saver.record_input, config, input, agent_version=agent_version(graph)))
+            saver.record_input, config, input, agent_version=agent_version(graph),
+            strict=strict))
         if await asyncio.to_thread(_ended, graph, config):
             await asyncio.to_thread(saver.finish, config)
     finally:
