@@ -255,6 +255,35 @@ def test_an_sdk_run_waiting_on_an_uncertain_call_keeps_its_recorded_key_across_a
     store.close()
 
 
+def test_a_call_waiting_for_approval_under_changed_code_goes_to_a_person(
+        tmp_path: Path) -> None:
+    """A call waiting for a person's approval: asked again under another key (identity
+    changed), or its tool gone from the turn that asked for it, pauses; nothing runs."""
+    store = open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    args = {"order": 7, "cents": 500}
+
+    def refund(ctx: Any) -> Any:
+        raise AssertionError("a refund waiting for approval must not run")
+
+    with open_run(store, "r", input="hi") as run:
+        run.step("model.request", "fp", lambda: {"text": "", "calls": ["c1"]},
+                 turn=lambda v: Turn(tool_calls=[{"id": "c1", "name": "refund", "args": args}]))
+        with pytest.raises(NeedsPerson):  # NeedsApproval: recorded, waiting
+            run.call("refund", args, call_id="c1", body=refund, identity=["order"],
+                     approval=True)
+    with open_run(store, "r") as run, pytest.raises(CodeChanged) as rekeyed:
+        run.call("refund", args, call_id="c1", body=refund, approval=True)
+    assert "waits for approval" in rekeyed.value.reason
+    assert "key changed" in rekeyed.value.reason
+    with open_run(store, "r") as run, pytest.raises(CodeChanged) as gone:
+        run.step("model.request", "fp-2", lambda: {"text": "x"}, turn=turn_of,
+                 tools={"refund_v2"})
+    assert "no tool 'refund'" in gone.value.reason
+    state = fold(store.read("r"))
+    assert state.status == "paused" and state.approvals
+    store.close()
+
+
 def test_versions_and_describers_agree_with_what_a_run_records(
         tmp_path: Path, module_receiver: Any) -> None:
     """A Pydantic AI agent's describer gives the version its runs record; forecast says a

@@ -472,9 +472,7 @@ class BridgedRun(StepMachine):
                   "--did-not-happen` (or deploy the tool again under its old name), then run "
                   f"again; or cancel the run (`agentjournal cancel {self.run_id} "
                   "[--compensate]`)")
-        with self._lock:
-            self.journal.flush()
-            self._pause(self.journal, reason)
+        self._pause_for_change(reason)
         pending = next((p for _, p in found if p is not None), None)
         if pending is None:
             return CodeChanged(self.run_id, name, "model", reason)
@@ -751,6 +749,17 @@ class BridgedRun(StepMachine):
                 f"{what} changed, so the approval asked for is not this call's"))
         return None
 
+    def _pause_for_change(self, reason: str) -> None:
+        """Record that the run waits for a person because the code changed under it,
+        also when it was waiting for an approval: the reason names the change."""
+        with self._lock:
+            j = self.journal
+            if j.state.status == "waiting_approval":
+                j.record(E.RUN_PAUSED, reason=reason, uncertain=[])
+            else:
+                j.flush()
+                self._pause(j, reason)  # with the uncertain calls, as the loop does
+
     def _changed_pause(self, spec: CallSpec, key: str, old_key: str,
                        pending: PendingCall | None, what: str) -> Outcome:
         run = self.run_id
@@ -758,9 +767,7 @@ class BridgedRun(StepMachine):
                   f"{old_key[:16]} --happened | --did-not-happen` (or deploy its old "
                   f"definition again), then run again; or cancel the run (`agentjournal "
                   f"cancel {run} [--compensate]`)")
-        j = self.journal
-        j.flush()
-        self._pause(j, reason)
+        self._pause_for_change(reason)
         return Outcome(error=CodeChanged(run, spec.call_id, spec.tool, reason, key=old_key,
                                          pending=pending))
 
