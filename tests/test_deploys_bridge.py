@@ -72,6 +72,19 @@ CHANGED_PARTS = {("pydantic_ai", "instructions"): "instructions",
                  ("openai_agents", "tool_added"): "tools"}
 
 
+def shape_of(framework: str, variant: str, receiver: str) -> Any:
+    """The variant's agent as `agentjournal check` describes it."""
+    if framework == "pydantic_ai":
+        shape = describe(pydantic_agent(variant, receiver, "x", "sqlite://", "x", Asked()))
+    else:
+        from agentjournal.integrations.openai_agents import JournalAgent
+
+        agent, policies = sdk_agent(variant, receiver, "x", Asked())
+        shape = describe(JournalAgent(agent, policies=policies))
+    assert shape is not None
+    return shape
+
+
 def read_log(store_url: str, run_id: str) -> list[Any]:
     store = open_store(store_url)
     try:
@@ -99,6 +112,11 @@ def test_runs_killed_after_their_effect_resume_under_changed_code_each_effect_on
     seen: dict[tuple[str, str], tuple[str, int, str | None]] = {}
     for framework, variant in runs:
         run_id = f"{framework}-{variant}"
+        # What `agentjournal check` says of it before the deploy: what the resume does.
+        said = forecast(fold(read_log(store_url, run_id)),
+                        shape_of(framework, variant, module_receiver.url))
+        assert said.action == {"finished": "continue", "paused": "pause"}[
+            EXPECTED[framework, variant][0]], (run_id, said.sentence)
         out = resume(framework, variant, module_receiver.url, prefix + run_id, store_url,
                      run_id)
         state = fold(read_log(store_url, run_id))

@@ -856,7 +856,9 @@ def agent_shape(agent: Any, durability: JournalDurability[Any] | None = None) ->
     run's recorded version): its instructions (a function by its name), its function
     tools (name, description, parameters; effect and identity as ``durability`` and
     their metadata declare them) and its model. ``durability``: the agent's
-    ``JournalDurability`` (default: the one among its capabilities)."""
+    ``JournalDurability`` (default: the one among its capabilities). No argument check:
+    a recorded call is settled by its key (its lookup finds it, or a person), whatever
+    the tool's arguments are now, as a resume does."""
     durability = durability or _durability_of(agent)
     tools = []
     toolset = getattr(agent, "_function_toolset", None)
@@ -868,8 +870,7 @@ def agent_shape(agent: Any, durability: JournalDurability[Any] | None = None) ->
             name=tool_def.name, effect=str(Effect(declared.effect)),
             identity=tuple(declared.identity) or None,
             schema_digest=digest([tool_def.name, tool_def.description,
-                                  tool_def.parameters_json_schema]),
-            check_args=_args_check(tool)))
+                                  tool_def.parameters_json_schema])))
     model = getattr(agent, "model", None)
     return make_shape(instructions=_instructions_text(agent), tools=tools,
                       model=None if model is None else model if isinstance(model, str)
@@ -894,21 +895,6 @@ def _durability_of(agent: Any) -> JournalDurability[Any] | None:
     root = getattr(agent, "_root_capability", None)
     return next((c for c in getattr(root, "capabilities", None) or ()
                  if isinstance(c, JournalDurability)), None)
-
-
-def _args_check(tool: Any) -> Callable[[Mapping[str, Any]], str | None] | None:
-    """Validates a call's recorded arguments against the tool's schema now."""
-    validator = getattr(getattr(tool, "function_schema", None), "validator", None)
-    if validator is None:
-        return None
-
-    def check(args: Mapping[str, Any]) -> str | None:
-        try:
-            validator.validate_python(dict(args))
-        except Exception as exc:  # pydantic's ValidationError: said in its own words
-            return str(exc).splitlines()[0]
-        return None
-    return check
 
 
 def _describe(obj: object) -> AgentShape | None:

@@ -1114,7 +1114,9 @@ def agent_shape(agent: Agent[Any],
     """What a deploy may change about an SDK agent (``agentjournal check`` and the run's
     recorded version): its instructions (a function by its name), its function tools
     (name, description, parameters; effect and identity as ``policies`` give them, else
-    an MCP tool's annotations, else irreversible), its handoffs, output type and model."""
+    an MCP tool's annotations, else irreversible), its handoffs, output type and model.
+    No argument check: a recorded call is settled by its key (its lookup finds it, or a
+    person), whatever the tool's arguments are now, as a resume does."""
     given = {name: p if isinstance(p, ToolPolicy) else ToolPolicy(effect=p)
              for name, p in (policies or {}).items()}
     tools = []
@@ -1125,8 +1127,7 @@ def agent_shape(agent: Agent[Any],
             effect=mcp_effect(getattr(tool, "mcp_annotations", None)))
         tools.append(ToolShape(name=name, effect=str(Effect(policy.effect)),
                                identity=tuple(policy.identity) or None,
-                               schema_digest=digest(shape),
-                               check_args=_schema_check(shape["parameters"])))
+                               schema_digest=digest(shape)))
     for handoff in agent.handoffs:  # a handoff is a tool to the model, with no effect
         name = str(getattr(handoff, "tool_name", None)
                    or f"transfer_to_{getattr(handoff, 'name', '')}")
@@ -1154,26 +1155,6 @@ def agent_version(agent: Agent[Any],
     """The version a run of ``agent`` records unless given (``version=``): derived from
     its shape (:func:`agent_shape`). The same code gives the same version."""
     return agent_shape(agent, policies).version
-
-
-def _schema_check(schema: Any) -> Callable[[Mapping[str, Any]], str | None] | None:
-    """A check of recorded arguments against a tool's JSON schema now: its required
-    fields, and no others where it allows none (what a changed signature breaks)."""
-    if not isinstance(schema, dict):
-        return None
-    required = set(schema.get("required") or ())
-    known = set(schema.get("properties") or {})
-    closed = schema.get("additionalProperties") is False
-
-    def check(args: Mapping[str, Any]) -> str | None:
-        missing = sorted(required - set(args))
-        unknown = sorted(set(args) - known) if closed else []
-        if missing or unknown:
-            return "; ".join(filter(None, (
-                f"missing {', '.join(missing)}" if missing else "",
-                f"unknown {', '.join(unknown)}" if unknown else "")))
-        return None
-    return check
 
 
 def _describe(obj: object) -> AgentShape | None:
