@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,8 @@ pytest.importorskip("langgraph.prebuilt")
 from langchain_core.messages import HumanMessage
 
 from agentjournal import EventType, open_store
+from agentjournal.check import check_runs
+from agentjournal.cli._base import opened
 from agentjournal.deploys import describe
 from agentjournal.errors import RunMismatchError
 from agentjournal.integrations.langgraph import (
@@ -33,6 +36,7 @@ from agentjournal.state import RunState, fold
 
 from .conftest import backend_params
 from .langgraph_deploy_agent import CHANGES, FINAL, LABEL, STARTED_BY, build, release_of, run
+from .test_check import fingerprint
 from .test_crash_models import Receiver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,3 +188,34 @@ def test_a_graph_is_described_for_check_and_a_given_version_is_recorded(
         assert receiver.by_label() == {LABEL: 1}  # (the second input asked for no call)
     finally:
         store.close()
+
+
+#: What ``agentjournal check`` forecasts for the thread killed under release 1, by the
+#: release it would be resumed under (as the resumes above do).
+CHECKED = {"none": "continue", "prompt": "continue", "node_added": "continue",
+           "tool_renamed_mapped": "continue", "tool_renamed": "pause",
+           "identity": "pause", "effect": "pause", "arguments": "pause"}
+
+
+@backend_params()
+def test_check_says_what_each_release_would_do_to_the_thread_and_writes_nothing(
+        store_url: str, receiver: Receiver, tmp_path: Path) -> None:
+    model_log = tmp_path / "model.log"
+    kill_after_effect(store_url, receiver, model_log, "none")
+    before = fingerprint(store_url)
+    with opened(store_url) as store:  # read-only, as `agentjournal check` opens it
+        def check(change: str, **given: Any) -> Any:
+            graph = build(CHANGES[change], JournalSaver(store), receiver.url,
+                          model_log=str(model_log))
+            (ahead,) = check_runs(store, "tests.langgraph_deploy_agent:graph", graph,
+                                  recorded_as="langgraph", **given)
+            return ahead
+
+        for change, action in CHECKED.items():
+            ahead = check(change)
+            assert ahead.action == action, (change, ahead.sentence)
+            assert [tool for _, tool, _ in ahead.calls] == (
+                ["post_effect"] if action == "pause" else [])
+            assert (change == "none") is (ahead.changes == ())
+        assert check("prompt", strict=True).action == "refuse"
+    assert fingerprint(store_url) == before  # read only: every byte as it was
