@@ -18,6 +18,16 @@ until ``release`` or ``close``.
 Values are stored by ``_graphlog``'s rules: only the channels in ``new_versions``, in
 content-addressed chunks in the log itself, a list cut into chunks so that a growing
 message history costs a chunk per step, not the history.
+
+Deploys (docs/versioning.md): a thread's run records the graph's version as it starts
+and at each resume (``agent_version``: given to the saver, else a digest of the graph's
+nodes, edges and tools). A thread resumed under changed code continues from its
+checkpoint, its recorded model turns never asked again. A tool call the change left
+unusable (uncertain, and its tool removed or renamed, or its identity fields, effect
+class or arguments changed) stops the thread at an interrupt for a person, its run paused
+with a reason naming the change; ``exactly_once(renamed=)`` maps a renamed tool, and
+``JournalSaver(strict=True)`` refuses such a thread instead. ``graph_shape`` describes a
+graph for ``agentjournal check --recorded-as langgraph``.
 """
 
 from __future__ import annotations
