@@ -258,8 +258,9 @@ def test_an_sdk_run_waiting_on_an_uncertain_call_keeps_its_recorded_key_across_a
     changed, changed_policies = sdk_agent("identity_changed", module_receiver.url, label,
                                           asked, lookup=False)
     again = JournalRunner.run_sync(changed, TASK, store=store, run_id="w",
-                                   policies=changed_policies)
+                                   policies=changed_policies, version="release-2")
     state = fold(store.read("w"))
+    assert state.versions[-1] == "release-2" and len(state.versions) == 2
     assert again.interruptions and state.status == "paused" and asked.turns == []
     assert pending.key[:16] in (state.pause_reason or "")
     assert "identity fields changed" in (state.pause_reason or "")
