@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,10 +102,10 @@ def model_calls(model_log: Path) -> int:
 def version_of(change: str, receiver: Receiver, model_log: Path) -> str:
     """The version a thread run by release ``change`` records (derived from its code;
     the saver is not part of it)."""
-    store = open_store("jsonl:///nonexistent-never-written")
-    graph = build(release_of(change), JournalSaver(store), receiver.url,
-                  model_log=str(model_log))
-    return agent_version(graph)
+    with tempfile.TemporaryDirectory() as scratch, open_store(f"jsonl:///{scratch}") as store:
+        graph = build(release_of(change), JournalSaver(store), receiver.url,
+                      model_log=str(model_log))
+        return agent_version(graph)
 
 
 def thread_state(store_url: str) -> tuple[RunState, list[EventType]]:
