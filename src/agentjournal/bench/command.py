@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import platform
 import shutil
@@ -48,8 +47,6 @@ from .cpu import (
 from .density import density_figures
 from .fleet import (
     fleet_figures,
-    fleet_plot_path,
-    write_fleet_plot,
 )
 from .group_commit import (
     group_commit_figures,
@@ -64,6 +61,12 @@ from .openai_agents import (
 from .peers import (
     peer_figures,
     peers_problem,
+)
+from .plots import (
+    fleet_plot_path,
+    pyplot,
+    write_fleet_plot,
+    write_plot,
 )
 from .pydantic_ai import (
     pydantic_ai_figures,
@@ -253,63 +256,6 @@ def print_targets(results: Sequence[Target]) -> None:
     _console().print(table)
 
 
-Series = dict[str, list[tuple[int, float]]]  # a line's label -> (events, ms) points
-
-
-def _replay_series(figures: Sequence[Figure]) -> Series:
-    """Replay duration (ms) against event count: the fold in memory and its decode floor."""
-    out: Series = {}
-    for f in figures:
-        if not f.name.startswith("replay.gc_off.") or f.value is None:
-            continue
-        n = int(f.name.rsplit(".", 1)[1])
-        out.setdefault("fold(decode(...)), GC paused", []).append((n, n / f.value * 1e3))
-        if f.floor:
-            out.setdefault("decode only (floor)", []).append((n, n / f.floor * 1e3))
-    return out
-
-
-def _recovery_series(figures: Sequence[Figure]) -> Series:
-    """Recovery duration (ms) against run length, per backend and mode."""
-    out: Series = {}
-    for f in figures:
-        parts = f.name.split(".")
-        if parts[0] != "recovery" or len(parts) != 4 or f.value is None:
-            continue
-        _, backend, mode, n = parts
-        label = f"{backend}, {'snapshot + tail' if mode == 'snapshots' else 'full replay'}"
-        out.setdefault(label, []).append((int(n), f.value))
-    return out
-
-
-def _pyplot() -> Any:
-    matplotlib = importlib.import_module("matplotlib")
-    matplotlib.use("Agg")  # files only: no display needed
-    return importlib.import_module("matplotlib.pyplot")
-
-
-def _panel(ax: Any, series: Series, title: str) -> None:
-    for label, points in sorted(series.items()):
-        xs, ys = zip(*sorted(points), strict=True)
-        dashed = "full" in label or "floor" in label
-        ax.plot(xs, ys, marker="o", linestyle="--" if dashed else "-", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="events in the run", ylabel="ms", title=title)
-    ax.grid(True, which="both", alpha=0.3)
-    if series:
-        ax.legend(fontsize="small")
-
-
-def write_plot(figures: Sequence[Figure], path: Path) -> None:
-    """Two panels in one PNG: replay against event count, recovery against run length."""
-    plt = _pyplot()
-    fig, (replay, recovery) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _panel(replay, _replay_series(figures), "Replay in memory against event count")
-    _panel(recovery, _recovery_series(figures), "Recovery (open + state ready) against run length")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 # --- the command ---------------------------------------------------------------------------
 
 
@@ -406,7 +352,7 @@ def bench(quick: bool, as_json: bool, plot: Path | None, peers: bool, density: b
     density = density or "density" in (only or ())
     if plot is not None:
         try:
-            _pyplot()
+            pyplot()
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'agentjournal[plot]'")
     if peers and (problem := peers_problem()):

@@ -40,16 +40,15 @@ from ..store import Store, open_store
 from ..tools import Tool, tool
 from ._common import Figure, Plan, Say, _p99, figure
 from .appends import _drop_schema, postgres_problem
-
-#: Tool calls per bench run: a run records 2 + 3 x STEPS + 2 events.
-STEPS = 3
-CONCURRENCY = 4  # runs each worker holds at once
-FLOOR_COMMITS = 200
-ROUND_TIMEOUT = 120.0
-#: The takeover figures: the workers' lease TTL, and the slow runs' steps (each a tool
-#: call of TAKEOVER_NAP seconds: a run outlives a kill).
-TAKEOVER_TTL = 2.0
-TAKEOVER_STEPS, TAKEOVER_NAP = 40, 0.1
+from .fleet_settings import (
+    CONCURRENCY,
+    FLOOR_COMMITS,
+    ROUND_TIMEOUT,
+    STEPS,
+    TAKEOVER_NAP,
+    TAKEOVER_STEPS,
+    TAKEOVER_TTL,
+)
 
 
 @tool(effect="read_only")
@@ -352,33 +351,3 @@ def takeover_figures(latencies: Sequence[float], kills: int) -> list[Figure]:
                    note),
             figure("takeover.p99", _p99(latencies), "s", TAKEOVER_TTL, floor_name, note)]
 
-
-def write_fleet_plot(figures: Sequence[Figure], path: Path) -> bool:
-    """Runs/s against worker processes to ``path``; False (nothing drawn) if none measured."""
-    points = sorted((int(f.name.rsplit(".", 1)[1]), f.value) for f in figures
-                    if f.name.startswith("fleet.runs_per_s.") and f.value is not None)
-    if not points:
-        return False
-    from .command import _pyplot
-
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs, ys = zip(*points, strict=True)
-    ax.plot(xs, ys, marker="o", label="runs/s")
-    floors = [f.floor for f in figures if f.name.startswith("fleet.runs_per_s.") and f.floor]
-    if floors:
-        ax.axhline(statistics.median(floors), linestyle="--", color="grey",
-                   label="commit floor (one connection), in runs/s")
-    ax.set(xlabel="worker processes", ylabel="runs/s", xticks=list(xs),
-           title="Fleet throughput on PostgreSQL")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def fleet_plot_path(path: Path) -> Path:
-    """The fleet plot's file beside the recovery plot's: recovery.png -> recovery-fleet.png."""
-    return path.with_name(f"{path.stem}-fleet{path.suffix or '.png'}")

@@ -14,7 +14,7 @@ from typing import Literal
 import msgspec
 
 from ._common import Figure
-from .fleet import TAKEOVER_TTL
+from .fleet_settings import TAKEOVER_TTL
 
 Direction = Literal["max", "min"]
 On = Literal["ratio", "value"]
