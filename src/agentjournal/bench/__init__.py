@@ -46,9 +46,11 @@ Beside the figures, ``targets`` (bench/targets.py) holds each target's limit and
 this run met it. ``--only`` runs some of the command's sections (``command.SECTIONS``,
 each one measuring function: ``cpu``, ``step``, ``group-commit``, ...), for working on
 one figure without the rest of the run; the other sections' targets read "not measured".
-The imports form a tree: ``command`` imports the sections, ``targets`` and ``plots``
-(``--plot``'s PNGs); these import only the shared modules (``_common``, and
-``fleet_settings``, which the fleet section and its takeover target both read).
+The imports run one way: ``command`` imports the sections, ``targets`` and ``plots``
+(``--plot``'s PNGs), and none of them imports ``command``; the shared modules they draw
+on import no other part of the bench: ``_common``, ``postgres`` (whether a server can be
+measured, throwaway schemas) and ``fleet_settings`` (read by the fleet section and by
+its takeover target alike).
 
 Scratch stores are throwaway: the command removes its directory afterwards,
 and Postgres runs in its own ``bench_<random>`` schema, dropped at the end.

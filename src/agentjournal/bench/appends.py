@@ -27,6 +27,7 @@ from ._common import (
     store_url,
     workload,
 )
+from .postgres import drop_schema, in_schema, postgres_problem
 
 # --- 1. durable appends ------------------------------------------------------------------
 
@@ -100,8 +101,8 @@ def postgres_target(url: str) -> Iterator[Target]:
     insert = sql.SQL("INSERT INTO {}.floor VALUES (%s, %s)").format(name)
     with contextlib.ExitStack() as cleanup:
         # Registered first, so it runs last: after the store and the floor let go.
-        cleanup.callback(_drop_schema, url, schema)
-        store = open_store(f"{url}{'&' if '?' in url else '?'}schema={schema}")
+        cleanup.callback(drop_schema, url, schema)
+        store = open_store(in_schema(url, schema))
         cleanup.callback(store.close)
         conn = cleanup.enter_context(psycopg.connect(url))
         # A logged table: a temp table's commit writes no WAL, so it would not wait for a flush.
@@ -114,24 +115,6 @@ def postgres_target(url: str) -> Iterator[Target]:
             conn.commit()
 
         yield Target("postgres", store, write, "psycopg INSERT+COMMIT, minimal table")
-
-
-@contextlib.contextmanager
-def throwaway_schema(url: str) -> Iterator[str]:
-    """A store URL in a fresh ``bench_<random>`` schema, dropped afterwards."""
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{url}{'&' if '?' in url else '?'}schema={schema}"
-    finally:
-        _drop_schema(url, schema)
-
-
-def _drop_schema(url: str, schema: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 class AppendTimes(NamedTuple):
@@ -182,21 +165,6 @@ def append_figures(t: Target, n: int) -> list[Figure]:
 def _skipped_appends(backend: str, reason: str) -> list[Figure]:
     return [figure(f"append.{backend}", None, "µs/event", note=f"skipped: {reason}"),
             figure(f"tool_call.{backend}", None, "µs/tool call", note=f"skipped: {reason}")]
-
-
-def postgres_problem(url: str | None) -> str | None:
-    """Why Postgres cannot be measured here, or None."""
-    if not url:
-        return "no Postgres URL given"
-    try:
-        import psycopg
-    except ImportError:
-        return "psycopg is not installed: pip install 'agentjournal[postgres]'"
-    try:
-        with psycopg.connect(url, connect_timeout=3):
-            return None
-    except psycopg.Error as exc:
-        return f"no PostgreSQL server reachable at {url}: {' '.join(str(exc).split())}"
 
 
 def durable_figures(workdir: Path, postgres_url: str | None, plan: Plan, say: Say) -> list[Figure]:

@@ -33,7 +33,6 @@ from ._common import (
 )
 from .appends import (
     durable_figures,
-    postgres_problem,
 )
 from .chain import (
     chain_figures,
@@ -68,6 +67,7 @@ from .plots import (
     write_fleet_plot,
     write_plot,
 )
+from .postgres import postgres_problem
 from .pydantic_ai import (
     pydantic_ai_figures,
 )

@@ -39,7 +39,6 @@ from ..policy import Budget
 from ..store import Store, open_store
 from ..tools import Tool, tool
 from ._common import Figure, Plan, Say, _p99, figure
-from .appends import _drop_schema, postgres_problem
 from .fleet_settings import (
     CONCURRENCY,
     FLOOR_COMMITS,
@@ -49,6 +48,7 @@ from .fleet_settings import (
     TAKEOVER_STEPS,
     TAKEOVER_TTL,
 )
+from .postgres import drop_schema, in_schema, postgres_problem
 
 
 @tool(effect="read_only")
@@ -92,9 +92,9 @@ def _schema(url: str) -> Iterator[tuple[str, str]]:
     """A throwaway ``bench_fleet_<random>`` schema: (store URL, schema), dropped afterwards."""
     schema = f"bench_fleet_{uuid.uuid4().hex[:12]}"
     try:
-        yield f"{url}{'&' if '?' in url else '?'}schema={schema}", schema
+        yield in_schema(url, schema), schema
     finally:
-        _drop_schema(url, schema)
+        drop_schema(url, schema)
 
 
 def commit_floor(url: str, schema: str, n: int) -> list[float]:

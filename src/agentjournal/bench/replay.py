@@ -38,7 +38,7 @@ from ._common import (
     store_url,
     timed,
 )
-from .appends import postgres_problem, throwaway_schema
+from .postgres import postgres_problem, throwaway_schema
 
 # --- 2. replay throughput ------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from ..saga import compensate
 from ..store import open_store
 from ..tools import Tool, Undo, tool
 from ._common import Figure, Plan, Say, figure, medians, run_facts, store_url
-from .appends import postgres_problem, throwaway_schema
+from .postgres import postgres_problem, throwaway_schema
 
 TARGET = 1.3  # x one durable effect
 

@@ -19,7 +19,7 @@ from ._common import (
     store_url,
     workload,
 )
-from .appends import postgres_problem, throwaway_schema
+from .postgres import postgres_problem, throwaway_schema
 from .replay import (
     fill,
 )
