@@ -21,8 +21,8 @@ import socket
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
@@ -40,7 +40,6 @@ from .snapshots import Loaded, Segments, load_state, write_snapshot
 from .state import Message, RunState, apply, fold
 from .store import Lease, Store, validate_run_id
 from .store.base import boot_seconds, missing_run
-from .workspace import WorkspaceError, version_at, versions
 
 Observer = Callable[[Event, RunState], None]
 
@@ -534,6 +533,28 @@ def open_journal(
     return journal
 
 
+class ForkFiles(Protocol):
+    """What a fork asks of a module that keeps a run's files beside its log (workspace.py
+    plugs one in, with ``plug_fork_files``), so that the journal knows no such module.
+
+    Given the origin's id and whole log, the fork's seq and ``force``: it refuses the fork
+    (raises, saying why and what to do), or answers what to do with the fork's id once
+    the fork's log is written (None: nothing). It is asked after the fork's id is found
+    free and before anything is appended, so a refused fork writes nothing."""
+
+    def __call__(self, run_id: str, log: Sequence[Event], at_seq: int, *,
+                 force: bool) -> Callable[[str], object] | None: ...
+
+
+# By name, so a module imported again replaces its own rather than adding a second.
+_fork_files: dict[str, ForkFiles] = {}
+
+
+def plug_fork_files(name: str, files: ForkFiles) -> None:
+    """Have every fork ask ``files`` (see ForkFiles); ``name`` replaces an earlier one."""
+    _fork_files[name] = files
+
+
 def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, *,
          force: bool = False) -> str:
     """Start a new run from the first ``at_seq`` events of ``run_id``; returns its id.
@@ -541,15 +562,16 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, 
     The fork records its origin and keeps the origin's idempotency scope, so
     it never re-executes an effect its prefix recorded, nor one its origin (or any
     run of the scope) recorded after ``at_seq``: the loop asks the scope's other
-    runs before making an effect (see peers.py). The world does not fork; the files
-    of its workspace do, so a tool declared ``local`` (one that edits them) is called.
+    runs before making an effect (see peers.py). The world does not fork; the run's
+    files do, so a tool declared ``local`` (one that edits them) is called.
 
     ``new_run_id`` omitted asks for a new id; an empty one is refused
     (InvalidRunIdError), never replaced by a made-up one.
 
-    A run with a workspace: the fork starts from the files of ``at_seq`` (restored in
-    the workspace directory), refused (WorkspaceError) when the directory holds
-    changes no checkpoint of the origin holds, unless ``force``.
+    A run whose files are kept beside its log (a workspace: the module plugged in as
+    ForkFiles): the fork starts from the files of ``at_seq`` (restored in their
+    directory), refused (WorkspaceError) when the directory holds changes no checkpoint
+    of the origin holds, unless ``force``.
     """
     log = list(store.read(run_id))
     prefix = log[:at_seq]
@@ -568,18 +590,12 @@ def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, 
     events = [msgspec.structs.replace(e, run_id=new_id, epoch=0) for e in copies]
     if taken := store.last_seq(new_id):
         raise ConflictError(new_id, 0, taken)
-    ws, found = versions(prefix)
-    start = version_at(found, at_seq)
-    commit = start.commit if start is not None else None  # the files the fork starts from
-    if ws is not None and commit is not None and not force and not ws.held(
-            run_id, [v.commit for v in versions(log)[1] if v.commit]):
-        raise WorkspaceError(
-            f"the workspace {ws.directory} has changes that no checkpoint of run "
-            f"{run_id!r} holds; the fork would lose them. Save them, or force")
+    then = [done for files in _fork_files.values()
+            if (done := files(run_id, log, at_seq, force=force)) is not None]
     store.append(new_id, events, expected_seq=0, epoch=0)
     # Only now, so a refused append (the id taken meanwhile, or archived) touches no
-    # file. Should the restore fail, the fork's first resume finds its files differ from
+    # file. Should a restore fail, the fork's first resume finds its files differ from
     # the version it starts at, and tells the model.
-    if ws is not None and commit is not None:
-        ws.restore(new_id, commit)
+    for done in then:
+        done(new_id)
     return new_id

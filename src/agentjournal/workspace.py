@@ -19,13 +19,14 @@ import hashlib
 import os
 import stat
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import msgspec
 
 from .errors import JournalError
 from .events import Event, EventType
+from .journal import open_journal, plug_fork_files
 from .store import Store
 
 MAX_FILES = 50_000
@@ -296,8 +297,6 @@ def restore_workspace(store: Store, run_id: str, at_seq: int, *, by: str, force:
     """Put the run's files back as they were at ``at_seq``, and record it in the log (the
     model is told when the run goes on). Refused (WorkspaceError) when the directory
     holds changes that none of the run's checkpoints holds, unless ``force``."""
-    from .journal import open_journal  # the journal does not depend on workspaces
-
     with open_journal(store, run_id, owner=f"decision:{by}", must_exist=True) as j:
         ws, found = versions(j.store.read(run_id))
         target = version_at(found, at_seq)
@@ -314,3 +313,24 @@ def restore_workspace(store: Store, run_id: str, at_seq: int, *, by: str, force:
                  restored_seq=target.seq, by=by, reason=reason, changed=changed[:MAX_LISTED],
                  count=len(changed))
     return target
+
+
+def files_at_fork(run_id: str, log: Sequence[Event], at_seq: int, *,
+                  force: bool) -> Callable[[str], object] | None:
+    """A fork of ``run_id`` at ``at_seq`` starts from the files of that seq (journal.fork asks
+    this, as its ForkFiles): refused (WorkspaceError) when the directory holds changes
+    that none of the run's checkpoints holds, unless ``force``; else the restore, for the
+    fork's id once its log is written. None when the run has no version at ``at_seq``."""
+    ws, found = versions(log[:at_seq])
+    start = version_at(found, at_seq)
+    if ws is None or start is None or start.commit is None:
+        return None
+    commit = start.commit
+    if not force and not ws.held(run_id, [v.commit for v in versions(log)[1] if v.commit]):
+        raise WorkspaceError(
+            f"the workspace {ws.directory} has changes that no checkpoint of run "
+            f"{run_id!r} holds; the fork would lose them. Save them, or force")
+    return lambda new_id: ws.restore(new_id, commit)
+
+
+plug_fork_files("workspace", files_at_fork)
