@@ -88,7 +88,7 @@ def test_a_submitted_run_is_listed_and_shown_as_queued(store_url: str) -> None:
     (row,) = as_json(invoke("runs", "--json", "--store", store_url))
     assert row["run_id"] == "q3" and row["status"] == "queued" and row["events"] == 0
     assert row["queue"] == {"name": "nightly", "state": "queued", "worker": None,
-                            "reason": None}
+                            "reason": None, "pin_version": None, "waiting_for": None}
     assert row["agent"] == "mod:agent"
     check(invoke("runs", "--store", store_url), 0, "q3", "queued")
     assert [r["run_id"] for r in as_json(
