@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import getpass
 import importlib
-import json
 import os
 import sqlite3
 import sys
@@ -49,6 +48,8 @@ from ..snapshots import load_state
 from ..state import Status
 from ..store import ENV_VAR, RunInfo, local_path, mask_secrets
 from ..store.base import missing_run
+from ..summaries import human_age as human_age  # (the CLI's modules take these from here)
+from ..summaries import short as short
 from ._safe import visible
 
 E = EventType
@@ -467,21 +468,8 @@ def note(message: str) -> None:
 ARGS_SHOWN = 2000
 
 
-def short(value: Any, width: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def age(since: datetime | None) -> float:
     return round((datetime.now(UTC) - since).total_seconds(), 3) if since else 0.0
-
-
-def human_age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 def local_time(ts: datetime | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:

@@ -11,40 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from .. import Event, RunState
-from ._base import E, human_age
-
-
-def money(cost: float | None) -> str:
-    if cost is None:
-        return "unknown price"
-    return f"${cost:,.2f}" if cost >= 1 else f"${cost:.4g}"
-
-
-def count(n: int) -> str:
-    """A token count, short: 950, 12.3k, 4.1M."""
-    for unit, size in (("M", 1_000_000), ("k", 1_000)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
-
-
-def span(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds:.2f} s" if seconds < 60 else human_age(seconds)
-
-
-def turn_usage(payload: dict[str, Any]) -> str:
-    """One turn's tokens, cost and latency: ``20 in (5 cached) / 7 out, $0.0001, 0.84 s``."""
-    usage = payload.get("usage") or {}
-    cached = usage.get("cached_input_tokens", 0)
-    parts = [f"{count(usage.get('input_tokens', 0))} in"
-             + (f" ({count(cached)} cached)" if cached else "")
-             + f" / {count(usage.get('output_tokens', 0))} out",
-             money(usage.get("cost_usd", 0.0))]
-    if (latency := payload.get("latency_ms")) is not None:
-        parts.append(span(latency / 1000))
-    return ", ".join(parts)
+from ..summaries import count, money, span
+from ._base import E
 
 
 def run_cost(state: RunState) -> float | None:

@@ -10,6 +10,7 @@ import msgspec
 
 from ..continuation import Continuation
 from ..decisions import Decision, Outcome, record_approval, record_resolution
+from ..summaries import summary
 from ._base import (
     ARGS_SHOWN,
     _report_unreadable,
@@ -29,7 +30,6 @@ from ._base import (
     store_option,
 )
 from ._safe import cells, echo, emit_json
-from .reading import summary
 
 # --- decisions -------------------------------------------------------------------------
 

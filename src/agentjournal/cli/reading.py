@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,16 +29,26 @@ from .. import (
 from ..continuation import Continuation, was_interrupted
 from ..events import now
 from ..fleet import QueuedRun
-from ..integrations._graphlog import summary as graph_summary
 from ..integrations._graphlog import thread_run, thread_view
 from ..snapshots import VerifyReport, load_state
 from ..snapshots import verify as verify_run
 from ..store import RunInfo, Store, mask_secrets
 from ..store.base import missing_run
+from ..summaries import (
+    calls_line,
+    count,
+    is_stalled,
+    latest_version,
+    request_changes,
+    span,
+    status_said,
+    status_word,
+    summaries,
+    version_line,
+)
 from ._base import (
     RUN_STATUSES,
     CliError,
-    E,
     _fail,
     _report_unreadable,
     age,
@@ -64,12 +73,9 @@ from ._base import (
 from ._safe import cells, echo, emit_json, json_text, visible
 from ._usage import (
     cost_text,
-    count,
     run_usage,
     seconds_between,
-    span,
     totals,
-    turn_usage,
     usage_line,
 )
 from .sagas import saga_lines, saga_of
@@ -89,13 +95,6 @@ def run_row(info: RunInfo, state: RunState, queued: QueuedRun | None, *,
         "queue": queue_place(queued),
         **totals(state, seconds_between(info.created_at, info.updated_at)),
     }
-
-
-def status_word(status: str, *, interrupted: bool, stalled: bool) -> str:
-    """The status a person reads, in `runs` and `show` alike: "interrupted" (Ctrl-C
-    paused it) and "stalled" (nobody drives a run recorded as running) say what --json
-    says with their own fields."""
-    return "interrupted" if interrupted else "stalled" if stalled else status
 
 
 def shown_status(row: dict[str, Any]) -> str:
@@ -156,18 +155,6 @@ def newest_runs(store: Store, status: str | None, limit: int | None) -> Listing:
     return listing
 
 
-def is_stalled(store: Store, run_id: str, state: RunState,
-               queued: QueuedRun | None) -> bool:
-    """Recorded as running, yet nobody drives it: its lease lapsed or was let go (the
-    process driving it was killed or stopped) and no worker of a queue will take it up.
-    Read only for runs recorded as running: one lease read each."""
-    if state.status not in ("running", "new") or (queued is not None
-                                                   and queued.state != "done"):
-        return False
-    lease = store.holder(run_id)  # a log may lack run_started: state.run_id is then ''
-    return lease is None or lease.expires_at <= time.time()
-
-
 def _last_activity(run: RunInfo | QueuedRun) -> datetime:
     if isinstance(run, QueuedRun):
         return datetime.fromtimestamp(run.changed_at, UTC)
@@ -220,7 +207,7 @@ def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_
              human_age(age(r["last_activity"])) + " ago", str(r["uncertain"]),
              str(r["approvals"]), f"{count(r['input_tokens'])}/{count(r['output_tokens'])}",
              cost_text(r["turns"], r["cost_usd"], r["unpriced_turns"]),
-             span(r["duration_s"]), *((_version(r["versions"]),) if versioned else ()))
+             span(r["duration_s"]), *((latest_version(r["versions"]),) if versioned else ()))
             for r in rows), drop=(("version",) if versioned else ()) + RUNS_DROP,
             keep=("run",))
     if listing.more:
@@ -229,186 +216,6 @@ def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_
                  f"the newest {len(rows)} of {listing.total} runs")
         note(f"{shown}; more with --limit N or --all")
     _report_unreadable(ctx, listing.errors)
-
-
-def _version(versions: Sequence[str]) -> str:
-    """The version a run goes on under, and how many it has run under before."""
-    if not versions:
-        return "-"
-    return versions[-1] + (f" (after {len(versions) - 1} other)" if len(versions) > 1 else "")
-
-
-def _calls(calls: Iterable[dict[str, Any]]) -> str:
-    return ", ".join(f"{c.get('name')}({short(c.get('args', {}), 60)})" for c in calls)
-
-
-def summary(event: Event, then: Event | None = None) -> str:
-    """One short line saying what ``event`` records (``then``: the event after it, which
-    says whether a failed model attempt was retried or the run gave up)."""
-    p = event.payload
-    match event.type:
-        case E.GRAPH_INPUT | E.GRAPH_CHECKPOINT | E.GRAPH_WRITES:
-            return graph_summary(event)
-        case E.RUN_STARTED if p.get("agent") == "langgraph":
-            return f"LangGraph thread {short(p.get('thread_id', ''), 60)}"
-        case E.RUN_STARTED:
-            origin = p.get("origin")
-            fork_note = f" [fork of {origin['run_id']}@{origin['at_seq']}]" if origin else ""
-            return f"{short(p.get('task', ''))}{fork_note}"
-        case E.USER_MESSAGE:
-            return short(p.get("content", ""))
-        case E.MODEL_TURN:
-            asks = _calls(p.get("tool_calls", []))
-            said = " → ".join(filter(None, [short(p.get("text", ""), 60), asks]))
-            who = " ".join(filter(None, [p.get("model"), p.get("finish_reason")]))
-            # Usage first: it has a bounded width, so a narrow terminal cuts only the text.
-            return f"{turn_usage(p)}: {said} [{who}]" if who else f"{turn_usage(p)}: {said}"
-        case E.MODEL_CALL_STARTED:
-            return f"turn {p.get('turn')} running at the provider as {p.get('handle')}"
-        case E.MODEL_CALL_FAILED:
-            error = short(p.get("error", ""), 90)
-            return f"attempt {p.get('attempt')}: {error} ({_next_try(p, then)})"
-        case E.INSTRUCTIONS_CHANGED:
-            return f"instructions now: {short(p.get('instructions') or '')}"
-        case E.TOOL_CALL_STARTED:
-            return (f"{p['tool']} {p['key'][:12]} {short(p.get('args', {}), 60)} "
-                    f"({p.get('effect')}, attempt {p.get('attempt', 1)})")
-        case E.TOOL_CALL_COMPLETED:
-            how = "error" if p.get("is_error") else p.get("source", "tool")
-            shown = p["content"] if "content" in p else p.get("result")
-            return f"{p.get('tool')} [{how}] {short(shown, 60)}"
-        case E.TOOL_CALL_UNCERTAIN:
-            return f"{p['key'][:12]} {short(p.get('error', ''))}"
-        case E.TOOL_CALL_RECONCILED:
-            why = f": {short(p['reason'], 60)}" if p.get("reason") else ""
-            return f"{p['tool']} {p['key'][:12]} → {p['verdict']} (by {p.get('by')}){why}"
-        case E.TOOL_RESULT_SERVED:
-            return f"{p.get('tool')} served from seq {p.get('served_from_seq')}"
-        case E.TOOL_CALL_DENIED:
-            return f"{p.get('tool')}: {short(p.get('reason', ''))}"
-        case E.APPROVAL_REQUESTED:
-            return f"{p['approval_id']} {p['tool']} {short(p.get('args', {}), 60)}"
-        case E.APPROVAL_DECIDED:
-            verdict = "approved" if p.get("approved") else "denied"
-            why = f": {short(p['reason'])}" if p.get("reason") else ""
-            return f"{p['approval_id']} {verdict} by {p.get('by')}{why}"
-        case E.BUDGET_EXCEEDED:
-            return f"{p.get('budget')}: {p.get('used')} of {p.get('limit')}"
-        case E.STEP_RECORDED:
-            return f"{p.get('name')} #{p.get('n')}: {short(p.get('value'), 60)}"
-        case E.REQUEST_CHANGED:
-            return request_change_line(p)
-        case E.RUN_RESUMED if p.get("agent_version"):
-            said = short(p.get("reason") or p.get("name") or "")
-            return " ".join(filter(None, [said, f"[version {p['agent_version']}]"]))
-        case E.RUN_FINISHED:
-            return short(p.get("outcome", ""))
-        case E.WORKSPACE_CHECKPOINT:
-            if p.get("skipped"):
-                return f"{p.get('cause')}: not versioned: {short(p['skipped'], 80)}"
-            files = ", ".join(p.get("changed", [])[:5]) + (" ..." if p.get("count", 0) > 5
-                                                           else "")
-            by = f" by {p['by']} to seq {p.get('restored_seq')}" if p.get("by") else ""
-            return (f"{p.get('cause')}{by}: {str(p.get('commit'))[:12]}, "
-                    f"{p.get('count', 0)} file(s) changed: {files}")
-        case E.RUN_CANCELLED:
-            why = f": {short(p['reason'], 80)}" if p.get("reason") else ""
-            return f"by {p.get('by')}{why}"
-        case E.SAGA_STARTED:
-            stop = f", stops before {p['blocked']['tool']}" if p.get("blocked") else ""
-            why = f": {short(p['reason'], 60)}" if p.get("reason") else ""
-            return (f"undo {len(p.get('plan', []))} effect(s) after seq {p.get('through_seq', 0)}"
-                    f"{stop} (by {p.get('by')}){why}")
-        case E.COMPENSATION_STARTED:
-            return (f"undo {p['tool']} seq {p['effect_seq']} {p['key'][:12]} "
-                    f"(attempt {p.get('attempt', 1)})")
-        case E.COMPENSATION_COMPLETED:
-            if p.get("error") is not None:
-                return f"undo of seq {p['effect_seq']} failed: {short(p['error'], 80)}"
-            how = p.get("source", "tool")
-            return f"seq {p['effect_seq']} undone [{how}] {short(p.get('result'), 60)}"
-        case E.OBSERVATIONS_CHECKED:
-            items = p.get("items", [])
-            reread = [i for i in items if i["verdict"] in ("changed", "unchanged")]
-            changed = sum(i["verdict"] == "changed" for i in reread)
-            stale = ", ".join(f"{i['tool']} stale ({i['age_s']:.0f} s)" for i in items
-                              if i["verdict"] == "stale")
-            return (f"the world since: {len(reread)} re-read ({changed} changed)"
-                    + (f"; {stale}" if stale else ""))
-        case E.SESSION_ITEMS_ADDED:
-            return session_items_line(p.get("items", []))
-        case E.SESSION_ITEM_POPPED:
-            return f"item {p.get('index')} popped (it stays in the log)"
-        case E.SESSION_CLEARED:
-            return f"{p.get('count', 0)} item(s) cleared"
-        case E.TRACE_RECORDED:
-            return trace_line(p.get("spans", []), p.get("dropped", 0))
-        case E.SAGA_FINISHED:
-            stands = p.get("blocked_stands")
-            kept = f"; {stands['tool']} at seq {stands['effect_seq']} stands" if stands else ""
-            return f"{p.get('undone', 0)} effect(s) undone{kept}"
-    return short(p.get("reason") or p.get("name") or p.get("key") or "")
-
-
-def request_change_line(p: dict[str, Any]) -> str:
-    """A recorded model turn served to a request the code now makes otherwise: which
-    turn, and what changed (the turn stands: history is history)."""
-    changed = ", ".join(str(c) for c in p.get("changed") or []) or "the request"
-    turn = f" (seq {p['seq']})" if p.get("seq") else ""
-    return (f"{p.get('step')} #{p.get('n')}: the recorded turn{turn} was served; "
-            f"{changed} changed since it was asked")
-
-
-def version_line(versions: Sequence[str]) -> str:
-    """Which agent version started the run, and which continued it."""
-    if not versions:
-        return "agent version: none recorded (the run began before versions were recorded)"
-    line = f"started by version {versions[0]}"
-    return line + (f", continued by {', then '.join(versions[1:])}" if versions[1:] else "")
-
-
-def request_changes(events: Iterable[Event]) -> list[dict[str, Any]]:
-    """The request_changed events: recorded turns served to a changed request."""
-    return [{**e.payload, "at_seq": e.seq} for e in events if e.type is E.REQUEST_CHANGED]
-
-
-def session_items_line(items: list[dict[str, Any]]) -> str:
-    """A session batch: how many items, and what the first few are (role or type)."""
-    kinds = ", ".join(str(i.get("role") or i.get("type") or "item") for i in items[:6])
-    more = " ..." if len(items) > 6 else ""
-    text = next((c for i in items if isinstance(c := i.get("content"), str) and c), "")
-    return f"{len(items)} item(s): {kinds}{more}" + (f": {short(text, 60)}" if text else "")
-
-
-def trace_line(spans: list[dict[str, Any]], dropped: int) -> str:
-    """A framework's trace: its spans by kind with their time, and its errors."""
-    kinds: dict[str, list[float]] = {}
-    for s in spans:
-        kinds.setdefault(str(s.get("kind")), []).append(float(s.get("ms") or 0))
-    parts = [f"{len(ms)} {kind} ({sum(ms) / 1000:.2f} s)" for kind, ms in kinds.items()]
-    errors = [f"{s.get('kind')} {s.get('name') or ''}: {s['error']}".replace(" :", ":")
-              for s in spans if s.get("error")]
-    return (f"{len(spans)} span(s): " + ", ".join(parts)
-            + (f"; {dropped} dropped" if dropped else "")
-            + (f"; errors: {short('; '.join(errors), 80)}" if errors else ""))
-
-
-def _next_try(failure: dict[str, Any], then: Event | None) -> str:
-    """What came of a failed model attempt: the pause recorded with the last one means
-    the run gave up (a wait too long, or no attempts left), whatever the error was."""
-    if then is not None and then.type == E.RUN_PAUSED:
-        return "gave up: the run paused" if failure.get("retryable") or failure.get(
-            "lost") else "not retryable: the run paused"
-    if not (failure.get("retryable") or failure.get("lost")):
-        return "not retryable"
-    wait = f", retry after {failure['retry_after']:g}s" if failure.get("retry_after") else ""
-    return f"retrying{wait}"
-
-
-def summaries(events: Sequence[Event]) -> list[str]:
-    """A summary per event, each knowing the event after it."""
-    return [summary(e, events[i + 1] if i + 1 < len(events) else None)
-            for i, e in enumerate(events)]
 
 
 @cli.command()
@@ -516,22 +323,15 @@ def print_queued(entry: QueuedRun, store_url: str, as_json: bool,
         echo(f"next: {how.sentence}")
 
 
-#: What "stalled" means, beside it in `show`.
-STALLED = "recorded as running, but its lease lapsed and nothing drives it"
-
-
 def print_timeline(run_id: str, events: list[Event], state: RunState, *,
                    stalled: bool = False) -> None:
     # Plain lines, cut at the terminal's width: one event is always one line (a newline
     # in content is made visible, so it cannot start another).
     console = out()
-    interrupted = was_interrupted(state)  # (its reason is the word: not said twice)
-    why = (f" ({STALLED})" if stalled else f" ({state.pause_reason})"
-           if state.status == "paused" and state.pause_reason and not interrupted else "")
-    shown = status_word(state.status, interrupted=interrupted, stalled=stalled)
     # (a run from before versions were recorded says nothing of them)
     versions = f"; {version_line(state.versions)}" if state.versions else ""
-    console.print(Text(visible(f"run {run_id}: {shown}{why}, {len(events)} events{versions}"),
+    console.print(Text(visible(f"run {run_id}: {status_said(state, stalled=stalled)}, "
+                               f"{len(events)} events{versions}"),
                        style="bold"))
     console.print(Text(usage_line(state, events)), no_wrap=True, overflow="ellipsis")
     width = max(len(e.type.value) for e in events)
@@ -562,7 +362,7 @@ def print_state(state: RunState) -> None:
     _print_rows(console, "messages (the model's context)", ("seq", "role", "trust", "content"),
                 [(str(m.seq), m.role, m.trust,
                   " → ".join(filter(None, [short(m.content),
-                                           _calls(msgspec.to_builtins(m.tool_calls))])))
+                                           calls_line(msgspec.to_builtins(m.tool_calls))])))
                  for m in state.messages])
     _print_saga(console, state)
     _print_rows(console, "completed calls", ("key", "seq", "source"),

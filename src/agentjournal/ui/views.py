@@ -23,16 +23,19 @@ from ..snapshots import load_state
 from ..state import PendingCall, RunState, durable_fields, fold
 from ..store import RunInfo, Store
 from ..store.base import validate_run_id
-from .standing import (
+from ..summaries import (
     FOR_A_PERSON,
     args_text,
     decision_said,
-    driver,
-    going_on,
+    lease_gap,
     open_call,
-    queue_runs,
+    request_change_line,
+    request_changes,
     standing_of,
+    summary,
+    version_line,
 )
+from .standing import driver, going_on, queue_runs
 
 E = EventType
 
@@ -90,8 +93,6 @@ class States:
         """The run's request_changed events up to its state's seq: recorded model turns
         served to a request the code now makes otherwise. Only a run that went on after
         its first process (resumed, or a fork) can have any: another's log is not read."""
-        from ..cli.reading import request_changes  # the CLI's reading, shared
-
         last_seq = state.last_seq
         if not state.resumes and state.origin is None:
             return []
@@ -297,8 +298,6 @@ def _run_row(store: Store, states: States, info: RunInfo, now: datetime,
 def run_summary(store: Store, states: States, run_id: str,
                 store_hint: str = "") -> dict[str, Any]:
     """The facts at the head of a run's page: status, counts, usage, what waits."""
-    from ..cli.reading import request_change_line, version_line  # the CLI's wording
-
     run_id = checked_id(run_id)
     last = store.last_seq(run_id)
     if not last:
@@ -440,8 +439,6 @@ def event_rows(events: Sequence[Event], before: Event | None = None,
                starts: dict[int, datetime] | None = None) -> list[dict[str, Any]]:
     """Each event as a row; a completion's row carries how long its call took (from its
     start in ``starts``)."""
-    from ..cli.reading import summary  # the CLI's one-line wording, shared
-
     rows = []
     starts = starts or {}
     for i, e in enumerate(events):
@@ -451,56 +448,9 @@ def event_rows(events: Sequence[Event], before: Event | None = None,
         rows.append({"seq": e.seq, "ts": e.ts.isoformat(), "type": e.type.value,
                      "epoch": e.epoch, "summary": summary(e), "payload": e.payload,
                      "key": e.payload.get("key") or e.payload.get("idempotency_key"),
-                     "effect": e.payload.get("effect"), "gap": _gap(prev, e),
+                     "effect": e.payload.get("effect"), "gap": lease_gap(prev, e),
                      "took": None if started is None else (e.ts - started).total_seconds()})
     return rows
-
-
-#: Events after which a run stops on purpose, to wait for a person.
-WAITS = frozenset({E.RUN_PAUSED, E.APPROVAL_REQUESTED, E.RUN_ESCALATED})
-
-
-def _gap(prev: Event | None, e: Event) -> dict[str, Any] | None:
-    """Where one lease's segment ended and another's began (the epoch moved), and what
-    happened in between: the run waited for a person who then decided (``person``),
-    went on after a person's decision (``after_decision``), waited and was resumed
-    (``waited``), or the process driving it stopped mid-run (``stopped``: killed,
-    crashed, or frozen until its lease lapsed; the log cannot tell which)."""
-    if prev is None or prev.epoch == e.epoch:
-        return None
-    seconds = (e.ts - prev.ts).total_seconds()
-    took = _duration(seconds)
-    decided = decision_said(e)
-    if decided:
-        kind = "person" if prev.type in WAITS or decision_said(prev) else "stopped"
-        before = (f"the run waited {took} for a person" if kind == "person" else
-                  f"the process holding lease epoch {prev.epoch} stopped after seq "
-                  f"{prev.seq} ({prev.type.value}); {took} later a person decided")
-        text = f"{before}: {decided.split(': ', 1)[1]}"
-    elif decision_said(prev):
-        kind = "after_decision"
-        text = (f"{took} after {prev.payload.get('by')}'s decision, the run went on under "
-                f"lease epoch {e.epoch}")
-    elif prev.type in WAITS:
-        kind = "waited"
-        text = (f"the run waited {took} ({prev.type.value.replace('_', ' ')}), then went "
-                f"on under lease epoch {e.epoch}")
-    else:
-        kind = "stopped"
-        text = (f"the process holding lease epoch {prev.epoch} stopped mid-run after seq "
-                f"{prev.seq} ({prev.type.value}): killed, crashed, or frozen until its lease "
-                f"lapsed; {took} later lease epoch {e.epoch} took over"
-                + (" and resumed it" if e.type is E.RUN_RESUMED else ""))
-    return {"from_epoch": prev.epoch, "to_epoch": e.epoch, "seconds": seconds,
-            "resumed": e.type is E.RUN_RESUMED, "kind": kind, "text": text}
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.1f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def state_at(store: Store, run_id: str, seq: int) -> dict[str, Any]:
