@@ -363,10 +363,13 @@ def test_the_bench_measures_check_beside_reading_each_run(tmp_path: Path) -> Non
     from agentjournal.bench._common import SMOKE
 
     # (the Postgres URL only because CI=true demands one reachable; check runs on sqlite)
-    (figure,) = run_bench(quick=True, postgres_url=POSTGRES_URL, workdir=tmp_path, plan=SMOKE,
-                          only=["check"], progress=lambda _: None)
-    assert figure.name == f"check.{SMOKE.check_runs}" and figure.unit == "µs/run"
-    assert figure.value and figure.floor and figure.ratio  # (how fast is not a test)
+    judged, resumed = run_bench(quick=True, postgres_url=POSTGRES_URL, workdir=tmp_path,
+                                plan=SMOKE, only=["check"], progress=lambda _: None)
+    assert judged.name == f"check.{SMOKE.check_runs}" and judged.unit == "µs/run"
+    assert resumed.name == f"check.resume_changed.{SMOKE.agent_steps[0]}"
+    assert resumed.unit == "µs/step"
+    for figure in (judged, resumed):  # (how fast is not a test)
+        assert figure.value and figure.floor and figure.ratio
 
 
 # --- a framework's agent: described by its integration, its runs by the name they record --
