@@ -15,7 +15,8 @@ from agentjournal import EventType, RunState, fold, open_store
 from agentjournal.agent import Agent
 from agentjournal.decisions import NotPendingError, decide_approval, resolve_uncertain
 from agentjournal.events import Event
-from agentjournal.journal import fork, stateless
+from agentjournal.forks import fork
+from agentjournal.journal import stateless
 from agentjournal.models import ModelRequest, ModelResponse, ScriptedModel, calls, reply
 from agentjournal.policy import Budget, Compaction, RegexGuardrail, Rules
 from agentjournal.state import PendingCall, ToolCall

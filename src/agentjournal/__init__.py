@@ -61,7 +61,8 @@ from .errors import (
     UnsupportedVersionError,
 )
 from .events import SCHEMA_VERSION, Event, EventType, decode, encode, make_events
-from .journal import fork, stateless
+from .forks import fork
+from .journal import stateless
 from .keys import canonical_args, idempotency_key, operation_scope, run_scope
 from .models import (
     PRICES,

@@ -21,13 +21,10 @@ import socket
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
-
-import msgspec
+from collections.abc import Callable
+from typing import Any
 
 from .errors import (
-    ConflictError,
     FencedError,
     JournalError,
     LeaseExpiredError,
@@ -37,7 +34,7 @@ from .errors import (
 from .events import Event, EventType, make_events, now
 from .redaction import Redaction
 from .snapshots import Loaded, Segments, load_state, write_snapshot
-from .state import Message, RunState, apply, fold
+from .state import Message, RunState, apply
 from .store import Lease, Store, validate_run_id
 from .store.base import boot_seconds, missing_run
 
@@ -531,71 +528,3 @@ def open_journal(
     journal.keep_lease = keep_lease
     journal.keep_alive()
     return journal
-
-
-class ForkFiles(Protocol):
-    """What a fork asks of a module that keeps a run's files beside its log (workspace.py
-    plugs one in, with ``plug_fork_files``), so that the journal knows no such module.
-
-    Given the origin's id and whole log, the fork's seq and ``force``: it refuses the fork
-    (raises, saying why and what to do), or answers what to do with the fork's id once
-    the fork's log is written (None: nothing). It is asked after the fork's id is found
-    free and before anything is appended, so a refused fork writes nothing."""
-
-    def __call__(self, run_id: str, log: Sequence[Event], at_seq: int, *,
-                 force: bool) -> Callable[[str], object] | None: ...
-
-
-# By name, so a module imported again replaces its own rather than adding a second.
-_fork_files: dict[str, ForkFiles] = {}
-
-
-def plug_fork_files(name: str, files: ForkFiles) -> None:
-    """Have every fork ask ``files`` (see ForkFiles); ``name`` replaces an earlier one."""
-    _fork_files[name] = files
-
-
-def fork(store: Store, run_id: str, at_seq: int, new_run_id: str | None = None, *,
-         force: bool = False) -> str:
-    """Start a new run from the first ``at_seq`` events of ``run_id``; returns its id.
-
-    The fork records its origin and keeps the origin's idempotency scope, so
-    it never re-executes an effect its prefix recorded, nor one its origin (or any
-    run of the scope) recorded after ``at_seq``: the loop asks the scope's other
-    runs before making an effect (see peers.py). The world does not fork; the run's
-    files do, so a tool declared ``local`` (one that edits them) is called.
-
-    ``new_run_id`` omitted asks for a new id; an empty one is refused
-    (InvalidRunIdError), never replaced by a made-up one.
-
-    A run whose files are kept beside its log (a workspace: the module plugged in as
-    ForkFiles): the fork starts from the files of ``at_seq`` (restored in their
-    directory), refused (WorkspaceError) when the directory holds changes no checkpoint
-    of the origin holds, unless ``force``.
-    """
-    log = list(store.read(run_id))
-    prefix = log[:at_seq]
-    if not prefix:
-        raise missing_run(store, run_id)
-    if at_seq < 1 or at_seq > len(prefix) or prefix[0].type is not EventType.RUN_STARTED:
-        raise ValueError(f"run {run_id!r} has events 1..{len(prefix)}; fork at one of them")
-    if new_run_id is None:
-        new_run_id = f"{run_id[:100]}.fork-{uuid.uuid4().hex[:8]}"
-    new_id = validate_run_id(new_run_id if new_run_id.strip() else "")  # "" is refused: empty
-    origin_scope = fold(prefix[:1]).scope
-    first = {**prefix[0].payload, "scope": origin_scope,
-             "origin": {"run_id": run_id, "at_seq": at_seq}}
-    # Copies keep their times, so an uncertain call's age stays true.
-    copies = [msgspec.structs.replace(prefix[0], payload=first), *prefix[1:]]
-    events = [msgspec.structs.replace(e, run_id=new_id, epoch=0) for e in copies]
-    if taken := store.last_seq(new_id):
-        raise ConflictError(new_id, 0, taken)
-    then = [done for files in _fork_files.values()
-            if (done := files(run_id, log, at_seq, force=force)) is not None]
-    store.append(new_id, events, expected_seq=0, epoch=0)
-    # Only now, so a refused append (the id taken meanwhile, or archived) touches no
-    # file. Should a restore fail, the fork's first resume finds its files differ from
-    # the version it starts at, and tells the model.
-    for done in then:
-        done(new_id)
-    return new_id

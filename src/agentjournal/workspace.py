@@ -26,7 +26,7 @@ import msgspec
 
 from .errors import JournalError
 from .events import Event, EventType
-from .journal import open_journal, plug_fork_files
+from .journal import open_journal
 from .store import Store
 
 MAX_FILES = 50_000
@@ -317,8 +317,8 @@ def restore_workspace(store: Store, run_id: str, at_seq: int, *, by: str, force:
 
 def files_at_fork(run_id: str, log: Sequence[Event], at_seq: int, *,
                   force: bool) -> Callable[[str], object] | None:
-    """A fork of ``run_id`` at ``at_seq`` starts from the files of that seq (journal.fork asks
-    this, as its ForkFiles): refused (WorkspaceError) when the directory holds changes
+    """A fork of ``run_id`` at ``at_seq`` starts from the files of that seq (forks.fork asks
+    this): refused (WorkspaceError) when the directory holds changes
     that none of the run's checkpoints holds, unless ``force``; else the restore, for the
     fork's id once its log is written. None when the run has no version at ``at_seq``."""
     ws, found = versions(log[:at_seq])
@@ -332,5 +332,3 @@ def files_at_fork(run_id: str, log: Sequence[Event], at_seq: int, *,
             f"{run_id!r} holds; the fork would lose them. Save them, or force")
     return lambda new_id: ws.restore(new_id, commit)
 
-
-plug_fork_files("workspace", files_at_fork)

@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..decisions import OUTCOMES, Outcome, record_approval, record_resolution
 from ..errors import JournalError
-from ..journal import fork
+from ..forks import fork
 from ..saga import cancel
 from ..store import Store, mask_secrets
 from . import views
