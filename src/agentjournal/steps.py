@@ -326,7 +326,9 @@ class StepMachine(Settling):
             tool.check_args(call.args)
         except msgspec.ValidationError as exc:
             return self._deny(j, call, None, f"invalid arguments: {exc}")
-        key = self._key_of(j, call, tool)
+        # A call under a tool's old name (``renamed``) keeps the key it was recorded with
+        # (the old name's), never a new one its receiver has not seen.
+        key = tool.key(j.state.scope, call.args, called=call.name)
         if (done := j.state.completed.get(key)) is not None:
             return self._serve(j, call, tool, key, done)
         for p in list(j.state.pending.values()):
@@ -353,13 +355,6 @@ class StepMachine(Settling):
             return True  # denied: the model decides again on what it reads now
         return call, tool, key
 
-    @staticmethod
-    def _key_of(j: RunJournal, call: ToolCall, tool: Tool) -> str:
-        """The call's key. A call under a tool's old name (``renamed``) keeps the key it
-        was recorded with (the old name's), never a new one its receiver has not seen."""
-        if call.name == tool.name:
-            return tool.key(j.state.scope, call.args)
-        return idempotency_key(j.state.scope, call.name, call.args, tool.identity or None)
 
     def _serve(self, j: RunJournal, call: ToolCall, tool: Tool, key: str,
                done: CompletedCall) -> bool:

@@ -309,8 +309,10 @@ class Tool:
     schema: dict[str, Any] = field(default_factory=dict, repr=False)
     takes_context: bool = False
 
-    def key(self, scope: str, args: dict[str, Any]) -> str:
-        return idempotency_key(scope, self.name, args, self.identity or None)
+    def key(self, scope: str, args: dict[str, Any], *, called: str | None = None) -> str:
+        """The call's idempotency key; ``called``: the name it was called by, when that
+        is an old name of this tool (its calls keep the keys they were recorded with)."""
+        return idempotency_key(scope, called or self.name, args, self.identity or None)
 
     def check_args(self, args: dict[str, Any]) -> msgspec.Struct:
         """The arguments, validated against the schema; ``msgspec.ValidationError`` if not."""
