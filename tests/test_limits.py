@@ -27,7 +27,7 @@ from agentjournal import (
     reply,
     tool,
 )
-from agentjournal.journal import fork
+from agentjournal.forks import fork
 from agentjournal.state import ToolCall
 from agentjournal.tools import Found
 
