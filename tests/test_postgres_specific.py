@@ -73,7 +73,7 @@ def store(schema: str) -> Iterator[PostgresStore]:
 
 
 def _facts(n: int) -> list[tuple[EventType, dict[str, Any]]]:
-    return [(EventType.USER_MESSAGE, {"text": f"m{i}"}) for i in range(n)]
+    return [(EventType.USER_MESSAGE, {"content": f"m{i}"}) for i in range(n)]
 
 
 def test_concurrent_open_migrates_once(schema: str) -> None:
@@ -408,10 +408,13 @@ def test_a_warm_append_is_one_statement_and_a_commit(
     assert "UPDATE" in claim and "INSERT" in claim
     with PostgresStore(PG_URL, schema=schema) as other:
         list(other.read("r"))  # warmed by reading the log to its end
+        # Its first append reads the run's outline once (the base of the next one).
+        assert len(_appended(other, "r", statements)) == 2
         assert len(_appended(other, "r", statements)) == 1
-        # Its cache is now stale: the first handle checks the row and chains on.
-        assert len(_appended(store, "r", statements)) == 2
-    assert [e.seq for e in store.read("r")] == [1, 2, 3, 4, 5]
+        # Its caches are now stale: the first handle reads the outline, checks the row
+        # and chains on.
+        assert len(_appended(store, "r", statements)) == 3
+    assert [e.seq for e in store.read("r")] == [1, 2, 3, 4, 5, 6]
 
 
 def test_prefetched_logs_are_read_without_a_round_trip_apiece(

@@ -31,6 +31,7 @@ from ..errors import (
     CorruptStoreError,
     EncodingError,
     InvalidRunIdError,
+    JournalError,
     RunNotFoundError,
 )
 from ..events import (
@@ -45,6 +46,7 @@ from ..events import (
     unseal,
     upcast,
 )
+from ..state import RunState
 
 MAX_RUN_ID = 128
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -345,7 +347,10 @@ class Store(Protocol):
         alone_in: str | None = None,
     ) -> int: ...
 
-    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]: ...
+    def read(self, run_id: str, after_seq: int = 0, upto: int | None = None
+             ) -> Iterator[Event]:
+        """The run's events after ``after_seq`` (up to ``upto``), each checked."""
+        ...
 
     def last_seq(self, run_id: str) -> int: ...
 
@@ -356,6 +361,32 @@ class Store(Protocol):
         tenant operation), oldest first. Recorded with the batch holding ``run_started``:
         effects belong to the scope, so a run must find the others that may have made them.
         """
+        ...
+
+    # --- projections: derived from the log, rebuildable, never the only copy ----------
+
+    def outlines(self, run_ids: Collection[str] | None = None, *,
+                 attention: bool = False) -> dict[str, RunState | JournalError]:
+        """Each run's outline (projections.py) as of its head, by run id: of ``run_ids``,
+        or of every run; ``attention``: only the runs a person may be asked about. Kept
+        with every append (JSONL: caught up from the log when read), never served behind
+        the log. A run whose log cannot be read or folded maps to the error."""
+        ...
+
+    def put_outline(self, run_id: str, state: RunState) -> None:
+        """Store ``state`` as the run's outline if its log ends at ``state.last_seq``
+        (reindex). A no-op where outlines are caught up when read (JSONL: the sidecar is
+        rewritten from what a read folds)."""
+        ...
+
+    def put_view(self, run_id: str, name: str, seq: int, body: bytes) -> None:
+        """Keep ``body`` as the run's view ``name``, folded to ``seq``: a cache a reader
+        of one kind of run keeps beside its log (a LangGraph thread's index), replaced
+        whole, gone with the run's log."""
+        ...
+
+    def view(self, run_id: str, name: str) -> tuple[int, bytes] | None:
+        """The run's view ``name``: (seq, body), or None."""
         ...
 
     def acquire(self, run_id: str, owner: str, ttl: float) -> Lease: ...

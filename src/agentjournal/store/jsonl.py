@@ -99,6 +99,7 @@ from ..errors import (
     DurabilityError,
     FencedError,
     InvalidRunIdError,
+    JournalError,
     LeaseHeldError,
     LeaseReleasedError,
     NotArchivedError,
@@ -109,6 +110,7 @@ from ..errors import (
     StoreUrlError,
 )
 from ..events import SCHEMA_VERSION, SEALED_SINCE, Event, decode_stored, seal, stored_digest
+from ..state import RunState
 from .base import (
     Durability,
     Head,
@@ -129,6 +131,8 @@ from .base import (
     scope_started,
     validate_run_id,
 )
+from .outlined import Stored, served
+from .sidecar import Sidecar
 
 log = logging.getLogger("agentjournal")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -234,6 +238,15 @@ def _segment_name(digest: str) -> str:
     if not _DIGEST.fullmatch(digest):  # it names a file: nothing but hex
         raise ValueError(f"not a segment digest: {digest!r}")
     return f"{digest}.seg"
+
+
+def _view_name(name: str) -> str:
+    if not _VIEW.fullmatch(name):  # it names a file
+        raise ValueError(f"not a view name: {name!r}")
+    return f"{name}.view"
+
+
+_VIEW = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 
 
 def _snap_name(seq: int, fold_version: int) -> str:
@@ -402,6 +415,7 @@ class JsonlStore:
         self.batch_every = batch_every
         self.repairs: list[TailRepair] = []
         self._lock = threading.Lock()
+        self._sidecar = Sidecar(self.path, readonly=readonly)  # the runs' outlines
         self._broken: str | None = None
         self._tails: dict[str, _Tail] = {}
         # Byte offsets where the record after a snapshot's seq starts, by run and seq:
@@ -838,9 +852,11 @@ class JsonlStore:
         self._durable(fd, run_id, rollback_to=size_before)
         return True
 
-    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
+    def read(self, run_id: str, after_seq: int = 0, upto: int | None = None
+             ) -> Iterator[Event]:
         validate_run_id(run_id)
-        yield from self._read(run_id, after_seq)  # a generator: the work is in _read
+        events = self._read(run_id, after_seq)  # (a generator: the work is in _read)
+        yield from events if upto is None else (e for e in events if e.seq <= upto)
 
     @_os_errors("read a run", write=False)
     def _read(self, run_id: str, after_seq: int) -> list[Event]:
@@ -909,6 +925,29 @@ class JsonlStore:
                 runs.append(RunInfo(run_id, tail.last_seq, tail.created_at, tail.updated_at))
         runs.sort(key=lambda r: (r.updated_at, r.run_id), reverse=True)
         return runs[:limit] if limit else runs
+
+    def outlines(self, run_ids: Collection[str] | None = None, *,
+                 attention: bool = False) -> dict[str, RunState | JournalError]:
+        """Each run's outline as of its head (see SQLiteStore.outlines): the sidecar's,
+        caught up from the log first where it is behind (a writable handle keeps what
+        it folded)."""
+        stored = self._sidecar.rows()
+        rows = []
+        for info in self.list_runs():
+            if run_ids is not None and info.run_id not in run_ids:
+                continue
+            seq, body, flagged = stored.get(info.run_id, (None, None, True))
+            if attention and seq == info.last_seq and not flagged:
+                continue
+            rows.append(Stored(info.run_id, info.last_seq, seq, body))
+        out = served(rows, self.read, attention=attention)
+        self._sidecar.put((run_id, st) for run_id, st in out.items()
+                          if isinstance(st, RunState)
+                          and stored.get(run_id, (None,))[0] != st.last_seq)
+        return out
+
+    def put_outline(self, run_id: str, state: RunState) -> None:
+        self._sidecar.put([(validate_run_id(run_id), state)])
 
     # --- scopes: which runs share an idempotency scope ---------------------------
     #
@@ -1171,6 +1210,29 @@ class JsonlStore:
             self._remove_snapshots(run_id)
         return len(good)
 
+    # Views: ``<name>.view`` in the run's snapshot directory (gone with it), the seq
+    # on the first line; replaced by rename, not synced (a cache: the log says it again).
+
+    @_os_errors("write a view", write=True)
+    def put_view(self, run_id: str, name: str, seq: int, body: bytes) -> None:
+        validate_run_id(run_id)
+        path = self._snap_dir(run_id) / _view_name(name)
+        with self._locked(run_id, write=True):
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(b"%d\n" % seq + body)
+            os.replace(tmp, path)
+
+    @_os_errors("read a view", write=False)
+    def view(self, run_id: str, name: str) -> tuple[int, bytes] | None:
+        validate_run_id(run_id)
+        try:
+            data = (self._snap_dir(run_id) / _view_name(name)).read_bytes()
+        except FileNotFoundError:
+            return None
+        seq, _, body = data.partition(b"\n")
+        return (int(seq), body) if seq.isdigit() else None
+
     # Segments: ``<digest>.seg`` in the run's snapshot directory, each published as a
     # snapshot is (write, fsync, rename), before the snapshot that names them.
 
@@ -1255,6 +1317,7 @@ class JsonlStore:
                 os.unlink(f"{self._dir}/{run_id}{suffix}")
         self._remove_snapshots(run_id)
         self._sync_dir(run_id)
+        self._sidecar.drop(run_id)
 
     def _stone_at(self, run_id: str) -> tuple[str, int]:
         stone = self._read_stone(run_id)
@@ -1356,6 +1419,7 @@ class JsonlStore:
     def close(self) -> None:
         """Fsync what BATCHED left unsynced, close open files; ``DurabilityError`` if a sync
         fails."""
+        self._sidecar.close()
         with self._lock:
             pending, self._unsynced = list(self._unsynced), {}
             failure: DurabilityError | None = None

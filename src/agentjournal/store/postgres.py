@@ -95,6 +95,9 @@ from ..errors import (
     UnsupportedVersionError,
 )
 from ..events import GENESIS, Event, seal, stored_digest
+from ..projections import columns
+from ..projections import encode as encode_outline
+from ..state import RunState
 from .base import (
     Durability,
     Head,
@@ -112,8 +115,18 @@ from .base import (
     validate_run_id,
 )
 from .group import GroupCommit, Grouper, Pending
+from .outlined import (
+    OUTLINE_VERSION,
+    PROGRESS_EVERY,
+    OutlineCache,
+    Stored,
+    base_outline,
+    outline_after,
+    served,
+)
 
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())  # see the docstring
+log = logging.getLogger("agentjournal")
 
 DEFAULT_SCHEMA = "agentjournal"
 # Postgres silently truncates identifiers past 63 bytes, which could alias two schemas.
@@ -122,6 +135,7 @@ _CONNECT_TIMEOUT = 10  # seconds, unless the conninfo sets connect_timeout
 DEFAULT_LOCK_TIMEOUT = 30.0  # seconds a statement waits for a lock, unless ?lock_timeout=
 IDLE_IN_TRANSACTION_TIMEOUT = 5.0  # seconds a frozen session keeps its locks (_configure)
 _MIGRATION_LOCK = 0x414A  # advisory lock key ("AJ"), paired with hashtext(schema)
+_OUTLINES = 11  # the migration that added outlines
 _PAGE = 1000  # events per read query: a long run is never held in memory at once
 _ENDS = 4096  # runs whose log end a handle remembers (the most recently used)
 
@@ -276,6 +290,31 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     """
     ALTER TABLE {s}.queue ADD COLUMN IF NOT EXISTS pin_version text;
     """,
+    # Each run's outline (projections.py), set by the statement that appends; filled from
+    # the logs when a writer first opens an older schema (PostgresStore._project). And
+    # per-run views: caches a reader of one kind of run keeps beside its log.
+    """
+    ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS outline bytea;
+    ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS outline_seq bigint;
+    ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS outline_version integer;
+    ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS status text;
+    ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS agent text;
+    ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS attention boolean NOT NULL DEFAULT false;
+    CREATE INDEX IF NOT EXISTS runs_attention ON {s}.runs (run_id) WHERE attention;
+    CREATE TABLE IF NOT EXISTS {s}.views (
+        run_id text NOT NULL,
+        name text NOT NULL,
+        seq bigint NOT NULL,
+        body bytea NOT NULL,
+        tenant text NOT NULL DEFAULT current_user,
+        PRIMARY KEY (run_id, name)
+    );
+    ALTER TABLE {s}.views ENABLE ROW LEVEL SECURITY;
+    DROP POLICY IF EXISTS tenant ON {s}.views;
+    CREATE POLICY tenant ON {s}.views USING (tenant = current_user)
+        WITH CHECK (tenant = current_user
+                    AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.run_id = views.run_id));
+    """,
 )
 
 def _param(name: str) -> str:
@@ -301,6 +340,9 @@ def _claim_update(value: Callable[[str], str], source: str = "") -> str:
     column of ``source`` (the group's claims), which the UPDATE reads FROM."""
     return (
         f"UPDATE {{s}}.runs r SET last_seq = {value('last')}, last_digest = {value('digest')},"
+        f" outline = {value('outline')}::bytea, outline_seq = {value('outline_seq')}::int8,"
+        f" outline_version = {OUTLINE_VERSION}, status = {value('status')}::text,"
+        f" agent = {value('agent')}::text, attention = {value('attention')}::bool,"
         f" scope = coalesce({value('scope')}::text, r.scope),"
         f" created_at = least(r.created_at, {value('first_ts')}),"
         f" updated_at = greatest(r.updated_at, {value('last_ts')})"
@@ -329,8 +371,10 @@ _CLAIM_GROUP = (
     "WITH c AS (SELECT * FROM unnest(%(run)b::text[], %(expected)b::int8[],"
     " %(epoch)b::int8[], %(last)b::int8[], %(prev)b::text[], %(digest)b::text[],"
     " %(scope)b::text[], %(first_ts)b::timestamptz[], %(last_ts)b::timestamptz[],"
-    " %(alone_in)b::text[]) WITH ORDINALITY AS c(run, expected, epoch, last, prev,"
-    " digest, scope, first_ts, last_ts, alone_in, i)),"
+    " %(alone_in)b::text[], %(outline)b::bytea[], %(outline_seq)b::int8[],"
+    " %(status)b::text[], %(agent)b::text[], %(attention)b::bool[])"
+    " WITH ORDINALITY AS c(run, expected, epoch, last, prev, digest, scope, first_ts,"
+    " last_ts, alone_in, outline, outline_seq, status, agent, attention, i)),"
     " locked AS MATERIALIZED (SELECT r.run_id FROM {s}.runs r"
     " WHERE r.run_id = ANY(%(run)b::text[]) ORDER BY r.run_id FOR UPDATE),"
     " claimed AS (" + _claim_update(lambda name: f"c.{name}", "c") +
@@ -343,7 +387,7 @@ _CLAIM_GROUP = (
 )
 #: The parameters of an append's claim that _CLAIM_GROUP takes, one array each.
 _GROUPED = ("run", "expected", "epoch", "last", "prev", "digest", "scope", "first_ts",
-            "last_ts", "alone_in")
+            "last_ts", "alone_in", "outline", "outline_seq", "status", "agent", "attention")
 _ONE_ROW = "SELECT %(run)s, %(last)s, %(type)s, %(last_ts)s, %(body)s"
 _ROWS = ("SELECT * FROM unnest(%(runs)s::text[], %(seqs)s::bigint[], %(types)s::text[],"
          " %(stamps)s::timestamptz[], %(bodies)s::bytea[])")
@@ -355,6 +399,15 @@ _VALUES_MAX = 8
 #: on a loaded machine (psycopg waiting in commit for 300 s; never unpipelined), and a
 #: pipeline saves nothing where the transfer is the cost.
 _PIPELINE_BYTES = 1 << 20
+
+
+def _outline_params(state: RunState | None, body: bytes) -> dict[str, Any]:
+    """The claim's outline columns (all NULL for a log that does not fold: a read's fold
+    of it says what is wrong)."""
+    if state is None:
+        return {"outline": None, "outline_seq": None, "status": None, "agent": None,
+                "attention": False}
+    return {"outline": body, "outline_seq": state.last_seq, **columns(state)}
 
 
 def _values(n: int) -> str:
@@ -526,6 +579,7 @@ class PostgresStore:
         self._broken: str | None = None
         self._unreleased: dict[str, Lease] = {}  # releases lost to a dropped connection
         self._ends: dict[str, tuple[int, str]] = {}  # run -> (last seq, its digest), a guess
+        self._outlines = OutlineCache()  # each run's outline after this handle's append
         self._ends_lock = threading.Lock()
         # run -> its whole log and head, read ahead for its next read (see prefetch)
         self._prefetched: dict[str, tuple[list[tuple[int, bytes]], Head | None]] = {}
@@ -587,6 +641,8 @@ class PostgresStore:
         except psycopg.Error as exc:  # PoolTimeout is an OperationalError
             self._pool.close()
             raise StoreUrlError(self.url, f"cannot connect: {_oneline(exc)}") from None
+        if not readonly and len(MIGRATIONS) >= _OUTLINES:  # (not a test's older schema)
+            self._project()
 
     def _q(self, text: LiteralString) -> sql.Composed:
         return sql.SQL(text).format(s=self._s)
@@ -850,6 +906,8 @@ class PostgresStore:
             "first_ts": min(stamps), "last_ts": max(stamps), "scope": scope_started(events),
             "alone_in": alone_in,
         }
+        state, outline = outline_after(partial(self._outline_at, run_id, expected_seq), events)
+        params.update(_outline_params(state, outline))
         prev = self._guess_prev(run_id, expected_seq)
         try:
             # (A new run may have no row to claim yet: it takes the locked way at once,
@@ -861,6 +919,7 @@ class PostgresStore:
                         if sum(map(len, bodies)) > _PIPELINE_BYTES
                         else self._grouper.submit(_Claim(run_id, params, events, bodies))):
                     self._remember(run_id, events[-1].seq, digest)
+                    self._outlines.put(run_id, events[-1].seq, outline)
                     return events[-1].seq
                 prev = None  # a stale guess, a fence or a conflict: lock, and see which
             with self._write(run_id, batched=self.durability is Durability.BATCHED) as cur:
@@ -881,7 +940,21 @@ class PostgresStore:
             # log's real end.
             raise ConflictError(run_id, expected_seq, self.last_seq(run_id)) from None
         self._remember(run_id, events[-1].seq, digest)
+        self._outlines.put(run_id, events[-1].seq, outline)
         return events[-1].seq
+
+    def _outline_at(self, run_id: str, expected_seq: int) -> RunState | None:
+        """The run's outline at ``expected_seq`` (see outlined.base_outline)."""
+        def stored() -> tuple[int, bytes] | None:
+            with self._read() as conn:
+                row = conn.execute(self._q(
+                    "SELECT outline_seq, outline FROM {s}.runs WHERE run_id = %s"
+                    " AND outline_version = %s AND outline IS NOT NULL"),
+                    (run_id, OUTLINE_VERSION)).fetchone()
+            return (int(row[0]), bytes(row[1])) if row else None
+
+        return base_outline(run_id, expected_seq, self._outlines.get(run_id, expected_seq),
+                            stored, self.read)
 
     def _guess_prev(self, run_id: str, expected_seq: int) -> str | None:
         """The digest the log presumably ends with at ``expected_seq``, or None."""
@@ -989,20 +1062,29 @@ class PostgresStore:
         head = (int(rows[0][0]), str(rows[0][1])) if rows[0][0] is not None else None
         return [(int(r[2]), bytes(r[3])) for r in rows if r[2] is not None], head
 
-    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
+    def read(self, run_id: str, after_seq: int = 0, upto: int | None = None
+             ) -> Iterator[Event]:
         validate_run_id(run_id)
         first, prev, end = after_seq, GENESIS, None
         while True:
             # A connection is held per page, never while the caller iterates. Each page
             # starts at the last record already checked: its digest starts the chain.
-            rows, head = self._page(run_id, after_seq, _PAGE + 1)
+            size = _PAGE if upto is None else max(0, min(_PAGE, upto - after_seq))
+            rows, head = self._page(run_id, after_seq, size + 1)
             if rows and rows[0][0] == after_seq:
                 prev, end = stored_digest(rows.pop(0)[1]), after_seq
+            if upto is not None:
+                rows = [r for r in rows if r[0] <= upto]
             events = []
             for seq, body in rows:
                 event, prev = decode_record(run_id, seq, body, prev, sealed_store=self._sealed)
                 end = seq
                 events.append(event)
+            if upto is not None and (end is None or end >= upto or len(rows) < size):
+                if head is None or upto >= head[0]:  # (a range short of the head: its
+                    check_head(run_id, first, None if end is None else (end, prev), head)
+                yield from events  # chain is checked, not its end)
+                return
             if len(rows) < _PAGE:  # the last page: the log must end at its head
                 check_head(run_id, first, None if end is None else (end, prev), head)
                 yield from events
@@ -1037,6 +1119,72 @@ class PostgresStore:
                 (limit if limit and limit > 0 else None,),  # like SQLite: 0 means no limit
             ).fetchall()
         return [RunInfo(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def outlines(self, run_ids: Collection[str] | None = None, *,
+                 attention: bool = False) -> dict[str, RunState | JournalError]:
+        """Each run's outline as of its head (see SQLiteStore.outlines)."""
+        return served(self._outline_rows(run_ids, attention), self.read,
+                      attention=attention)
+
+    def _outline_rows(self, run_ids: Collection[str] | None, attention: bool,
+                      stale: bool = False) -> list[Stored]:
+        sql_text = ("SELECT run_id, last_seq, outline_seq, outline FROM {s}.runs"
+                    " WHERE last_seq > 0 AND (%(ids)s::text[] IS NULL OR run_id = ANY(%(ids)s))")
+        behind = (" outline_seq IS DISTINCT FROM last_seq OR outline IS NULL"
+                  " OR outline_version IS DISTINCT FROM %(version)s")
+        if attention:
+            sql_text += " AND (attention OR" + behind + ")"
+        if stale:
+            sql_text += " AND (" + behind + ")"
+        with self._read() as conn:
+            rows = conn.execute(self._q(sql_text), {
+                "ids": None if run_ids is None else list(run_ids),
+                "version": OUTLINE_VERSION}).fetchall()
+        return [Stored(r[0], int(r[1]), r[2], None if r[3] is None else bytes(r[3]))
+                for r in rows]
+
+    def _project(self) -> None:
+        """Give every run whose outline is missing, of another version or behind its head
+        one folded from its log (see SQLiteStore._project)."""
+        rows = self._outline_rows(None, attention=False, stale=True)
+        if len(rows) > PROGRESS_EVERY:
+            log.warning("%s: projecting %d runs from their logs (once)", self.url, len(rows))
+        for done, row in enumerate(rows, 1):
+            fresh = served([Stored(row.run_id, row.head, None, None)], self.read)[row.run_id]
+            if isinstance(fresh, RunState):
+                self.put_outline(row.run_id, fresh)
+            if done % PROGRESS_EVERY == 0:
+                log.info("%s: %d of %d runs projected", self.url, done, len(rows))
+
+    def put_outline(self, run_id: str, state: RunState) -> None:
+        """Store ``state`` as the run's outline if its log still ends at its seq."""
+        params = {"run": run_id, "version": OUTLINE_VERSION,
+                  **_outline_params(state, encode_outline(state))}
+        with self._write(run_id, batched=True) as cur:  # (a cache: the log says it again)
+            cur.execute(self._q(
+                "UPDATE {s}.runs SET outline = %(outline)s, outline_seq = %(outline_seq)s,"
+                " outline_version = %(version)s, status = %(status)s, agent = %(agent)s,"
+                " attention = %(attention)s WHERE run_id = %(run)s"
+                " AND last_seq = %(outline_seq)s"), params)
+        self._outlines.drop(run_id)
+
+    # --- views: caches a reader keeps beside a run's log -----------------------------
+
+    def put_view(self, run_id: str, name: str, seq: int, body: bytes) -> None:
+        validate_run_id(run_id)
+        with self._write(run_id, batched=True) as cur:
+            self._lock_run(cur, run_id)  # (its row: a view belongs to a run of the tenant)
+            cur.execute(self._q(
+                "INSERT INTO {s}.views (run_id, name, seq, body) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT (run_id, name) DO UPDATE SET seq = excluded.seq,"
+                " body = excluded.body"), (run_id, name, seq, body))
+
+    def view(self, run_id: str, name: str) -> tuple[int, bytes] | None:
+        validate_run_id(run_id)
+        with self._read() as conn:
+            row = conn.execute(self._q("SELECT seq, body FROM {s}.views WHERE run_id = %s"
+                                       " AND name = %s"), (run_id, name)).fetchone()
+        return (int(row[0]), bytes(row[1])) if row else None
 
     def scope_runs(self, scope: str) -> list[str]:
         with self._read() as conn:
@@ -1366,16 +1514,19 @@ class PostgresStore:
                 raise FencedError(run_id, epoch, current)
             if last != tombstone.last_seq or archived_to is not None:
                 raise ConflictError(run_id, tombstone.last_seq, last)
-            for table in ("events", "snapshots", "segments", "queue"):
+            for table in ("events", "snapshots", "segments", "queue", "views"):
                 cur.execute(sql.SQL("DELETE FROM {s}.{t} WHERE run_id = %s").format(
                     s=self._s, t=sql.Identifier(table)), (run_id,))
             cur.execute(self._q(
-                "UPDATE {s}.runs SET last_seq = 0, last_digest = '', archived_to = %s,"
+                "UPDATE {s}.runs SET last_seq = 0, last_digest = '', outline = NULL,"
+                " outline_seq = NULL, status = NULL, agent = NULL, attention = false,"
+                " archived_to = %s,"
                 " archived_seq = %s, archived_digest = %s, archived_at = %s WHERE run_id = %s"),
                 (tombstone.archive, tombstone.last_seq, tombstone.digest, tombstone.deleted_at,
                  run_id))
         with self._ends_lock:
             self._ends.pop(run_id, None)
+        self._outlines.drop(run_id)
 
     _TOMBSTONES: LiteralString = (
         "SELECT run_id, archived_seq, archived_digest, archived_to, archived_at FROM {s}.runs"
@@ -1417,6 +1568,12 @@ class PostgresStore:
                 " archived_digest = NULL, archived_at = NULL WHERE run_id = %s"),
                 (events[-1].seq, stored_digest(records[-1]), scope_started(events),
                  events[0].ts, max(e.ts for e in events), run_id))
+            outline = _outline_params(*outline_after(lambda: None, events))
+            cur.execute(self._q(
+                "UPDATE {s}.runs SET outline = %(outline)s, outline_seq = %(outline_seq)s,"
+                " outline_version = %(version)s, status = %(status)s, agent = %(agent)s,"
+                " attention = %(attention)s WHERE run_id = %(run)s"),
+                {**outline, "run": run_id, "version": OUTLINE_VERSION})
 
     def close(self) -> None:
         if self._unreleased:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -60,6 +61,9 @@ from ..errors import (
     UnsupportedVersionError,
 )
 from ..events import HEADS_SINCE, SCHEMA_VERSION, SEALED_SINCE, Event, now, seal, stored_digest
+from ..projections import columns
+from ..projections import encode as encode_outline
+from ..state import RunState
 from .base import (
     Durability,
     Head,
@@ -80,6 +84,15 @@ from .base import (
     validate_run_id,
 )
 from .group import GroupCommit, Grouper, Pending
+from .outlined import (
+    OUTLINE_VERSION,
+    PROGRESS_EVERY,
+    OutlineCache,
+    Stored,
+    base_outline,
+    outline_after,
+    served,
+)
 
 
 def _digest_of(body: str) -> str:
@@ -255,8 +268,34 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE queue ADD COLUMN pin_version TEXT;
     """,
+    # Each run's outline (projections.py), written by the statement that appends (see
+    # _OUTLINE_TRIGGER); filled from the logs once, when a writer first opens an older
+    # store (SQLiteStore._project). And per-run views: caches a reader of one kind of run
+    # keeps beside its log (a LangGraph thread's index).
+    """
+    CREATE TABLE IF NOT EXISTS outlines (
+        run_no INTEGER PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        version INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        agent TEXT,
+        attention INTEGER NOT NULL,
+        body BLOB NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS outlines_attention ON outlines (run_no) WHERE attention;
+    CREATE TABLE IF NOT EXISTS views (
+        run_no INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (run_no, name)
+    ) WITHOUT ROWID;
+    """,
 )
+log = logging.getLogger("agentjournal")
+
 _HEADS = 11  # the migration that added heads
+_OUTLINES = 13  # the migration that added outlines
 _ADD_COLUMN = re.compile(r"\s*ALTER TABLE (\w+) ADD COLUMN (\w+)")
 
 
@@ -273,6 +312,23 @@ _HEAD_TRIGGER = f"""
         INSERT OR REPLACE INTO heads VALUES (NEW.key >> 32, NEW.key & {0xFFFFFFFF},
             {_digest_of("NEW.body")});
     END
+"""
+
+# A writer's connection stores the outline of each batch it appends (staged, computed in
+# Python, before the statement that inserts the batch) when the batch's last row goes in:
+# in the same statement, so in the same transaction. TEMP, as the head's trigger: a row
+# inserted by anyone else stores none (and the outline is then behind its head: a read
+# catches it up from the log).
+_OUTLINE_TRIGGER = f"""
+    CREATE TEMP TABLE IF NOT EXISTS staged_outlines (
+        run_no INTEGER PRIMARY KEY, seq INTEGER NOT NULL, status TEXT NOT NULL, agent TEXT,
+        attention INTEGER NOT NULL, body BLOB NOT NULL);
+    CREATE TEMP TRIGGER IF NOT EXISTS move_outline AFTER INSERT ON main.events
+    WHEN EXISTS (SELECT 1 FROM staged_outlines WHERE run_no = NEW.key >> 32
+                 AND seq = NEW.key & {0xFFFFFFFF}) BEGIN
+        INSERT OR REPLACE INTO outlines SELECT run_no, seq, {OUTLINE_VERSION}, status,
+            agent, attention, body FROM staged_outlines WHERE run_no = NEW.key >> 32;
+    END;
 """
 
 # A read-only handle cannot migrate a store an older release wrote: on a file from
@@ -293,17 +349,18 @@ _KEYED_VIEWS = """
 MAX_SEQ = 0xFFFFFFFF
 
 
-def _keys_from(base: str, after: str = "0") -> str:
+def _keys_from(base: str, after: str = "0", upto: str = str(MAX_SEQ)) -> str:
     """The SQL condition on events.key that holds for the events of the run whose key
-    base is the SQL ``base``, from seq ``after`` on."""
-    return f"key BETWEEN {base} + {after} AND {base} + {MAX_SEQ}"
+    base is the SQL ``base``, from seq ``after`` to seq ``upto``."""
+    return f"key BETWEEN {base} + {after} AND {base} + {upto}"
 
 
-def in_run(run: str = ":run", after: str = "0") -> str:
-    """The condition for run ``run``'s events from seq ``after`` on (both SQL: a
+def in_run(run: str = ":run", after: str = "0", upto: str = str(MAX_SEQ)) -> str:
+    """The condition for run ``run``'s events from seq ``after`` to ``upto`` (all SQL: a
     parameter or a column), its base found from the run id by a scalar subquery that
     SQLite evaluates once per statement."""
-    return _keys_from(f"(SELECT run_no << 32 FROM run_numbers WHERE run_id = {run})", after)
+    return _keys_from(f"(SELECT run_no << 32 FROM run_numbers WHERE run_id = {run})", after,
+                      upto)
 
 
 def last_seq_of(run: str) -> str:
@@ -504,6 +561,9 @@ class SQLiteStore:
         self._grouper = Grouper(self._commit_group, alone=self.group_commit is GroupCommit.OFF)
         # Each run's key base and last digest, as this handle saw them (see _append_alone).
         self._known: dict[str, tuple[int, str]] = {}
+        # Each run's outline after this handle's last append to it.
+        self._outlines = OutlineCache()
+        self._projecting = False  # whether appends store outlines (a writer's handle)
         where = str(self.path.absolute())
         if self.path.is_dir():
             raise StoreUrlError(where, "the path is a directory, not a database file")
@@ -534,6 +594,10 @@ class SQLiteStore:
             self._migrate()
             self._db.execute(_HEAD_TRIGGER)
             self._learn_heads(len(MIGRATIONS))
+            self._projecting = self._has_outlines()  # (not in a test's older store)
+            if self._projecting:
+                self._db.executescript(_OUTLINE_TRIGGER)
+                self._project()
         except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
             self._close_quietly()
             if not readonly and not self._can_write():
@@ -848,16 +912,20 @@ class SQLiteStore:
                     and self._append_alone(group[0].item)):
                 return
             with self._tx() as db:
-                if not (ends := self._insert(db, group)):
+                ends, outlines = self._insert(db, group)
+                if not ends:
                     raise _AllRefused  # nothing to commit: roll back, no sync
             if len(self._known) > _DIGESTS:  # a hint, not a record: start again
                 self._known.clear()
             self._known.update(ends)
+            for run_id, (seq, _, body) in outlines.items():
+                self._outlines.put(run_id, seq, body)
         except _AllRefused:
             pass
         except BaseException:
             for pending in group:
                 self._known.pop(pending.item.run_id, None)
+                self._outlines.drop(pending.item.run_id)
             raise
 
     def _append_alone(self, one: _Append) -> bool:
@@ -884,20 +952,61 @@ class SQLiteStore:
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
+            state, body = outline_after(
+                lambda: self._outline_at(one.run_id, base, one.expected_seq), events)
+            self._stage({base >> 32: (state, body)})
             inserted = self._commit(_alone(len(events), one.alone_in is not None), params,
                                     alone=True)
         if inserted:
             self._known[one.run_id] = (base, digest)
+        if inserted == len(events):
+            self._outlines.put(one.run_id, events[-1].seq, body)
         return inserted == len(events)
 
-    def _insert(self, db: sqlite3.Connection, group: list[Pending]) -> dict[str, tuple[int, str]]:
+    def _base_in_group(self, outlines: Mapping[str, tuple[int, RunState | None, bytes]],
+                       run_id: str, base: int, expected_seq: int) -> RunState | None:
+        """The run's outline at ``expected_seq``: after the group's earlier append to it,
+        if any (None there: the log does not fold), else as _outline_at finds it."""
+        if (prior := outlines.get(run_id)) is None:
+            return self._outline_at(run_id, base, expected_seq)
+        if prior[1] is None:
+            raise ValueError(f"run {run_id!r} does not fold")
+        return prior[1]
+
+    def _outline_at(self, run_id: str, base: int, expected_seq: int) -> RunState | None:
+        """The run's outline at ``expected_seq`` (see outlined.base_outline); the caller
+        holds the lock."""
+        def stored() -> tuple[int, bytes] | None:
+            row = self._db.execute("SELECT seq, body FROM outlines WHERE run_no = ?"
+                                   " AND version = ?", (base >> 32, OUTLINE_VERSION)).fetchone()
+            return (int(row[0]), bytes(row[1])) if row else None
+
+        return base_outline(run_id, expected_seq, self._outlines.get(run_id, expected_seq),
+                            stored, self.read)
+
+    def _stage(self, outlines: Mapping[int, tuple[RunState | None, bytes]]) -> None:
+        """Stage the outline each run (by number) has once its batch is in: the insert
+        of the batch's last row stores it (see _OUTLINE_TRIGGER). A run whose log does
+        not fold (None) gets none."""
+        if not self._projecting:
+            return
+        self._db.execute("DELETE FROM staged_outlines")
+        self._db.executemany("INSERT INTO staged_outlines VALUES (?, ?, ?, ?, ?, ?)", [
+            (run_no, state.last_seq, *columns(state).values(), body)
+            for run_no, (state, body) in outlines.items() if state is not None])
+
+    def _insert(self, db: sqlite3.Connection, group: list[Pending]
+                ) -> tuple[dict[str, tuple[int, str]],
+                           dict[str, tuple[int, RunState | None, bytes]]]:
         """Check each append against its run's end (under the write lock, so nothing
-        moves it but this group), then insert every accepted row in one statement. A
-        refused append gets its error and takes no other down. Returns each run's key
-        base and last digest (empty: all refused, nothing written)."""
+        moves it but this group), then insert every accepted row in one statement, with
+        each run's outline. A refused append gets its error and takes no other down.
+        Returns each run's key base and last digest (empty: all refused, nothing
+        written), and each run's new outline: (seq, outline, bytes)."""
         run_ids = list({pending.item.run_id: None for pending in group})
         _number(db, [run_id for run_id in run_ids if run_id not in self._known])
         ends = _ends(db, run_ids)
+        outlines: dict[str, tuple[int, RunState | None, bytes]] = {}
         rows = []
         for pending in group:
             one: _Append = pending.item
@@ -912,29 +1021,40 @@ class SQLiteStore:
                 if one.alone_in is not None and db.execute(
                         _SHARED, {"scope": one.alone_in, "run": run_id}).fetchone():
                     raise ScopeSharedError(run_id, one.alone_in)
+                state, outline_body = outline_after(functools.partial(
+                    self._base_in_group, outlines, run_id, end.base, one.expected_seq), events)
                 bodies, end.digest = seal(events, end.digest)
             except JournalError as exc:
                 pending.error = exc
                 continue
             end.last = events[-1].seq
+            outlines[run_id] = (end.last, state, outline_body)
             rows += [(end.base + e.seq, stamp, body)
                      for e, stamp, body in zip(events, _stamps(events), bodies, strict=True)]
             if (scope := scope_started(events)) is not None:
                 db.execute("INSERT OR IGNORE INTO scopes VALUES (?, ?)", (scope, run_id))
+        if not rows:
+            return {}, {}
+        self._stage({ends[run_id].base >> 32: (state, body)
+                     for run_id, (_, state, body) in outlines.items()})
         db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
-        return {run_id: (end.base, end.digest) for run_id, end in ends.items()} if rows else {}
+        return {run_id: (end.base, end.digest) for run_id, end in ends.items()}, outlines
 
-    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Event]:
+    def read(self, run_id: str, after_seq: int = 0, upto: int | None = None
+             ) -> Iterator[Event]:
         validate_run_id(run_id)
         # Without the store's record of heads, every record is decoded wherever the read
         # starts: one that proves heads were kept may sit before the start.
         scan_from = after_seq if self._heads_missing is None else 0
         with self._reading(), self._snapshot():  # the log and its head, as of one instant
             rows = self._db.execute(  # from after_seq itself: its digest starts the chain
-                f"SELECT key & {MAX_SEQ}, body FROM events WHERE {in_run(after=':after')}"
-                " ORDER BY key", {"run": run_id, "after": scan_from},
+                f"SELECT key & {MAX_SEQ}, body FROM events"
+                f" WHERE {in_run(after=':after', upto=':upto')} ORDER BY key",
+                {"run": run_id, "after": scan_from, "upto": MAX_SEQ if upto is None else upto},
             ).fetchall()
             head = self._head(run_id)
+        if upto is not None and head is not None and upto < head[0]:
+            head = None  # a range short of the head: its chain is checked, not its end
         prev, end = "", None
         if rows and rows[0][0] == after_seq:
             prev = stored_digest(rows.pop(0)[1])
@@ -945,7 +1065,7 @@ class SQLiteStore:
                                         heads_missing=self._heads_missing)
             events.append(event)
             end = (seq, prev)
-        if self._heads:
+        if self._heads and (upto is None or head is not None):
             check_head(run_id, after_seq, end, head)
         yield from events if scan_from == after_seq else [e for e in events if e.seq > after_seq]
 
@@ -1005,6 +1125,89 @@ class SQLiteStore:
             RunInfo(r[0], r[1], datetime.fromisoformat(r[2]), datetime.fromisoformat(r[3]))
             for r in rows
         ]
+
+    def outlines(self, run_ids: Collection[str] | None = None, *,
+                 attention: bool = False) -> dict[str, RunState | JournalError]:
+        """Each run's outline as of its head (projections.py), for ``run_ids`` or every
+        run; ``attention``: only the runs a person may be asked about. A run whose log
+        cannot be read maps to the error."""
+        return served(self._outline_rows(run_ids, attention), self.read,
+                      attention=attention)
+
+    def _outline_rows(self, run_ids: Collection[str] | None, attention: bool,
+                      stale: bool = False) -> list[Stored]:
+        if not self._heads:  # an old file read without migrating it: every run is folded
+            return [Stored(i.run_id, i.last_seq, None, None) for i in self.list_runs()
+                    if run_ids is None or i.run_id in run_ids]
+        projected = self._has_outlines()
+        sql = ("SELECT n.run_id, h.seq, " + ("o.seq, o.body" if projected else "NULL, NULL")
+               + " FROM heads h JOIN run_numbers n USING (run_no)"
+               + (f" LEFT JOIN outlines o ON o.run_no = h.run_no AND o.version = "
+                  f"{OUTLINE_VERSION}" if projected else "")
+               + " WHERE 1")
+        params: list[Any] = []
+        if run_ids is not None:
+            sql += " AND n.run_id IN (SELECT value FROM json_each(?))"
+            params.append(json.dumps(list(run_ids)))
+        if attention and projected:  # (a stale one must be caught up to be judged)
+            sql += " AND (o.attention OR o.seq IS NULL OR o.seq != h.seq)"
+        if stale and projected:
+            sql += " AND (o.seq IS NULL OR o.seq != h.seq)"
+        with self._reading(), self._snapshot():
+            found = self._db.execute(sql, params).fetchall()
+        return [Stored(r[0], int(r[1]), r[2], None if r[3] is None else bytes(r[3]))
+                for r in found]
+
+    def _has_outlines(self) -> bool:
+        return bool(self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
+                                     " AND name = 'outlines'").fetchone())
+
+    def _project(self) -> None:
+        """Give every run whose outline is missing, of another version or behind its head
+        one folded from its log (a store an older release wrote, on the first open by a
+        writer; a run appended to by another program). A damaged log gets none: a read
+        says why. Each run in its own transaction: a crash keeps what was done."""
+        rows = self._outline_rows(None, attention=False, stale=True)
+        if len(rows) > PROGRESS_EVERY:
+            log.warning("%s: projecting %d runs from their logs (once)", self.url, len(rows))
+        for done, row in enumerate(rows, 1):
+            fresh = served([row], self.read)[row.run_id]
+            if isinstance(fresh, RunState):
+                self.put_outline(row.run_id, fresh)
+            if done % PROGRESS_EVERY == 0:
+                log.info("%s: %d of %d runs projected", self.url, done, len(rows))
+
+    def put_outline(self, run_id: str, state: RunState) -> None:
+        """Store ``state`` as the run's outline if its log still ends at the outline's
+        seq (reindex, and a writer projecting an older store)."""
+        body = encode_outline(state)
+        with self._tx(light=True) as db:  # (a cache: the log says it again)
+            cols = columns(state)
+            db.execute(
+                "INSERT OR REPLACE INTO outlines SELECT h.run_no, ?, ?, ?, ?, ?, ? FROM heads h"
+                " JOIN run_numbers n USING (run_no) WHERE n.run_id = ? AND h.seq = ?",
+                (state.last_seq, OUTLINE_VERSION, cols["status"], cols["agent"],
+                 cols["attention"], body, run_id, state.last_seq))
+        self._outlines.drop(run_id)
+
+    # --- views: caches a reader keeps beside a run's log -----------------------------
+
+    def put_view(self, run_id: str, name: str, seq: int, body: bytes) -> None:
+        validate_run_id(run_id)
+        with self._tx(light=True) as db:
+            _number(db, [run_id])
+            db.execute("INSERT OR REPLACE INTO views SELECT run_no, ?, ?, ? FROM run_numbers"
+                       " WHERE run_id = ?", (name, seq, body, run_id))
+
+    def view(self, run_id: str, name: str) -> tuple[int, bytes] | None:
+        validate_run_id(run_id)
+        if not self._has_outlines():  # (an old file read without migrating it)
+            return None
+        with self._reading():
+            row = self._db.execute(
+                "SELECT v.seq, v.body FROM views v JOIN run_numbers n USING (run_no)"
+                " WHERE n.run_id = ? AND v.name = ?", (run_id, name)).fetchone()
+        return (int(row[0]), bytes(row[1])) if row else None
 
     def scope_runs(self, scope: str) -> list[str]:
         with self._reading():
@@ -1212,9 +1415,13 @@ class SQLiteStore:
                        " WHERE run_id = ?)", (run_id,))
             for table in ("snapshots", "segments", "scopes", "queue"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            for table in ("outlines", "views"):
+                db.execute(f"DELETE FROM {table} WHERE run_no = (SELECT run_no FROM"
+                           " run_numbers WHERE run_id = ?)", (run_id,))
             db.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?)",
                        (run_id, tombstone.last_seq, tombstone.digest, tombstone.archive,
                         tombstone.deleted_at.isoformat()))
+        self._outlines.drop(run_id)
 
     _TOMBSTONE = "SELECT run_id, last_seq, digest, archive, deleted_at FROM tombstones"
 
@@ -1250,6 +1457,7 @@ class SQLiteStore:
             _number(db, [run_id])
             (base,) = db.execute("SELECT run_no << 32 FROM run_numbers WHERE run_id = ?",
                                  (run_id,)).fetchone()
+            self._stage({base >> 32: outline_after(lambda: None, events)})
             db.executemany("INSERT INTO events VALUES (?, ?, ?)", [
                 (base + e.seq, e.ts.isoformat(), body)
                 for e, body in zip(events, records, strict=True)])

@@ -42,7 +42,7 @@ from . import mask_secrets
 from .postgres import DEFAULT_LOCK_TIMEOUT, DEFAULT_SCHEMA, PostgresStore, lock_timeout_of
 
 #: Tables whose rows belong to a tenant: read and written under row-level security.
-TENANT_TABLES = ("runs", "events", "snapshots", "segments", "queue", "workers")
+TENANT_TABLES = ("runs", "events", "snapshots", "segments", "queue", "workers", "views")
 #: Tables every tenant reads and none writes.
 SHARED_TABLES = ("quarantine", "schema_version")
 #: What a tenant may do to each table of run data, no more: ``LOCK TABLE`` in any mode
@@ -52,9 +52,10 @@ SHARED_TABLES = ("quarantine", "schema_version")
 #: archiving a run (gc, which deletes its events) is the admin's.
 TABLE_PRIVILEGES = {"runs": "SELECT, INSERT", "events": "SELECT, INSERT",
                     "snapshots": "SELECT, INSERT, DELETE", "segments": "SELECT, INSERT, DELETE",
-                    "queue": "SELECT, INSERT", "workers": "SELECT, INSERT, DELETE"}
+                    "queue": "SELECT, INSERT", "workers": "SELECT, INSERT, DELETE",
+                    "views": "SELECT, INSERT"}
 #: Tables a tenant updates (every column but ``tenant``).
-UPDATED_TABLES = ("runs", "snapshots", "segments", "queue", "workers")
+UPDATED_TABLES = ("runs", "snapshots", "segments", "queue", "workers", "views")
 #: Each tenant's notification channel: a random name only the tenant and the admin read.
 CHANNELS_TABLE = "tenant_channels"
 

@@ -1,0 +1,92 @@
+"""A JSONL store's outlines: one SQLite file beside the logs, ``_outlines.db``.
+
+JSONL appends write the log and its head, nothing more (a line and a fsync). Each run's
+outline is caught up from its log when it is read: the sidecar records the seq each
+outline is folded to (the cursor), a read folds the events after it, and a writable
+handle keeps what it folded. The sidecar is only a cache: deleting it loses nothing; a
+read-only handle reads it if it is there and writes nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import quote
+
+from ..projections import OUTLINE_VERSION, columns, encode
+from ..state import RunState
+
+NAME = "_outlines.db"  # "_" never starts a run id, so no run can collide
+
+_SCHEMA = """
+    CREATE TABLE IF NOT EXISTS outlines (
+        run_id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        version INTEGER NOT NULL,
+        attention INTEGER NOT NULL,
+        body BLOB NOT NULL
+    )
+"""
+
+
+class Sidecar:
+    def __init__(self, directory: Path, *, readonly: bool) -> None:
+        self.path = directory / NAME
+        self.readonly = readonly
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection | None:
+        if self._db is None:
+            if self.readonly:
+                if not self.path.exists():
+                    return None
+                uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            else:
+                self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=OFF")  # a cache: rebuilt if lost
+                self._db.execute(_SCHEMA)
+        return self._db
+
+    def rows(self) -> dict[str, tuple[int, bytes, bool]]:
+        """Each run's outline as stored: (seq, bytes, whether a person may be asked)."""
+        with self._lock:
+            db = self._connect()
+            if db is None:
+                return {}
+            try:
+                found = db.execute("SELECT run_id, seq, body, attention FROM outlines"
+                                   " WHERE version = ?", (OUTLINE_VERSION,)).fetchall()
+            except sqlite3.DatabaseError:  # damaged or foreign: as if absent (a cache)
+                return {}
+        return {r[0]: (int(r[1]), bytes(r[2]), bool(r[3])) for r in found}
+
+    def put(self, outlines: Iterable[tuple[str, RunState]]) -> None:
+        rows = [(run_id, st.last_seq, OUTLINE_VERSION, columns(st)["attention"], encode(st))
+                for run_id, st in outlines]
+        if not rows or self.readonly:
+            return
+        with self._lock:
+            db = self._connect()
+            assert db is not None
+            with db:
+                db.executemany("INSERT OR REPLACE INTO outlines VALUES (?, ?, ?, ?, ?)", rows)
+
+    def drop(self, run_id: str) -> None:
+        if self.readonly or not self.path.exists():
+            return
+        with self._lock:
+            db = self._connect()
+            assert db is not None
+            with db:
+                db.execute("DELETE FROM outlines WHERE run_id = ?", (run_id,))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
