@@ -373,6 +373,13 @@ class Store(Protocol):
         the log. A run whose log cannot be read or folded maps to the error."""
         ...
 
+    @property
+    def projected(self) -> bool:
+        """Whether the store keeps outlines: False for a read-only handle on a store an
+        older release wrote (its reads fold every run: a writer's first open, or
+        ``agentjournal reindex``, projects it)."""
+        ...
+
     def put_outline(self, run_id: str, state: RunState) -> None:
         """Store ``state`` as the run's outline if its log ends at ``state.last_seq``
         (reindex). A no-op where outlines are caught up when read (JSONL: the sidecar is

@@ -949,6 +949,11 @@ class JsonlStore:
     def put_outline(self, run_id: str, state: RunState) -> None:
         self._sidecar.put([(validate_run_id(run_id), state)])
 
+    @property
+    def projected(self) -> bool:
+        """Whether the runs' outlines are kept (the sidecar, once a writer read them)."""
+        return self._sidecar.path.exists()
+
     # --- scopes: which runs share an idempotency scope ---------------------------
     #
     # ``_scopes/<sha256(scope)>.runs`` lists the runs started in a scope, a line

@@ -576,6 +576,8 @@ class PostgresStore:
         self.lock_timeout = lock_timeout
         self.durability = Durability(durability)
         self.readonly = readonly
+        #: Whether the schema keeps outlines (a read-only handle on an older one folds).
+        self.projected = True
         self._broken: str | None = None
         self._unreleased: dict[str, Lease] = {}  # releases lost to a dropped connection
         self._ends: dict[str, tuple[int, str]] = {}  # run -> (last seq, its digest), a guess
@@ -698,6 +700,7 @@ class PostgresStore:
         """For a read-only open: the schema must be an agentjournal store already."""
         version = self._version(conn)
         conn.rollback()  # leave no transaction open on the connection
+        self.projected = (version or 0) >= _OUTLINES
         if not version:
             found = "does not exist" if version is None else "has no agentjournal tables"
             raise NotAStoreError(self.url, f"schema {self.schema!r} {found}; a store is "
@@ -1128,8 +1131,12 @@ class PostgresStore:
 
     def _outline_rows(self, run_ids: Collection[str] | None, attention: bool,
                       stale: bool = False) -> list[Stored]:
-        sql_text = ("SELECT run_id, last_seq, outline_seq, outline FROM {s}.runs"
-                    " WHERE last_seq > 0 AND (%(ids)s::text[] IS NULL OR run_id = ANY(%(ids)s))")
+        sql_text = ("SELECT run_id, last_seq, "
+                    + ("outline_seq, outline" if self.projected else "NULL, NULL") +
+                    " FROM {s}.runs WHERE last_seq > 0"
+                    " AND (%(ids)s::text[] IS NULL OR run_id = ANY(%(ids)s))")
+        if not self.projected:
+            attention = stale = False
         behind = (" outline_seq IS DISTINCT FROM last_seq OR outline IS NULL"
                   " OR outline_version IS DISTINCT FROM %(version)s")
         if attention:

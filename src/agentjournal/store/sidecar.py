@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable
+from contextlib import suppress
 from pathlib import Path
 from urllib.parse import quote
 
@@ -37,6 +38,8 @@ class Sidecar:
         self.readonly = readonly
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        # A read-only handle's catches-up, kept for its next read (it writes nothing).
+        self._held: dict[str, tuple[int, bytes, bool]] = {}
 
     def _connect(self) -> sqlite3.Connection | None:
         if self._db is None:
@@ -56,19 +59,22 @@ class Sidecar:
         """Each run's outline as stored: (seq, bytes, whether a person may be asked)."""
         with self._lock:
             db = self._connect()
-            if db is None:
-                return {}
-            try:
-                found = db.execute("SELECT run_id, seq, body, attention FROM outlines"
-                                   " WHERE version = ?", (OUTLINE_VERSION,)).fetchall()
-            except sqlite3.DatabaseError:  # damaged or foreign: as if absent (a cache)
-                return {}
-        return {r[0]: (int(r[1]), bytes(r[2]), bool(r[3])) for r in found}
+            found = []
+            if db is not None:
+                with suppress(sqlite3.DatabaseError):  # damaged or foreign: a cache lost
+                    found = db.execute("SELECT run_id, seq, body, attention FROM outlines"
+                                       " WHERE version = ?", (OUTLINE_VERSION,)).fetchall()
+            rows = {r[0]: (int(r[1]), bytes(r[2]), bool(r[3])) for r in found}
+            return rows | self._held
 
     def put(self, outlines: Iterable[tuple[str, RunState]]) -> None:
         rows = [(run_id, st.last_seq, OUTLINE_VERSION, columns(st)["attention"], encode(st))
                 for run_id, st in outlines]
-        if not rows or self.readonly:
+        if self.readonly:
+            with self._lock:
+                self._held.update({r[0]: (r[1], r[4], r[3]) for r in rows})
+            return
+        if not rows:
             return
         with self._lock:
             db = self._connect()

@@ -1158,6 +1158,11 @@ class SQLiteStore:
         return [Stored(r[0], int(r[1]), r[2], None if r[3] is None else bytes(r[3]))
                 for r in found]
 
+    @property
+    def projected(self) -> bool:
+        """Whether the file keeps outlines (a read-only handle on an older one folds)."""
+        return self._heads and self._has_outlines()
+
     def _has_outlines(self) -> bool:
         return bool(self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
                                      " AND name = 'outlines'").fetchone())
