@@ -225,7 +225,7 @@ def _check_target(url: str, *, create: bool) -> None:
 
 _WRITES = frozenset({"append", "acquire", "renew", "release", "put_snapshot",
                      "delete_snapshots", "quarantine", "delete_run", "restore_run",
-                     "prune_snapshots"})
+                     "prune_snapshots", "put_outline", "put_view"})
 
 
 class _ReadFirst:
