@@ -45,6 +45,7 @@ from .errors import CorruptLogError, JournalError, SnapshotSegmentError
 from .events import SCHEMA_VERSION, Event, now
 from .keyed import BLOCK, Group, Head, Keyed, key_filter
 from .metrics import METRICS
+from .projections import differences, outline
 from .state import FOLD_VERSION, CompletedCall, Message, RunState, apply, durable_fields
 from .store import Store
 from .store.base import Snapshot
@@ -641,7 +642,7 @@ def _fold_tail(store: Store, run_id: str, state: RunState) -> int | None:
 
 
 class Mismatch(msgspec.Struct, frozen=True):
-    check: str  # "determinism" | "snapshot"
+    check: str  # "determinism" | "snapshot" | "outline"
     seq: int
     fields: list[str]
     snapshot_seq: int | None = None
@@ -676,9 +677,25 @@ def _read_to_damage(store: Store, run_id: str) -> tuple[list[Event], CorruptLogE
     return events, None
 
 
+def _check_outline(store: Store, run_id: str, folded: RunState) -> list[Mismatch]:
+    """The run's outline as the store serves it against the outline of the full fold; a
+    difference is damage, and the outline is replaced by the fold's at once, so it is
+    never served again."""
+    fresh = outline(folded)
+    served = store.outlines([run_id]).get(run_id)
+    if isinstance(served, RunState):
+        fields = differences(served, fresh)
+        if not fields:
+            return []
+    else:  # unreadable: its bytes do not decode, or the run went missing from them
+        fields = ["outline"]
+    store.put_outline(run_id, fresh)
+    return [Mismatch("outline", folded.last_seq, fields)]
+
+
 def verify(store: Store, run_id: str) -> VerifyReport:
-    """Check the log's digest chain, determinism at every prefix and every snapshot
-    against the full replay."""
+    """Check the log's digest chain, determinism at every prefix, every snapshot and
+    the run's outline against the full replay."""
     events, damage = _read_to_damage(store, run_id)
     # A snapshot checked against a damaged log would be blamed for the log's fault.
     snapshots = store.snapshots(run_id) if damage is None else []
@@ -712,5 +729,7 @@ def verify(store: Store, run_id: str) -> VerifyReport:
             store.quarantine(snapshot.fold_version,
                              f"run {run_id} snapshot at seq {snapshot.seq}: {', '.join(fields)}")
             quarantined.add(snapshot.fold_version)
+    if damage is None and events:
+        mismatches += _check_outline(store, run_id, first)
     return VerifyReport(run_id, len(events), len(snapshots), mismatches, sorted(quarantined),
                         damage.seq if damage else None, damage.detail if damage else None)

@@ -28,6 +28,7 @@ from . import (  # noqa: F401  (each registers its commands)
     decide,
     fleet,
     reading,
+    reindex,
     retention,
     running,
     sagas,

@@ -112,9 +112,10 @@ def served(rows: Iterable[Stored], read: Reader, *, attention: bool = False
     out: dict[str, RunState | JournalError] = {}
     for row in rows:
         try:
-            base = (decode(row.body, row.run_id, row.seq or 0)
-                    if row.body is not None and row.seq is not None and row.seq <= row.head
-                    else None)
+            base = None
+            if row.body is not None and row.seq is not None and row.seq <= row.head:
+                with suppress(CorruptLogError):  # a damaged outline: the log says it again
+                    base = decode(row.body, row.run_id, row.seq)
             if base is not None and base.last_seq == row.head:
                 out[row.run_id] = base
                 continue
