@@ -34,7 +34,7 @@ WITH_FLOOR = {"append", "tool_call", "replay", "recovery", "snapshot_write", "st
               "cpu_per_event", "chain", "parallel_turn", "model_step", "fleet",
               "claim", "step", "group_commit", "saga", "workspace", "gc", "temporal",
               "takeover", "ui", "langgraph", "pydantic_ai",
-              "openai_agents", "agent_step", "check"}
+              "openai_agents", "agent_step", "check", "reindex"}
 WITHOUT_FLOOR = {"recovery_growth", "storage_growth", "agent_step_growth",
                  "model_call", "snapshot_bytes", "snapshot_bytes_growth", "snapshot_next",
                  "group_commit_ceiling"}

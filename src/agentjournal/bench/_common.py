@@ -75,6 +75,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     density_turns: int = 4  # model turns per run (all but the last call a tool)
     sdk_turns: int = 40  # turns of the OpenAI Agents SDK run timed four ways
     check_runs: int = 1_000  # unfinished runs `agentjournal check` judges
+    reindex_runs: int = 1_000  # runs `agentjournal reindex` rebuilds...
+    reindex_events: int = 100  # ...of this many events each
 
 
 QUICK = Plan(appends=240, reps=3, sizes=(1_000, 10_000), steps=(100, 1_000), cpu_events=1_500,
@@ -84,7 +86,7 @@ FULL = Plan(appends=1_500, reps=5, sizes=(1_000, 10_000, 100_000), steps=(100, 1
             saga_effects=500, temporal_steps=1_000, fleet_workers=(1, 2, 4, 8), fleet_runs=160,
             fleet_claims=400, takeover_kills=10, density_runs=(100, 300, 1_000),
             density_latency=1.0, density_turns=10, pydantic_steps=500,
-            sdk_turns=200, check_runs=10_000)
+            sdk_turns=200, check_runs=10_000, reindex_runs=10_000)
 #: Every section at its smallest meaningful size, one round: for the tests, which check
 #: what each section measured, never how fast (``run_bench(plan=SMOKE)``).
 SMOKE = Plan(appends=20, reps=1, sizes=(1_000, 2_000), steps=(100, 300), cpu_events=300,
@@ -92,7 +94,7 @@ SMOKE = Plan(appends=20, reps=1, sizes=(1_000, 2_000), steps=(100, 300), cpu_eve
              temporal_steps=20, fleet_workers=(1, 2), fleet_runs=8, fleet_claims=20,
              takeover_kills=1, ui_runs=100, ui_events=2_000, density_runs=(20,),
              density_latency=0.05, density_turns=2, pydantic_steps=10, sdk_turns=4,
-             check_runs=50)
+             check_runs=50, reindex_runs=40, reindex_events=50)
 
 
 # --- the workload: what Agent records for a run calling one tool per turn ----------------

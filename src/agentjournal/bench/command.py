@@ -71,6 +71,7 @@ from .postgres import postgres_problem
 from .pydantic_ai import (
     pydantic_ai_figures,
 )
+from .reindex import reindex_figures
 from .replay import (
     recovery_figures,
     replay_figures,
@@ -143,6 +144,7 @@ _SECTIONS: dict[str, Callable[[_Run], list[Figure]]] = {
     "group-commit": lambda r: group_commit_figures(r.workdir, r.plan, r.progress),
     "saga": lambda r: saga_figures(r.workdir, r.postgres_url, r.plan, r.progress),
     "check": lambda r: check_figures(r.workdir, r.plan, r.progress),
+    "reindex": lambda r: reindex_figures(r.workdir, r.plan, r.progress),
     "workspace": lambda r: workspace_figures(r.workdir, r.plan, r.progress),
     "retention": lambda r: retention_figures(r.workdir, r.plan, r.progress),
     "temporal": lambda r: temporal_figures(r.workdir, r.plan, r.progress),
