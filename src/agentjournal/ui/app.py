@@ -341,8 +341,10 @@ class Pages:
 
     async def state(self, request: Request) -> Response:
         run_id, _ = self._run_id(request)
+        after = request.query_params.get("after")  # absent: the window's default
         data = await self._call(views.state_at, self.config.store, run_id,
-                                _int(request, "seq", 1 << 62, 1))
+                                _int(request, "seq", 1 << 62, 1),
+                                None if not after else _int(request, "after", 0))
         return self.render(request, "state.html", data)
 
     async def diff(self, request: Request) -> Response:
@@ -355,8 +357,9 @@ class Pages:
         run_id, _ = self._run_id(request)
         key = request.path_params["key"]
         as_json = key.endswith(".json")
+        at = _int(request, "at", 0)
         data = await self._call(views.call_detail, self.config.store, run_id,
-                                key.removesuffix(".json"))
+                                key.removesuffix(".json"), at or None, self.config.states)
         if as_json:
             return JSONResponse(json.loads(json.dumps(data, default=str)))
         return self.render(request, "call.html", data)

@@ -28,21 +28,20 @@ class Viewer:
         self.app: Starlette = create_app(
             self.store, store_url, allow_decisions=allow_decisions, token=token, host=host,
             by=by, states=self.states,
-            metrics=_metrics(self.store, self.states) if metrics else None)
+            metrics=_metrics(self.store) if metrics else None)
 
     def close(self) -> None:
         self.store.close()
 
 
-def _metrics(store: Store, states: States) -> Callable[[], bytes] | None:
+def _metrics(store: Store) -> Callable[[], bytes] | None:
     """``/metrics`` when prometheus_client is installed (the ``[prometheus]`` extra),
-    its store gauges from the states the pages keep."""
+    its store gauges from the runs' outlines (``store_counts``: one query a scrape)."""
     try:
         from ..prometheus import JournalCollector, exposition, store_counts
     except ImportError:
         return None
-    collector = JournalCollector(counts=lambda: store_counts(
-        store, lambda info: states.of(info.run_id, info.last_seq)))
+    collector = JournalCollector(counts=lambda: store_counts(store))
     return lambda: exposition(collector)
 
 

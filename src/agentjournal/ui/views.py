@@ -1,8 +1,13 @@
 """What each page of ``agentjournal ui`` shows, as plain data (the JSON twin of every page).
 
-Everything here reads through the public API (``Store``, ``load_state``, ``fold``,
-``durable_fields``) and returns dicts and lists of JSON values; the HTML is rendered
-from the same data, so the two never disagree. Nothing here writes.
+Everything here reads through the public API (``Store``, its outlines, snapshots,
+``fold``, ``durable_fields``) and returns dicts and lists of JSON values; the HTML is
+rendered from the same data, so the two never disagree. Nothing here writes.
+
+A page costs what it shows: the summaries of runs come from the store's outlines
+(projections.py: each run's summary, kept with its log), never from a fold of every
+run; a run's state at a seq starts from its newest sound snapshot at or before it; a
+call's page reads from the call's start to its end.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InvalidRunIdError, JournalError
+from ..errors import InvalidRunIdError, JournalError, SnapshotSegmentError
 from ..events import Event, EventType
 from ..fleet import QueuedRun
-from ..snapshots import load_state
-from ..state import PendingCall, RunState, durable_fields, fold
+from ..snapshots import _decode as decode_snapshot
+from ..snapshots import gc_paused, refusal
+from ..state import PendingCall, RunState, apply, durable_fields, fold
 from ..store import RunInfo, Store
-from ..store.base import validate_run_id
+from ..store.base import Snapshot, validate_run_id
 from ..summaries import (
     FOR_A_PERSON,
     args_text,
@@ -42,8 +48,10 @@ E = EventType
 #: Events per page of a run's timeline, and runs per page of the list.
 PAGE_EVENTS = 100
 PAGE_RUNS = 50
-#: Runs this short are folded from their log without looking for a snapshot.
-SHORT_RUN = 200
+#: Events a state page lists the calls of (up to its seq), and the first chunk a
+#: call's page reads from its start (then doubled, up to CALL_CHUNK_MAX).
+CALLS_WINDOW = 2000
+CALL_CHUNK, CALL_CHUNK_MAX = 64, 4096
 
 
 class NotFound(Exception):
@@ -60,30 +68,38 @@ def checked_id(run_id: str) -> str:
 
 
 class States:
-    """Each run's folded state, kept while its last seq stays the same: a page of 50
-    runs of 10,000 folds only the runs that moved since the last look."""
+    """What a page needs of a run besides its outline (which the store keeps): the
+    payload of its ``run_started`` and its request_changed events, each read once and
+    kept (a log only grows)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._lock = threading.Lock()
-        self._states: dict[str, RunState] = {}
         self._started: dict[str, dict[str, Any] | None] = {}
         # Per run: the seq read up to, and the request_changed events up to it (record-only,
-        # so no fold keeps them): each look reads only the events since the last.
+        # so no outline keeps them): each look reads only the events since the last.
         self._changes: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+
+    def outline(self, run_id: str) -> RunState | None:
+        """The run's outline as of its head (None: no such run); a run whose log cannot
+        be read or folded raises its error."""
+        found = self.store.outlines([run_id]).get(run_id)
+        if isinstance(found, JournalError):
+            raise found
+        return found
 
     def started(self, state: RunState) -> dict[str, Any] | None:
         """The payload of the run's ``run_started``, where ``continuation`` needs it (a
-        LangGraph thread's id, a run an integration opened under a MODULE:OBJECT): a read
-        of a log verifies it whole, so it is read once per run and kept (it never
-        changes); None for a run whose recorded agent says enough."""
+        LangGraph thread's id, a run an integration opened under a MODULE:OBJECT): read
+        once per run and kept (it never changes); None for a run whose recorded agent
+        says enough."""
         agent = state.agent or ""
         if not agent or agent.startswith(("pydantic_ai:", "openai-agents:")):
             return None
         with self._lock:
             if state.run_id in self._started:
                 return self._started[state.run_id]
-        first = next(iter(self.store.read(state.run_id)), None)
+        first = next(iter(self.store.read(state.run_id, upto=1)), None)
         payload = dict(first.payload) if first is not None else None
         with self._lock:
             self._started[state.run_id] = payload
@@ -99,10 +115,9 @@ class States:
         with self._lock:
             read_to, found = self._changes.get(run_id, (0, []))
         if read_to < last_seq:
-            events = self.store.read(run_id, after_seq=read_to)
+            events = self.store.read(run_id, after_seq=read_to, upto=last_seq)
             try:
-                found = [*found, *request_changes(itertools.islice(events,
-                                                                   last_seq - read_to))]
+                found = [*found, *request_changes(events)]
             finally:
                 close = getattr(events, "close", None)
                 if close is not None:  # a generator holding a cursor: done with it
@@ -110,19 +125,6 @@ class States:
             with self._lock:
                 self._changes[run_id] = (last_seq, found)
         return [c for c in found if c["at_seq"] <= last_seq]
-
-    def of(self, run_id: str, last_seq: int) -> RunState:
-        with self._lock:
-            cached = self._states.get(run_id)
-        if cached is not None and cached.last_seq == last_seq:
-            return cached
-        if last_seq <= SHORT_RUN:  # one read: cheaper than looking for a snapshot first
-            state = fold(self.store.read(run_id))
-        else:  # snapshot + tail; the completed calls in its segments stay undecoded
-            state = load_state(self.store, run_id, lazy=True).state
-        with self._lock:
-            self._states[run_id] = state
-        return state
 
 
 def age_s(since: datetime | None, now: datetime) -> float | None:
@@ -138,15 +140,14 @@ def plain(value: Any) -> Any:
 
 
 def needs_a_person(store: Store, states: States) -> dict[str, Any]:
-    """Every pending approval, uncertain call and escalation across runs, oldest first."""
+    """Every pending approval, uncertain call and escalation across runs, oldest first:
+    from the outlines of the runs that hold one (the store's index), never a fold."""
     now = datetime.now(UTC)
     items: list[dict[str, Any]] = []
     unreadable: list[dict[str, str]] = []
-    for info in store.list_runs():
-        try:
-            state = states.of(info.run_id, info.last_seq)
-        except JournalError as exc:
-            unreadable.append({"run_id": info.run_id, "error": str(exc)})
+    for run_id, state in store.outlines(attention=True).items():
+        if isinstance(state, JournalError):
+            unreadable.append({"run_id": run_id, "error": str(state)})
             continue
         items += _approvals(state, now)
         items += _uncertain(store, state, now)
@@ -228,7 +229,8 @@ def runs_page(store: Store, states: States, *, status: str | None = None,
               ) -> dict[str, Any]:
     """One page of runs, newest activity first, filtered by status (the recorded one, or
     the state to act on: waiting, runnable, running, stalled...), age, and ``query``:
-    text in the run id or the agent."""
+    text in the run id or the agent. Each row is its run's outline: one query for the
+    page's runs (a filter on status or text: for every run)."""
     now = datetime.now(UTC)
     skip = (page - 1) * per_page
     filtered = (status is not None or older_than_s is not None or newer_than_s is not None
@@ -240,11 +242,14 @@ def runs_page(store: Store, states: States, *, status: str | None = None,
     rows: list[dict[str, Any]] = []
     more = False
     matched = len(infos) if filtered and status is None and not query else None  # (ages)
-    if status is None and not query:  # the earlier pages need no fold to be skipped
-        infos, skip = infos[skip:], 0
+    if status is None and not query:  # the earlier pages need no outline to be skipped
+        infos, skip = infos[skip:skip + per_page + 1], 0
+        outlines = store.outlines([i.run_id for i in infos])
+    else:
+        outlines = store.outlines()
     queued = queue_runs(store)
     for info in infos:  # newest first, as the store lists them
-        row = _run_row(store, states, info, now, queued.get(info.run_id))
+        row = _run_row(store, outlines.get(info.run_id), info, now, queued.get(info.run_id))
         if status is not None and status not in (row["status"], row["standing"]["state"]):
             continue
         if query and not _matches(query, row):
@@ -270,20 +275,20 @@ def _age_fits(info: RunInfo, now: datetime, older: float | None, newer: float | 
     return (older is None or age >= older) and (newer is None or age <= newer)
 
 
-def _run_row(store: Store, states: States, info: RunInfo, now: datetime,
-             queued: QueuedRun | None) -> dict[str, Any]:
-    try:
-        state = states.of(info.run_id, info.last_seq)
-    except JournalError as exc:
-        return {"run_id": info.run_id, "status": "unreadable", "error": str(exc),
-                "standing": {"state": "failed", "label": "unreadable", "detail": str(exc)},
+def _run_row(store: Store, state: RunState | JournalError | None, info: RunInfo,
+             now: datetime, queued: QueuedRun | None) -> dict[str, Any]:
+    """A run's row from its outline (None: the run went away since it was listed)."""
+    if not isinstance(state, RunState):
+        error = str(state) if state is not None else "its log is gone"
+        return {"run_id": info.run_id, "status": "unreadable", "error": error,
+                "standing": {"state": "failed", "label": "unreadable", "detail": error},
                 "events": info.last_seq, "agent": None, "approvals": 0, "uncertain": 0,
                 "age_s": age_s(info.created_at, now), "idle_s": age_s(info.updated_at, now),
                 "cost_usd": None, "unpriced_turns": 0, "duration_s": None}
     return {"run_id": info.run_id, "status": state.status, "agent": state.agent,
             "standing": standing_of(state, store.holder(info.run_id), queued,
                                     now.timestamp()),
-            "events": info.last_seq, "approvals": len(state.approvals),
+            "events": state.last_seq, "approvals": len(state.approvals),
             "uncertain": len(state.pending), "age_s": age_s(info.created_at, now),
             "cost_usd": state.usage.cost_usd, "unpriced_turns": state.unpriced_turns,
             "duration_s": (None if state.started_at is None or info.updated_at is None
@@ -297,12 +302,12 @@ def _run_row(store: Store, states: States, info: RunInfo, now: datetime,
 
 def run_summary(store: Store, states: States, run_id: str,
                 store_hint: str = "") -> dict[str, Any]:
-    """The facts at the head of a run's page: status, counts, usage, what waits."""
+    """The facts at the head of a run's page: status, counts, usage, what waits (its
+    outline, as of its head)."""
     run_id = checked_id(run_id)
-    last = store.last_seq(run_id)
-    if not last:
+    state = states.outline(run_id)
+    if state is None or not state.last_seq:
         raise NotFound(run_id)
-    state = states.of(run_id, last)
     now = time.time()
     holder, queued = driver(store, run_id, state, now)
     stand = standing_of(state, holder, queued, now)
@@ -311,8 +316,7 @@ def run_summary(store: Store, states: States, run_id: str,
         "standing": stand, "runnable": stand["state"] == "runnable",
         "going_on": (going_on(store, state, queued, now, states.started(state), store_hint)
                      if stand["state"] in ("runnable", "stalled") else None),
-        # The state's own last seq (a fold may read past ``last``): the seq the whole
-        # page is as of.
+        # The outline's own last seq: the seq the whole page is as of.
         "agent": state.agent, "task": state.task, "events": state.last_seq,
         "versions": list(state.versions),
         "versions_line": version_line(state.versions) if state.versions else None,
@@ -348,8 +352,8 @@ def approval_to_confirm(store: Store, states: States, run_id: str,
                         approval_id: str) -> dict[str, Any] | None:
     """What approving ``approval_id`` lets happen (every approval is confirmed: it is
     the one click between a model's request and its effect); None: not pending."""
-    state = states.of(checked_id(run_id), store.last_seq(run_id))
-    a = state.approvals.get(approval_id)
+    state = states.outline(checked_id(run_id))
+    a = state.approvals.get(approval_id) if state is not None else None
     if a is None:
         return None
     return {"verb": "approve", "tool": a.tool, "args": a.args, "effect": "approval",
@@ -360,8 +364,9 @@ def verdict_to_confirm(store: Store, states: States, run_id: str, key: str,
                        outcome: str) -> dict[str, Any] | None:
     """What a verdict on an irreversible call settles; None when it asks for no
     confirmation (another effect class, or no such open call)."""
-    state = states.of(checked_id(run_id), store.last_seq(run_id))
-    named = [p for p in state.pending.values() if p.key.startswith(key)] if key else []
+    state = states.outline(checked_id(run_id))
+    named = ([p for p in state.pending.values() if p.key.startswith(key)]
+             if key and state is not None else [])
     if len(named) != 1 or named[0].effect != "irreversible":
         return None
     p = named[0]
@@ -384,11 +389,11 @@ def decision_note(store: Store, states: States, run_id: str, seq: int,
     last = store.last_seq(run_id)
     if not 0 < seq <= last:
         return None
-    recorded = [s for e in itertools.islice(store.read(run_id, after_seq=seq - 1), 4)
+    recorded = [s for e in store.read(run_id, after_seq=seq - 1, upto=seq + 3)
                 if (s := decision_said(e))]
-    if not recorded:
+    state = states.outline(run_id)
+    if not recorded or state is None:
         return None
-    state = states.of(run_id, last)
     now = time.time()
     holder, queued = driver(store, run_id, state, now)
     stand = standing_of(state, holder, queued, now)
@@ -448,28 +453,115 @@ def event_rows(events: Sequence[Event], before: Event | None = None,
         rows.append({"seq": e.seq, "ts": e.ts.isoformat(), "type": e.type.value,
                      "epoch": e.epoch, "summary": summary(e), "payload": e.payload,
                      "key": e.payload.get("key") or e.payload.get("idempotency_key"),
+                     # where the call's page starts reading: its start
+                     "call_at": e.payload.get("started_seq") or e.seq,
                      "effect": e.payload.get("effect"), "gap": lease_gap(prev, e),
                      "took": None if started is None else (e.ts - started).total_seconds()})
     return rows
 
 
-def state_at(store: Store, run_id: str, seq: int) -> dict[str, Any]:
+def state_at(store: Store, run_id: str, seq: int, after: int | None = None
+             ) -> dict[str, Any]:
     """The run as of ``seq`` (time travel), for a reader: its messages, its tool calls
     (tool, arguments, outcome, duration), usage; and its durable fields as folded from
-    events 1..seq (``state``)."""
+    events 1..seq (``state``), from the newest sound snapshot at or before ``seq``.
+
+    A long run is shown through a window: the messages, calls (each read from its
+    start), completions and attempts of the events after ``after`` (by default the last
+    CALLS_WINDOW up to ``seq``; 0: the whole run, as its whole log up to ``seq`` says),
+    so a late seq of a long run costs a window, not the log."""
     run_id = checked_id(run_id)
     last = store.last_seq(run_id)
     if not last:
         raise NotFound(run_id)
     seq = min(max(1, seq), last)
-    events = list(itertools.islice(store.read(run_id), seq))
-    state = fold(events)
+    after = max(0, seq - CALLS_WINDOW) if after is None else min(max(0, after), seq)
+    try:
+        state = _state_at(store, run_id, seq, lazy=after > 0)
+        after, events = _calls_window(store, run_id, state, after, seq)
+        shown = _windowed(state, events, after) if after else state
+    except SnapshotSegmentError:  # a snapshot's segment is damaged: the log says it again
+        state = _state_at(store, run_id, seq, lazy=False)
+        after, events = _calls_window(store, run_id, state, after, seq)
+        shown = _windowed(state, events, after) if after else state
     return {"run_id": run_id, "seq": seq, "last_seq": last, "status": state.status,
             "turns": state.turns, "usage": plain(state.usage),
-            "messages": [_message(m) for m in state.messages],
-            "calls": calls_of(events),
+            "messages": [_message(m) for m in shown.messages],
+            "calls": calls_of(events), "after": after, "all_messages": len(state.messages),
             "approvals": [plain(a) for a in state.approvals.values()],
-            "state": durable_fields(state)}
+            "state": durable_fields(shown)}
+
+
+def _windowed(state: RunState, events: Sequence[Event], after: int) -> RunState:
+    """``state`` with its messages, completed calls and attempts cut to those of the
+    events after ``after`` (the window ``events`` holds)."""
+    completed = {k for e in events if e.type is E.TOOL_CALL_COMPLETED
+                 and (k := e.payload.get("idempotency_key"))}
+    started = {k for e in events if e.type is E.TOOL_CALL_STARTED and (k := e.payload.get("key"))}
+    return msgspec.structs.replace(
+        state, messages=[m for m in state.messages if m.seq > after],
+        completed={k: c for k in sorted(completed) if (c := state.completed.get(k))},
+        attempts={k: n for k in sorted(started) if (n := state.attempts.get(k))})
+
+
+def _state_at(store: Store, run_id: str, seq: int, *, lazy: bool) -> RunState:
+    """The run's state as of ``seq``: its newest snapshot at or before it that is sound
+    (checked as ``load_state`` checks one) with the events after it up to ``seq``
+    folded in; else a fold from seq 1. ``lazy``: the completed calls and attempts in
+    the snapshot's segments are decoded when looked up (keyed.py)."""
+    with gc_paused():  # decoding and folding allocate many objects and free none
+        for snapshot in store.snapshots(run_id):  # newest first
+            state = _sound(store, snapshot, seq, lazy)
+            if state is not None and _folded_to(state, store.read(
+                    run_id, after_seq=snapshot.seq, upto=seq), seq):
+                return state
+        return fold(store.read(run_id, upto=seq))
+
+
+def _folded_to(state: RunState, events: Iterator[Event], seq: int) -> bool:
+    """Fold ``events`` into ``state``; whether they continue it right after its seq, one
+    by one, up to ``seq`` (else ``state`` is half folded: not to be used)."""
+    try:
+        for event in events:
+            if event.seq != state.last_seq + 1:
+                return False
+            apply(state, event)
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:  # a generator holding a cursor: done with it
+            close()
+    return state.last_seq == seq
+
+
+def _sound(store: Store, snapshot: Snapshot, seq: int, lazy: bool) -> RunState | None:
+    """The state ``snapshot`` holds, if it is at or before ``seq``, of this release's
+    fold, not quarantined, and decodes to the state at its seq (as ``load_state``
+    checks one); else None."""
+    if snapshot.seq > seq or refusal(snapshot, store.quarantined()) is not None:
+        return None
+    state, _ = decode_snapshot(store, snapshot, lazy=lazy)
+    return state
+
+
+def _calls_window(store: Store, run_id: str, state: RunState, after: int, seq: int
+                  ) -> tuple[int, list[Event]]:
+    """The events after ``after`` up to ``seq``, reaching back to the starts of the
+    calls open at ``seq`` and of those the window settles: each call whole. Returns
+    the seq the window starts after, and its events."""
+    after = min([after, *(p.started_seq - 1 for p in state.pending.values())])
+    events = list(store.read(run_id, after_seq=after, upto=seq))
+    began = {e.payload.get("key") for e in events if e.type is E.TOOL_CALL_STARTED}
+    earlier = [s - 1 for e in events if e.type in _SETTLING and (s := e.payload.get(
+        "started_seq")) is not None and s <= after and _key_of(e) not in began]
+    if earlier:
+        reach = min(earlier)
+        events = [*store.read(run_id, after_seq=reach, upto=after), *events]
+        after = reach
+    return after, events
+
+
+#: The events about a call that name its start's seq.
+_SETTLING = frozenset({E.TOOL_CALL_COMPLETED, E.TOOL_CALL_UNCERTAIN, E.TOOL_CALL_RECONCILED})
 
 
 def _message(m: Any) -> dict[str, Any]:
@@ -498,8 +590,10 @@ def calls_of(events: Iterable[Event]) -> list[dict[str, Any]]:
         call = calls.setdefault(key, {"key": key, "tool": p.get("tool"), "args": p.get("args"),
                                       "started_seq": e.seq, "attempts": 0, "result": None,
                                       "seconds": None, "_started": e.ts})
-        if e.type is E.TOOL_CALL_STARTED:
-            call.update(attempts=call["attempts"] + 1, _started=e.ts, seconds=None)
+        if e.type is E.TOOL_CALL_STARTED:  # (an attempt's number: its earlier ones may
+            # precede the events given)
+            call.update(attempts=max(call["attempts"] + 1, p.get("attempt") or 0),
+                        _started=e.ts, seconds=None)
         elif e.type is E.TOOL_CALL_RECONCILED:
             call["verdict"] = f"{p.get('verdict')} by {p.get('by', 'agentjournal')}"
             continue
@@ -527,7 +621,12 @@ def diff_page(store: Store, run_id: str, a: int, b: int) -> dict[str, Any]:
     """What changed from seq ``a`` to seq ``b``, for a reader: the status, the messages
     added, the calls that started or moved on (with their outcome), usage; and the
     durable fields that differ (``changes``)."""
-    first, second = state_at(store, run_id, a), state_at(store, run_id, b)
+    # Both states are seen through the same window (each may reach back to an open
+    # call's start): every call and message that moved after ``a`` is in it.
+    first = state_at(store, run_id, a, after=max(0, min(a, b) - CALLS_WINDOW))
+    second = state_at(store, run_id, b, after=first["after"])
+    if second["after"] < first["after"]:
+        first = state_at(store, run_id, a, after=second["after"])
     before = {c["key"]: c for c in first["calls"]}
     moved = [dict(c, was=before[c["key"]]["outcome"] if c["key"] in before else None)
              for c in second["calls"] if before.get(c["key"]) != c]
@@ -540,17 +639,54 @@ def diff_page(store: Store, run_id: str, a: int, b: int) -> dict[str, Any]:
             "changes": diff_states(first["state"], second["state"])}
 
 
-def call_detail(store: Store, run_id: str, key: str) -> dict[str, Any]:
+def call_detail(store: Store, run_id: str, key: str, at: int | None = None,
+                states: States | None = None) -> dict[str, Any]:
     """Every event about one call (by idempotency key or a prefix): started, completed
-    or uncertain, verdicts, who decided."""
+    or uncertain, verdicts, who decided. Read from the call's first event (``at``, as
+    the links carry it; else an open call's start, from the outline) until it is
+    settled; the whole log only when its start is unknown."""
     run_id = checked_id(run_id)
-    if not key or not store.last_seq(run_id):
+    if not key:
         raise NotFound(run_id)
-    events = [e for e in store.read(run_id) if _key_of(e).startswith(key)]
+    if at is None and states is not None:
+        state = states.outline(run_id)
+        starts = [p.started_seq for p in (state.pending.values() if state else ())
+                  if p.key.startswith(key)]
+        at = min(starts, default=None)
+    events = _call_events(store, run_id, key, at) if at else None
+    if not events:  # the start is unknown, or was not this call's
+        if not store.last_seq(run_id):
+            raise NotFound(run_id)
+        events = [e for e in store.read(run_id) if _key_of(e).startswith(key)]
     if not events:
         raise NotFound(key)
     return {"run_id": run_id, "key": _key_of(events[0]),
             "events": event_rows(events, None, call_starts(events))}
+
+
+#: The events after which nothing more is recorded about a call.
+_CALL_ENDS = frozenset({E.TOOL_CALL_COMPLETED, E.TOOL_CALL_DENIED, E.TOOL_RESULT_SERVED})
+
+
+def _call_events(store: Store, run_id: str, key: str, at: int) -> list[Event]:
+    """The events about the call ``key`` from seq ``at`` until it ends (a completion that
+    is not a proven failure, a denial, a served result) or the log does, read in
+    growing chunks; empty when the event at ``at`` is not about it."""
+    found: list[Event] = []
+    after, size = at - 1, CALL_CHUNK
+    while True:
+        chunk = list(store.read(run_id, after_seq=after, upto=after + size))
+        for e in chunk:
+            if not _key_of(e).startswith(key):
+                continue
+            if not found and e.seq != at:
+                return []
+            found.append(e)
+            if e.type in _CALL_ENDS and not e.payload.get("is_error"):
+                return found
+        if len(chunk) < size or not found:
+            return found
+        after, size = chunk[-1].seq, min(size * 2, CALL_CHUNK_MAX)
 
 
 def _key_of(event: Event) -> str:
