@@ -420,23 +420,27 @@ def test_a_warm_append_is_one_statement_and_a_commit(
 def test_prefetched_logs_are_read_without_a_round_trip_apiece(
     store: PostgresStore, statements: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The short logs of the runs a worker claimed, read in one statement: each run's next
-    read from its start is served from it, once, checked as any read is. An append
-    through the handle drops the run's copy; a log longer than a page is left out."""
+    """The short logs of the runs a worker claimed, read in one statement (their outlines
+    in one more): each run's next read from its start is served from it, once, checked
+    as any read is. An append through the handle drops the run's copy; a log longer
+    than a page is left out."""
     monkeypatch.setattr(pg_module, "_PAGE", 4)
     for run_id, n in (("a", 3), ("b", 2), ("long", 5)):
         store.append(run_id, make_events(run_id, 0, 0, _facts(n)), expected_seq=0, epoch=0)
     fresh = {r: list(store.read(r)) for r in ("a", "b")}
+    store._outlines.clear()  # as a worker's handle that never appended to them
     statements.clear()
     store.prefetch(["a", "b", "long", "missing"])
-    assert len(statements) == 1
+    assert len(statements) == 2
     statements.clear()
     assert {r: list(store.read(r)) for r in ("a", "b")} == fresh
     assert statements == []
     assert [e.seq for e in store.read("a")] == [1, 2, 3] and len(statements) == 1  # once
     assert [e.seq for e in store.read("long")] == [1, 2, 3, 4, 5] and len(statements) == 3
     store.prefetch(["b"])
+    statements.clear()
     store.append("b", make_events("b", 2, 0, _facts(1)), expected_seq=2, epoch=0)
+    assert len(statements) == 1  # the claim: the outline it builds on was prefetched
     assert [e.seq for e in store.read("b")] == [1, 2, 3]
 
 

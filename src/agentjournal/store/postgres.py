@@ -1028,9 +1028,10 @@ class PostgresStore:
         " WHERE r.run_id = ANY(%(runs)s) AND r.last_seq <= %(most)s ORDER BY r.run_id, e.seq")
 
     def prefetch(self, run_ids: Sequence[str]) -> None:
-        """Read the logs of ``run_ids`` in one round trip, each kept for the next read of
-        that run from its start: a worker that took hundreds of runs over opens them
-        without a round trip apiece. (Logs of more than a page are left to their read.)
+        """Read the logs of ``run_ids`` in one round trip (and their outlines in one
+        more), each kept for the next read of that run from its start: a worker that
+        took hundreds of runs over opens them without a round trip apiece. (Logs of more
+        than a page are left to their read.)
 
         Only a hint, as :attr:`_ends` is: the caller holds the runs' leases, so nothing
         else appends meanwhile; an append through this handle drops the run's copy, and
@@ -1042,6 +1043,12 @@ class PostgresStore:
         with self._read() as conn:
             rows = conn.execute(self._q(self._LOGS_AND_HEADS),
                                 {"runs": list(run_ids), "most": _PAGE}).fetchall()
+            if self.projected:  # their outlines too: each run's next append builds on one
+                for run_id, seq, outline in conn.execute(self._q(
+                        "SELECT run_id, outline_seq, outline FROM {s}.runs WHERE run_id ="
+                        " ANY(%s) AND outline_version = %s AND outline IS NOT NULL"),
+                        (list(run_ids), OUTLINE_VERSION)):
+                    self._outlines.put(run_id, int(seq), bytes(outline))
         for run_id, last, digest, seq, body in rows:
             records, _ = logs.setdefault(run_id, ([], (int(last), str(digest))))
             if seq is not None:
