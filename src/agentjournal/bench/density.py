@@ -17,9 +17,11 @@ process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import multiprocessing
 import resource
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -96,6 +98,39 @@ class Measured:
     rss_growth_mb: float
     commits: int | None = None
     cpu: float = 0.0  # the process's CPU seconds (user + system) while the runs ran
+    late: float = 0.0  # the loop's worst wake lateness while the runs ran (s)
+    idle_late: float = 0.0  # ... and on the same loop with nothing else to do
+
+
+#: How often the lateness probe asks to wake, and how long it probes an idle loop.
+PROBE_EVERY, IDLE_PROBE = 0.010, 1.0
+
+
+def _queued() -> float:
+    """Seconds this thread has waited for a CPU (Linux schedstat; 0 where there is none):
+    the machine's other work, not the loop being blocked."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+async def _probe(lateness: list[float]) -> None:
+    """Wake every PROBE_EVERY and record how late each wake was (less the time the
+    thread waited for a CPU meanwhile): what a loop blocked by a store call shows."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due, queued = loop.time() + PROBE_EVERY, _queued()
+        await asyncio.sleep(PROBE_EVERY)
+        lateness.append(loop.time() - due - (_queued() - queued))
+
+
+async def _idle_lateness() -> float:
+    lateness: list[float] = []
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(_probe(lateness), IDLE_PROBE)
+    return max(lateness, default=0.0)
 
 
 def _cpu() -> float:
@@ -111,11 +146,18 @@ def _ours(url: str, n: int, latency: float, turns: int,
         gc.collect()
         before, peak = _rss_mb(), [0.0]
 
-        async def sample() -> None:
-            while True:
-                peak[0] = max(peak[0], _rss_mb())
-                await asyncio.sleep(latency / 2)
+        lateness: list[float] = []
 
+        async def sample() -> None:
+            probe = asyncio.ensure_future(_probe(lateness))
+            try:
+                while True:
+                    peak[0] = max(peak[0], _rss_mb())
+                    await asyncio.sleep(latency / 2)
+            finally:
+                probe.cancel()
+
+        idle = asyncio.run(_idle_lateness())
         committed = commits() if commits else None
         began, cpu = time.perf_counter(), _cpu()
         statuses = asyncio.run(run_many(agent, store, n, f"d{uuid.uuid4().hex[:6]}", sample))
@@ -123,7 +165,8 @@ def _ours(url: str, n: int, latency: float, turns: int,
         if set(statuses) != {"finished"}:
             raise RuntimeError(f"density runs ended {sorted(set(statuses))}")
         spent = commits() - committed if commits and committed is not None else None
-        return Measured(wall, max(0.0, peak[0] - before), spent, cpu)
+        return Measured(wall, max(0.0, peak[0] - before), spent, cpu,
+                        max(lateness, default=0.0), idle)
     finally:
         store.close()
 
@@ -309,6 +352,11 @@ def density_figures(workdir: Path, postgres_url: str | None, plan: Plan,
                                   "the event loop, stepper threads and store together"))
             figures.append(figure(f"{name}.rss_per_run", ours.rss_growth_mb * 1024 / n,
                                   "KiB/run", note="resident growth while held, over N"))
+            figures.append(figure(
+                f"{name}.loop_late", ours.late * 1e3, "ms", ours.idle_late * 1e3,
+                f"the same probe on the idle loop, {IDLE_PROBE:g} s",
+                f"the event loop's worst wake late (a {PROBE_EVERY * 1e3:g} ms probe, less "
+                "the time its thread waited for a CPU) while the runs appended"))
             if ours.commits is not None:
                 figures.append(figure(
                     f"{name}.commits_per_step", ours.commits / (n * steps_per_run),
