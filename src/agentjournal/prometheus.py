@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import MissingExtraError
+from .errors import JournalError, MissingExtraError
 from .metrics import METRICS, Metrics
 from .state import RunState
 from .store import RunInfo, Store
@@ -158,22 +158,29 @@ _HELP = {
 def store_counts(store: Store,
                  state_of: Callable[[RunInfo], RunState] | None = None) -> dict[str, Any]:
     """What waits in ``store`` now, from each run's state: ``state_of`` (a cache, as the
-    viewer keeps), else folded from the store (snapshot + tail)."""
-    from .snapshots import load_state
-
+    viewer keeps), else the runs' outlines (projections.py), read in one query. A run
+    whose log cannot be read is counted as unreadable, never left out."""
     by_status: Counter[str] = Counter()
     uncertain: Counter[str] = Counter()
-    approvals = escalations = events = 0
-    for info in store.list_runs():
-        state = (state_of(info) if state_of is not None
-                 else load_state(store, info.run_id, lazy=True).state)
+    approvals = escalations = events = unreadable = 0
+    infos = store.list_runs()
+    found: dict[str, RunState | JournalError] = (
+        {i.run_id: state_of(i) for i in infos} if state_of is not None
+        else store.outlines())
+    for info in infos:
+        state = found.get(info.run_id)
+        if state is None:  # (gone since it was listed)
+            continue
         events += info.last_seq
+        if isinstance(state, JournalError):
+            unreadable += 1
+            continue
         by_status[state.status] += 1
         uncertain.update(p.effect for p in state.pending.values())
         approvals += len(state.approvals)
         escalations += int(state.waits_for_a_person)
     return {"runs": dict(by_status), "uncertain": dict(uncertain), "approvals": approvals,
-            "escalations": escalations, "events": events}
+            "escalations": escalations, "events": events, "unreadable": unreadable}
 
 
 def _from_store(counts: dict[str, Any]) -> Iterator[Metric]:
@@ -194,6 +201,9 @@ def _from_store(counts: dict[str, Any]) -> Iterator[Metric]:
     yield runs
     yield GaugeMetricFamily(f"{PREFIX}events_stored", "Events in the store's logs",
                             value=counts["events"])
+    yield GaugeMetricFamily(f"{PREFIX}runs_unreadable",
+                            "Runs whose log cannot be read or folded (verify says why)",
+                            value=counts.get("unreadable", 0))
 
 
 def exposition(collector: JournalCollector) -> bytes:

@@ -7,7 +7,7 @@ import importlib
 import os
 import sqlite3
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar, cast, get_args
@@ -44,9 +44,8 @@ from .. import (
 from ..continuation import Continuation, continuation
 from ..errors import NoQueueError
 from ..fleet import QUEUE_STATES, QueuedRun, queue_of
-from ..snapshots import load_state
 from ..state import Status
-from ..store import ENV_VAR, RunInfo, local_path, mask_secrets
+from ..store import ENV_VAR, local_path, mask_secrets
 from ..store.base import missing_run
 from ..summaries import human_age as human_age  # (the CLI's modules take these from here)
 from ..summaries import short as short
@@ -299,15 +298,37 @@ def load(store: Store, run_id: str, at: int | None = None) -> tuple[list[Event],
     return events, fold(events)
 
 
-def fold_all(store: Store) -> tuple[list[tuple[RunInfo, RunState]], list[JournalError]]:
-    """Every run's state; runs that cannot be read are returned as errors, not skipped."""
-    states, errors = [], []
-    for info in store.list_runs():
-        try:
-            states.append((info, load_state(store, info.run_id).state))  # snapshot + tail
-        except JournalError as exc:
-            errors.append(exc)
+def outlines_of(store: Store, run_ids: Collection[str] | None = None, *,
+                attention: bool = False) -> tuple[dict[str, RunState], list[JournalError]]:
+    """Each run's outline (projections.py: its summary, with no messages or completed
+    calls), in one read of the store: of ``run_ids`` or of every run; ``attention``: only
+    the runs a person may be asked about. Runs that cannot be read come back as errors,
+    not skipped."""
+    states: dict[str, RunState] = {}
+    errors: list[JournalError] = []
+    for run_id, found in store.outlines(run_ids, attention=attention).items():
+        if isinstance(found, JournalError):
+            errors.append(found)
+        else:
+            states[run_id] = found
     return states, errors
+
+
+def outline_of(store: Store, run_id: str) -> RunState:
+    """One run's outline (an empty state for a run with no events, as a fold of none)."""
+    found = store.outlines([run_id]).get(run_id)
+    if isinstance(found, JournalError):
+        raise found
+    return RunState() if found is None else found
+
+
+def advise_if_unprojected(store: Store, store_url: str) -> None:
+    """Say once, on stderr, how to speed reads up on a store that keeps no outlines yet
+    (one an older release wrote): a read-only command then folds every run's log."""
+    if not store.projected:
+        note(f"{store_url} keeps no run outlines yet, so this read folds the log of every "
+             f"run it lists. To build them once: agentjournal reindex{store_hint(store_url)}"
+             " (or any command that writes to the store: run, resume, a decision)")
 
 
 def queued_runs(store: Store) -> dict[str, QueuedRun]:
@@ -355,7 +376,7 @@ def how_it_goes_on(store: Store, run_id: str, store_url: str, *,
     # finished state ("nothing to continue"), never a "done" queue entry beside a state
     # from before (which would read as a run outside the queue).
     queued = queued_runs(store).get(run_id)
-    state = load_state(store, run_id).state
+    state = outline_of(store, run_id)  # (what a continuation reads, an outline holds)
     return continuation_of(store, state, None if first is None else first.payload, queued,
                            store_url, nesting=nesting)
 

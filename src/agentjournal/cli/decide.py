@@ -14,17 +14,18 @@ from ..summaries import summary
 from ._base import (
     ARGS_SHOWN,
     _report_unreadable,
+    advise_if_unprojected,
     age,
     by_option,
     cli,
     fits,
-    fold_all,
     how_it_goes_on,
     human_age,
     json_option,
     note,
     opened,
     out,
+    outlines_of,
     print_fitted,
     short,
     store_option,
@@ -63,12 +64,13 @@ def approvals(ctx: click.Context, as_json: bool, store_url: str) -> None:
       agentjournal approvals --json | jq '.[] | select(.age_s > 3600)'
     """
     with opened(store_url) as store:
-        states, errors = fold_all(store)
+        advise_if_unprojected(store, store_url)
+        states, errors = outlines_of(store, attention=True)  # (the runs with one open)
     rows: list[dict[str, Any]] = sorted(({
         "run_id": s.run_id, "approval_id": a.approval_id, "tool": a.tool, "args": a.args,
         "reason": a.reason, "requested_seq": a.requested_seq, "requested_at": a.requested_at,
         "age_s": age(a.requested_at),
-    } for _, s in states for a in s.approvals.values()), key=lambda r: -r["age_s"])
+    } for s in states.values() for a in s.approvals.values()), key=lambda r: -r["age_s"])
     if as_json:
         emit_json(rows)
     elif not rows:
@@ -154,13 +156,14 @@ def uncertain(ctx: click.Context, as_json: bool, store_url: str) -> None:
       agentjournal uncertain --json | jq '.[] | select(.risk == "irreversible")'
     """
     with opened(store_url) as store:
-        states, errors = fold_all(store)
+        advise_if_unprojected(store, store_url)
+        states, errors = outlines_of(store, attention=True)  # (the runs with one open)
     rows: list[dict[str, Any]] = sorted(({
         "run_id": s.run_id, "run_status": s.status, "tool": p.tool, "key": p.key,
         "kind": "compensation" if p.effect == "compensation" else "call",
         "args": p.args, "risk": p.effect, "attempt": p.attempt, "started_seq": p.started_seq,
         "started_at": p.started_at, "age_s": age(p.started_at), "last_error": p.last_error,
-    } for _, s in states for p in s.pending.values()), key=lambda r: -r["age_s"])
+    } for s in states.values() for p in s.pending.values()), key=lambda r: -r["age_s"])
     if as_json:
         emit_json(rows)
     elif not rows:

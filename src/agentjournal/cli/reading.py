@@ -30,7 +30,7 @@ from ..continuation import Continuation, was_interrupted
 from ..events import now
 from ..fleet import QueuedRun
 from ..integrations._graphlog import thread_run, thread_view
-from ..snapshots import VerifyReport, load_state
+from ..snapshots import VerifyReport
 from ..snapshots import verify as verify_run
 from ..store import RunInfo, Store, mask_secrets
 from ..store.base import missing_run
@@ -51,6 +51,7 @@ from ._base import (
     CliError,
     _fail,
     _report_unreadable,
+    advise_if_unprojected,
     age,
     cli,
     continuation_of,
@@ -124,10 +125,16 @@ class Listing(msgspec.Struct):
     more: bool  # runs past the limit were not looked at
 
 
+#: Runs whose outlines one read asks for when `runs --status` filters (the rows that
+#: match are not known before their outlines are read).
+PAGE = 1000
+
+
 def newest_runs(store: Store, status: str | None, limit: int | None) -> Listing:
     """Up to ``limit`` runs with ``status``, newest first: the runs with events and the
-    submitted ones that have none yet. Only the runs shown are folded, so listing the
-    newest of many is as fast as listing a few."""
+    submitted ones that have none yet. Each row is read from the run's outline, one
+    read of the store for the runs shown (no log is folded where outlines are kept), so
+    listing the newest of many is as fast as listing a few."""
     queued = queued_runs(store)
     infos = store.list_runs()
     have_events = {i.run_id for i in infos}
@@ -135,24 +142,35 @@ def newest_runs(store: Store, status: str | None, limit: int | None) -> Listing:
     candidates: list[RunInfo | QueuedRun] = [*infos, *waiting]
     candidates.sort(key=_last_activity, reverse=True)
     listing = Listing(rows=[], errors=[], total=len(candidates), more=False)
-    for n, candidate in enumerate(candidates):
-        if limit is not None and len(listing.rows) == limit:
-            listing.more = n < len(candidates)
-            break
-        if isinstance(candidate, QueuedRun):
-            row = queued_row(candidate)
-        else:
-            try:
-                state = load_state(store, candidate.run_id).state  # snapshot + tail
-            except JournalError as exc:
-                listing.errors.append(exc)
-                continue
-            entry = queued.get(candidate.run_id)
-            stalled = is_stalled(store, candidate.run_id, state, entry)
-            row = run_row(candidate, state, entry, stalled=stalled)
-        if status is None or row["status"] == status:
-            listing.rows.append(row)
+    size = len(candidates) if limit is None else limit if status is None else max(limit, PAGE)
+    for start in range(0, len(candidates), max(size, 1)):
+        page = candidates[start:start + size]
+        found = store.outlines([c.run_id for c in page if not isinstance(c, QueuedRun)])
+        for candidate in page:
+            if limit is not None and len(listing.rows) == limit:
+                listing.more = True
+                return listing
+            row = _row(store, candidate, found, queued)
+            if isinstance(row, JournalError):
+                listing.errors.append(row)
+            elif row is not None and (status is None or row["status"] == status):
+                listing.rows.append(row)
     return listing
+
+
+def _row(store: Store, candidate: RunInfo | QueuedRun,
+         found: dict[str, RunState | JournalError], queued: dict[str, QueuedRun]
+         ) -> dict[str, Any] | JournalError | None:
+    """``runs``' row for ``candidate`` from its outline in ``found``: the error when its
+    log cannot be read, None when it went since it was listed."""
+    if isinstance(candidate, QueuedRun):
+        return queued_row(candidate)
+    state = found.get(candidate.run_id)
+    if state is None or isinstance(state, JournalError):
+        return state
+    entry = queued.get(candidate.run_id)
+    stalled = is_stalled(store, candidate.run_id, state, entry)
+    return run_row(candidate, state, entry, stalled=stalled)
 
 
 def _last_activity(run: RunInfo | QueuedRun) -> datetime:
@@ -190,6 +208,7 @@ def runs(ctx: click.Context, status: str | None, limit: int, all_runs: bool, as_
       agentjournal runs --status paused --limit 20 --store sqlite:///runs.db
     """
     with opened(store_url) as store:
+        advise_if_unprojected(store, store_url)
         listing = newest_runs(store, status, None if all_runs else limit)
     rows = listing.rows
     if as_json:

@@ -26,7 +26,6 @@ from ..continuation import INTERRUPTED
 from ..errors import AgentRefError
 from ..events import EventType
 from ..journal import open_journal, stateless
-from ..snapshots import load_state
 from ..store import validate_run_id
 from ..workspace import WorkspaceError
 from ._base import (
@@ -40,6 +39,7 @@ from ._base import (
     note,
     opened,
     out,
+    outline_of,
     progress,
     short,
     store_hint,
@@ -86,7 +86,7 @@ def interrupted(store: Store, run_id: str, store_url: str) -> str:
     with contextlib.suppress(JournalError), open_journal(store, run_id) as journal:
         if journal.state.status == "running":
             journal.record(EventType.RUN_PAUSED, reason=INTERRUPTED)
-    state = load_state(store, run_id).state
+    state = outline_of(store, run_id)
     in_flight = ", ".join(sorted({p.tool for p in state.pending.values()}))
     settled = (f" (the call in flight, {in_flight}, is settled by its effect's rules when "
                "it resumes)" if in_flight else "")
