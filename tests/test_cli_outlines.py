@@ -6,6 +6,8 @@ older release wrote, they still work (the store folds) and say once how to speed
 from __future__ import annotations
 
 import json
+import sqlite3
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
@@ -19,6 +21,7 @@ from agentjournal.cli._base import outlines_of
 from agentjournal.cli._usage import run_cost
 from agentjournal.cli.reading import newest_runs
 from agentjournal.events import Event, make_events
+from agentjournal.prometheus import store_counts
 from agentjournal.state import RunState, Status
 from agentjournal.store import sqlite as sqlite_module
 from agentjournal.store.sqlite import SQLiteStore
@@ -108,6 +111,16 @@ def assert_listings_equal_the_folds(url: str, folded: dict[str, RunState]) -> st
     return said + said_too + said_again
 
 
+def counts_of(folded: dict[str, RunState]) -> dict[str, Any]:
+    """What prometheus.store_counts says of these folds."""
+    states = folded.values()
+    return {"runs": dict(Counter(st.status for st in states)),
+            "uncertain": dict(Counter(p.effect for st in states for p in st.pending.values())),
+            "approvals": sum(len(st.approvals) for st in states),
+            "escalations": sum(st.waits_for_a_person for st in states),
+            "events": sum(st.last_seq for st in states), "unreadable": 0}
+
+
 def test_the_runs_cover_every_status_a_native_run_records() -> None:
     statuses = {fold(events).status for _, events in native_prefixes()}
     assert statuses == set(get_args(Status)) - {"new"}  # (new: before run_started)
@@ -128,6 +141,7 @@ def test_runs_on_2000_runs_read_no_log_and_say_what_each_fold_says(tmp_path: Pat
         assert set(states) == {r for r, st in folded.items()
                                if st.approvals or st.pending or st.status == "escalated"}
         assert not errors
+        assert store_counts(store) == counts_of(folded)  # (the metrics' gauges)
         assert store.reads == 0
 
 
@@ -162,3 +176,18 @@ def test_an_older_store_is_read_by_folding_and_the_advice_is_said_once(
     assert said.count("keeps no run outlines yet") == 3  # once for each command
     assert invoke("reindex", "--store", url).exit_code == 0
     assert assert_listings_equal_the_folds(url, folded) == ""
+
+
+def test_the_metrics_count_a_run_whose_log_cannot_be_read_as_unreadable(
+        old_store: tuple[str, dict[str, RunState]]) -> None:
+    url, folded = old_store
+    path, run_id = url.split("///")[1].split("?")[0], next(iter(folded))
+    with sqlite3.connect(path) as db:  # one event of one run edited by hand: damage
+        db.execute("UPDATE events SET body = CAST(replace(CAST(body AS TEXT), 'task', 'TASK')"
+                   " AS BLOB) WHERE key = (SELECT (run_no << 32) + 1 FROM run_numbers"
+                   " WHERE run_id = ?)", (run_id,))
+    damaged = folded.pop(run_id)
+    expected = counts_of(folded)
+    expected["events"] += damaged.last_seq  # (its events are stored all the same)
+    with open_store(url, readonly=True) as store:
+        assert store_counts(store) == {**expected, "unreadable": 1}
