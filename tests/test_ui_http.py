@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 pytest.importorskip("starlette")
@@ -467,3 +468,85 @@ def test_each_run_has_one_state_on_every_backend(store_url: str) -> None:
         assert standing["parked"]["detail"].startswith(
             "a worker parked it: it killed its worker 3 times")
     assert listed == {r: s["state"] for r, s in standing.items()}
+
+
+def _snapshotted_long_run(url: str, turns: int) -> list[Any]:
+    """A long run with a snapshot at about two thirds of it and a damaged one at its end
+    (a wrong state, its body not what its digest says): its log."""
+    from agentjournal import fold
+    from agentjournal.snapshots import take, write_snapshot
+
+    store = open_store(url)
+    try:
+        long_run(store, "long", turns)
+        log = list(store.read("long"))
+        write_snapshot(store, fold(log[: len(log) * 2 // 3]))
+        wrong = fold(log)
+        wrong.turns = 999
+        store.put_snapshot(msgspec.structs.replace(take(wrong), digest="0" * 64), keep=3)
+        assert [s.seq for s in store.snapshots("long")] == [len(log), len(log) * 2 // 3]
+    finally:
+        store.close()
+    return log
+
+
+@pytest.mark.parametrize("store_url", ["jsonl", "sqlite"], indirect=True)
+def test_time_travel_through_a_window_says_what_the_whole_log_says(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A late seq of a long run is shown from its snapshot and the last events: status,
+    usage and every field equal the whole log's, the messages and calls are the whole
+    log's of the window, each call as its whole history says (tried, took, result)."""
+    from agentjournal import fold
+    from agentjournal.ui import views
+
+    monkeypatch.setattr(views, "WINDOW", 20)
+    log = _snapshotted_long_run(store_url, 60)
+    v = Viewer(store_url)
+    try:
+        client = TestClient(v.app, base_url=BASE)
+        for seq in (len(log), len(log) - 7, len(log) * 2 // 3, 25):
+            shown = client.get(f"/runs/long/state.json?seq={seq}").json()
+            whole = client.get(f"/runs/long/state.json?seq={seq}&after=0").json()
+            after = shown["after"]
+            assert whole["after"] == 0 and after <= max(0, seq - 20)
+            assert after > 0 or seq == 25  # (a seq this early: the whole run)
+            folded = fold(log[:seq])
+            assert (shown["status"], shown["turns"], shown["usage"]) == (
+                whole["status"], whole["turns"], whole["usage"]) == (
+                folded.status, folded.turns, msgspec.to_builtins(folded.usage))
+            assert shown["messages"] == [m for m in whole["messages"] if m["seq"] > after]
+            moved = {e.payload.get("key") or e.payload.get("idempotency_key")
+                     for e in log[after:seq]}
+            assert shown["calls"] == [c for c in whole["calls"] if c["key"] in moved]
+            assert shown["calls"], seq
+            for name, value in shown["state"].items():
+                if name in ("messages", "completed", "completed_args", "attempts"):
+                    continue  # (the window's, as above)
+                assert value == whole["state"][name], (seq, name)
+        html = client.get(f"/runs/long/state?seq={len(log)}").text
+        assert 'id="window"' in html and f"seq={len(log)}&after=0" in html
+    finally:
+        v.close()
+
+
+@pytest.mark.parametrize("store_url", ["jsonl", "sqlite", "postgres"], indirect=True)
+def test_a_calls_page_read_from_its_start_is_its_whole_history(
+        viewer: tuple[str, TestClient], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call's page, read from the start its link carries (in chunks, to its end),
+    from an open call's start in the outline, or from a wrong start (the whole log):
+    the same events as a read of the whole log."""
+    from agentjournal.ui import views
+
+    monkeypatch.setattr(views, "CALL_CHUNK", 2)
+    url, client = viewer
+    for run_id in ("long", "wire-w1", "markup"):
+        calls = client.get(f"/runs/{run_id}/state.json?after=0").json()["calls"]
+        assert calls
+        for call in calls:
+            whole = [(e.seq, e.type.value) for e in log_of(url, run_id)
+                     if (e.payload.get("key") or e.payload.get("idempotency_key")) == call["key"]]
+            for at in (f"?at={call['started_seq']}", "", "?at=1"):
+                page = client.get(f"/runs/{run_id}/calls/{call['key']}.json{at}").json()
+                assert [(e["seq"], e["type"]) for e in page["events"]] == whole, (run_id, at)
+        html = client.get(f"/runs/{run_id}/state").text
+        assert f"/calls/{calls[0]['key']}?at={calls[0]['started_seq']}" in html

@@ -257,6 +257,8 @@ class Pages:
         self.env.filters["short"] = _short
         self.env.filters["age"] = _human_age
         self.env.filters["took"] = _took
+        for name in self.env.list_templates():  # compiled now, not by the first requests
+            self.env.get_template(name)
 
     @property
     def _store_hint(self) -> str:

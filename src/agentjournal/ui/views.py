@@ -48,9 +48,11 @@ E = EventType
 #: Events per page of a run's timeline, and runs per page of the list.
 PAGE_EVENTS = 100
 PAGE_RUNS = 50
-#: Events a state page lists the calls of (up to its seq), and the first chunk a
-#: call's page reads from its start (then doubled, up to CALL_CHUNK_MAX).
-CALLS_WINDOW = 2000
+#: The events a long run's state page shows the messages and calls of (up to its seq):
+#: about as many calls as a page lists (SHOWN_AT_MOST) for a run that calls a tool a
+#: turn. And the first chunk a call's page reads from its start (then doubled, up to
+#: CALL_CHUNK_MAX).
+WINDOW = 600
 CALL_CHUNK, CALL_CHUNK_MAX = 64, 4096
 
 
@@ -468,14 +470,14 @@ def state_at(store: Store, run_id: str, seq: int, after: int | None = None
 
     A long run is shown through a window: the messages, calls (each read from its
     start), completions and attempts of the events after ``after`` (by default the last
-    CALLS_WINDOW up to ``seq``; 0: the whole run, as its whole log up to ``seq`` says),
+    WINDOW up to ``seq``; 0: the whole run, as its whole log up to ``seq`` says),
     so a late seq of a long run costs a window, not the log."""
     run_id = checked_id(run_id)
     last = store.last_seq(run_id)
     if not last:
         raise NotFound(run_id)
     seq = min(max(1, seq), last)
-    after = max(0, seq - CALLS_WINDOW) if after is None else min(max(0, after), seq)
+    after = max(0, seq - WINDOW) if after is None else min(max(0, after), seq)
     try:
         state = _state_at(store, run_id, seq, lazy=after > 0)
         after, events = _calls_window(store, run_id, state, after, seq)
@@ -623,7 +625,7 @@ def diff_page(store: Store, run_id: str, a: int, b: int) -> dict[str, Any]:
     durable fields that differ (``changes``)."""
     # Both states are seen through the same window (each may reach back to an open
     # call's start): every call and message that moved after ``a`` is in it.
-    first = state_at(store, run_id, a, after=max(0, min(a, b) - CALLS_WINDOW))
+    first = state_at(store, run_id, a, after=max(0, min(a, b) - WINDOW))
     second = state_at(store, run_id, b, after=first["after"])
     if second["after"] < first["after"]:
         first = state_at(store, run_id, a, after=second["after"])
