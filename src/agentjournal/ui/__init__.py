@@ -2,8 +2,9 @@
 
 It leads with what needs a person (pending approvals, uncertain calls, escalations,
 oldest first), then lists runs and shows each run's timeline, its state at any seq,
-and a live tail. Every page answers as JSON too. It reads through the public API only
-(``Store``, ``load_state``, ``fold``) and decides through the same functions as the
+and a live tail. Every page answers as JSON too. It reads through the store (each
+run's outline, its events, its snapshots, checked as ``load_state`` checks them) and
+``fold``, never folding every run, and decides through the same functions as the
 CLI (``record_approval``, ``record_resolution``, ``fork``, ``cancel``), only when
 started with ``--allow-decisions``. See docs/ui.md.
 """

@@ -93,8 +93,8 @@ def create_app(store: Store, store_url: str, *, allow_decisions: bool = False,
     Bearer``, the cookie a first ``?token=`` visit sets). Decisions (approve, deny,
     resolve, fork, cancel) are refused unless ``allow_decisions``; each POST must carry
     the page's CSRF token. ``writer`` opens the store for a decision (default: ``store``
-    itself). ``metrics``: the body of ``/metrics`` (absent: 404). ``states``: the cache
-    of folded states (default: a new one)."""
+    itself). ``metrics``: the body of ``/metrics`` (absent: 404). ``states``: what the
+    pages keep of each run's log besides its outline (default: a new one)."""
     if not is_loopback(host) and not token:
         raise ValueError(f"binding {host!r} serves other machines: give a token (--token "
                          "or AGENTJOURNAL_UI_TOKEN), or bind 127.0.0.1")
