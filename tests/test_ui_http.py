@@ -550,3 +550,33 @@ def test_a_calls_page_read_from_its_start_is_its_whole_history(
                 assert [(e["seq"], e["type"]) for e in page["events"]] == whole, (run_id, at)
         html = client.get(f"/runs/{run_id}/state").text
         assert f"/calls/{calls[0]['key']}?at={calls[0]['started_seq']}" in html
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_run_whose_log_cannot_be_read_is_named_and_the_others_shown(
+        store_url: str) -> None:
+    """One run's log edited by hand, its outline gone (a read must fold it): the
+    needs-a-person page and the runs list name it unreadable and show every other run;
+    its own page says what is wrong (409)."""
+    import sqlite3
+
+    made(store_url)
+    with sqlite3.connect(store_url.split("///")[1].split("?")[0]) as db:
+        db.execute("UPDATE events SET body = CAST(replace(CAST(body AS TEXT), 'read', 'READ')"
+                   " AS BLOB) WHERE key = (SELECT (run_no << 32) + 1 FROM run_numbers"
+                   " WHERE run_id = 'markup')")
+        db.execute("DELETE FROM outlines WHERE run_no = (SELECT run_no FROM run_numbers"
+                   " WHERE run_id = 'markup')")
+    v = Viewer(store_url)
+    try:
+        client = TestClient(v.app, base_url=BASE)
+        queue = client.get("/index.json").json()
+        assert [u["run_id"] for u in queue["unreadable"]] == ["markup"]
+        assert [i["run_id"] for i in queue["items"]] == ["pay-bob", "wire-w1"]
+        runs = {r["run_id"]: r["status"] for r in client.get("/runs.json").json()["runs"]}
+        assert runs == {"pay-bob": "waiting_approval", "wire-w1": "paused",
+                        "markup": "unreadable", "long": "finished"}
+        assert client.get("/runs/markup.json").status_code == 409
+        assert client.get("/runs/long.json").json()["run"]["status"] == "finished"
+    finally:
+        v.close()
