@@ -1,8 +1,9 @@
 """What each page of ``agentjournal ui`` shows, as plain data (the JSON twin of every page).
 
-Everything here reads through the public API (``Store``, its outlines, snapshots,
-``fold``, ``durable_fields``) and returns dicts and lists of JSON values; the HTML is
-rendered from the same data, so the two never disagree. Nothing here writes.
+Everything here reads through the store (its outlines, events and snapshots, each
+snapshot checked as ``load_state`` checks one), ``fold`` and ``durable_fields``, and
+returns dicts and lists of JSON values; the HTML is rendered from the same data, so
+the two never disagree. Nothing here writes.
 
 A page costs what it shows: the summaries of runs come from the store's outlines
 (projections.py: each run's summary, kept with its log), never from a fold of every
@@ -49,10 +50,9 @@ E = EventType
 PAGE_EVENTS = 100
 PAGE_RUNS = 50
 #: The events a long run's state page shows the messages and calls of (up to its seq):
-#: about as many calls as a page lists (SHOWN_AT_MOST) for a run that calls a tool a
-#: turn. And the first chunk a call's page reads from its start (then doubled, up to
-#: CALL_CHUNK_MAX).
+#: about as many calls as a page lists (SHOWN_AT_MOST) for a run that calls a tool a turn.
 WINDOW = 600
+#: The first chunk a call's page reads from its start, doubled up to the second.
 CALL_CHUNK, CALL_CHUNK_MAX = 64, 4096
 
 
