@@ -24,7 +24,7 @@ import binascii
 import contextlib
 import hashlib
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,8 +93,12 @@ def thread_view(events: Sequence[Event]) -> dict[str, Any] | None:
             "seq": latest.seq, "pending_writes": sorted(
                 w.channel for w in index.writes.get((latest.ns, latest.id), {}).values())},
         "input_not_yet_checkpointed": index.pending_input is not None,
-        "stored_value_bytes": sum(len(b) * 3 // 4 for b in index.blobs.values()),
+        "stored_value_bytes": sum(len(b) * 3 // 4 for b in index.cache.values()),
     }
+
+
+def _raw(stored: str | bytes) -> bytes:
+    return stored if isinstance(stored, bytes) else unb64(stored)
 
 
 def b64(data: bytes) -> str:
@@ -125,8 +129,8 @@ class Blobs:
     """The chunks a batch of events adds: ``add`` returns a chunk's reference, and
     keeps its bytes only if the thread's log does not hold them yet."""
 
-    def __init__(self, known: dict[str, str]) -> None:
-        self.known, self.new = known, {}  # type: dict[str, str], dict[str, str]
+    def __init__(self, known: Container[str]) -> None:
+        self.known, self.new = known, {}  # type: Container[str], dict[str, str]
 
     def add(self, stored: bytes) -> str:
         name = chunk_name(stored)
@@ -142,8 +146,7 @@ class Blobs:
         return {"c": [self.add(stored)]}
 
 
-@dataclass
-class CheckpointRecord:
+class CheckpointRecord(msgspec.Struct, array_like=True):
     """One ``put``, as the index keeps it (values stay references until read)."""
 
     ns: str
@@ -155,7 +158,7 @@ class CheckpointRecord:
     source: str | None
     step: int | None
     #: The channels this put gave a value: channel -> [version, reference].
-    values: dict[str, Any] = field(default_factory=dict)
+    values: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def checkpoint(self) -> Typed:
@@ -166,8 +169,7 @@ class CheckpointRecord:
         return self.metadata_b64[0], unb64(self.metadata_b64[1])
 
 
-@dataclass
-class WriteRecord:
+class WriteRecord(msgspec.Struct, array_like=True):
     task_id: str
     channel: str
     ref: dict[str, Any]
@@ -189,7 +191,8 @@ class GraphIndex:
     versions: list[str] = field(default_factory=list)
     #: The input of the newest invocation whose input checkpoint is not in the log yet.
     pending_input: Typed | None = None
-    blobs: dict[str, str] = field(default_factory=dict)  # chunk name -> its bytes, base64
+    #: Chunk name -> the seq of the event that holds its bytes (read when needed).
+    chunks: dict[str, int] = field(default_factory=dict)
     checkpoints: dict[str, dict[str, CheckpointRecord]] = field(default_factory=dict)
     #: (namespace, channel, version) -> the reference first stored under it.
     values: dict[tuple[str, str, Any], dict[str, Any]] = field(default_factory=dict)
@@ -198,6 +201,16 @@ class GraphIndex:
     clashes: set[tuple[str, str, Any]] = field(default_factory=set)
     writes: dict[tuple[str, str], dict[tuple[str, int], WriteRecord]] = field(
         default_factory=dict)
+    #: Chunk bytes at hand (base64 as an event holds them, or bytes): what this process
+    #: folded or read. Not part of the fold: ``load`` reads the others when needed.
+    cache: dict[str, str | bytes] = field(default_factory=dict, compare=False, repr=False)
+    #: List values at hand as one msgpack array of their items, by their chunks' names
+    #: (a head view's: LangGraph's serializer reads one in a single call).
+    joined: dict[tuple[str, ...], bytes] = field(default_factory=dict, compare=False,
+                                                 repr=False)
+    #: Reads the events at the given seqs of the thread's log (None: nothing more to read).
+    load: Callable[[Collection[int]], Iterable[Event]] | None = field(
+        default=None, compare=False, repr=False)
 
     def apply(self, event: Event) -> None:
         rule = _RULES.get(event.type)
@@ -221,9 +234,34 @@ class GraphIndex:
         if "i" in ref:
             return unpack_chunk(unb64(ref["i"]))
         items: list[Typed] = []
-        for name in ref["c"]:
-            items.extend(unpack_chunk(unb64(self.blobs[name])))
+        for stored in self.chunk_bytes(ref["c"]):
+            items.extend(unpack_chunk(stored))
         return items
+
+    def chunk_bytes(self, names: Sequence[str]) -> list[bytes]:
+        """The stored bytes of the named chunks, the missing ones read from the log (one
+        read per run of consecutive seqs)."""
+        missing = {self._seq_of(name) for name in names if name not in self.cache}
+        if missing:
+            if self.load is None:
+                raise CorruptLogError(self.run_id, min(missing), "a chunk's event is not read")
+            for event in self.load(sorted(missing)):
+                for name, text in event.payload.get("blobs", {}).items():
+                    self.cache.setdefault(name, text)
+        return [_raw(self._cached(name)) for name in names]
+
+    def _seq_of(self, name: str) -> int:
+        seq = self.chunks.get(name)
+        if seq is None:
+            raise CorruptLogError(self.run_id, self.last_seq, f"no event holds chunk {name}")
+        return seq
+
+    def _cached(self, name: str) -> str | bytes:
+        text = self.cache.get(name)
+        if text is None:
+            raise CorruptLogError(self.run_id, self.chunks[name], (
+                f"event {self.chunks[name]} does not hold chunk {name}"))
+        return text
 
     def sole(self, ns: str, channel: str, version: Any) -> bool:
         """Whether one value was stored under the version (a change may be based on it)."""
@@ -305,7 +343,8 @@ def _input(ix: GraphIndex, ev: Event) -> None:
 
 def _blobs(ix: GraphIndex, ev: Event) -> None:
     for name, text in ev.payload.get("blobs", {}).items():
-        ix.blobs[name] = text
+        ix.chunks.setdefault(name, ev.seq)  # (a chunk stored again: the first holds it)
+        ix.cache.setdefault(name, text)
 
 
 def _checkpoint(ix: GraphIndex, ev: Event) -> None:

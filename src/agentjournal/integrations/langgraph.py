@@ -86,6 +86,15 @@ from ._graphlog import (
     thread_run_id,
     unb64,
 )
+from ._graphviews import (
+    EVERY,
+    head_of,
+    joined,
+    load_head,
+    load_index,
+    plain_versions,
+    store_views,
+)
 
 try:
     from langchain_core.messages import ToolMessage
@@ -104,6 +113,7 @@ try:
         writes_sort_key,
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.config import get_config
     from langgraph.errors import GraphInterrupt
     from langgraph.prebuilt import ToolNode
@@ -119,6 +129,7 @@ __all__ = ["DELETED", "ExactlyOnce", "JournalSaver", "Thread", "ToolEffect", "ag
            "stream", "thread_run_id"]
 
 AGENT = "langgraph"
+_GRAPH = frozenset({EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES})
 
 
 @dataclass
@@ -140,6 +151,9 @@ class Thread:
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.thread_id, self.run_id = thread_id, run_id
         self.index = GraphIndex()
+        self.loaded = False  # whether the index was read (its view and the log after it)
+        self.index_seq = 0  # the seq of the index view stored last
+        self.head_due = False  # a checkpoint or a write since the head view was stored
         self.run: BridgedRun | None = None
         self.version: str | None = None  # the graph version its run was opened with
         self.lock = threading.RLock()
@@ -150,6 +164,13 @@ class Thread:
         for event in events:
             if event.seq > self.index.last_seq:
                 self.index.apply(event)
+
+
+def _one_call_reads_many(serde: SerializerProtocol) -> bool:
+    """Whether ``serde`` reads a msgpack array as its items read one by one: LangGraph's
+    own serializer, its reading not overridden."""
+    return isinstance(serde, JsonPlusSerializer) and (
+        type(serde).loads_typed is JsonPlusSerializer.loads_typed)
 
 
 def _same_full_chunk(before: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
@@ -192,6 +213,9 @@ class JournalSaver(BaseCheckpointSaver[str]):
     strict=)``).
     """
 
+    #: Events between two stores of a thread's index view (see ``_graphviews``).
+    index_every = EVERY
+
     def __init__(self, store: Store, *, serde: SerializerProtocol | None = None,
                  owner: str | None = None, ttl: float = 30.0,
                  max_result_bytes: int | None = None,
@@ -208,16 +232,25 @@ class JournalSaver(BaseCheckpointSaver[str]):
     # --- threads and their leases ----------------------------------------------------
 
     def thread(self, thread_id: str) -> Thread:
-        """The thread's current run, its log read up to now. ``ArchivedRunError`` when gc
-        archived it (``agentjournal restore`` brings it back)."""
+        """The thread's current run, its log read up to now (its index view, then the
+        events after it). ``ArchivedRunError`` when gc archived it (``agentjournal
+        restore`` brings it back)."""
+        t = self._entry(thread_id)
+        with t.lock:
+            if not t.loaded:
+                t.index, t.index_seq = load_index(self.store, t.run_id)
+                t.loaded = True
+            elif t.run is None:
+                t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
+        return t
+
+    def _entry(self, thread_id: str) -> Thread:
+        """The thread as this saver knows it, its log not read."""
         with self._lock:
             t = self._threads.get(thread_id)
             if t is None:
                 t = self._threads[thread_id] = Thread(thread_id, self._current_run(thread_id))
-        with t.lock:
-            if t.run is None:
-                t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
-        return t
+            return t
 
     def _current_run(self, thread_id: str) -> str:
         generation = 1
@@ -280,10 +313,28 @@ class JournalSaver(BaseCheckpointSaver[str]):
             with t.lock:
                 self._drop(t)
 
-    def _drop(self, t: Thread) -> None:
+    def _drop(self, t: Thread, *, keep: bool = True) -> None:
+        """Close the thread's run (its lease released); then, ``keep``, store its views."""
         if t.run is not None:
             run, t.run = t.run, None
             run.close()
+            if keep:
+                self._keep_index(t, at_rest=True)
+
+    def _keep_index(self, t: Thread, *, at_rest: bool) -> None:
+        """Store the thread's index view every EVERY events (or a quarter of the log,
+        which bounds its cost as the thread grows), and its head when the writer comes
+        to rest (a reader's get_tuple of the latest checkpoint reads only the head)."""
+        since = t.index.last_seq - t.index_seq
+        every = self.index_every
+        index = since >= (every if at_rest else max(every, t.index.last_seq // 4))
+        head = head_of(t.index, plain_versions) if at_rest and t.head_due else None
+        if index or head is not None:
+            store_views(self.store, t.index, index=index, head=head)
+        if index:
+            t.index_seq = t.index.last_seq
+        if at_rest:
+            t.head_due = False
 
     def close(self) -> None:
         """Release every lease this saver holds (the store stays open: it is the caller's)."""
@@ -311,9 +362,12 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 with _naming(thread_id):
                     events = run.record(facts, redact=False)
             except FencedError:
-                self._drop(t)  # another process took the thread over: let go of it
+                self._drop(t, keep=False)  # another process took the thread over: let go
                 raise
             t.index.apply_all(events)
+            t.index.joined.clear()  # (a head's values: read once, by the writer's first get)
+            t.head_due = t.head_due or any(e.type in _GRAPH for e in events)
+            self._keep_index(t, at_rest=False)
 
     # --- BaseCheckpointSaver ----------------------------------------------------------
 
@@ -324,7 +378,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
         with t.lock:
             self.hold(thread_id)
             values = checkpoint["channel_values"]
-            blobs = Blobs(t.index.blobs)
+            blobs = Blobs(t.index.chunks)
             refs = {channel: [version, self._ref(t, ns, channel, version, values[channel],
                                                  blobs) if channel in values else {"e": 1}]
                     for channel, version in new_versions.items()}
@@ -360,7 +414,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
             objects = tuple(value[start:start + CHUNK])
             if last is not None and k < len(last.chunks) and _same_full_chunk(
                     last.chunks[k][0], objects) and (
-                    last.chunks[k][1] in t.index.blobs or last.chunks[k][1] in blobs.new):
+                    last.chunks[k][1] in t.index.chunks or last.chunks[k][1] in blobs.new):
                 chunks.append(last.chunks[k])  # the very same items: not serialized again
             else:
                 items = [self.serde.dumps_typed(v) for v in objects]
@@ -390,7 +444,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
         with t.lock:
             self.hold(thread_id)
             stored = t.index.writes.get((ns, checkpoint_id), {})
-            blobs = Blobs(t.index.blobs)
+            blobs = Blobs(t.index.chunks)
             rows = []
             for idx, (channel, value) in enumerate(writes):
                 at = WRITES_IDX_MAP.get(channel, idx)
@@ -404,14 +458,26 @@ class JournalSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, ns = _conf(config)
+        wanted = get_checkpoint_id(config)
+        head = self._head(thread_id)
+        if head is not None:  # (its newest checkpoint, or none: the namespace has none)
+            newest = next(iter(head.checkpoints.get(ns, {}).values()), None)
+            if newest is None or wanted in (None, newest.id):
+                return None if newest is None else self._tuple(thread_id, head, newest)
         t = self.thread(thread_id)
         with t.lock:
             ours = t.index.checkpoints.get(ns, {})
-            wanted = get_checkpoint_id(config)
             if wanted is None:
                 wanted = max(ours, default=None)
             record = ours.get(wanted) if wanted is not None else None
-            return None if record is None else self._tuple(t, record)
+            return None if record is None else self._tuple(thread_id, t.index, record)
+
+    def _head(self, thread_id: str) -> GraphIndex | None:
+        """The head view of a thread this saver has not read: its newest checkpoints,
+        if no checkpoint or write was appended after it (else None: the index answers)."""
+        t = self._entry(thread_id)
+        with t.lock:
+            return None if t.loaded else load_head(self.store, t.run_id)
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None
@@ -439,7 +505,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
                         meta = self.serde.loads_typed(r.metadata)
                         if any(meta.get(k) != v for k, v in filter.items()):
                             continue
-                    found.append(self._tuple(t, r))
+                    found.append(self._tuple(thread_id, t.index, r))
             if limit is not None:
                 limit -= len(found)
             yield from found
@@ -456,18 +522,19 @@ class JournalSaver(BaseCheckpointSaver[str]):
                     ids.add(thread_id)
         return sorted(ids)
 
-    def _tuple(self, t: Thread, r: CheckpointRecord) -> CheckpointTuple:
+    def _tuple(self, thread_id: str, index: GraphIndex,
+               r: CheckpointRecord) -> CheckpointTuple:
         checkpoint = self.serde.loads_typed(r.checkpoint)
-        checkpoint["channel_values"] = self._values(t, r, checkpoint["channel_versions"])
-        writes = t.index.writes.get((r.ns, r.id), {})
+        checkpoint["channel_values"] = self._values(index, r, checkpoint["channel_versions"])
+        writes = index.writes.get((r.ns, r.id), {})
         ordered = sorted(writes.items(),
                          key=lambda kv: writes_sort_key(kv[1].task_path, kv[0][0], kv[0][1]))
         pending = []
         for _, w in ordered:
-            items = t.index.read_value(w.ref)
+            items = index.read_value(w.ref)
             assert items is not None  # a write always has a value
             pending.append((w.task_id, w.channel, self.serde.loads_typed(items[0])))
-        conf = {"thread_id": t.thread_id, "checkpoint_ns": r.ns}
+        conf = {"thread_id": thread_id, "checkpoint_ns": r.ns}
         return CheckpointTuple(
             config={"configurable": {**conf, "checkpoint_id": r.id}},
             checkpoint=checkpoint,
@@ -477,19 +544,36 @@ class JournalSaver(BaseCheckpointSaver[str]):
             pending_writes=pending,
         )
 
-    def _values(self, t: Thread, r: CheckpointRecord,
+    def _values(self, index: GraphIndex, r: CheckpointRecord,
                 versions: ChannelVersions) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for channel, version in versions.items():
-            ref = t.index.ref_of(r, channel, version)
+            ref = index.ref_of(r, channel, version)
             if ref is None:
                 continue
             if "l" in ref or "d" in ref:
-                items = t.index.read_list(r, channel, ref)
-                values[channel] = [self.serde.loads_typed(item) for item in items]
-            elif (one := t.index.read_value(ref)) is not None:
+                names = index.list_names(r, channel, ref)
+                whole = index.joined.get(tuple(names))
+                if whole is not None and _one_call_reads_many(self.serde):
+                    values[channel] = self._loads_many(whole)  # (a head's, joined)
+                else:
+                    values[channel] = self._loads_all(index.read_value({"c": names}) or [])
+            elif (one := index.read_value(ref)) is not None:
                 values[channel] = self.serde.loads_typed(one[0])
         return values
+
+    def _loads_all(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[Any]:
+        """The serializer's values of ``items``. LangGraph's own serializer reads a run
+        of msgpack items as one msgpack array, its items decoded by the same rules:
+        one call instead of one per item (a message history: most of a read)."""
+        if not _one_call_reads_many(self.serde) or any(t != "msgpack" for t, _ in items):
+            return [self.serde.loads_typed(item) for item in items]
+        return self._loads_many(joined(data for _, data in items))
+
+    def _loads_many(self, array: bytes) -> builtins.list[Any]:
+        """A msgpack array of values, read by LangGraph's serializer in one call."""
+        found: builtins.list[Any] = self.serde.loads_typed(("msgpack", array))
+        return found
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's log: its run is replaced by a tombstone naming no archive
@@ -505,7 +589,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
                               digest=records_digest(records), archive=DELETED,
                               deleted_at=now())
             self.store.delete_run(stone, epoch=run.journal.lease.epoch)
-            self._drop(t)
+            self._drop(t, keep=False)
         with self._lock:
             self._threads.pop(thread_id, None)
 

@@ -1,0 +1,354 @@
+"""A LangGraph thread's index kept beside its log: two views (``store.put_view``), so a
+process that has not seen the thread answers without folding the whole log.
+
+- ``langgraph-index``: the whole ``GraphIndex`` (every checkpoint, value reference and
+  write) without the chunks' bytes: a chunk is named with the seq of the event that
+  holds it, read from the log when a value needs it. ``list`` and every writer start
+  from it.
+- ``langgraph-head``: per namespace, the newest checkpoint, its pending writes, its
+  values' references resolved to their chunks, and those chunks' bytes: what
+  ``get_tuple`` of the latest checkpoint reads, in one view.
+
+A view is a cache: derived from the log only, rebuilt from it at any time
+(:func:`rebuild_thread_index`), checked against a fresh fold
+(:func:`check_thread_index`). It records the seq it is folded to; a reader folds the
+events after it (the index), or, when any of them is a checkpoint or writes, does not
+use it (the head). A view that does not decode, is past the log's end or names a chunk
+its bytes do not match is not used: the log is read instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Any
+
+import msgspec
+
+from ..events import Event, EventType
+from ..store import Store
+from ._graphlog import CheckpointRecord, GraphIndex, WriteRecord, chunk_name, unpack_chunk
+
+INDEX = "langgraph-index"
+HEAD = "langgraph-head"
+#: The views' encoding; a view of another format is not used (the log is folded).
+FORMAT = 1
+#: Events a writer appends before it stores the index again (a crashed writer's
+#: successor folds at most this many, or a quarter of the log, after the view).
+EVERY = 1000
+#: What a head cannot answer from: events that add a checkpoint or a write.
+_GRAPH = frozenset({EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES})
+
+Versions = Callable[[CheckpointRecord], Mapping[str, Any] | None]
+
+
+class _Body(msgspec.Struct, array_like=True):
+    format: int
+    last_seq: int
+    run_id: str
+    thread_id: str | None
+    finished: bool
+    versions: list[str]
+    pending_input: tuple[str, bytes] | None
+    chunks: dict[str, int]
+    checkpoints: list[CheckpointRecord]
+    values: list[tuple[str, str, Any, dict[str, Any]]]
+    clashes: list[tuple[str, str, Any]]
+    writes: list[tuple[str, str, list[tuple[int, WriteRecord]]]]
+    held: dict[str, bytes]  # chunk bytes (the head's), checked against their names on read
+    #: The head's list values whose items are all msgpack, each as one msgpack array
+    #: (LangGraph's serializer reads it in one call), by the key its reference names
+    #: (``{"l": names, "j": key}``, key the sha name of the array). Checked by
+    #: check_thread_index, not on every read (megabytes to hash).
+    joined: dict[str, bytes]
+
+
+_DECODER = msgspec.msgpack.Decoder(_Body)
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def encode_index(ix: GraphIndex, held: Iterable[str] = ()) -> bytes:
+    """``ix`` as a view's body, with the bytes of the ``held`` chunks and its joined
+    lists."""
+    return _ENCODER.encode(_Body(
+        format=FORMAT, last_seq=ix.last_seq, run_id=ix.run_id, thread_id=ix.thread_id,
+        finished=ix.finished, versions=ix.versions, pending_input=ix.pending_input,
+        chunks=ix.chunks,
+        checkpoints=[r for cps in ix.checkpoints.values() for r in cps.values()],
+        values=[(ns, ch, v, ref) for (ns, ch, v), ref in ix.values.items()],
+        clashes=sorted(ix.clashes, key=repr),
+        writes=[(ns, cid, [(idx, w) for (_, idx), w in ws.items()])
+                for (ns, cid), ws in ix.writes.items()],
+        held={name: ix.chunk_bytes([name])[0] for name in held},
+        joined={ref["j"]: ix.joined[tuple(ref["l"])] for ref in ix.values.values()
+                if "j" in ref}))
+
+
+def decode_index(body: bytes) -> GraphIndex:
+    """A view's body as the index it holds (``ValueError``: not a body this release
+    wrote, or one whose held chunks do not match their names)."""
+    try:
+        b = _DECODER.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"not a LangGraph index: {exc}") from None
+    if b.format != FORMAT:
+        raise ValueError(f"a LangGraph index of format {b.format}, not {FORMAT}")
+    for name, stored in b.held.items():
+        if chunk_name(stored) != name:
+            raise ValueError(f"chunk {name} does not hold its bytes")
+    ix = GraphIndex(last_seq=b.last_seq, run_id=b.run_id, thread_id=b.thread_id,
+                    finished=b.finished, versions=b.versions,
+                    pending_input=b.pending_input, chunks=b.chunks)
+    for r in b.checkpoints:
+        ix.checkpoints.setdefault(r.ns, {})[r.id] = r
+    ix.values = {(ns, ch, v): ref for ns, ch, v, ref in b.values}
+    ix.clashes = {(ns, ch, v) for ns, ch, v in b.clashes}
+    ix.writes = {(ns, cid): {(w.task_id, idx): w for idx, w in ws} for ns, cid, ws in b.writes}
+    ix.cache.update(b.held)
+    for ref in ix.values.values():
+        if "j" in ref and ref["j"] in b.joined:
+            ix.joined[tuple(ref["l"])] = b.joined[ref["j"]]
+    return ix
+
+
+# --- the head: what get_tuple of the newest checkpoint reads ----------------------------
+
+_PLAIN = msgspec.msgpack.Decoder(ext_hook=lambda code, data: None)
+
+
+def plain_versions(record: CheckpointRecord) -> Mapping[str, Any] | None:
+    """A checkpoint's ``channel_versions`` read without its serializer, for a checkpoint
+    LangGraph's default serializer wrote (msgpack, or json); None for any other
+    (an encrypted one): such a thread has no head."""
+    kind, data = record.checkpoint
+    try:
+        if kind == "msgpack":
+            found = _PLAIN.decode(data).get("channel_versions")
+        elif kind == "json":
+            found = json.loads(data).get("channel_versions")
+        else:
+            return None
+    except (msgspec.DecodeError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def head_of(ix: GraphIndex, versions: Versions = plain_versions) -> GraphIndex | None:
+    """The head of ``ix``: per namespace its newest checkpoint (the greatest id, as
+    get_tuple finds it), that checkpoint's writes, and its values' references resolved
+    (a list's chunks named in full, a fork's value as the checkpoint sees it; a list of
+    msgpack items also joined: ``{"l": names, "j": key}``, the array's bytes cached
+    under ``key``, the sha name of those bytes). None when a checkpoint's versions
+    cannot be read without its serializer."""
+    head = GraphIndex(last_seq=ix.last_seq, run_id=ix.run_id, thread_id=ix.thread_id,
+                      finished=ix.finished, versions=list(ix.versions),
+                      pending_input=ix.pending_input)
+    for ns, cps in ix.checkpoints.items():
+        record = cps[max(cps)]
+        found = versions(record)
+        if found is None:
+            return None
+        head.checkpoints[ns] = {record.id: record}
+        for channel, version in found.items():
+            ref = _resolved(ix, record, channel, version, head.joined)
+            if ref is not None:
+                head.values[(ns, channel, version)] = ref
+        if (writes := ix.writes.get((ns, record.id))) is not None:
+            head.writes[(ns, record.id)] = writes
+    for ref in head.values.values():  # (a joined list's chunks stay in the log)
+        for name in ref.get("l", ref.get("c", ())):
+            head.chunks[name] = ix.chunks[name]
+    for ws in head.writes.values():
+        for w in ws.values():
+            for name in w.ref.get("c", ()):
+                head.chunks[name] = ix.chunks[name]
+    held = held_chunks(head)
+    head.cache.update(zip(held, ix.chunk_bytes(held), strict=True))
+    return head
+
+
+def _resolved(ix: GraphIndex, record: CheckpointRecord, channel: str, version: Any,
+              lists: dict[tuple[str, ...], bytes]) -> dict[str, Any] | None:
+    ref = ix.ref_of(record, channel, version)
+    if ref is None or not ("l" in ref or "d" in ref):
+        return ref
+    names = ix.list_names(record, channel, ref)
+    items = [item for stored in ix.chunk_bytes(names) for item in unpack_chunk(stored)]
+    if not items or any(kind != "msgpack" for kind, _ in items):
+        return {"l": names}
+    whole = joined(data for _, data in items)
+    lists[tuple(names)] = whole
+    return {"l": names, "j": chunk_name(whole)}
+
+
+def joined(items: Iterable[bytes]) -> bytes:
+    """msgpack items as one msgpack array of them."""
+    parts = list(items)
+    return b"".join([b"\xdd", len(parts).to_bytes(4, "big"), *parts])
+
+
+def held_chunks(head: GraphIndex) -> list[str]:
+    """The chunks a head's values (but a joined list's) and writes name, each once."""
+    refs = [*head.values.values(), *(w.ref for ws in head.writes.values() for w in ws.values())]
+    names: dict[str, None] = {}
+    for ref in refs:
+        if "j" not in ref:
+            for name in ref.get("l", ref.get("c", ())):
+                names[name] = None
+    return list(names)
+
+
+
+# --- stored, read, checked, rebuilt -------------------------------------------------------
+
+
+def store_views(store: Store, ix: GraphIndex, *, index: bool = True,
+                head: GraphIndex | None = None) -> None:
+    """Store ``ix`` (``index``) and its ``head`` as the thread's views, at ``ix``'s seq."""
+    if index:
+        store.put_view(ix.run_id, INDEX, ix.last_seq, encode_index(ix))
+    if head is not None:
+        store.put_view(ix.run_id, HEAD, ix.last_seq,
+                       encode_index(head, held_chunks(head)))
+
+
+def reader(store: Store, run_id: str) -> Callable[[Collection[int]], Iterator[Event]]:
+    """What an index reads chunk-holding events with: one read per run of seqs."""
+    def load(seqs: Collection[int]) -> Iterator[Event]:
+        ordered = sorted(seqs)
+        start = 0
+        while start < len(ordered):
+            end = start
+            while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+                end += 1
+            yield from store.read(run_id, ordered[start] - 1, upto=ordered[end])
+            start = end + 1
+    return load
+
+
+def _view(store: Store, run_id: str, name: str, last_seq: int) -> GraphIndex | None:
+    stored = store.view(run_id, name)
+    if stored is None or not 0 < stored[0] <= last_seq:
+        return None
+    try:
+        ix = decode_index(stored[1])
+    except ValueError:
+        return None
+    if ix.last_seq != stored[0] or ix.run_id != run_id:
+        return None
+    ix.load = reader(store, run_id)
+    return ix
+
+
+def load_index(store: Store, run_id: str) -> tuple[GraphIndex, int]:
+    """The thread's index as of now, and the seq of the view it started from (0: none):
+    its view and the events after it (the whole log when there is no usable view),
+    with the values its head holds at hand (chunks checked against their names: valid
+    whatever the head's seq)."""
+    last = store.last_seq(run_id)
+    ix = _view(store, run_id, INDEX, last) or GraphIndex(load=reader(store, run_id))
+    viewed = ix.last_seq
+    if viewed and (head := _view(store, run_id, HEAD, last)) is not None:
+        ix.cache.update(head.cache)
+        ix.joined.update(head.joined)
+    ix.apply_all(store.read(run_id, after_seq=viewed))
+    return ix, viewed
+
+
+def load_head(store: Store, run_id: str) -> GraphIndex | None:
+    """The thread's head as of now, or None when it has none, or the log holds a
+    checkpoint or a write after it (the head would be stale: the index answers)."""
+    head = _view(store, run_id, HEAD, store.last_seq(run_id))
+    if head is None:
+        return None
+    for event in store.read(run_id, after_seq=head.last_seq):
+        if event.type in _GRAPH:
+            return None
+        head.apply(event)
+    return head
+
+
+def fold(store: Store, run_id: str, upto: int | None = None) -> GraphIndex:
+    """A fresh fold of the thread's log (to ``upto``)."""
+    ix = GraphIndex(load=reader(store, run_id))
+    ix.apply_all(store.read(run_id, upto=upto) if upto is not None else store.read(run_id))
+    return ix
+
+
+def rebuild_thread_index(store: Store, run_id: str) -> None:
+    """Fold the thread's log and store its views afresh (nothing for a run that is no
+    LangGraph thread, or holds no events)."""
+    if not store.last_seq(run_id):
+        return
+    ix = fold(store, run_id)
+    if ix.thread_id is None:
+        return
+    head = head_of(ix)
+    store_views(store, ix, head=head)
+    if head is None:  # (a head that cannot be rebuilt is never served again)
+        store.put_view(run_id, HEAD, ix.last_seq, b"")
+
+
+def check_thread_index(store: Store, run_id: str) -> list[str]:
+    """How the thread's stored views differ from a fresh fold of its log, one line per
+    difference (empty: they agree, or there are none)."""
+    last = store.last_seq(run_id)
+    problems = []
+    for name in (INDEX, HEAD):
+        stored = store.view(run_id, name)
+        if stored is None:
+            continue
+        seq, body = stored
+        if not body:
+            continue  # (a head put aside by a rebuild: never served)
+        if not 0 < seq <= last:
+            problems.append(f"{name}: folded to seq {seq}, but the log ends at {last}")
+            continue
+        try:
+            got = decode_index(body)
+        except ValueError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        fresh = fold(store, run_id, upto=seq)
+        want = fresh if name == INDEX else head_of(fresh)
+        if want is None:  # (checkpoints a serializer other than LangGraph's wrote)
+            problems.append(f"{name}: its checkpoints cannot be read here; rebuild it")
+            continue
+        problems += [f"{name} (seq {seq}): {d}" for d in differences(got, want)]
+    return problems
+
+
+def differences(got: GraphIndex, want: GraphIndex) -> list[str]:
+    """What ``got`` says that ``want`` does not, field by field (for people)."""
+    found = []
+    for field in ("last_seq", "run_id", "thread_id", "finished", "versions",
+                  "pending_input", "clashes"):
+        if getattr(got, field) != getattr(want, field):
+            found.append(f"{field} is {getattr(got, field)!r}, the log says "
+                         f"{getattr(want, field)!r}")
+    found += _keyed("chunk", got.chunks, want.chunks)
+    found += _keyed("value", got.values, want.values)
+    found += _keyed("writes of", got.writes, want.writes)
+    mine = {(ns, cid): r for ns, cps in got.checkpoints.items() for cid, r in cps.items()}
+    theirs = {(ns, cid): r for ns, cps in want.checkpoints.items() for cid, r in cps.items()}
+    found += _keyed("checkpoint", mine, theirs)
+    return found
+
+
+def _keyed(what: str, got: Mapping[Any, Any], want: Mapping[Any, Any]) -> list[str]:
+    found = []
+    for key in sorted(got.keys() | want.keys(), key=repr):
+        if key not in want:
+            found.append(f"{what} {key!r} is not in the log")
+        elif key not in got:
+            found.append(f"{what} {key!r} is missing")
+        elif got[key] != want[key]:
+            found.append(f"{what} {key!r} is {_short(got[key])}, the log says "
+                         f"{_short(want[key])}")
+    return found
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+

@@ -1,0 +1,251 @@
+"""A LangGraph thread's index views (``_graphviews``): what a fresh handle reads equals a
+full fold of the log, on every backend; a view behind the log is caught up, never
+served stale; a hand-edited one is reported by ``check_thread_index`` and repaired by
+``rebuild_thread_index``."""
+
+from __future__ import annotations
+
+import operator
+import random
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, TypedDict
+
+import msgspec
+import pytest
+
+pytest.importorskip("langgraph")
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from agentjournal import open_store
+from agentjournal.events import Event, EventType, now
+from agentjournal.integrations._graphlog import thread_run_id
+from agentjournal.integrations._graphviews import (
+    HEAD,
+    INDEX,
+    check_thread_index,
+    decode_index,
+    encode_index,
+    fold,
+    head_of,
+    rebuild_thread_index,
+)
+from agentjournal.integrations.langgraph import JournalSaver
+from agentjournal.store import Store
+
+from .conftest import backend_params
+
+THREAD = "indexed"
+RUN = thread_run_id(THREAD)
+
+
+class Note(TypedDict):
+    note: str
+
+
+class Talk(Note):
+    messages: Annotated[list[dict[str, Any]], operator.add]
+
+
+def _graph(saver: JournalSaver, turns: int, asks: bool = False,
+           probe: Callable[[], None] = lambda: None) -> Any:
+    """A model node and a tool node taking turns (a message each, so the history grows
+    past a chunk), a subgraph as a node (a second namespace), and, ``asks``, a node that
+    stops for a person (a pending interrupt write on the newest checkpoint). ``probe``
+    runs in each tool step, while the writer holds the thread."""
+    def model(state: Talk) -> dict[str, Any]:
+        n = len(state["messages"])
+        asked = [m["role"] for m in state["messages"]][::-1].index("user")
+        return {"messages": [{"role": "assistant", "content": f"turn {n}",
+                              "call": asked // 2 < turns}]}
+
+    def tools(state: Talk) -> dict[str, Any]:
+        probe()
+        return {"messages": [{"role": "tool", "content": f"result {len(state['messages'])}"}]}
+
+    def noted(state: Note) -> dict[str, Any]:
+        return {"note": state["note"] + "."}
+
+    def person(state: Talk) -> dict[str, Any]:
+        answer = interrupt({"question": "ship it?"})
+        return {"messages": [{"role": "user", "content": f"person says {answer}"}]}
+
+    inner = StateGraph(Note)
+    inner.add_node("noted", noted)
+    inner.add_edge(START, "noted")
+    inner.add_edge("noted", END)
+    builder = StateGraph(Talk)
+    builder.add_node("model", model)
+    builder.add_node("tools", tools)
+    builder.add_node("inner", inner.compile())
+    builder.add_node("person", person)
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", lambda s: "tools" if s["messages"][-1]["call"]
+                                  else ("person" if asks else END))
+    builder.add_edge("tools", "inner")
+    builder.add_edge("inner", "model")
+    builder.add_edge("person", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _config(**extra: Any) -> Any:
+    return {"configurable": {"thread_id": THREAD, **extra}, "recursion_limit": 500}
+
+
+def _run(store: Store, turns: int, *, every: int = 7, asks: bool = False,
+         text: str = "start", probe: Callable[[], None] = lambda: None) -> None:
+    saver = JournalSaver(store)
+    saver.index_every = every
+    _graph(saver, turns, asks, probe).invoke({"messages": [{"role": "user", "content": text,
+                                                     "call": False}], "note": ""},
+                                      _config(), durability="sync")
+    saver.close()
+
+
+def _read(store: Store) -> dict[str, Any]:
+    """What a fresh handle reads of the thread: the newest checkpoint, one older by id,
+    the whole list, and the list of a namespace filtered and limited."""
+    saver = JournalSaver(store)
+    latest = saver.get_tuple(_config(checkpoint_ns=""))
+    assert latest is not None
+    listed = list(saver.list(_config()))
+    older = listed[len(listed) // 2]
+    got = {"latest": latest, "older": saver.get_tuple(older.config), "listed": listed,
+           "limited": list(saver.list(_config(checkpoint_ns=""), limit=3,
+                                      filter={"source": "loop"}))}
+    saver.close()
+    return got
+
+
+def _blank_views(store: Store) -> None:
+    """Views that do not decode: a reader folds the whole log instead."""
+    last = store.last_seq(RUN)
+    store.put_view(RUN, INDEX, last, b"")
+    store.put_view(RUN, HEAD, last, b"")
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+@backend_params()
+def test_a_fresh_handle_reads_what_a_fold_of_the_whole_log_reads(store: Store) -> None:
+    _run(store, 30, asks=True)
+    assert store.view(RUN, INDEX) is not None and store.view(RUN, HEAD) is not None
+    assert check_thread_index(store, RUN) == []
+    from_views = _read(store)
+    assert from_views["latest"].pending_writes  # (the interrupt, read from the head)
+    assert len(from_views["latest"].checkpoint["channel_values"]["messages"]) == 62
+    assert {t.config["configurable"]["checkpoint_ns"] for t in from_views["listed"]} > {""}
+    _blank_views(store)
+    assert _read(store) == from_views
+
+
+@backend_params()
+def test_each_stored_view_equals_a_fresh_fold_of_the_log_to_its_seq(store: Store) -> None:
+    rng = random.Random(44)
+    found: list[list[str]] = []
+    seen = set()
+
+    def probe() -> None:  # (mid-run: the writer stores its index as it goes)
+        found.append(check_thread_index(store, RUN))
+        seen.add(store.view(RUN, INDEX)[0] if store.view(RUN, INDEX) else 0)
+
+    for n in range(4):  # views stored at uneven points, by four writers in turn
+        _run(store, rng.randint(5, 15), every=rng.randint(1, 9), text=f"turn {n}",
+             probe=probe)
+        found.append(check_thread_index(store, RUN))
+    assert found == [[]] * len(found)
+    assert len(seen) >= 3 and len(found) > 20
+    last = store.last_seq(RUN)
+    for upto in [*sorted(rng.sample(range(1, last + 1), 12)), last]:
+        fresh = fold(store, RUN, upto=upto)
+        assert decode_index(encode_index(fresh)) == fresh
+        head = head_of(fresh)
+        if head is not None:
+            assert decode_index(encode_index(head)) == head
+
+
+@backend_params()
+def test_a_view_behind_the_log_is_caught_up_not_served(store: Store) -> None:
+    _run(store, 20)
+    behind = {name: store.view(RUN, name) for name in (INDEX, HEAD)}
+    before = _read(store)
+    _run(store, 5, text="more")  # appended, and then the views put back as they were
+    for name, stored in behind.items():
+        assert stored is not None
+        store.put_view(RUN, name, *stored)
+    after = _read(store)
+    messages = after["latest"].checkpoint["channel_values"]["messages"]
+    assert messages[-1]["content"] == f"turn {len(messages) - 1}"  # (the newest answer)
+    assert len(messages) > len(before["latest"].checkpoint["channel_values"]["messages"])
+    assert len(after["listed"]) > len(before["listed"])
+    _blank_views(store)
+    assert _read(store) == after
+
+
+@backend_params()
+def test_a_hand_edited_view_is_reported_and_rebuilt(store: Store) -> None:
+    _run(store, 10, asks=True)
+    seq, body = store.view(RUN, INDEX)  # type: ignore[misc]
+    index = decode_index(body)
+    record = next(iter(index.checkpoints[""].values()))
+    record.seq += 1
+    store.put_view(RUN, INDEX, seq, encode_index(index))
+    head_seq, head_body = store.view(RUN, HEAD)  # type: ignore[misc]
+    raw = msgspec.msgpack.decode(head_body)
+    raw[8][0][3] += 5  # the head's newest checkpoint's seq
+    store.put_view(RUN, HEAD, head_seq, msgspec.msgpack.encode(raw))
+
+    found = check_thread_index(store, RUN)
+    assert len(found) == 2, found
+    assert found[0].startswith(f"{INDEX} (seq {seq}): checkpoint ('', '{record.id}')")
+    assert f"seq={record.seq}" in found[0] and f"seq={record.seq - 1}" in found[0]
+    assert found[1].startswith(f"{HEAD} (seq {head_seq}): checkpoint")
+    rebuild_thread_index(store, RUN)
+    assert check_thread_index(store, RUN) == []
+    assert store.view(RUN, INDEX)[0] == store.last_seq(RUN)  # type: ignore[index]
+
+
+@backend_params()
+def test_a_view_past_the_end_of_the_log_or_not_decoding_is_reported(store: Store) -> None:
+    _run(store, 3)
+    last = store.last_seq(RUN)
+    store.put_view(RUN, INDEX, last + 5, store.view(RUN, INDEX)[1])  # type: ignore[index]
+    store.put_view(RUN, HEAD, last, b"\x93not a view")
+    found = check_thread_index(store, RUN)
+    assert found[0] == f"{INDEX}: folded to seq {last + 5}, but the log ends at {last}"
+    assert found[1].startswith(f"{HEAD}: not a LangGraph index: ") and len(found) == 2
+    got = _read(store)  # (neither is used: the log is folded)
+    assert len(got["latest"].checkpoint["channel_values"]["messages"]) == 8
+    rebuild_thread_index(store, RUN)
+    assert check_thread_index(store, RUN) == []
+
+
+def test_a_run_that_is_no_thread_has_no_views_to_check_or_rebuild(tmp_path: Any) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'plain.db'}")
+    lease = store.acquire("plain-run", "me", 30)
+    store.append("plain-run", [Event(run_id="plain-run", seq=1, type=EventType.RUN_STARTED,
+                                     ts=now(), epoch=lease.epoch,
+                                     payload={"agent": "x", "input": "hi"})],
+                 expected_seq=0, epoch=lease.epoch)
+    rebuild_thread_index(store, "plain-run")
+    assert store.view("plain-run", INDEX) is None
+    assert check_thread_index(store, "plain-run") == []
+    store.close()
+
+
+def test_resume_with_command_reads_its_interrupt_from_a_fresh_handle(tmp_path: Any) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'ask.db'}")
+    _run(store, 2, asks=True)
+    saver = JournalSaver(store)
+    out = _graph(saver, 2, asks=True).invoke(Command(resume="yes"), _config(),
+                                            durability="sync")
+    saver.close()
+    assert out["messages"][-1]["content"] == "person says yes"
+    assert check_thread_index(store, RUN) == []
+    store.close()
