@@ -580,3 +580,49 @@ def test_a_run_whose_log_cannot_be_read_is_named_and_the_others_shown(
         assert client.get("/runs/long.json").json()["run"]["status"] == "finished"
     finally:
         v.close()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_damaged_snapshot_segment_is_read_past_and_nothing_is_written(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long run snapshotted in segments, one segment damaged at a time: the read-only
+    viewer's time travel (through a window that looks up its oldest calls) says what the
+    log says, and the snapshot stays where it is."""
+    import sqlite3
+
+    from agentjournal import fold
+    from agentjournal.bench._common import workload
+    from agentjournal.snapshots import write_snapshot
+    from agentjournal.ui import views
+
+    monkeypatch.setattr(views, "WINDOW", 1490)
+
+    store = open_store(store_url)
+    try:
+        store.append("long", workload("long", 1500), expected_seq=0, epoch=0)
+        log = list(store.read("long"))
+        write_snapshot(store, fold(log))
+        digests = sorted(store.segment_digests("long"))
+    finally:
+        store.close()
+    assert len(digests) > 3  # (messages, completed calls, attempts, their filters)
+    folded = fold(log)
+    v = Viewer(store_url)  # read-only
+    try:
+        client = TestClient(v.app, base_url=BASE)
+        with sqlite3.connect(store_url.split("///")[1].split("?")[0]) as db:
+            for digest in digests:
+                kept = db.execute("SELECT body FROM segments WHERE digest = ?",
+                                  (digest,)).fetchone()[0]
+                db.execute("UPDATE segments SET body = x'00' WHERE digest = ?", (digest,))
+                db.commit()
+                page = client.get(f"/runs/long/state.json?seq={len(log)}")
+                assert page.status_code == 200, (digest, page.text)
+                assert (page.json()["turns"], page.json()["status"]) == (
+                    folded.turns, folded.status)
+                db.execute("UPDATE segments SET body = ? WHERE digest = ?", (kept, digest))
+                db.commit()
+    finally:
+        v.close()
+    with open_store(store_url, readonly=True) as store:
+        assert [s.seq for s in store.snapshots("long")] == [len(log)]

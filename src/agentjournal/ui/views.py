@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InvalidRunIdError, JournalError, SnapshotSegmentError
+from ..errors import InvalidRunIdError, JournalError
 from ..events import Event, EventType
 from ..fleet import QueuedRun
 from ..snapshots import _decode as decode_snapshot
@@ -482,7 +482,8 @@ def state_at(store: Store, run_id: str, seq: int, after: int | None = None
         state = _state_at(store, run_id, seq, lazy=after > 0)
         after, events = _calls_window(store, run_id, state, after, seq)
         shown = _windowed(state, events, after) if after else state
-    except SnapshotSegmentError:  # a snapshot's segment is damaged: the log says it again
+    except JournalError:  # (a snapshot's segment found damaged when looked up, which
+        # a read-only handle cannot set aside): decoded whole, a damaged one is passed by
         state = _state_at(store, run_id, seq, lazy=False)
         after, events = _calls_window(store, run_id, state, after, seq)
         shown = _windowed(state, events, after) if after else state
