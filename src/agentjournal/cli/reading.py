@@ -587,8 +587,14 @@ def _verify_failures(reports: Sequence[VerifyReport],
                    "The log was not changed. Restore it from a backup or inspect it by hand; "
                    "agentjournal will not resume a run from a damaged log.", 3)
              for r in reports if r.corrupt_seq is not None]
-    if failed := [r.run_id for r in reports if r.mismatches]:
+    if failed := [r.run_id for r in reports
+                  if any(m.check != "outline" for m in r.mismatches)]:
         codes.append(_fail(f"{', '.join(failed)}: a snapshot plus its tail differs from a "
                            "full replay. That fold version is quarantined, so its snapshots "
                            "are never loaded again; runs replay from the log.", 3))
+    codes += [_fail(f"{r.run_id}: its outline (the summary runs, the viewer and the metrics "
+                    f"read) differs from a fold of its log in {', '.join(m.fields)}. It was "
+                    "replaced by the fold's, so it is never served again; if others may be "
+                    "wrong too, rebuild them all: agentjournal reindex", 3)
+              for r in reports for m in r.mismatches if m.check == "outline"]
     return codes + [_fail(str(exc), exit_code_for(exc)) for exc in errors]

@@ -79,6 +79,7 @@ import hashlib
 import logging
 import os
 import re
+import sqlite3
 import threading
 import time
 import zlib
@@ -458,6 +459,10 @@ class JsonlStore:
                     self._migrate_heads()
             finally:
                 os.close(dir_fd)  # (closing releases the flock)
+        # The sidecar's cursor moves on at every writer's open: the outlines of what was
+        # appended since are folded once, not by every later read.
+        with suppress(JournalError, OSError, sqlite3.Error):
+            self.outlines()
 
     # --- heads: each run's last seq and digest, in <run_id>.head beside its log ------
     #
@@ -949,10 +954,9 @@ class JsonlStore:
     def put_outline(self, run_id: str, state: RunState) -> None:
         self._sidecar.put([(validate_run_id(run_id), state)])
 
-    @property
-    def projected(self) -> bool:
-        """Whether the runs' outlines are kept (the sidecar, once a writer read them)."""
-        return self._sidecar.path.exists()
+    #: Outlines are caught up from the logs when read (a writer keeps them in the
+    #: sidecar, a read-only handle in memory): there is no older format to project.
+    projected = True
 
     # --- scopes: which runs share an idempotency scope ---------------------------
     #

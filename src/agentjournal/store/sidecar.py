@@ -41,11 +41,13 @@ class Sidecar:
         # A read-only handle's catches-up, kept for its next read (it writes nothing).
         self._held: dict[str, tuple[int, bytes, bool]] = {}
 
-    def _connect(self) -> sqlite3.Connection | None:
+    def _connect(self, *, create: bool = False) -> sqlite3.Connection | None:
+        """The sidecar's connection; None while there is none to read (a writer makes
+        it only to write in it: reading never creates it)."""
         if self._db is None:
+            if not self.path.exists() and (self.readonly or not create):
+                return None
             if self.readonly:
-                if not self.path.exists():
-                    return None
                 uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
                 self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
             else:
@@ -77,7 +79,7 @@ class Sidecar:
         if not rows:
             return
         with self._lock:
-            db = self._connect()
+            db = self._connect(create=True)
             assert db is not None
             with db:
                 db.executemany("INSERT OR REPLACE INTO outlines VALUES (?, ?, ?, ?, ?)", rows)
