@@ -5,9 +5,8 @@ its end as a long run is (``Plan.ui_runs``, ``Plan.ui_events``: the same in --qu
 the viewer serves it from a uvicorn thread and is asked over loopback HTTP, as a
 browser would.
 
-- ``ui.runs_page``: the first page of ``/runs`` (50 runs of 10,000, HTML), warm (the
-  viewer keeps each run's state while its log does not move) and cold (the first
-  request, which folds the 50 runs shown). Floor: ``store.list_runs(limit=51)`` alone,
+- ``ui.runs_page``: the first page of ``/runs`` (50 runs of 10,000, HTML), warm and
+  cold (the first request after start: the 50 runs' outlines, one query). Floor: ``store.list_runs(limit=51)`` alone,
   the one query the page cannot avoid.
 - ``ui.run_page``: the latest page of the long run (its state and 100 events, HTML),
   warm and cold. Floor: reading those 100 events from the store.
@@ -172,7 +171,7 @@ def ui_figures(workdir: Path, plan: Plan, say: Say) -> list[Figure]:
     return [
         figure("ui.runs_page", runs_warm, "ms", list_floor, LIST_FLOOR, f"{runs_note}, warm"),
         figure("ui.runs_page_cold", runs_cold, "ms", list_floor, LIST_FLOOR,
-               f"{runs_note}, first request (folds the runs shown)"),
+               f"{runs_note}, first request (the outlines of the runs shown)"),
         figure("ui.run_page", run_warm, "ms", read_floor, "reading those 100 events",
                f"{run_note}, warm"),
         figure("ui.run_page_cold", run_cold, "ms", read_floor, "reading those 100 events",
