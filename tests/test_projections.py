@@ -5,7 +5,6 @@ is damage that `verify` reports (exit 3) and replaces, and `reindex` rebuilds.""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess

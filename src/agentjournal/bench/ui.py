@@ -6,8 +6,8 @@ the viewer serves it from a uvicorn thread and is asked over loopback HTTP, as a
 browser would.
 
 - ``ui.runs_page``: the first page of ``/runs`` (50 runs of 10,000, HTML), warm and
-  cold (the first request after start: the 50 runs' outlines, one query). Floor: ``store.list_runs(limit=51)`` alone,
-  the one query the page cannot avoid.
+  cold (the first request after start: the 50 runs' outlines, one query). Floor:
+  ``store.list_runs(limit=51)`` alone, the one query the page cannot avoid.
 - ``ui.run_page``: the latest page of the long run (its state and 100 events, HTML),
   warm and cold. Floor: reading those 100 events from the store.
 - ``ui.tail``: from an append returning to the viewer's event stream delivering that
