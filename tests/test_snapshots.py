@@ -374,7 +374,7 @@ def test_a_chain_of_segmented_snapshots_plus_tail_equals_full_replay(
                 written.append(event.seq)
                 if data.draw(st.booleans(), label="resume here"):
                     segments = Segments()
-                    resumed, _ = snapshots._decode(store, snapshot, segments, lazy=True)
+                    resumed, _ = snapshots.decode_snapshot(store, snapshot, segments, lazy=True)
                     assert resumed is not None
                     state = resumed
     full = durable_fields(fold(stored))
@@ -626,7 +626,7 @@ def test_a_key_set_again_after_a_lazy_resume_keeps_its_place_and_its_new_value(
         snapshot = write_snapshot(store, state, segments=segments)
         assert snapshot is not None
         again = Segments()
-        loaded, why = snapshots._decode(store, snapshot, again, lazy=True)
+        loaded, why = snapshots.decode_snapshot(store, snapshot, again, lazy=True)
         assert loaded is not None, why
         return loaded, again
 
@@ -662,7 +662,7 @@ def test_keys_of_every_form_come_back_from_segments_as_they_went_in(
         snapshot = write_snapshot(store, state)
     assert snapshot is not None
     for lazy in (False, True):
-        loaded, why = snapshots._decode(store, snapshot, Segments(), lazy=lazy)
+        loaded, why = snapshots.decode_snapshot(store, snapshot, Segments(), lazy=lazy)
         assert loaded is not None, why
         assert [loaded.attempts[k] for k in KEYS] == list(range(len(KEYS)))  # lookups
         settle(loaded)

@@ -538,7 +538,7 @@ def _segment(parts: Mapping[str, bytes], digest: str) -> bytes:
     return raw
 
 
-def _decode(store: Store, snapshot: Snapshot, known: Segments | None = None,
+def decode_snapshot(store: Store, snapshot: Snapshot, known: Segments | None = None,
             lazy: bool = False) -> tuple[RunState | None, str]:
     """The state ``snapshot`` holds, with its segments (into ``known``); else None and
     why. ``lazy``: the keyed parts' segments with filters are left undecoded (_Later)."""
@@ -593,7 +593,8 @@ def _load(store: Store, run_id: str, use_snapshots: bool, lazy: bool) -> Loaded:
         started = time.perf_counter()
         reason = refusal(snapshot, quarantined)
         segments = Segments()
-        state, reason = (None, reason) if reason else _decode(store, snapshot, segments, lazy)
+        state, reason = (None, reason) if reason else decode_snapshot(store, snapshot, segments,
+                                                                      lazy)
         METRICS.time("snapshot_load_ms", (time.perf_counter() - started) * 1000,
                      schema_version=snapshot.schema_version)
         if state is not None:
@@ -715,7 +716,7 @@ def verify(store: Store, run_id: str) -> VerifyReport:
     final = durable_fields(first)
     quarantined: set[int] = set()
     for snapshot in snapshots:
-        state, _ = _decode(store, snapshot)
+        state, _ = decode_snapshot(store, snapshot)
         if state is None or hashlib.sha256(snapshot.body).hexdigest() != snapshot.digest:
             continue  # unreadable snapshots are misses at load time, not wrong folds
         fields = _differing(durable_fields(state), at_seq.get(snapshot.seq, {}))

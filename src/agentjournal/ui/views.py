@@ -25,8 +25,7 @@ import msgspec
 from ..errors import InvalidRunIdError, JournalError
 from ..events import Event, EventType
 from ..fleet import QueuedRun
-from ..snapshots import _decode as decode_snapshot
-from ..snapshots import gc_paused, refusal
+from ..snapshots import decode_snapshot, gc_paused, refusal
 from ..state import PendingCall, RunState, apply, durable_fields, fold
 from ..store import RunInfo, Store
 from ..store.base import Snapshot, validate_run_id
