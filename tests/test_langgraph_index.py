@@ -249,3 +249,44 @@ def test_resume_with_command_reads_its_interrupt_from_a_fresh_handle(tmp_path: A
     assert out["messages"][-1]["content"] == "person says yes"
     assert check_thread_index(store, RUN) == []
     store.close()
+
+
+def _listing(store: Store, queries: list[dict[str, Any]]) -> tuple[list[Any], list[bool]]:
+    """Each query's answer from a fresh handle, and whether it read the whole index."""
+    answers, indexed = [], []
+    for q in queries:
+        saver = JournalSaver(store)
+        configurable = {k: q[k] for k in ("checkpoint_ns", "checkpoint_id") if k in q}
+        if "get" in q:
+            answers.append(saver.get_tuple(_config(**configurable)))
+        else:
+            answers.append(list(saver.list(_config(**configurable), limit=q.get("limit"),
+                                           filter=q.get("filter"), before=q.get("before"))))
+        indexed.append(saver._threads[THREAD].loaded)
+        saver.close()
+    return answers, indexed
+
+
+@backend_params()
+def test_a_fresh_handles_list_and_get_answer_from_the_head_what_the_log_says(
+        store: Store) -> None:
+    _run(store, 12, asks=True)
+    listed = _read(store)["listed"]
+    ids = [t.config["configurable"]["checkpoint_id"] for t in listed
+           if t.config["configurable"]["checkpoint_ns"] == ""]
+    root = {"checkpoint_ns": ""}
+    queries = [{"limit": 1}, {"limit": 2}, {**root, "limit": 10}, {**root, "limit": 11},
+               {**root, "limit": 4, "filter": {"source": "loop"}},
+               {**root, "limit": 2, "before": _config(checkpoint_id=ids[3])},
+               {"limit": 10},  # (the subgraph's namespaces too: the head lacks some)
+               {**root, "checkpoint_id": ids[0]}, {**root, "checkpoint_id": ids[-1]}, {},
+               {**root, "get": True, "checkpoint_id": ids[5]},
+               {**root, "get": True, "checkpoint_id": ids[-1]},
+               {"get": True, "checkpoint_ns": "nowhere"}]
+    from_views, indexed = _listing(store, queries)
+    assert indexed == [False, False, False, True, False, False, True, False, True, True,
+                       False, True, False]
+    assert [len(a) for a in from_views[:10]] == [1, 2, 10, 11, 4, 2, 10, 1, 1, len(listed)]
+    assert from_views[-1] is None and from_views[-2] is not None
+    _blank_views(store)
+    assert _listing(store, queries)[0] == from_views

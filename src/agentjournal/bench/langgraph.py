@@ -10,7 +10,11 @@ appending one message to a messages list, so the state grows every step. Figures
 - time per step with ``durability="sync"``: JournalSaver (SQLite, fsync) against
   ``SqliteSaver`` (WAL, synchronous=FULL), same N;
 - resume at 1k and 10k steps (quick: 1k): a new store handle and saver reading the
-  thread's latest checkpoint, against ``SqliteSaver.get_tuple`` on a new connection.
+  thread's latest checkpoint, against ``SqliteSaver.get_tuple`` on a new connection;
+- list at the same sizes: a new store handle and saver listing the thread's ten newest
+  checkpoints (``list(limit=10)``, values and all, as ``get_state_history`` pages),
+  against ``SqliteSaver.list`` on a new connection (its thread given ten more steps
+  stored one by one, each checkpoint holding the whole state, so it has ten to list).
 
 Needs the langgraph extra (and langgraph-checkpoint-sqlite/-postgres, in dev); without
 them the section reports nothing measured, saying why.
@@ -205,6 +209,9 @@ def resume_figures(workdir: Path, sizes: tuple[int, ...], say: Say,
             _stock_sqlite_run(stock_path, n, "exit")
             ours_ms = _best(partial(_journal_resume_ms, f"sqlite:///{ours_path}", n), reps)
             stock_ms = _best(partial(_langgraph_resume_ms, stock_path, n), reps)
+            _stock_more(stock_path, n)
+            ours_list = _best(partial(_journal_list_ms, f"sqlite:///{ours_path}", n), reps)
+            stock_list = _best(partial(_stock_list_ms, stock_path, n), reps)
         finally:
             _remove_db(ours_path)
             _remove_db(stock_path)
@@ -212,7 +219,62 @@ def resume_figures(workdir: Path, sizes: tuple[int, ...], say: Say,
             f"langgraph.resume.{n}", ours_ms, "ms", stock_ms,
             "connect + SqliteSaver.get_tuple (the latest checkpoint)",
             f"open_store + JournalSaver.get_tuple: the thread's log, {n:,} steps"))
+        figures.append(figure(
+            f"langgraph.list.{n}", ours_list, "ms", stock_list,
+            f"connect + SqliteSaver.list(limit={LISTED}) (the newest checkpoints)",
+            f"open_store + JournalSaver.list(limit={LISTED}): {n:,} steps"))
     return figures
+
+
+#: Checkpoints the list figure asks for: a page of get_state_history.
+LISTED = 10
+
+
+def _stock_more(path: Path, steps: int) -> None:
+    """Give the stock thread (stored at its exit only) LISTED more checkpoints, each
+    stored as it is made: a new question, and LISTED / 2 + 1 more steps."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    more = steps + LISTED // 2 + 1
+    conn = _wal_full(path)
+    try:
+        graph = _graph(more).compile(checkpointer=SqliteSaver(conn))
+        graph.invoke({"messages": [{"role": "user", "content": "and the next ones?"}]},
+                     _thread(more), durability="sync")
+    finally:
+        conn.close()
+
+
+def _journal_list_ms(url: str, steps: int) -> float:
+    from ..integrations.langgraph import JournalSaver
+
+    as_new_process()
+    start = time.perf_counter()
+    store = open_store(url, readonly=True)
+    listed = list(JournalSaver(store).list(_thread(steps), limit=LISTED))
+    elapsed = time.perf_counter() - start
+    store.close()
+    _check_listed(listed, steps, "JournalSaver")
+    return elapsed * 1e3
+
+
+def _stock_list_ms(path: Path, steps: int) -> float:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    as_new_process()
+    start = time.perf_counter()
+    conn = _wal_full(path)
+    listed = list(SqliteSaver(conn).list(_thread(steps), limit=LISTED))
+    elapsed = time.perf_counter() - start
+    conn.close()
+    _check_listed(listed, steps, "SqliteSaver")
+    return elapsed * 1e3
+
+
+def _check_listed(listed: list[Any], steps: int, who: str) -> None:
+    sizes = [len(t.checkpoint["channel_values"].get("messages", ())) for t in listed]
+    if len(listed) != LISTED or min(sizes) < 2 * steps - LISTED:
+        raise RuntimeError(f"{who} did not list the {steps}-step thread: {sizes}")
 
 
 def _best(measure: Callable[[], float], reps: int = 3) -> float:

@@ -45,6 +45,10 @@ _LEVEL = 6
 _ZLIB = 0x78
 
 Typed = tuple[str, bytes]  # what a LangGraph serializer's dumps_typed returns
+#: A list value's items as one msgpack array (LangGraph's serializer reads it in one
+#: call); per chunk, where its items start in it, and how many items come before it
+#: (one more entry each: where the last ends, how many in all).
+Joined = tuple[bytes, list[int], list[int]]
 
 
 def thread_run_id(thread_id: str, generation: int = 1) -> str:
@@ -95,6 +99,33 @@ def thread_view(events: Sequence[Event]) -> dict[str, Any] | None:
         "input_not_yet_checkpointed": index.pending_input is not None,
         "stored_value_bytes": sum(len(b) * 3 // 4 for b in index.cache.values()),
     }
+
+
+def join_chunks(chunks: Sequence[Sequence[Typed]]) -> Joined | None:
+    """A list's chunks' items as one msgpack array, and where each chunk's items start
+    (None: an item is not msgpack)."""
+    parts, offsets, counts = [], [5], [0]
+    for items in chunks:
+        for kind, data in items:
+            if kind != "msgpack":
+                return None
+            parts.append(data)
+        offsets.append(offsets[-1] + sum(len(data) for _, data in items))
+        counts.append(counts[-1] + len(items))
+    return _array(counts[-1], parts), offsets, counts
+
+
+def _array(count: int, parts: Sequence[bytes]) -> bytes:
+    return b"".join([b"\xdd", count.to_bytes(4, "big"), *parts])  # msgpack array 32
+
+
+def _shared(a: Sequence[str], b: Sequence[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _raw(stored: str | bytes) -> bytes:
@@ -204,10 +235,12 @@ class GraphIndex:
     #: Chunk bytes at hand (base64 as an event holds them, or bytes): what this process
     #: folded or read. Not part of the fold: ``load`` reads the others when needed.
     cache: dict[str, str | bytes] = field(default_factory=dict, compare=False, repr=False)
-    #: List values at hand as one msgpack array of their items, by their chunks' names
-    #: (a head view's: LangGraph's serializer reads one in a single call).
-    joined: dict[tuple[str, ...], bytes] = field(default_factory=dict, compare=False,
-                                                 repr=False)
+    #: A head's: how many checkpoints each namespace holds in the log (a head keeps the
+    #: newest few; empty in a whole index).
+    sizes: dict[str, int] = field(default_factory=dict)
+    #: List values at hand, joined (a head view's), by their chunks' names.
+    joined: dict[tuple[str, ...], Joined] = field(default_factory=dict, compare=False,
+                                                  repr=False)
     #: Reads the events at the given seqs of the thread's log (None: nothing more to read).
     load: Callable[[Collection[int]], Iterable[Event]] | None = field(
         default=None, compare=False, repr=False)
@@ -237,6 +270,24 @@ class GraphIndex:
         for stored in self.chunk_bytes(ref["c"]):
             items.extend(unpack_chunk(stored))
         return items
+
+    def list_array(self, names: Sequence[str]) -> bytes | None:
+        """A list value's items as one msgpack array (None: an item is not msgpack):
+        the chunks it shares with a joined list at hand taken from that one's bytes,
+        the others unpacked."""
+        start, data, offsets, counts = 0, b"", [5], [0]
+        for key, (whole, at, before) in self.joined.items():
+            shared = _shared(key, names)
+            if shared == len(key) == len(names):
+                return whole  # (this very list)
+            if shared > start:
+                start, data, offsets, counts = shared, whole, at, before
+        rest = [item for stored in self.chunk_bytes(names[start:])
+                for item in unpack_chunk(stored)]
+        if any(kind != "msgpack" for kind, _ in rest):
+            return None
+        return _array(counts[start] + len(rest), [data[offsets[0]:offsets[start]],
+                                                  *(item for _, item in rest)])
 
     def chunk_bytes(self, names: Sequence[str]) -> list[bytes]:
         """The stored bytes of the named chunks, the missing ones read from the log (one

@@ -20,14 +20,21 @@ its bytes do not match is not used: the log is read instead.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import msgspec
 
 from ..events import Event, EventType
 from ..store import Store
-from ._graphlog import CheckpointRecord, GraphIndex, WriteRecord, chunk_name, unpack_chunk
+from ._graphlog import (
+    CheckpointRecord,
+    GraphIndex,
+    WriteRecord,
+    chunk_name,
+    join_chunks,
+    unpack_chunk,
+)
 
 INDEX = "langgraph-index"
 HEAD = "langgraph-head"
@@ -36,6 +43,8 @@ FORMAT = 1
 #: Events a writer appends before it stores the index again (a crashed writer's
 #: successor folds at most this many, or a quarter of the log, after the view).
 EVERY = 1000
+#: Checkpoints a head keeps of the root namespace (list's first page), newest first.
+KEEP = 10
 #: What a head cannot answer from: events that add a checkpoint or a write.
 _GRAPH = frozenset({EventType.GRAPH_CHECKPOINT, EventType.GRAPH_WRITES})
 
@@ -55,6 +64,7 @@ class _Body(msgspec.Struct, array_like=True):
     values: list[tuple[str, str, Any, dict[str, Any]]]
     clashes: list[tuple[str, str, Any]]
     writes: list[tuple[str, str, list[tuple[int, WriteRecord]]]]
+    sizes: dict[str, int]  # (a head's)
     held: dict[str, bytes]  # chunk bytes (the head's), checked against their names on read
     #: The head's list values whose items are all msgpack, each as one msgpack array
     #: (LangGraph's serializer reads it in one call), by the key its reference names
@@ -67,9 +77,8 @@ _DECODER = msgspec.msgpack.Decoder(_Body)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-def encode_index(ix: GraphIndex, held: Iterable[str] = ()) -> bytes:
-    """``ix`` as a view's body, with the bytes of the ``held`` chunks and its joined
-    lists."""
+def encode_index(ix: GraphIndex) -> bytes:
+    """``ix`` as a view's body, with the chunk bytes and joined lists a head holds."""
     return _ENCODER.encode(_Body(
         format=FORMAT, last_seq=ix.last_seq, run_id=ix.run_id, thread_id=ix.thread_id,
         finished=ix.finished, versions=ix.versions, pending_input=ix.pending_input,
@@ -79,8 +88,10 @@ def encode_index(ix: GraphIndex, held: Iterable[str] = ()) -> bytes:
         clashes=sorted(ix.clashes, key=repr),
         writes=[(ns, cid, [(idx, w) for (_, idx), w in ws.items()])
                 for (ns, cid), ws in ix.writes.items()],
-        held={name: ix.chunk_bytes([name])[0] for name in held},
-        joined={ref["j"]: ix.joined[tuple(ref["l"])] for ref in ix.values.values()
+        sizes=ix.sizes,
+        held={name: raw for name, raw in ix.cache.items() if isinstance(raw, bytes)}
+        if ix.sizes else {},
+        joined={ref["j"]: ix.joined[tuple(ref["l"])][0] for ref in ix.values.values()
                 if "j" in ref}))
 
 
@@ -98,7 +109,7 @@ def decode_index(body: bytes) -> GraphIndex:
             raise ValueError(f"chunk {name} does not hold its bytes")
     ix = GraphIndex(last_seq=b.last_seq, run_id=b.run_id, thread_id=b.thread_id,
                     finished=b.finished, versions=b.versions,
-                    pending_input=b.pending_input, chunks=b.chunks)
+                    pending_input=b.pending_input, chunks=b.chunks, sizes=b.sizes)
     for r in b.checkpoints:
         ix.checkpoints.setdefault(r.ns, {})[r.id] = r
     ix.values = {(ns, ch, v): ref for ns, ch, v, ref in b.values}
@@ -107,7 +118,7 @@ def decode_index(body: bytes) -> GraphIndex:
     ix.cache.update(b.held)
     for ref in ix.values.values():
         if "j" in ref and ref["j"] in b.joined:
-            ix.joined[tuple(ref["l"])] = b.joined[ref["j"]]
+            ix.joined[tuple(ref["l"])] = (b.joined[ref["j"]], ref["o"], ref["n"])
     return ix
 
 
@@ -134,69 +145,81 @@ def plain_versions(record: CheckpointRecord) -> Mapping[str, Any] | None:
 
 
 def head_of(ix: GraphIndex, versions: Versions = plain_versions) -> GraphIndex | None:
-    """The head of ``ix``: per namespace its newest checkpoint (the greatest id, as
-    get_tuple finds it), that checkpoint's writes, and its values' references resolved
-    (a list's chunks named in full, a fork's value as the checkpoint sees it; a list of
-    msgpack items also joined: ``{"l": names, "j": key}``, the array's bytes cached
-    under ``key``, the sha name of those bytes). None when a checkpoint's versions
-    cannot be read without its serializer."""
+    """The head of ``ix``: the newest checkpoints (by id, as get_tuple and list order
+    them) of each namespace, KEEP of the root one's and one of every other's, each
+    with its writes and its values' references resolved (a list's chunks named in full,
+    a fork's value as the checkpoint sees it), and how many each namespace holds
+    (``sizes``). The newest list of msgpack items of a namespace is also joined
+    (``{"l": names, "j": key, "o": offsets, "n": counts}``; the array's bytes in the
+    body under ``key``, their sha name); the others' chunks are held but the ones they
+    share with it. None when a checkpoint's versions cannot be read without its
+    serializer."""
     head = GraphIndex(last_seq=ix.last_seq, run_id=ix.run_id, thread_id=ix.thread_id,
                       finished=ix.finished, versions=list(ix.versions),
                       pending_input=ix.pending_input)
     for ns, cps in ix.checkpoints.items():
-        record = cps[max(cps)]
-        found = versions(record)
-        if found is None:
-            return None
-        head.checkpoints[ns] = {record.id: record}
-        for channel, version in found.items():
-            ref = _resolved(ix, record, channel, version, head.joined)
-            if ref is not None:
-                head.values[(ns, channel, version)] = ref
-        if (writes := ix.writes.get((ns, record.id))) is not None:
-            head.writes[(ns, record.id)] = writes
-    for ref in head.values.values():  # (a joined list's chunks stay in the log)
-        for name in ref.get("l", ref.get("c", ())):
-            head.chunks[name] = ix.chunks[name]
-    for ws in head.writes.values():
-        for w in ws.values():
-            for name in w.ref.get("c", ()):
-                head.chunks[name] = ix.chunks[name]
-    held = held_chunks(head)
+        head.sizes[ns] = len(cps)
+        for n, cid in enumerate(sorted(cps, reverse=True)[:KEEP if ns == "" else 1]):
+            refs = _refs(ix, cps[cid], versions, join=n == 0)
+            if refs is None:
+                return None
+            if any(not _same(head.values.get(key, ref), ref) for key, ref in refs.items()):
+                break  # (a version with another value here: a fork; keep the newer)
+            _keep(ix, head, cps[cid], refs)
+    covered = {name for names in head.joined for name in names}
+    held = [name for name in head.chunks if name not in covered]
     head.cache.update(zip(held, ix.chunk_bytes(held), strict=True))
     return head
 
 
-def _resolved(ix: GraphIndex, record: CheckpointRecord, channel: str, version: Any,
-              lists: dict[tuple[str, ...], bytes]) -> dict[str, Any] | None:
-    ref = ix.ref_of(record, channel, version)
-    if ref is None or not ("l" in ref or "d" in ref):
-        return ref
-    names = ix.list_names(record, channel, ref)
-    items = [item for stored in ix.chunk_bytes(names) for item in unpack_chunk(stored)]
-    if not items or any(kind != "msgpack" for kind, _ in items):
-        return {"l": names}
-    whole = joined(data for _, data in items)
-    lists[tuple(names)] = whole
-    return {"l": names, "j": chunk_name(whole)}
+def _refs(ix: GraphIndex, record: CheckpointRecord, versions: Versions,
+          join: bool) -> dict[tuple[str, str, Any], dict[str, Any]] | None:
+    found = versions(record)
+    if found is None:
+        return None
+    refs = {}
+    for channel, version in found.items():
+        ref = ix.ref_of(record, channel, version)
+        if ref is not None and ("l" in ref or "d" in ref):
+            ref = {"l": ix.list_names(record, channel, ref)}
+        if ref is not None:
+            refs[(record.ns, channel, version)] = ref
+    if join:  # (the first list of msgpack items: a message history)
+        for ref in refs.values():
+            if "l" in ref and _joined(ix, ref):
+                break
+    return refs
 
 
-def joined(items: Iterable[bytes]) -> bytes:
-    """msgpack items as one msgpack array of them."""
-    parts = list(items)
-    return b"".join([b"\xdd", len(parts).to_bytes(4, "big"), *parts])
+def _joined(ix: GraphIndex, ref: dict[str, Any]) -> bool:
+    """Join the list ``ref`` names into ``ref`` (False: not all msgpack)."""
+    done = join_chunks([unpack_chunk(stored) for stored in ix.chunk_bytes(ref["l"])])
+    if done is None:
+        return False
+    whole, ref["o"], ref["n"] = done
+    ref["j"] = chunk_name(whole)
+    ix.joined[tuple(ref["l"])] = done
+    return True
 
 
-def held_chunks(head: GraphIndex) -> list[str]:
-    """The chunks a head's values (but a joined list's) and writes name, each once."""
-    refs = [*head.values.values(), *(w.ref for ws in head.writes.values() for w in ws.values())]
-    names: dict[str, None] = {}
-    for ref in refs:
-        if "j" not in ref:
-            for name in ref.get("l", ref.get("c", ())):
-                names[name] = None
-    return list(names)
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.get("l") == b.get("l") if "l" in a else a == b
 
+
+def _keep(ix: GraphIndex, head: GraphIndex, record: CheckpointRecord,
+          refs: dict[tuple[str, str, Any], dict[str, Any]]) -> None:
+    head.checkpoints.setdefault(record.ns, {})[record.id] = record
+    for key, ref in refs.items():
+        head.values.setdefault(key, ref)
+        if "j" in ref:
+            head.joined[tuple(ref["l"])] = ix.joined.pop(tuple(ref["l"]))
+    writes = ix.writes.get((record.ns, record.id))
+    if writes is not None:
+        head.writes[(record.ns, record.id)] = writes
+    named = [n for ref in refs.values() for n in ref.get("l", ref.get("c", ()))]
+    named += [n for w in (writes or {}).values() for n in w.ref.get("c", ())]
+    for name in named:
+        head.chunks[name] = ix.chunks[name]
 
 
 # --- stored, read, checked, rebuilt -------------------------------------------------------
@@ -208,8 +231,7 @@ def store_views(store: Store, ix: GraphIndex, *, index: bool = True,
     if index:
         store.put_view(ix.run_id, INDEX, ix.last_seq, encode_index(ix))
     if head is not None:
-        store.put_view(ix.run_id, HEAD, ix.last_seq,
-                       encode_index(head, held_chunks(head)))
+        store.put_view(ix.run_id, HEAD, ix.last_seq, encode_index(head))
 
 
 def reader(store: Store, run_id: str) -> Callable[[Collection[int]], Iterator[Event]]:
@@ -322,7 +344,7 @@ def differences(got: GraphIndex, want: GraphIndex) -> list[str]:
     """What ``got`` says that ``want`` does not, field by field (for people)."""
     found = []
     for field in ("last_seq", "run_id", "thread_id", "finished", "versions",
-                  "pending_input", "clashes"):
+                  "pending_input", "clashes", "sizes"):
         if getattr(got, field) != getattr(want, field):
             found.append(f"{field} is {getattr(got, field)!r}, the log says "
                          f"{getattr(want, field)!r}")
@@ -332,6 +354,11 @@ def differences(got: GraphIndex, want: GraphIndex) -> list[str]:
     mine = {(ns, cid): r for ns, cps in got.checkpoints.items() for cid, r in cps.items()}
     theirs = {(ns, cid): r for ns, cps in want.checkpoints.items() for cid, r in cps.items()}
     found += _keyed("checkpoint", mine, theirs)
+    for names, (whole, _, _) in got.joined.items():
+        key = next((ref["j"] for ref in got.values.values() if ref.get("l") == list(names)
+                    and "j" in ref), None)
+        if key is not None and chunk_name(whole) != key:
+            found.append(f"joined list {key} does not hold its bytes")
     return found
 
 

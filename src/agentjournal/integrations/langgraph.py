@@ -89,7 +89,6 @@ from ._graphlog import (
 from ._graphviews import (
     EVERY,
     head_of,
-    joined,
     load_head,
     load_index,
     plain_versions,
@@ -164,6 +163,33 @@ class Thread:
         for event in events:
             if event.seq > self.index.last_seq:
                 self.index.apply(event)
+
+
+@dataclass(frozen=True)
+class _Query:
+    """What ``list`` asks of a thread."""
+
+    ns: str | None
+    wanted: str | None
+    before_id: str | None
+    filter: dict[str, Any] | None
+    limit: int | None
+
+
+def _complete(index: GraphIndex, q: _Query, found: Sequence[CheckpointRecord]) -> bool:
+    """Whether ``found`` is all ``q`` asks for. A whole index holds every checkpoint;
+    a head holds the newest of each namespace (``sizes``: how many the log holds), so
+    a checkpoint it lacks is older than all it holds: below the last one found, once
+    the limit is reached, it cannot be among them."""
+    scope = [q.ns] if q.ns is not None else builtins.list(index.sizes)
+    lacking = [ns for ns in scope
+               if index.sizes.get(ns, 0) > len(index.checkpoints.get(ns, {}))]
+    if not index.sizes or not lacking or (q.wanted and q.ns is not None and found):
+        return True  # (an id names one checkpoint of a namespace)
+    if q.limit is None or len(found) < q.limit:
+        return False
+    return all(ns in index.checkpoints and min(index.checkpoints[ns]) <= found[-1].id
+               for ns in lacking)
 
 
 def _one_call_reads_many(serde: SerializerProtocol) -> bool:
@@ -460,10 +486,11 @@ class JournalSaver(BaseCheckpointSaver[str]):
         thread_id, ns = _conf(config)
         wanted = get_checkpoint_id(config)
         head = self._head(thread_id)
-        if head is not None:  # (its newest checkpoint, or none: the namespace has none)
-            newest = next(iter(head.checkpoints.get(ns, {}).values()), None)
-            if newest is None or wanted in (None, newest.id):
-                return None if newest is None else self._tuple(thread_id, head, newest)
+        if head is not None:  # (the newest checkpoints; a namespace it lacks has none)
+            kept = head.checkpoints.get(ns, {})
+            if wanted is None or wanted in kept or len(kept) == head.sizes.get(ns, 0):
+                record = kept.get(max(kept, default="") if wanted is None else wanted)
+                return None if record is None else self._tuple(thread_id, head, record)
         t = self.thread(thread_id)
         with t.lock:
             ours = t.index.checkpoints.get(ns, {})
@@ -490,27 +517,44 @@ class JournalSaver(BaseCheckpointSaver[str]):
             thread_ids, ns, wanted = self._thread_ids(), None, None
         before_id = get_checkpoint_id(before) if before else None
         for thread_id in thread_ids:
-            t = self.thread(thread_id)
-            with t.lock:
-                records = sorted((r for space, cps in t.index.checkpoints.items()
-                                  if ns is None or space == ns for r in cps.values()),
-                                 key=lambda r: r.id, reverse=True)
-                found: list[CheckpointTuple] = []
-                for r in records:
-                    if limit is not None and len(found) >= limit:
-                        break
-                    if (wanted and r.id != wanted) or (before_id and r.id >= before_id):
-                        continue
-                    if filter:
-                        meta = self.serde.loads_typed(r.metadata)
-                        if any(meta.get(k) != v for k, v in filter.items()):
-                            continue
-                    found.append(self._tuple(thread_id, t.index, r))
+            found = self._listed(thread_id, _Query(ns, wanted, before_id, filter, limit))
             if limit is not None:
                 limit -= len(found)
             yield from found
             if limit is not None and limit <= 0:
                 return
+
+    def _listed(self, thread_id: str, query: _Query) -> builtins.list[CheckpointTuple]:
+        """One thread's checkpoints ``query`` asks for: from its head view when the
+        head holds all of them (a fresh handle's first page), else from its index."""
+        head = self._head(thread_id)
+        if head is not None and (records := self._chosen(head, query)) is not None:
+            return [self._tuple(thread_id, head, r) for r in records]
+        t = self.thread(thread_id)
+        with t.lock:
+            records = self._chosen(t.index, query)
+            assert records is not None  # (a whole index holds every checkpoint)
+            return [self._tuple(thread_id, t.index, r) for r in records]
+
+    def _chosen(self, index: GraphIndex,
+                q: _Query) -> builtins.list[CheckpointRecord] | None:
+        """The records ``q`` asks for, newest first; None when ``index`` is a head that
+        may lack one (it keeps the newest few of each namespace)."""
+        records = sorted((r for space, cps in index.checkpoints.items()
+                          if q.ns is None or space == q.ns for r in cps.values()),
+                         key=lambda r: r.id, reverse=True)
+        found: builtins.list[CheckpointRecord] = []
+        for r in records:
+            if q.limit is not None and len(found) >= q.limit:
+                break
+            if (q.wanted and r.id != q.wanted) or (q.before_id and r.id >= q.before_id):
+                continue
+            if q.filter:
+                meta = self.serde.loads_typed(r.metadata)
+                if any(meta.get(k) != v for k, v in q.filter.items()):
+                    continue
+            found.append(r)
+        return found if _complete(index, q, found) else None
 
     def _thread_ids(self) -> builtins.list[str]:
         """Every thread in the store (its run's ``run_started`` names it)."""
@@ -553,25 +597,18 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 continue
             if "l" in ref or "d" in ref:
                 names = index.list_names(r, channel, ref)
-                whole = index.joined.get(tuple(names))
-                if whole is not None and _one_call_reads_many(self.serde):
-                    values[channel] = self._loads_many(whole)  # (a head's, joined)
-                else:
-                    values[channel] = self._loads_all(index.read_value({"c": names}) or [])
+                array = index.list_array(names) if _one_call_reads_many(self.serde) else None
+                values[channel] = (self._loads_many(array) if array is not None else [
+                    self.serde.loads_typed(item) for item in index.read_value({"c": names})
+                    or []])
             elif (one := index.read_value(ref)) is not None:
                 values[channel] = self.serde.loads_typed(one[0])
         return values
 
-    def _loads_all(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[Any]:
-        """The serializer's values of ``items``. LangGraph's own serializer reads a run
-        of msgpack items as one msgpack array, its items decoded by the same rules:
-        one call instead of one per item (a message history: most of a read)."""
-        if not _one_call_reads_many(self.serde) or any(t != "msgpack" for t, _ in items):
-            return [self.serde.loads_typed(item) for item in items]
-        return self._loads_many(joined(data for _, data in items))
-
     def _loads_many(self, array: bytes) -> builtins.list[Any]:
-        """A msgpack array of values, read by LangGraph's serializer in one call."""
+        """A msgpack array of values, read by LangGraph's serializer in one call: it
+        reads the array's items by the rules it reads each by (a message history, most
+        of a read, in one call instead of one per message)."""
         found: builtins.list[Any] = self.serde.loads_typed(("msgpack", array))
         return found
 
