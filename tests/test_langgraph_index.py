@@ -1,7 +1,7 @@
-"""A LangGraph thread's index views (``_graphviews``): what a fresh handle reads equals a
-full fold of the log, on every backend; a view behind the log is caught up, never
-served stale; a hand-edited one is reported by ``check_thread_index`` and repaired by
-``rebuild_thread_index``."""
+"""A LangGraph thread's head view (``_graphviews``): what a fresh handle reads equals a
+full fold of the log, on every backend; a head behind the log is not served, the log
+is read instead; a hand-edited one is reported by ``check_thread_index`` and repaired
+by ``rebuild_thread_index``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypedDict
 
-import msgspec
 import pytest
 
 pytest.importorskip("langgraph")
@@ -23,7 +22,6 @@ from agentjournal.events import Event, EventType, now
 from agentjournal.integrations._graphlog import thread_run_id
 from agentjournal.integrations._graphviews import (
     HEAD,
-    INDEX,
     check_thread_index,
     decode_index,
     encode_index,
@@ -93,10 +91,9 @@ def _config(**extra: Any) -> Any:
     return {"configurable": {"thread_id": THREAD, **extra}, "recursion_limit": 500}
 
 
-def _run(store: Store, turns: int, *, every: int = 7, asks: bool = False,
-         text: str = "start", probe: Callable[[], None] = lambda: None) -> None:
+def _run(store: Store, turns: int, *, asks: bool = False, text: str = "start",
+         probe: Callable[[], None] = lambda: None) -> None:
     saver = JournalSaver(store)
-    saver.index_every = every
     _graph(saver, turns, asks, probe).invoke({"messages": [{"role": "user", "content": text,
                                                      "call": False}], "note": ""},
                                       _config(), durability="sync")
@@ -119,10 +116,8 @@ def _read(store: Store) -> dict[str, Any]:
 
 
 def _blank_views(store: Store) -> None:
-    """Views that do not decode: a reader folds the whole log instead."""
-    last = store.last_seq(RUN)
-    store.put_view(RUN, INDEX, last, b"")
-    store.put_view(RUN, HEAD, last, b"")
+    """A head that does not decode: a reader folds the whole log instead."""
+    store.put_view(RUN, HEAD, store.last_seq(RUN), b"")
 
 
 @pytest.fixture
@@ -135,7 +130,7 @@ def store(store_url: str) -> Iterator[Store]:
 @backend_params()
 def test_a_fresh_handle_reads_what_a_fold_of_the_whole_log_reads(store: Store) -> None:
     _run(store, 30, asks=True)
-    assert store.view(RUN, INDEX) is not None and store.view(RUN, HEAD) is not None
+    assert store.view(RUN, HEAD) is not None
     assert check_thread_index(store, RUN) == []
     from_views = _read(store)
     assert from_views["latest"].pending_writes  # (the interrupt, read from the head)
@@ -151,16 +146,15 @@ def test_each_stored_view_equals_a_fresh_fold_of_the_log_to_its_seq(store: Store
     found: list[list[str]] = []
     seen = set()
 
-    def probe() -> None:  # (mid-run: the writer stores its index as it goes)
+    def probe() -> None:  # (mid-run: the head the last writer left, behind the log)
         found.append(check_thread_index(store, RUN))
-        seen.add(store.view(RUN, INDEX)[0] if store.view(RUN, INDEX) else 0)
+        seen.add(store.view(RUN, HEAD)[0] if store.view(RUN, HEAD) else 0)
 
-    for n in range(4):  # views stored at uneven points, by four writers in turn
-        _run(store, rng.randint(5, 15), every=rng.randint(1, 9), text=f"turn {n}",
-             probe=probe)
+    for n in range(4):  # heads stored at uneven points, by four writers in turn
+        _run(store, rng.randint(5, 15), text=f"turn {n}", probe=probe)
         found.append(check_thread_index(store, RUN))
     assert found == [[]] * len(found)
-    assert len(seen) >= 3 and len(found) > 20
+    assert len(seen) == 4 and len(found) > 20
     last = store.last_seq(RUN)
     for upto in [*sorted(rng.sample(range(1, last + 1), 12)), last]:
         fresh = fold(store, RUN, upto=upto)
@@ -173,12 +167,11 @@ def test_each_stored_view_equals_a_fresh_fold_of_the_log_to_its_seq(store: Store
 @backend_params()
 def test_a_view_behind_the_log_is_caught_up_not_served(store: Store) -> None:
     _run(store, 20)
-    behind = {name: store.view(RUN, name) for name in (INDEX, HEAD)}
+    behind = store.view(RUN, HEAD)
+    assert behind is not None
     before = _read(store)
-    _run(store, 5, text="more")  # appended, and then the views put back as they were
-    for name, stored in behind.items():
-        assert stored is not None
-        store.put_view(RUN, name, *stored)
+    _run(store, 5, text="more")  # appended, and then the head put back as it was
+    store.put_view(RUN, HEAD, *behind)
     after = _read(store)
     messages = after["latest"].checkpoint["channel_values"]["messages"]
     assert messages[-1]["content"] == f"turn {len(messages) - 1}"  # (the newest answer)
@@ -191,37 +184,35 @@ def test_a_view_behind_the_log_is_caught_up_not_served(store: Store) -> None:
 @backend_params()
 def test_a_hand_edited_view_is_reported_and_rebuilt(store: Store) -> None:
     _run(store, 10, asks=True)
-    seq, body = store.view(RUN, INDEX)  # type: ignore[misc]
-    index = decode_index(body)
-    record = next(iter(index.checkpoints[""].values()))
+    seq, body = store.view(RUN, HEAD)  # type: ignore[misc]
+    head = decode_index(body)
+    record = next(iter(head.checkpoints[""].values()))
     record.seq += 1
-    store.put_view(RUN, INDEX, seq, encode_index(index))
-    head_seq, head_body = store.view(RUN, HEAD)  # type: ignore[misc]
-    raw = msgspec.msgpack.decode(head_body)
-    raw[8][0][3] += 5  # the head's newest checkpoint's seq
-    store.put_view(RUN, HEAD, head_seq, msgspec.msgpack.encode(raw))
+    store.put_view(RUN, HEAD, seq, encode_index(head))
 
     found = check_thread_index(store, RUN)
-    assert len(found) == 2, found
-    assert found[0].startswith(f"{INDEX} (seq {seq}): checkpoint ('', '{record.id}')")
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{HEAD} (seq {seq}): checkpoint ('', '{record.id}')")
     assert f"seq={record.seq}" in found[0] and f"seq={record.seq - 1}" in found[0]
-    assert found[1].startswith(f"{HEAD} (seq {head_seq}): checkpoint")
     rebuild_thread_index(store, RUN)
     assert check_thread_index(store, RUN) == []
-    assert store.view(RUN, INDEX)[0] == store.last_seq(RUN)  # type: ignore[index]
+    assert store.view(RUN, HEAD)[0] == store.last_seq(RUN)  # type: ignore[index]
+    assert _read(store)["latest"].checkpoint["id"] == record.id
 
 
 @backend_params()
 def test_a_view_past_the_end_of_the_log_or_not_decoding_is_reported(store: Store) -> None:
     _run(store, 3)
     last = store.last_seq(RUN)
-    store.put_view(RUN, INDEX, last + 5, store.view(RUN, INDEX)[1])  # type: ignore[index]
+    store.put_view(RUN, HEAD, last + 5, store.view(RUN, HEAD)[1])  # type: ignore[index]
+    assert check_thread_index(store, RUN) == [
+        f"{HEAD}: folded to seq {last + 5}, but the log ends at {last}"]
+    got = _read(store)  # (not used: the log is folded)
+    assert len(got["latest"].checkpoint["channel_values"]["messages"]) == 8
     store.put_view(RUN, HEAD, last, b"\x93not a view")
     found = check_thread_index(store, RUN)
-    assert found[0] == f"{INDEX}: folded to seq {last + 5}, but the log ends at {last}"
-    assert found[1].startswith(f"{HEAD}: not a LangGraph index: ") and len(found) == 2
-    got = _read(store)  # (neither is used: the log is folded)
-    assert len(got["latest"].checkpoint["channel_values"]["messages"]) == 8
+    assert len(found) == 1 and found[0].startswith(f"{HEAD}: not a LangGraph index: ")
+    assert _read(store) == got
     rebuild_thread_index(store, RUN)
     assert check_thread_index(store, RUN) == []
 
@@ -234,7 +225,7 @@ def test_a_run_that_is_no_thread_has_no_views_to_check_or_rebuild(tmp_path: Any)
                                      payload={"agent": "x", "input": "hi"})],
                  expected_seq=0, epoch=lease.epoch)
     rebuild_thread_index(store, "plain-run")
-    assert store.view("plain-run", INDEX) is None
+    assert store.view("plain-run", HEAD) is None
     assert check_thread_index(store, "plain-run") == []
     store.close()
 

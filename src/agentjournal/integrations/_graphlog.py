@@ -272,22 +272,28 @@ class GraphIndex:
         return items
 
     def list_array(self, names: Sequence[str]) -> bytes | None:
-        """A list value's items as one msgpack array (None: an item is not msgpack):
-        the chunks it shares with a joined list at hand taken from that one's bytes,
-        the others unpacked."""
+        """A list value's items as one msgpack array (None: an item is not msgpack)."""
+        done = self.join_list(names)
+        return None if done is None else done[0]
+
+    def join_list(self, names: Sequence[str]) -> Joined | None:
+        """A list value joined (None: an item is not msgpack): the chunks it shares
+        with a joined list at hand taken from that one's bytes, the others unpacked."""
         start, data, offsets, counts = 0, b"", [5], [0]
         for key, (whole, at, before) in self.joined.items():
             shared = _shared(key, names)
             if shared == len(key) == len(names):
-                return whole  # (this very list)
+                return whole, at, before  # (this very list)
             if shared > start:
                 start, data, offsets, counts = shared, whole, at, before
-        rest = [item for stored in self.chunk_bytes(names[start:])
-                for item in unpack_chunk(stored)]
-        if any(kind != "msgpack" for kind, _ in rest):
+        rest = join_chunks([unpack_chunk(stored) for stored in self.chunk_bytes(names[start:])])
+        if rest is None:
             return None
-        return _array(counts[start] + len(rest), [data[offsets[0]:offsets[start]],
-                                                  *(item for _, item in rest)])
+        tail, at, before = rest
+        shift = offsets[start] - 5
+        return (_array(counts[start] + before[-1], [data[5:offsets[start]], tail[5:]]),
+                offsets[:start] + [shift + x for x in at],
+                counts[:start] + [counts[start] + n for n in before])
 
     def chunk_bytes(self, names: Sequence[str]) -> list[bytes]:
         """The stored bytes of the named chunks, the missing ones read from the log (one

@@ -1,20 +1,22 @@
-"""A LangGraph thread's index kept beside its log: two views (``store.put_view``), so a
-process that has not seen the thread answers without folding the whole log.
+"""A LangGraph thread's head kept beside its log as a view (``store.put_view``), so a
+process that has not seen the thread reads its newest checkpoints without folding the
+whole log.
 
-- ``langgraph-index``: the whole ``GraphIndex`` (every checkpoint, value reference and
-  write) without the chunks' bytes: a chunk is named with the seq of the event that
-  holds it, read from the log when a value needs it. ``list`` and every writer start
-  from it.
-- ``langgraph-head``: per namespace, the newest checkpoint, its pending writes, its
-  values' references resolved to their chunks, and those chunks' bytes: what
-  ``get_tuple`` of the latest checkpoint reads, in one view.
+The head (``langgraph-head``): the newest checkpoints of each namespace (KEEP of the
+root one's: get_tuple's answer and list's first page), their pending writes, their
+values' references resolved to their chunks and those chunks' bytes, the newest
+message list joined into one msgpack array (LangGraph's serializer reads it in one
+call, as SqliteSaver reads its checkpoint), and how many checkpoints each namespace
+holds. The writer stores it when it comes to rest (``release``, ``close``): its size
+is the thread's state, as one SqliteSaver row is, replaced in place.
 
-A view is a cache: derived from the log only, rebuilt from it at any time
+A cache: derived from the log only, rebuilt from it at any time
 (:func:`rebuild_thread_index`), checked against a fresh fold
 (:func:`check_thread_index`). It records the seq it is folded to; a reader folds the
-events after it (the index), or, when any of them is a checkpoint or writes, does not
-use it (the head). A view that does not decode, is past the log's end or names a chunk
-its bytes do not match is not used: the log is read instead.
+events after it, and when any of them is a checkpoint or a write, does not use it (the
+log is folded). A head that does not decode, is past the log's end or holds a chunk its
+bytes do not match is not used either. (A whole index kept the same way was tried: its
+size grew with every checkpoint, half again the log's bytes per step.)
 """
 
 from __future__ import annotations
@@ -32,17 +34,11 @@ from ._graphlog import (
     GraphIndex,
     WriteRecord,
     chunk_name,
-    join_chunks,
-    unpack_chunk,
 )
 
-INDEX = "langgraph-index"
 HEAD = "langgraph-head"
-#: The views' encoding; a view of another format is not used (the log is folded).
+#: The view's encoding; a view of another format is not used (the log is folded).
 FORMAT = 1
-#: Events a writer appends before it stores the index again (a crashed writer's
-#: successor folds at most this many, or a quarter of the log, after the view).
-EVERY = 1000
 #: Checkpoints a head keeps of the root namespace (list's first page), newest first.
 KEEP = 10
 #: What a head cannot answer from: events that add a checkpoint or a write.
@@ -169,6 +165,7 @@ def head_of(ix: GraphIndex, versions: Versions = plain_versions) -> GraphIndex |
     covered = {name for names in head.joined for name in names}
     held = [name for name in head.chunks if name not in covered]
     head.cache.update(zip(held, ix.chunk_bytes(held), strict=True))
+    ix.joined = dict(head.joined)  # (the next head's lists start from these)
     return head
 
 
@@ -193,7 +190,7 @@ def _refs(ix: GraphIndex, record: CheckpointRecord, versions: Versions,
 
 def _joined(ix: GraphIndex, ref: dict[str, Any]) -> bool:
     """Join the list ``ref`` names into ``ref`` (False: not all msgpack)."""
-    done = join_chunks([unpack_chunk(stored) for stored in ix.chunk_bytes(ref["l"])])
+    done = ix.join_list(ref["l"])
     if done is None:
         return False
     whole, ref["o"], ref["n"] = done
@@ -212,7 +209,7 @@ def _keep(ix: GraphIndex, head: GraphIndex, record: CheckpointRecord,
     for key, ref in refs.items():
         head.values.setdefault(key, ref)
         if "j" in ref:
-            head.joined[tuple(ref["l"])] = ix.joined.pop(tuple(ref["l"]))
+            head.joined[tuple(ref["l"])] = ix.joined[tuple(ref["l"])]
     writes = ix.writes.get((record.ns, record.id))
     if writes is not None:
         head.writes[(record.ns, record.id)] = writes
@@ -225,13 +222,9 @@ def _keep(ix: GraphIndex, head: GraphIndex, record: CheckpointRecord,
 # --- stored, read, checked, rebuilt -------------------------------------------------------
 
 
-def store_views(store: Store, ix: GraphIndex, *, index: bool = True,
-                head: GraphIndex | None = None) -> None:
-    """Store ``ix`` (``index``) and its ``head`` as the thread's views, at ``ix``'s seq."""
-    if index:
-        store.put_view(ix.run_id, INDEX, ix.last_seq, encode_index(ix))
-    if head is not None:
-        store.put_view(ix.run_id, HEAD, ix.last_seq, encode_index(head))
+def store_head(store: Store, head: GraphIndex) -> None:
+    """Store ``head`` as the thread's head view, at its seq."""
+    store.put_view(head.run_id, HEAD, head.last_seq, encode_index(head))
 
 
 def reader(store: Store, run_id: str) -> Callable[[Collection[int]], Iterator[Event]]:
@@ -262,19 +255,15 @@ def _view(store: Store, run_id: str, name: str, last_seq: int) -> GraphIndex | N
     return ix
 
 
-def load_index(store: Store, run_id: str) -> tuple[GraphIndex, int]:
-    """The thread's index as of now, and the seq of the view it started from (0: none):
-    its view and the events after it (the whole log when there is no usable view),
-    with the values its head holds at hand (chunks checked against their names: valid
-    whatever the head's seq)."""
-    last = store.last_seq(run_id)
-    ix = _view(store, run_id, INDEX, last) or GraphIndex(load=reader(store, run_id))
-    viewed = ix.last_seq
-    if viewed and (head := _view(store, run_id, HEAD, last)) is not None:
+def load_index(store: Store, run_id: str) -> GraphIndex:
+    """The thread's index as of now: a fold of its log, with the values its head holds
+    at hand (chunks checked against their names: valid whatever the head's seq)."""
+    ix = GraphIndex(load=reader(store, run_id))
+    if (head := _view(store, run_id, HEAD, store.last_seq(run_id))) is not None:
         ix.cache.update(head.cache)
         ix.joined.update(head.joined)
-    ix.apply_all(store.read(run_id, after_seq=viewed))
-    return ix, viewed
+    ix.apply_all(store.read(run_id))
+    return ix
 
 
 def load_head(store: Store, run_id: str) -> GraphIndex | None:
@@ -306,38 +295,30 @@ def rebuild_thread_index(store: Store, run_id: str) -> None:
     if ix.thread_id is None:
         return
     head = head_of(ix)
-    store_views(store, ix, head=head)
     if head is None:  # (a head that cannot be rebuilt is never served again)
         store.put_view(run_id, HEAD, ix.last_seq, b"")
+    else:
+        store_head(store, head)
 
 
 def check_thread_index(store: Store, run_id: str) -> list[str]:
-    """How the thread's stored views differ from a fresh fold of its log, one line per
-    difference (empty: they agree, or there are none)."""
+    """How the thread's stored head differs from a fresh fold of its log, one line per
+    difference (empty: they agree, or there is none)."""
+    stored = store.view(run_id, HEAD)
+    if stored is None or not stored[1]:  # (none, or put aside by a rebuild)
+        return []
+    seq, body = stored
     last = store.last_seq(run_id)
-    problems = []
-    for name in (INDEX, HEAD):
-        stored = store.view(run_id, name)
-        if stored is None:
-            continue
-        seq, body = stored
-        if not body:
-            continue  # (a head put aside by a rebuild: never served)
-        if not 0 < seq <= last:
-            problems.append(f"{name}: folded to seq {seq}, but the log ends at {last}")
-            continue
-        try:
-            got = decode_index(body)
-        except ValueError as exc:
-            problems.append(f"{name}: {exc}")
-            continue
-        fresh = fold(store, run_id, upto=seq)
-        want = fresh if name == INDEX else head_of(fresh)
-        if want is None:  # (checkpoints a serializer other than LangGraph's wrote)
-            problems.append(f"{name}: its checkpoints cannot be read here; rebuild it")
-            continue
-        problems += [f"{name} (seq {seq}): {d}" for d in differences(got, want)]
-    return problems
+    if not 0 < seq <= last:
+        return [f"{HEAD}: folded to seq {seq}, but the log ends at {last}"]
+    try:
+        got = decode_index(body)
+    except ValueError as exc:
+        return [f"{HEAD}: {exc}"]
+    want = head_of(fold(store, run_id, upto=seq))
+    if want is None:  # (checkpoints a serializer other than LangGraph's wrote)
+        return [f"{HEAD}: its checkpoints cannot be read here; rebuild it"]
+    return [f"{HEAD} (seq {seq}): {d}" for d in differences(got, want)]
 
 
 def differences(got: GraphIndex, want: GraphIndex) -> list[str]:

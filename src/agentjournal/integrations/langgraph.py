@@ -87,12 +87,11 @@ from ._graphlog import (
     unb64,
 )
 from ._graphviews import (
-    EVERY,
     head_of,
     load_head,
     load_index,
     plain_versions,
-    store_views,
+    store_head,
 )
 
 try:
@@ -151,7 +150,6 @@ class Thread:
         self.thread_id, self.run_id = thread_id, run_id
         self.index = GraphIndex()
         self.loaded = False  # whether the index was read (its view and the log after it)
-        self.index_seq = 0  # the seq of the index view stored last
         self.head_due = False  # a checkpoint or a write since the head view was stored
         self.run: BridgedRun | None = None
         self.version: str | None = None  # the graph version its run was opened with
@@ -239,9 +237,6 @@ class JournalSaver(BaseCheckpointSaver[str]):
     strict=)``).
     """
 
-    #: Events between two stores of a thread's index view (see ``_graphviews``).
-    index_every = EVERY
-
     def __init__(self, store: Store, *, serde: SerializerProtocol | None = None,
                  owner: str | None = None, ttl: float = 30.0,
                  max_result_bytes: int | None = None,
@@ -264,7 +259,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
         t = self._entry(thread_id)
         with t.lock:
             if not t.loaded:
-                t.index, t.index_seq = load_index(self.store, t.run_id)
+                t.index = load_index(self.store, t.run_id)
                 t.loaded = True
             elif t.run is None:
                 t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
@@ -340,27 +335,20 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 self._drop(t)
 
     def _drop(self, t: Thread, *, keep: bool = True) -> None:
-        """Close the thread's run (its lease released); then, ``keep``, store its views."""
+        """Close the thread's run (its lease released); then, ``keep``, store its head."""
         if t.run is not None:
             run, t.run = t.run, None
             run.close()
             if keep:
-                self._keep_index(t, at_rest=True)
+                self._keep_head(t)
 
-    def _keep_index(self, t: Thread, *, at_rest: bool) -> None:
-        """Store the thread's index view every EVERY events (or a quarter of the log,
-        which bounds its cost as the thread grows), and its head when the writer comes
-        to rest (a reader's get_tuple of the latest checkpoint reads only the head)."""
-        since = t.index.last_seq - t.index_seq
-        every = self.index_every
-        index = since >= (every if at_rest else max(every, t.index.last_seq // 4))
-        head = head_of(t.index, plain_versions) if at_rest and t.head_due else None
-        if index or head is not None:
-            store_views(self.store, t.index, index=index, head=head)
-        if index:
-            t.index_seq = t.index.last_seq
-        if at_rest:
-            t.head_due = False
+    def _keep_head(self, t: Thread) -> None:
+        """Store the thread's head view as the writer comes to rest, if a checkpoint or
+        a write came since the last: a reader's get_tuple (and list's first page) of
+        the newest checkpoints reads only the head."""
+        if t.head_due and (head := head_of(t.index, plain_versions)) is not None:
+            store_head(self.store, head)
+        t.head_due = False
 
     def close(self) -> None:
         """Release every lease this saver holds (the store stays open: it is the caller's)."""
@@ -391,9 +379,7 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 self._drop(t, keep=False)  # another process took the thread over: let go
                 raise
             t.index.apply_all(events)
-            t.index.joined.clear()  # (a head's values: read once, by the writer's first get)
             t.head_due = t.head_due or any(e.type in _GRAPH for e in events)
-            self._keep_index(t, at_rest=False)
 
     # --- BaseCheckpointSaver ----------------------------------------------------------
 
