@@ -38,7 +38,7 @@ def _reindex_rate(url: str, total: int) -> float:
 
 
 def _fold_rate(url: str, total: int) -> float:
-    with contextlib.closing(open_store(url, readonly=True)) as store:
+    with contextlib.closing(open_store(url)) as store:  # (a handle as reindex's)
         start = time.perf_counter()
         with gc_paused():
             folded = sum(fold(store.read(i.run_id)).last_seq for i in store.list_runs())
