@@ -34,6 +34,7 @@ from ._graphlog import (
     GraphIndex,
     WriteRecord,
     chunk_name,
+    thread_of,
 )
 
 HEAD = "langgraph-head"
@@ -289,11 +290,10 @@ def fold(store: Store, run_id: str, upto: int | None = None) -> GraphIndex:
 def rebuild_thread_index(store: Store, run_id: str) -> None:
     """Fold the thread's log and store its views afresh (nothing for a run that is no
     LangGraph thread, or holds no events)."""
-    if not store.last_seq(run_id):
-        return
+    first = next(iter(store.read(run_id, upto=1)), None) if store.last_seq(run_id) else None
+    if first is None or thread_of(first) is None:
+        return  # (read no further than the first event of a run that is no thread)
     ix = fold(store, run_id)
-    if ix.thread_id is None:
-        return
     head = head_of(ix)
     if head is None:  # (a head that cannot be rebuilt is never served again)
         store.put_view(run_id, HEAD, ix.last_seq, b"")
