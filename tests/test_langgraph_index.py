@@ -21,6 +21,7 @@ from agentjournal import open_store
 from agentjournal.events import Event, EventType, now
 from agentjournal.integrations._graphlog import thread_run_id
 from agentjournal.integrations._graphviews import (
+    FORMAT,
     HEAD,
     check_thread_index,
     decode_index,
@@ -213,6 +214,13 @@ def test_a_view_past_the_end_of_the_log_or_not_decoding_is_reported(store: Store
     found = check_thread_index(store, RUN)
     assert len(found) == 1 and found[0].startswith(f"{HEAD}: not a LangGraph index: ")
     assert _read(store) == got
+    rebuild_thread_index(store, RUN)
+    body = store.view(RUN, HEAD)[1]  # type: ignore[index]
+    assert body[:2] == bytes([0x9F, FORMAT])  # (an array of 15 fields, the first its format)
+    store.put_view(RUN, HEAD, last, body[:1] + bytes([FORMAT - 1]) + body[2:])
+    assert check_thread_index(store, RUN) == [
+        f"{HEAD}: a LangGraph index of format {FORMAT - 1}, not {FORMAT}"]
+    assert _read(store) == got  # (a head of another release's format: not read)
     rebuild_thread_index(store, RUN)
     assert check_thread_index(store, RUN) == []
 

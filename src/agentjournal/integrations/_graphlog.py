@@ -48,7 +48,7 @@ Typed = tuple[str, bytes]  # what a LangGraph serializer's dumps_typed returns
 #: A list value's items as one msgpack array (LangGraph's serializer reads it in one
 #: call); per chunk, where its items start in it, and how many items come before it
 #: (one more entry each: where the last ends, how many in all).
-Joined = tuple[bytes, list[int], list[int]]
+Joined = tuple[bytes | memoryview, list[int], list[int]]
 
 
 def thread_run_id(thread_id: str, generation: int = 1) -> str:
@@ -115,7 +115,7 @@ def join_chunks(chunks: Sequence[Sequence[Typed]]) -> Joined | None:
     return _array(counts[-1], parts), offsets, counts
 
 
-def _array(count: int, parts: Sequence[bytes]) -> bytes:
+def _array(count: int, parts: Sequence[bytes | memoryview]) -> bytes:
     return b"".join([b"\xdd", count.to_bytes(4, "big"), *parts])  # msgpack array 32
 
 
@@ -152,7 +152,7 @@ def unpack_chunk(stored: bytes) -> list[Typed]:
     return [(t, bytes(data)) for t, data in msgspec.msgpack.decode(raw)]
 
 
-def chunk_name(stored: bytes) -> str:
+def chunk_name(stored: bytes | memoryview) -> str:
     return hashlib.sha256(stored).hexdigest()[:32]
 
 
@@ -271,7 +271,7 @@ class GraphIndex:
             items.extend(unpack_chunk(stored))
         return items
 
-    def list_array(self, names: Sequence[str]) -> bytes | None:
+    def list_array(self, names: Sequence[str]) -> bytes | memoryview | None:
         """A list value's items as one msgpack array (None: an item is not msgpack)."""
         done = self.join_list(names)
         return None if done is None else done[0]
@@ -279,7 +279,8 @@ class GraphIndex:
     def join_list(self, names: Sequence[str]) -> Joined | None:
         """A list value joined (None: an item is not msgpack): the chunks it shares
         with a joined list at hand taken from that one's bytes, the others unpacked."""
-        start, data, offsets, counts = 0, b"", [5], [0]
+        start, offsets, counts = 0, [5], [0]
+        data: bytes | memoryview = b""
         for key, (whole, at, before) in self.joined.items():
             shared = _shared(key, names)
             if shared == len(key) == len(names):

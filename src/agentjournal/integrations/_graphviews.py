@@ -39,7 +39,7 @@ from ._graphlog import (
 
 HEAD = "langgraph-head"
 #: The view's encoding; a view of another format is not used (the log is folded).
-FORMAT = 1
+FORMAT = 2
 #: Checkpoints a head keeps of the root namespace (list's first page), newest first.
 KEEP = 10
 #: What a head cannot answer from: events that add a checkpoint or a write.
@@ -67,7 +67,7 @@ class _Body(msgspec.Struct, array_like=True):
     #: (LangGraph's serializer reads it in one call), by the key its reference names
     #: (``{"l": names, "j": key}``, key the sha name of the array). Checked by
     #: check_thread_index, not on every read (megabytes to hash).
-    joined: dict[str, bytes]
+    joined: dict[str, msgspec.Raw]  # (read in place: megabytes, not copied)
 
 
 _DECODER = msgspec.msgpack.Decoder(_Body)
@@ -88,8 +88,8 @@ def encode_index(ix: GraphIndex) -> bytes:
         sizes=ix.sizes,
         held={name: raw for name, raw in ix.cache.items() if isinstance(raw, bytes)}
         if ix.sizes else {},
-        joined={ref["j"]: ix.joined[tuple(ref["l"])][0] for ref in ix.values.values()
-                if "j" in ref}))
+        joined={ref["j"]: msgspec.Raw(ix.joined[tuple(ref["l"])][0])
+                for ref in ix.values.values() if "j" in ref}))
 
 
 def decode_index(body: bytes) -> GraphIndex:
@@ -115,7 +115,7 @@ def decode_index(body: bytes) -> GraphIndex:
     ix.cache.update(b.held)
     for ref in ix.values.values():
         if "j" in ref and ref["j"] in b.joined:
-            ix.joined[tuple(ref["l"])] = (b.joined[ref["j"]], ref["o"], ref["n"])
+            ix.joined[tuple(ref["l"])] = (memoryview(b.joined[ref["j"]]), ref["o"], ref["n"])
     return ix
 
 

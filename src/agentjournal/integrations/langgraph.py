@@ -44,7 +44,7 @@ import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..bridge import Answer, BridgedRun, CodeChanged, open_run, reading_checked
 from ..bridge import current_call as bridge_current_call
@@ -591,11 +591,12 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 values[channel] = self.serde.loads_typed(one[0])
         return values
 
-    def _loads_many(self, array: bytes) -> builtins.list[Any]:
+    def _loads_many(self, array: bytes | memoryview) -> builtins.list[Any]:
         """A msgpack array of values, read by LangGraph's serializer in one call: it
         reads the array's items by the rules it reads each by (a message history, most
         of a read, in one call instead of one per message)."""
-        found: builtins.list[Any] = self.serde.loads_typed(("msgpack", array))
+        # (a head's list is read in place, a memoryview: LangGraph's reads any buffer)
+        found: builtins.list[Any] = self.serde.loads_typed(("msgpack", cast(bytes, array)))
         return found
 
     def delete_thread(self, thread_id: str) -> None:
