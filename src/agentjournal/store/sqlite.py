@@ -314,21 +314,18 @@ _HEAD_TRIGGER = f"""
     END
 """
 
-# A writer's connection stores the outline of each batch it appends (staged, computed in
-# Python, before the statement that inserts the batch) when the batch's last row goes in:
-# in the same statement, so in the same transaction. TEMP, as the head's trigger: a row
-# inserted by anyone else stores none (and the outline is then behind its head: a read
-# catches it up from the log).
+# A writer's connection stores the outline of each batch it appends (computed in Python
+# and staged by the key of the batch's last row, see SQLiteStore._stage) when that row
+# goes in: in the same statement, so in the same transaction, and with no statement of
+# its own. TEMP, as the head's trigger: a row inserted by anyone else stores none (the
+# outline is then behind its head, and a read catches it up from the log).
 _OUTLINE_TRIGGER = f"""
-    CREATE TEMP TABLE IF NOT EXISTS staged_outlines (
-        run_no INTEGER PRIMARY KEY, seq INTEGER NOT NULL, status TEXT NOT NULL, agent TEXT,
-        attention INTEGER NOT NULL, body BLOB NOT NULL);
     CREATE TEMP TRIGGER IF NOT EXISTS move_outline AFTER INSERT ON main.events
-    WHEN EXISTS (SELECT 1 FROM staged_outlines WHERE run_no = NEW.key >> 32
-                 AND seq = NEW.key & {0xFFFFFFFF}) BEGIN
-        INSERT OR REPLACE INTO outlines SELECT run_no, seq, {OUTLINE_VERSION}, status,
-            agent, attention, body FROM staged_outlines WHERE run_no = NEW.key >> 32;
-    END;
+    WHEN aj_staged(NEW.key) BEGIN
+        INSERT OR REPLACE INTO outlines VALUES (NEW.key >> 32, NEW.key & {0xFFFFFFFF},
+            {OUTLINE_VERSION}, aj_staged_column(NEW.key, 0), aj_staged_column(NEW.key, 1),
+            aj_staged_column(NEW.key, 2), aj_staged_column(NEW.key, 3));
+    END
 """
 
 # A read-only handle cannot migrate a store an older release wrote: on a file from
@@ -564,6 +561,9 @@ class SQLiteStore:
         # Each run's outline after this handle's last append to it.
         self._outlines = OutlineCache()
         self._projecting = False  # whether appends store outlines (a writer's handle)
+        # The outlines of the batches about to go in, by their last row's key: (status,
+        # agent, attention, bytes), read by _OUTLINE_TRIGGER.
+        self._staged: dict[int, tuple[str, str | None, int, bytes]] = {}
         where = str(self.path.absolute())
         if self.path.is_dir():
             raise StoreUrlError(where, "the path is a directory, not a database file")
@@ -596,7 +596,11 @@ class SQLiteStore:
             self._learn_heads(len(MIGRATIONS))
             self._projecting = self._has_outlines()  # (not in a test's older store)
             if self._projecting:
-                self._db.executescript(_OUTLINE_TRIGGER)
+                staged = self._staged
+                self._db.create_function("aj_staged", 1, staged.__contains__)
+                self._db.create_function("aj_staged_column", 2,
+                                         lambda key, i: staged[key][i])
+                self._db.execute(_OUTLINE_TRIGGER)
                 self._project()
         except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
             self._close_quietly()
@@ -988,12 +992,14 @@ class SQLiteStore:
         """Stage the outline each run (by number) has once its batch is in: the insert
         of the batch's last row stores it (see _OUTLINE_TRIGGER). A run whose log does
         not fold (None) gets none."""
+        self._staged.clear()
         if not self._projecting:
             return
-        self._db.execute("DELETE FROM staged_outlines")
-        self._db.executemany("INSERT INTO staged_outlines VALUES (?, ?, ?, ?, ?, ?)", [
-            (run_no, state.last_seq, *columns(state).values(), body)
-            for run_no, (state, body) in outlines.items() if state is not None])
+        for run_no, (state, body) in outlines.items():
+            if state is not None:
+                cols = columns(state)
+                self._staged[(run_no << 32) + state.last_seq] = (
+                    cols["status"], cols["agent"], int(cols["attention"]), body)
 
     def _insert(self, db: sqlite3.Connection, group: list[Pending]
                 ) -> tuple[dict[str, tuple[int, str]],
