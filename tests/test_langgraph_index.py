@@ -289,3 +289,35 @@ def test_a_fresh_handles_list_and_get_answer_from_the_head_what_the_log_says(
     assert from_views[-1] is None and from_views[-2] is not None
     _blank_views(store)
     assert _listing(store, queries)[0] == from_views
+
+
+def test_verify_reports_a_hand_edited_head_and_rebuilds_it_and_reindex_does_too(
+        tmp_path: Any) -> None:
+    from click.testing import CliRunner
+
+    from agentjournal.cli import cli
+
+    url = f"sqlite:///{tmp_path / 'threads.db'}"
+
+    def edit() -> int:
+        with open_store(url) as store:
+            seq, body = store.view(RUN, HEAD)  # type: ignore[misc]
+            head = decode_index(body)
+            next(iter(head.checkpoints[""].values())).seq += 1
+            store.put_view(RUN, HEAD, seq, encode_index(head))
+            return seq
+
+    def agentjournal(*args: str) -> Any:
+        return CliRunner().invoke(cli, [*args, "--store", url], catch_exceptions=False)
+
+    with open_store(url) as store:
+        _run(store, 6)
+    seq = edit()
+    verified = agentjournal("verify", "--all")
+    assert verified.exit_code == 3
+    assert f"{RUN}: {HEAD} (seq {seq}): checkpoint" in verified.stderr
+    assert agentjournal("verify", "--all").exit_code == 0  # rebuilt: never served again
+    edit()
+    assert agentjournal("reindex").exit_code == 0
+    with open_store(url) as store:
+        assert check_thread_index(store, RUN) == []

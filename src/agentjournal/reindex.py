@@ -19,10 +19,6 @@ from .projections import advance
 from .snapshots import gc_paused
 from .store import Store
 
-#: Views a kind of run keeps beside its log, each rebuilt from the log by its reader:
-#: name -> (whether a run has it, rebuild). Integrations add theirs (a LangGraph thread).
-REBUILDERS: dict[str, Callable[[Store, str], None]] = {}
-
 
 class Damaged(msgspec.Struct, frozen=True):
     run_id: str
@@ -37,9 +33,11 @@ class ReindexReport(msgspec.Struct, frozen=True):
 
 
 def reindex(store: Store, run_ids: Sequence[str] | None = None, *,
+            views: Sequence[Callable[[Store, str], None]] = (),
             progress: Callable[[int, int], None] | None = None) -> ReindexReport:
-    """Fold each run's log (of ``run_ids``, or every run) and store its outline and
-    views again; ``progress(done, total)`` after each run."""
+    """Fold each run's log (of ``run_ids``, or every run) and store its outline again;
+    each of ``views`` rebuilds the views a kind of run keeps beside its log (a LangGraph
+    thread's: ``rebuild_thread_index``); ``progress(done, total)`` after each run."""
     ids = list(run_ids) if run_ids is not None else [i.run_id for i in store.list_runs()]
     started = time.perf_counter()
     damaged: list[Damaged] = []
@@ -49,7 +47,7 @@ def reindex(store: Store, run_ids: Sequence[str] | None = None, *,
             try:
                 state = advance(None, store.read(run_id))
                 store.put_outline(run_id, state)
-                for rebuild in REBUILDERS.values():
+                for rebuild in views:
                     rebuild(store, run_id)
             except JournalError as exc:
                 damaged.append(Damaged(run_id, str(exc)))

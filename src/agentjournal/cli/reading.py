@@ -30,6 +30,7 @@ from ..continuation import Continuation, was_interrupted
 from ..events import now
 from ..fleet import QueuedRun
 from ..integrations._graphlog import thread_run, thread_view
+from ..integrations._graphviews import check_thread_index, rebuild_thread_index
 from ..snapshots import VerifyReport
 from ..snapshots import verify as verify_run
 from ..store import RunInfo, Store, mask_secrets
@@ -488,6 +489,7 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, heads_file: s
     reports: list[VerifyReport] = []
     errors: list[JournalError] = []  # runs that could not be checked at all (--all only)
     heads: dict[str, str | None] = {}  # run -> what is wrong with its head (None: fine)
+    views: dict[str, list[str]] = {}  # run -> how its views differ from its log
     with opened(store_url) as store:
         if run_id is not None:  # a LangGraph thread id too, as show and events take it
             with contextlib.suppress(CorruptLogError):  # (a damaged run: reported below)
@@ -496,6 +498,9 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, heads_file: s
         for rid in ids:
             try:
                 reports.append(verify_run(store, rid))
+                if found := check_thread_index(store, rid):  # a LangGraph thread's head
+                    views[rid] = found
+                    rebuild_thread_index(store, rid)  # (never served again)
             except JournalError as exc:
                 if run_id is not None:
                     raise
@@ -508,8 +513,10 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, heads_file: s
     if not reports and not errors:
         note(f"no runs in {store_url}")
     if as_json:
-        emit_json([{**msgspec.to_builtins(r), "ok": r.ok and not heads.get(r.run_id),
-                    **({"head": heads.get(r.run_id) or "ok"} if r.run_id in heads else {})}
+        emit_json([{**msgspec.to_builtins(r),
+                    "ok": r.ok and not heads.get(r.run_id) and r.run_id not in views,
+                    **({"head": heads.get(r.run_id) or "ok"} if r.run_id in heads else {}),
+                    **({"views": views[r.run_id]} if r.run_id in views else {})}
                    for r in reports]
                   + [{"run_id": e.run_id, "ok": False, "error": str(e)} for e in errors]
                   + [{"run_id": rid, "ok": False, "head": problem} for rid, problem
@@ -518,6 +525,8 @@ def verify(ctx: click.Context, run_id: str | None, all_runs: bool, heads_file: s
         _print_verdicts(reports)
     codes = _verify_failures(reports, errors)
     codes += [_fail(f"{rid}: {problem}", 3) for rid, problem in heads.items() if problem]
+    codes += [_fail(f"{rid}: {line}; the view was rebuilt from the log", 3)
+              for rid, lines in views.items() for line in lines]
     if codes:
         ctx.exit(max(codes))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 import msgspec
 
+from ..integrations._graphviews import rebuild_thread_index
 from ..reindex import reindex
 from ._base import _fail, cli, json_option, opened, progress, store_option
 from ._safe import echo, emit_json
@@ -18,7 +19,8 @@ from ._safe import echo, emit_json
 def reindex_cmd(ctx: click.Context, run_ids: tuple[str, ...], as_json: bool,
                 store_url: str) -> None:
     """Rebuild each run's outline (the summary the runs list, the viewer and the metrics
-    read) and every view kept beside a log, from the log itself.
+    read) and every view kept beside a log (a LangGraph thread's head), from the log
+    itself.
 
     Projections are caches of the log: this changes no log. Run it after `agentjournal
     verify` reports a projection that differs from the log (exit 3), or to project a
@@ -32,7 +34,7 @@ def reindex_cmd(ctx: click.Context, run_ids: tuple[str, ...], as_json: bool,
       agentjournal reindex RUN --json | jq .damaged
     """
     with opened(store_url) as store, progress("reindex: reading the logs") as update:
-        report = reindex(store, run_ids or None,
+        report = reindex(store, run_ids or None, views=[rebuild_thread_index],
                          progress=lambda done, total: update(
                              f"reindex: {done} of {total} runs"))
     if as_json:
