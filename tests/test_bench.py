@@ -190,7 +190,8 @@ TARGETS = {"cpu_per_event.jsonl",
            "group_commit.sqlite", "saga.sqlite", "saga.jsonl", "saga.postgres",
            "takeover.p99", "ui.runs_page", "ui.run_page", "ui.tail",
            "agent_step.fixed_model.2000", "density.sqlite.1000", "density.postgres.1000",
-           "density.commits_per_step"}
+           "density.commits_per_step", "langgraph.get_tuple", "langgraph.list",
+           "reindex.sqlite", "reindex.jsonl"}
 
 
 def test_every_target_has_value_floor_ratio_and_met(doc: dict[str, Any]) -> None:

@@ -175,7 +175,16 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
                          on="value")
           for backend in ("sqlite", "postgres")),
         _against_floor("density.commits_per_step", get("density.postgres.1000.commits_per_step"),
-                       1, "max", "PostgreSQL commits per step at 1,000 runs", on="value"),
+                       0.3, "max", "PostgreSQL commits per step at 1,000 runs", on="value"),
+        *(_against_floor(f"langgraph.{call}", get(f"langgraph.{read}.{n}"), 1.0, "max",
+                         f"JournalSaver.{call} on a fresh handle after {n:,} steps / "
+                         "SqliteSaver's")
+          for read, call in (("resume", "get_tuple"), ("list", "list"))
+          for n in _sizes(by_name, f"langgraph.{read}.")[-1:] or [10_000]),
+        *(_against_floor(f"reindex.{backend}", get(f"reindex.{backend}.{n}"), 0.5, "min",
+                         f"reindex of {n:,} events, events/s / a plain fold's")
+          for backend in ("sqlite", "jsonl")
+          for n in _sizes(by_name, f"reindex.{backend}.")[-1:] or [1_000_000]),
         _against_floor("takeover.p99", get("takeover.p99"), TAKEOVER_TTL + 1, "max",
                        "a SIGKILLed worker's runs continued, p99, its last heartbeat to a "
                        "successor's first event; ratio: TTLs", on="value"),
