@@ -12,9 +12,9 @@ what a run's state means, never a second copy of its rules.
 The store keeps each run's outline up to date in the append's own transaction (SQLite,
 PostgreSQL) or catches a sidecar up from the log before answering (JSONL). An outline
 records the seq it is folded to; a read never serves one behind the log's head: it
-folds the events after it first (``catch_up``). Outlines are rebuildable from the log
-(``agentjournal reindex``) and checked against a fresh fold (``agentjournal verify``):
-the log is the only copy of anything.
+folds the events after it first (``store.outlined.served``). Outlines are rebuildable
+from the log (``agentjournal reindex``) and checked against a fresh fold (``agentjournal
+verify``): the log is the only copy of anything.
 """
 
 from __future__ import annotations

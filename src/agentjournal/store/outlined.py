@@ -60,7 +60,8 @@ class OutlineCache:
         self._runs.clear()
 
 
-Reader = Callable[[str, int], Iterator[Event]]
+#: A store's read: (run id, after seq, upto=last seq) -> its events.
+Reader = Callable[..., Iterator[Event]]
 
 
 #: What a handle remembers of a run whose log does not fold (a payload the fold's rules
@@ -88,8 +89,7 @@ def base_outline(run_id: str, expected_seq: int, cached: bytes | None,
     after = base.last_seq if base is not None else 0
     if after == expected_seq:
         return base
-    tail = (e for e in read(run_id, after) if e.seq <= expected_seq)
-    return advance(base, tail)
+    return advance(base, read(run_id, after, upto=expected_seq))
 
 
 def outline_after(base: Callable[[], RunState | None], events: Sequence[Event]
@@ -120,8 +120,7 @@ def served(rows: Iterable[Stored], read: Reader, *, attention: bool = False
                 out[row.run_id] = base
                 continue
             after = base.last_seq if base is not None else 0
-            out[row.run_id] = advance(base, (e for e in read(row.run_id, after)
-                                             if e.seq <= row.head))
+            out[row.run_id] = advance(base, read(row.run_id, after, upto=row.head))
         except JournalError as exc:
             out[row.run_id] = exc
         except Exception as exc:  # a payload the fold's rules cannot read
