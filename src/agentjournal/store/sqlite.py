@@ -270,8 +270,10 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # Each run's outline (projections.py), written by the statement that appends (see
     # _OUTLINE_TRIGGER); filled from the logs once, when a writer first opens an older
-    # store (SQLiteStore._project). And per-run views: caches a reader of one kind of run
-    # keeps beside its log (a LangGraph thread's index).
+    # store (SQLiteStore._project). No index on `attention`: a step flips it (a call
+    # opens, then completes), and the index's page would be one more page each commit
+    # writes; the needs-a-person page scans the table instead. And per-run views: caches
+    # a reader of one kind of run keeps beside its log (a LangGraph thread's head).
     """
     CREATE TABLE IF NOT EXISTS outlines (
         run_no INTEGER PRIMARY KEY,
@@ -282,7 +284,6 @@ MIGRATIONS: tuple[str, ...] = (
         attention INTEGER NOT NULL,
         body BLOB NOT NULL
     );
-    CREATE INDEX IF NOT EXISTS outlines_attention ON outlines (run_no) WHERE attention;
     CREATE TABLE IF NOT EXISTS views (
         run_no INTEGER NOT NULL,
         name TEXT NOT NULL,
