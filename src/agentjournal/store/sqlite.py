@@ -595,7 +595,7 @@ class SQLiteStore:
             self._migrate()
             self._db.execute(_HEAD_TRIGGER)
             self._learn_heads(len(MIGRATIONS))
-            self._projecting = self._has_outlines()  # (not in a test's older store)
+            self._projecting = self._outlined  # (not in a test's older store)
             if self._projecting:
                 staged = self._staged
                 self._db.create_function("aj_staged", 1, staged.__contains__)
@@ -733,6 +733,10 @@ class SQLiteStore:
         self._sealed = self._heads and self._db.execute(
             "SELECT value FROM store_info WHERE name = 'created_schema'"
         ).fetchone()[0] >= SEALED_SINCE
+        # Whether it keeps outlines (read once: every outlines() and view() asks).
+        self._outlined = self._heads and bool(self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outlines'"
+        ).fetchone())
 
     def _connect_unfinished(self) -> None:
         """Read an unfinished store as what its creation would have made: an empty store
@@ -1146,7 +1150,7 @@ class SQLiteStore:
         if not self._heads:  # an old file read without migrating it: every run is folded
             return [Stored(i.run_id, i.last_seq, None, None) for i in self.list_runs()
                     if run_ids is None or i.run_id in run_ids]
-        projected = self._has_outlines()
+        projected = self._outlined
         sql = ("SELECT n.run_id, h.seq, " + ("o.seq, o.body" if projected else "NULL, NULL")
                + " FROM heads h JOIN run_numbers n USING (run_no)"
                + (f" LEFT JOIN outlines o ON o.run_no = h.run_no AND o.version = "
@@ -1168,11 +1172,7 @@ class SQLiteStore:
     @property
     def projected(self) -> bool:
         """Whether the file keeps outlines (a read-only handle on an older one folds)."""
-        return self._heads and self._has_outlines()
-
-    def _has_outlines(self) -> bool:
-        return bool(self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
-                                     " AND name = 'outlines'").fetchone())
+        return self._outlined
 
     def _project(self) -> None:
         """Give every run whose outline is missing, of another version or behind its head
@@ -1213,7 +1213,7 @@ class SQLiteStore:
 
     def view(self, run_id: str, name: str) -> tuple[int, bytes] | None:
         validate_run_id(run_id)
-        if not self._has_outlines():  # (an old file read without migrating it)
+        if not self._outlined:  # (an old file read without migrating it)
             return None
         with self._reading():
             row = self._db.execute(
