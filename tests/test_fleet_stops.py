@@ -61,6 +61,28 @@ def _workers(url: str) -> list[Any]:
         return queue_of(store).workers()
 
 
+def _two_kills_then_a_pause(fleet: Fleet, run_id: str, args: tuple[str, ...]
+                            ) -> tuple[list[int], subprocess.Popen[bytes],
+                                       subprocess.Popen[bytes]]:
+    """Two workers of the run SIGKILLed while they hold it, a third SIGSTOPped past its
+    lease, a successor's claim (the fourth): (the killed pids, the paused worker, the
+    successor). The paused worker is left stopped."""
+    seen: set[int] = set()
+    killed = []
+    for _ in range(2):
+        proc = fleet.worker(*args, agents="tests.chaos_agents")
+        _holds_and_appends(fleet, run_id, proc, seen)
+        proc.kill()
+        proc.wait()
+        killed.append(proc.pid)
+    paused = fleet.worker(*args, agents="tests.chaos_agents")
+    _holds_and_appends(fleet, run_id, paused, seen)
+    paused.send_signal(signal.SIGSTOP)
+    successor = fleet.worker(*args, agents="tests.chaos_agents")
+    fleet.until("the successor's claim", lambda: fleet.runs()[run_id].claims == 4)
+    return killed, paused, successor
+
+
 def test_a_worker_paused_past_its_lease_is_no_crash_of_its_run(
         fleet: Fleet, tmp_path: Path) -> None:
     """Two workers of a run SIGKILLed, a third SIGSTOPped past its lease: the claim after
@@ -72,19 +94,7 @@ def test_a_worker_paused_past_its_lease_is_no_crash_of_its_run(
         fleet.env.update({URL_ENV: ledger.url, DELAY_ENV: "0.3"})
         run_id = _long_ledger_run(fleet.url)
         args = ("--ttl", "1", "--max-crashes", "3")
-        seen: set[int] = set()
-        killed = []
-        for _ in range(2):
-            proc = fleet.worker(*args, agents="tests.chaos_agents")
-            _holds_and_appends(fleet, run_id, proc, seen)
-            proc.kill()
-            proc.wait()
-            killed.append(proc.pid)
-        paused = fleet.worker(*args, agents="tests.chaos_agents")
-        _holds_and_appends(fleet, run_id, paused, seen)
-        paused.send_signal(signal.SIGSTOP)
-        successor = fleet.worker(*args, agents="tests.chaos_agents")
-        fleet.until("the successor's claim", lambda: fleet.runs()[run_id].claims == 4)
+        killed, paused, successor = _two_kills_then_a_pause(fleet, run_id, args)
         paused.send_signal(signal.SIGCONT)
         # (Before the fix it stayed parked: this timed out.)
         fleet.until("the run finished", lambda: fleet.runs()[run_id].state == "done", 60)
@@ -156,17 +166,7 @@ def test_a_run_parked_on_a_paused_worker_s_stop_is_not_compensated(
         fleet.env.update({URL_ENV: ledger.url, DELAY_ENV: "0.3"})
         run_id = _long_ledger_run(fleet.url)
         args = ("--ttl", "2", "--max-crashes", "3", "--compensate-parked")
-        seen: set[int] = set()
-        for _ in range(2):
-            proc = fleet.worker(*args, agents="tests.chaos_agents")
-            _holds_and_appends(fleet, run_id, proc, seen)
-            proc.kill()
-            proc.wait()
-        paused = fleet.worker(*args, agents="tests.chaos_agents")
-        _holds_and_appends(fleet, run_id, paused, seen)
-        paused.send_signal(signal.SIGSTOP)
-        successor = fleet.worker(*args, agents="tests.chaos_agents")
-        fleet.until("the successor's claim", lambda: fleet.runs()[run_id].claims == 4)
+        _, paused, successor = _two_kills_then_a_pause(fleet, run_id, args)
         paused.send_signal(signal.SIGCONT)
         fleet.until("the run ended", lambda: fleet.runs()[run_id].state in ("done", "parked"),
                     60)
