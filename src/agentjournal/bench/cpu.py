@@ -46,12 +46,14 @@ from .appends import (
 # --- 6. CPU cost with syncing off, and the loop ------------------------------------------------
 
 
-def _store_round(store: Store, facts: list[Fact], after: int) -> float:
-    """Seconds per event to build each envelope and append it alone, as RunJournal does."""
+def _store_round(store: Store, run_id: str, n: int) -> float:
+    """Seconds per event to build each envelope and append it alone, as RunJournal does,
+    to a new run (each round's: a call's completion names its start's seq in that run)."""
+    facts = list(itertools.islice(run_facts(run_id), n))
     start = time.perf_counter()
-    for seq, fact in enumerate(facts, start=after):
-        events = make_events(RUN, seq, 0, [fact])
-        store.append(RUN, events, expected_seq=seq, epoch=0)
+    for seq, fact in enumerate(facts):
+        events = make_events(run_id, seq, 0, [fact])
+        store.append(run_id, events, expected_seq=seq, epoch=0)
     return (time.perf_counter() - start) / len(facts)
 
 
@@ -69,8 +71,8 @@ def _floor_round(write: Write, facts: list[Fact], after: int) -> float:
 def _cpu_figure(backend: str, store: Store, write: Write,
                 floor_name: str, facts: list[Fact], reps: int) -> Figure:
     after, ours, floors = 0, [], []
-    for _ in range(reps + 1):  # the first round warms up and is dropped
-        ours.append(_store_round(store, facts, after))
+    for round_no in range(reps + 1):  # the first round warms up and is dropped
+        ours.append(_store_round(store, f"{RUN}-{round_no}", len(facts)))
         floors.append(_floor_round(write, facts, after))
         after += len(facts)
     return figure(f"cpu_per_event.{backend}", statistics.median(ours[1:]) * 1e6, "µs/event",
