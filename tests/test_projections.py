@@ -78,7 +78,7 @@ def _edit_outline(store_url: str, run_id: str) -> None:
     if store_url.startswith("sqlite"):
         import sqlite3
         with sqlite3.connect(store_url.removeprefix("sqlite:///")) as db:
-            db.execute("UPDATE outlines SET body = ? WHERE run_no = (SELECT run_no FROM"
+            db.execute("UPDATE heads SET outline = ? WHERE run_no = (SELECT run_no FROM"
                        " run_numbers WHERE run_id = ?)", (body, run_id))
     elif store_url.startswith("jsonl"):
         import sqlite3
@@ -196,8 +196,9 @@ def _as_before_outlines(store_url: str) -> None:
     if store_url.startswith("sqlite"):
         import sqlite3
         with sqlite3.connect(store_url.removeprefix("sqlite:///")) as db:
-            db.executescript(f"DROP TABLE outlines; DROP TABLE views;"
-                             f" PRAGMA user_version = {sqlite_module._OUTLINES - 1};")
+            db.executescript("".join(f"ALTER TABLE heads DROP COLUMN {column};" for column in (
+                "outline_seq", "outline_version", "attention", "outline"))
+                + f"DROP TABLE views; PRAGMA user_version = {sqlite_module._OUTLINES - 1};")
         return
     import psycopg
     base, _, schema = store_url.partition("?schema=")

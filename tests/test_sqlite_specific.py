@@ -618,6 +618,31 @@ def test_the_heads_migration_computes_each_run_s_head_from_its_log_once(tmp_path
         list(store.read("new"))
 
 
+def test_migration_14_moves_each_outline_into_its_head_s_row_intact(tmp_path: Path) -> None:
+    """A store as migration 13 left it (outlines in a table of their own): its outlines
+    are moved into the heads and read as before."""
+    path = tmp_path / "old.db"
+    with SQLiteStore(path) as store:
+        for run_id in ("a", "b"):
+            store.append(run_id, workload(run_id, 7), expected_seq=0, epoch=0)
+        before = store.outlines()
+    raw(path, "CREATE TABLE outlines (run_no INTEGER PRIMARY KEY, seq INTEGER NOT NULL,"
+        " version INTEGER NOT NULL, status TEXT NOT NULL, agent TEXT, attention INTEGER"
+        " NOT NULL, body BLOB NOT NULL)")
+    raw(path, "INSERT INTO outlines SELECT run_no, outline_seq, outline_version, 'x', NULL,"
+        " attention, outline FROM heads")
+    for column in ("outline_seq", "outline_version", "attention", "outline"):
+        raw(path, f"ALTER TABLE heads DROP COLUMN {column}")
+    raw(path, f"PRAGMA user_version = {sqlite_module._OUTLINES_IN_HEADS - 1}")
+    with SQLiteStore(path, readonly=True) as reader:  # unmigrated: read by folding
+        assert not reader.projected and reader.outlines() == before
+    with SQLiteStore(path) as store:
+        assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
+        assert raw(path, "SELECT name FROM sqlite_schema WHERE name = 'outlines'") == []
+        assert raw(path, "SELECT count(*) FROM heads WHERE outline_seq = seq") == [(2,)]
+        assert store.outlines() == before
+
+
 def test_a_row_inserted_by_another_program_moves_no_head(tmp_path: Path) -> None:
     """The head moves with our appends only (a trigger of our connections alone): a
     forged last event, inserted after the real one was deleted, is refused."""
