@@ -343,6 +343,41 @@ def test_snapshots_and_quarantine_do_not_confuse_list_runs(tmp_path: Path) -> No
     assert [r.run_id for r in JsonlStore(tmp_path / "runs").list_runs()] == ["r1"]
 
 
+def test_a_listing_opens_only_the_logs_changed_since_the_last_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """list_runs keeps what it read of each log in the sidecar with the file's stamp
+    (inode, size, mtime): an unchanged log is not opened again; one appended to by any
+    handle, replaced, or buried under a tombstone is."""
+    path = tmp_path / "runs"
+    writer = JsonlStore(path)
+    for run_id in ("a", "b", "c"):
+        add(writer, run_id, "one")
+    opened: list[str] = []
+    real_tail = JsonlStore._tail
+    monkeypatch.setattr(JsonlStore, "_tail", lambda self, run_id: (
+        opened.append(run_id), real_tail(self, run_id))[1])
+
+    def listing(store: JsonlStore) -> dict[str, int]:
+        opened.clear()
+        return {r.run_id: r.last_seq for r in store.list_runs()}
+
+    assert listing(writer) == {"a": 1, "b": 1, "c": 1}
+    assert listing(writer) == {"a": 1, "b": 1, "c": 1} and opened == []
+    add(JsonlStore(path), "b", "two")  # another handle appends
+    reader = JsonlStore(path, readonly=True)
+    assert listing(reader) == {"a": 1, "b": 2, "c": 1} and opened == ["b"]
+    assert listing(writer) == {"a": 1, "b": 2, "c": 1} and opened == ["b"]
+    (path / "a.tomb").write_text("{}")  # buried: a tombstone beside an unchanged log
+    assert "a" not in listing(reader)
+    (path / "a.tomb").unlink()
+    copy = (path / "c.jsonl").read_bytes()
+    (path / "c.jsonl").unlink()
+    (path / "c.jsonl").write_bytes(copy)  # the same bytes in another file
+    assert listing(reader) == {"a": 1, "b": 2, "c": 1} and "c" in opened
+    (path / "_outlines.db").unlink()  # the sidecar is a cache: lost, nothing is
+    assert listing(JsonlStore(path, readonly=True)) == {"a": 1, "b": 2, "c": 1}
+
+
 def test_snapshot_reads_create_no_files(tmp_path: Path) -> None:
     store = JsonlStore(tmp_path / "runs")
     assert store.snapshots("ghost") == []

@@ -76,6 +76,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import heapq
 import logging
 import os
 import re
@@ -133,7 +134,7 @@ from .base import (
     validate_run_id,
 )
 from .outlined import Stored, served
-from .sidecar import Sidecar
+from .sidecar import Listed, Sidecar, Stamp, listed, run_info
 
 log = logging.getLogger("agentjournal")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -222,6 +223,14 @@ class _SnapHeader(msgspec.Struct, frozen=True):
     #: Where the log's record after ``seq`` starts, when known at write time: a read
     #: that resumes from this snapshot starts there instead of scanning the whole file.
     log_offset: int = 0
+
+
+def _valid_run_id(name: str) -> bool:
+    try:
+        validate_run_id(name)
+    except InvalidRunIdError:
+        return False
+    return True
 
 
 _SNAP_SUFFIX = ".snapshots"
@@ -498,9 +507,7 @@ class JsonlStore:
         oldest, found = SCHEMA_VERSION, []
         for path in self.path.glob("*.jsonl"):
             run_id = path.name[: -len(".jsonl")]
-            try:
-                validate_run_id(run_id)
-            except InvalidRunIdError:
+            if not _valid_run_id(run_id):
                 continue
             with self._locked(run_id, write=True):
                 fd = None if self._buried(run_id) else self._log_fd(run_id)
@@ -911,25 +918,43 @@ class JsonlStore:
 
     @_os_errors("list runs", write=False)
     def list_runs(self, *, limit: int | None = None) -> list[RunInfo]:
-        runs: list[RunInfo] = []
-        for path in self.path.glob("*.jsonl"):
-            run_id = path.name[: -len(".jsonl")]
-            try:
-                validate_run_id(run_id)
-            except InvalidRunIdError:
+        """Every run, newest first. A log unchanged since a listing read it (same file,
+        size and mtime, see sidecar.py) is not opened again."""
+        known = self._sidecar.tails()
+        runs: list[Listed] = []
+        fresh: list[tuple[Stamp, Listed]] = []
+        with os.scandir(self.path) as found:
+            entries = {entry.name: entry for entry in found}
+        for name, entry in entries.items():
+            run_id = name[: -len(".jsonl")]
+            if not name.endswith(".jsonl") or not _valid_run_id(run_id):
                 continue  # not a file this store wrote
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue  # (deleted since the directory was read)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            cached = known.get(run_id)
+            if cached is not None and cached[0] == stamp and run_id + _TOMB not in entries:
+                runs.append(cached[1])
+                continue
             try:
                 tail = self._tail(run_id)
             except CorruptLogError as exc:
                 # Listed all the same (with at least ``exc.seq`` events), so one damaged
                 # run hides no other; reading it raises, for its caller to report.
-                changed = datetime.fromtimestamp(path.stat().st_mtime, UTC)
-                runs.append(RunInfo(run_id, exc.seq, None, changed))
+                changed = datetime.fromtimestamp(st.st_mtime, UTC)
+                runs.append(listed(RunInfo(run_id, exc.seq, None, changed)))
                 continue
             if tail.last_seq:  # a run exists once it has events, as in SQLiteStore
-                runs.append(RunInfo(run_id, tail.last_seq, tail.created_at, tail.updated_at))
-        runs.sort(key=lambda r: (r.updated_at, r.run_id), reverse=True)
-        return runs[:limit] if limit else runs
+                row = listed(RunInfo(run_id, tail.last_seq, tail.created_at,
+                                     tail.updated_at))
+                runs.append(row)
+                fresh.append((stamp, row))  # (stat before the read: never ahead of it)
+        with suppress(OSError, sqlite3.Error):  # a cache: a listing that could not keep it
+            self._sidecar.put_tails(fresh)
+        newest = heapq.nlargest(limit, runs) if limit else sorted(runs, reverse=True)
+        return [run_info(row) for row in newest]
 
     def outlines(self, run_ids: Collection[str] | None = None, *,
                  attention: bool = False) -> dict[str, RunState | JournalError]:

@@ -1,10 +1,12 @@
-"""A JSONL store's outlines: one SQLite file beside the logs, ``_outlines.db``.
+"""A JSONL store's outlines and run listing: one SQLite file beside the logs, ``_outlines.db``.
 
 JSONL appends write the log and its head, nothing more (a line and a fsync). Each run's
 outline is caught up from its log when it is read: the sidecar records the seq each
 outline is folded to (the cursor), a read folds the events after it, and a writable
-handle keeps what it folded. The sidecar is only a cache: deleting it loses nothing; a
-read-only handle reads it if it is there and writes nothing.
+handle keeps what it folded. It also keeps what listing a run reads from its log (last
+seq, first and last timestamps) with the log file's identity, size and mtime when read:
+a listing opens only the logs that changed since. The sidecar is only a cache: deleting
+it loses nothing; a read-only handle reads it if it is there and writes nothing.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import sqlite3
 import threading
 from collections.abc import Iterable
 from contextlib import suppress
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
 from ..projections import OUTLINE_VERSION, columns, encode
 from ..state import RunState
+from .base import RunInfo
 
 NAME = "_outlines.db"  # "_" never starts a run id, so no run can collide
 
@@ -28,8 +32,38 @@ _SCHEMA = """
         version INTEGER NOT NULL,
         attention INTEGER NOT NULL,
         body BLOB NOT NULL
-    )
+    );
+    CREATE TABLE IF NOT EXISTS tails (
+        run_id TEXT PRIMARY KEY,
+        inode INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL,
+        created_us INTEGER,
+        updated_us INTEGER NOT NULL
+    );
 """
+
+#: A log file as stat() found it: (inode, size, mtime in ns). Any append changes it.
+Stamp = tuple[int, int, int]
+#: What listing reads from a log: (updated_us, run_id, last_seq, created_us), times in
+#: µs since the epoch (a listing sorts thousands and builds RunInfos for the few shown).
+Listed = tuple[int, str, int, int | None]
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def listed(info: RunInfo) -> Listed:
+    created = None if info.created_at is None else (info.created_at - EPOCH) // _US
+    assert info.updated_at is not None
+    return (info.updated_at - EPOCH) // _US, info.run_id, info.last_seq, created
+
+
+def run_info(row: Listed) -> RunInfo:
+    updated, run_id, last_seq, created = row
+    return RunInfo(run_id, last_seq, None if created is None else EPOCH + created * _US,
+                   EPOCH + updated * _US)
 
 
 class Sidecar:
@@ -40,6 +74,7 @@ class Sidecar:
         self._db: sqlite3.Connection | None = None
         # A read-only handle's catches-up, kept for its next read (it writes nothing).
         self._held: dict[str, tuple[int, bytes, bool]] = {}
+        self._held_tails: dict[str, tuple[Stamp, Listed]] = {}
 
     def _connect(self, *, create: bool = False) -> sqlite3.Connection | None:
         """The sidecar's connection; None while there is none to read (a writer makes
@@ -54,7 +89,7 @@ class Sidecar:
                 self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=OFF")  # a cache: rebuilt if lost
-                self._db.execute(_SCHEMA)
+                self._db.executescript(_SCHEMA)
         return self._db
 
     def rows(self) -> dict[str, tuple[int, bytes, bool]]:
@@ -84,6 +119,33 @@ class Sidecar:
             with db:
                 db.executemany("INSERT OR REPLACE INTO outlines VALUES (?, ?, ?, ?, ?)", rows)
 
+    def tails(self) -> dict[str, tuple[Stamp, Listed]]:
+        """What listing each run read from its log, and the stamp its file had then."""
+        with self._lock:
+            db = self._connect()
+            found = []
+            if db is not None:
+                with suppress(sqlite3.DatabaseError):  # (an older sidecar has no tails)
+                    found = db.execute("SELECT * FROM tails").fetchall()
+            tails = {r[0]: ((r[1], r[2], r[3]), (r[6], r[0], r[4], r[5])) for r in found}
+            return tails | self._held_tails
+
+    def put_tails(self, tails: Iterable[tuple[Stamp, Listed]]) -> None:
+        found = list(tails)
+        if self.readonly:
+            with self._lock:
+                self._held_tails.update({row[1]: (stamp, row) for stamp, row in found})
+            return
+        if not found:
+            return
+        with self._lock:
+            db = self._connect(create=True)
+            assert db is not None
+            with db:
+                db.executemany("INSERT OR REPLACE INTO tails VALUES (?, ?, ?, ?, ?, ?, ?)", [
+                    (run_id, *stamp, last_seq, created, updated)
+                    for stamp, (updated, run_id, last_seq, created) in found])
+
     def drop(self, run_id: str) -> None:
         if self.readonly or not self.path.exists():
             return
@@ -91,7 +153,8 @@ class Sidecar:
             db = self._connect()
             assert db is not None
             with db:
-                db.execute("DELETE FROM outlines WHERE run_id = ?", (run_id,))
+                for table in ("outlines", "tails"):
+                    db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
 
     def close(self) -> None:
         with self._lock:
