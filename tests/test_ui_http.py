@@ -529,6 +529,63 @@ def test_time_travel_through_a_window_says_what_the_whole_log_says(
         v.close()
 
 
+@pytest.mark.parametrize("store_url", ["jsonl", "sqlite"], indirect=True)
+def test_time_travel_decodes_only_the_message_segments_its_window_shows(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run snapshotted in message segments, then redacted in two of them and compacted:
+    time travel at each seq shows the fold's messages of its window, counts all of the
+    fold's and says what the fold says, decoding only the segments its window shows."""
+    import itertools
+
+    from agentjournal import fold
+    from agentjournal.bench._common import run_facts, workload
+    from agentjournal.events import make_events
+    from agentjournal.snapshots import SEGMENT, _form_of, write_snapshot
+    from agentjournal.state import durable_fields
+    from agentjournal.ui import views
+
+    monkeypatch.setattr(views, "WINDOW", 400)
+    store = open_store(store_url)
+    try:
+        store.append("long", workload("long", 1500), expected_seq=0, epoch=0)
+        write_snapshot(store, fold(list(store.read("long"))))
+        (snapshot,) = store.snapshots("long")
+        segments = _form_of(snapshot.body).messages  # type: ignore[union-attr]
+        assert len(segments) == 3
+        tail = [*itertools.islice(run_facts("long"), 1500, 1530),
+                *[(EventType.GUARDRAIL_TRIGGERED, {"name": "pii", "action": "redact",
+                                                   "message_index": index})
+                  for index in (5, 3 * SEGMENT - 1)],
+                (EventType.CONTEXT_COMPACTED, {"summary": "so far", "kept": 300})]
+        store.append("long", make_events("long", 1500, 0, tail), expected_seq=1500, epoch=0)
+        log = list(store.read("long"))
+        fetched: list[str] = []
+        segments_of = store.segments
+        monkeypatch.setattr(store, "segments", lambda run_id, digests: (
+            fetched.extend(digests), segments_of(run_id, digests))[1])
+        for seq in (1500, 1530, 1531, 1532, 1533):
+            fetched.clear()
+            shown = views.state_at(store, "long", seq)
+            folded, after = fold(log[:seq]), shown["after"]
+            assert 0 < after <= seq - 400
+            assert shown["messages"] == [views._message(m) for m in folded.messages
+                                         if m.seq > after], seq
+            assert shown["all_messages"] == len(folded.messages)
+            assert any(m["content"] == "[redacted]" for m in shown["messages"]) == (seq > 1531)
+            whole = durable_fields(folded)
+            assert shown["state"]["messages"] == [row for m, row in zip(
+                folded.messages, whole["messages"], strict=True) if m.seq > after]
+            for name, value in shown["state"].items():
+                if name not in ("messages", "completed", "completed_args", "attempts"):
+                    assert value == whole[name], (seq, name)
+            # Only the last segment holds messages of the window; the fold reads the
+            # first too once it redacts a message there (and the compaction keeps it).
+            decoded = [d for d in segments if d in fetched]
+            assert decoded == (segments[2:] if seq <= 1530 else [segments[0], segments[2]])
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("store_url", ["jsonl", "sqlite", "postgres"], indirect=True)
 def test_a_calls_page_read_from_its_start_is_its_whole_history(
         viewer: tuple[str, TestClient], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -565,8 +622,8 @@ def test_a_run_whose_log_cannot_be_read_is_named_and_the_others_shown(
         db.execute("UPDATE events SET body = CAST(replace(CAST(body AS TEXT), 'read', 'READ')"
                    " AS BLOB) WHERE key = (SELECT (run_no << 32) + 1 FROM run_numbers"
                    " WHERE run_id = 'markup')")
-        db.execute("DELETE FROM outlines WHERE run_no = (SELECT run_no FROM run_numbers"
-                   " WHERE run_id = 'markup')")
+        db.execute("UPDATE heads SET outline = NULL WHERE run_no = (SELECT run_no"
+                   " FROM run_numbers WHERE run_id = 'markup')")
     v = Viewer(store_url)
     try:
         client = TestClient(v.app, base_url=BASE)

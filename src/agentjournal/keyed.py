@@ -13,6 +13,10 @@ all, as a plain load does.
 Only a journal's own load is lazy (``load_state(lazy=True)``): its maps read the
 journal's store. ``Agent.run`` settles them into plain dicts before it returns (unless
 told not to), so a result that outlives the store never reads it.
+
+The viewer's time travel also leaves a long run's messages in their segments
+(``Segmented``): a page shows the last few hundred of them, and the largest seq of each
+segment, kept in the snapshot's body, says which segments hold those.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, MutableSequence
+from typing import Any, TypeVar, overload
 
 V = TypeVar("V")
 
@@ -208,4 +212,106 @@ class Keyed(MutableMapping[str, V]):
     def __repr__(self) -> str:
         lazy = sum(head.keys is None for head in self._heads)
         return (f"Keyed({lazy} of {len(self._heads)} segments undecoded, "
+                f"{len(self._rest)} items after)")
+
+
+class Segmented(MutableSequence[V]):
+    """A list whose first items are in segments of ``size`` items, each decoded by
+    ``load`` (given its index) when an item in it is read, and the rest in ``rest``.
+    ``tops``: each segment's largest ``order`` of an item, so ``since`` decodes only the
+    segments that hold an item past a bound.
+
+    An item set in place is set in its (decoded) segment; an insertion or a deletion
+    before the end decodes every segment first and goes on as a plain list."""
+
+    __slots__ = ("_load", "_loaded", "_order", "_rest", "_size", "_tops")
+
+    def __init__(self, size: int, tops: list[int], rest: list[V],
+                 load: Callable[[int], list[V]], order: Callable[[V], int]) -> None:
+        self._size = size
+        self._tops = tops
+        self._loaded: list[list[V] | None] = [None] * len(tops)
+        self._rest = rest
+        self._load = load
+        self._order = order
+
+    def _segment(self, index: int) -> list[V]:
+        loaded = self._loaded[index]
+        if loaded is None:
+            loaded = self._loaded[index] = self._load(index)
+        return loaded
+
+    def _where(self, index: int) -> tuple[list[V], int]:
+        """The list holding item ``index`` (negative from the end), and its place there."""
+        length = len(self)
+        at = index + length if index < 0 else index
+        if not 0 <= at < length:
+            raise IndexError("list index out of range")
+        heads = len(self._loaded) * self._size
+        if at >= heads:
+            return self._rest, at - heads
+        return self._segment(at // self._size), at % self._size
+
+    def _flatten(self) -> list[V]:
+        """Every item in ``rest``, the segments decoded: a plain list from now on."""
+        if self._loaded:
+            self._rest = list(self)
+            self._loaded, self._tops = [], []
+        return self._rest
+
+    def __len__(self) -> int:
+        return len(self._loaded) * self._size + len(self._rest)
+
+    @overload
+    def __getitem__(self, index: int) -> V: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[V]: ...
+
+    def __getitem__(self, index: int | slice) -> V | list[V]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        items, at = self._where(index)
+        return items[at]
+
+    @overload
+    def __setitem__(self, index: int, value: V) -> None: ...
+
+    @overload
+    def __setitem__(self, index: slice, value: Iterable[V]) -> None: ...
+
+    def __setitem__(self, index: int | slice, value: Any) -> None:
+        if isinstance(index, slice):
+            self._flatten()[index] = value
+            return
+        items, at = self._where(index)
+        items[at] = value
+
+    def __delitem__(self, index: int | slice) -> None:
+        del self._flatten()[index]
+
+    def insert(self, index: int, value: V) -> None:
+        if index >= len(self):
+            self._rest.append(value)
+        else:
+            self._flatten().insert(index, value)
+
+    def __iter__(self) -> Iterator[V]:
+        for index in range(len(self._loaded)):
+            yield from self._segment(index)
+        yield from self._rest
+
+    def since(self, bound: int) -> list[V]:
+        """The items whose ``order`` is over ``bound``, in their order: a segment not
+        decoded yet is decoded only if its top is over it."""
+        found: list[V] = []
+        for index, top in enumerate(self._tops):
+            if self._loaded[index] is not None or top > bound:
+                found += [item for item in self._segment(index) if self._order(item) > bound]
+        found += [item for item in self._rest if self._order(item) > bound]
+        return found
+
+    def __repr__(self) -> str:
+        lazy = sum(loaded is None for loaded in self._loaded)
+        return (f"Segmented({lazy} of {len(self._loaded)} segments undecoded, "
                 f"{len(self._rest)} items after)")

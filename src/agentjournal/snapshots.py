@@ -15,7 +15,9 @@ named them, is accepted too), and written
 once: a snapshot writes the segments the store does not hold yet, then its body
 (the rest of the state, the digests of its full segments, and the items after
 them), so what it writes does not grow with the run. Segments no snapshot names
-any more are collected after each write.
+any more are collected after each write. The body also keeps the largest seq of each
+full message segment, so a reader that shows only the latest messages (the viewer's
+time travel) decodes only the segments that hold them (keyed.py's ``Segmented``).
 
 ``verify`` reads the whole log (which checks every event's digest chain),
 folds it twice in lockstep (determinism at every prefix) and checks every
@@ -43,7 +45,7 @@ import msgspec
 
 from .errors import CorruptLogError, JournalError, SnapshotSegmentError
 from .events import SCHEMA_VERSION, Event, now
-from .keyed import BLOCK, Group, Head, Keyed, key_filter
+from .keyed import BLOCK, Group, Head, Keyed, Segmented, key_filter
 from .metrics import METRICS
 from .projections import differences, outline
 from .state import FOLD_VERSION, CompletedCall, Message, RunState, apply, durable_fields
@@ -108,6 +110,11 @@ class _Form(msgspec.Struct, array_like=True):
     completed_filters: list[bytes] = []
     attempts_blocks: list[str] = []
     attempts_filters: list[bytes] = []
+    #: The largest seq of a message in each full message segment (``SEGMENT`` each).
+    #: Absent from bodies written before it, whose message segments are all decoded.
+    #: (A reader takes each segment to hold ``SEGMENT`` messages, checked when decoded:
+    #: a release that changes ``SEGMENT`` writes these under another name.)
+    messages_tops: list[int] = []
 
 
 class _Block(msgspec.Struct, array_like=True):
@@ -157,6 +164,9 @@ class Segments:
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, int], tuple[list[Any], str, bytes | None]] = {}
+        #: The largest seq in each message segment, by digest (a digest names its
+        #: content, so this is never stale): each is computed once, not per snapshot.
+        self.tops: dict[str, int] = {}
 
     def known(self, part: str, index: int, objects: list[Any]
               ) -> tuple[str, bytes | None] | None:
@@ -182,6 +192,7 @@ class Segments:
         gone = [k for k, (_, digest, _) in self._known.items() if digest not in named]
         for key in gone:
             del self._known[key]
+        self.tops = {digest: top for digest, top in self.tops.items() if digest in named}
         return bool(gone)
 
 
@@ -309,12 +320,28 @@ def _take(state: RunState, size: int | None, segments: Segments | None = None
     head = msgspec.structs.replace(state, messages=[], completed={}, attempts={})
     body = zlib.compress(_encoder.encode(_Form(
         head=head, messages=messages, messages_after=messages_after,
+        messages_tops=_tops(state.messages, messages, size or 0, known),
         **keyed("completed", state.completed), **keyed("attempts", state.attempts))), _LEVEL)
     return Snapshot(
         run_id=state.run_id, seq=state.last_seq, schema_version=SCHEMA_VERSION,
         fold_version=FOLD_VERSION, digest=hashlib.sha256(body).hexdigest(), body=body,
         created_at=now(),
     ), new, seen
+
+
+_SEQ = operator.attrgetter("seq")
+
+
+def _tops(messages: list[Message], digests: list[str], size: int, known: Segments
+          ) -> list[int]:
+    """The largest seq in each full message segment (named by ``digests``)."""
+    tops = []
+    for index, digest in enumerate(digests):
+        top = known.tops.get(digest)
+        if top is None:
+            top = known.tops[digest] = max(map(_SEQ, messages[index * size:(index + 1) * size]))
+        tops.append(top)
+    return tops
 
 
 def take(state: RunState) -> Snapshot:
@@ -425,8 +452,20 @@ class _Later:
     or damaged when needed raises, and sets the run's snapshots aside so that opening
     it again folds it from its log."""
 
-    def __init__(self, store: Store, run_id: str, known: Segments) -> None:
+    def __init__(self, store: Store, run_id: str, known: Segments,
+                 messages: bool = False) -> None:
         self.store, self.run_id, self.known = store, run_id, known
+        #: Whether the messages are left in their segments too (``listed``).
+        self.messages = messages
+
+    def _raw(self, digest: str) -> bytes:
+        """The segment ``digest``, fetched now; missing or damaged, it raises, and sets
+        the run's snapshots aside."""
+        try:
+            return _segment(self.store.segments(self.run_id, [digest]), digest)
+        except SegmentError as exc:
+            self.store.delete_snapshots(self.run_id)
+            raise SnapshotSegmentError(self.run_id, digest, str(exc)) from exc
 
     def keyed(self, name: str, digests: list[str], blocks: list[_Block],
               filters: list[bytes], after: list[tuple[str, Any]], decode: Decode
@@ -439,17 +478,27 @@ class _Later:
         groups += [Group(head.filter, [head]) for head in heads[len(blocks) * BLOCK:]]
 
         def load(head: Head) -> list[tuple[str, Any]]:
-            try:
-                raw = _segment(self.store.segments(self.run_id, [head.digest]), head.digest)
-            except SegmentError as exc:
-                self.store.delete_snapshots(self.run_id)
-                raise SnapshotSegmentError(self.run_id, head.digest, str(exc)) from exc
-            chunk: list[tuple[str, Any]] = decode(raw)
+            chunk: list[tuple[str, Any]] = decode(self._raw(head.digest))
             self.known.remember(name, heads.index(head), _objects(chunk), head.digest,
                                 head.filter)
             return chunk
 
         return Keyed(groups, dict(after), load)
+
+    def listed(self, digests: list[str], tops: list[int], after: list[Message]
+               ) -> Segmented[Message]:
+        """The messages as a lazy list: ``digests``' segments, then ``after``."""
+
+        def load(index: int) -> list[Message]:
+            digest = digests[index]
+            chunk = _messages_decoder.decode(self._raw(digest))
+            if len(chunk) != SEGMENT:  # (written by a release of another SEGMENT)
+                raise SnapshotSegmentError(self.run_id, digest,
+                                           f"holds {len(chunk)} messages, not {SEGMENT}")
+            self.known.remember("messages", index, chunk, digest)
+            return chunk
+
+        return Segmented(SEGMENT, tops, after, load, _SEQ)
 
 
 def state_of(body: bytes, segments: Mapping[str, bytes] | None = None,
@@ -469,14 +518,19 @@ def _state_of(body: bytes, fetch: Fetch, known: Segments | None,
     if not _is_form(raw):
         return _decoder.decode(raw)  # a whole state, as releases before segments wrote
     form = _form_decoder.decode(raw)
+    topped = len(form.messages_tops) == len(form.messages)
+    lazy_messages = later is not None and later.messages and topped and bool(form.messages)
     lazy_completed = later is not None and _filtered(form.completed, form.completed_blocks,
                                                      form.completed_filters)
     lazy_attempts = later is not None and _filtered(form.attempts, form.attempts_blocks,
                                                     form.attempts_filters)
-    names = [*form.messages, *form.completed_blocks, *form.attempts_blocks,
+    names = [*([] if lazy_messages else form.messages), *form.completed_blocks,
+             *form.attempts_blocks,
              *([] if lazy_completed else form.completed),
              *([] if lazy_attempts else form.attempts)]
     parts, known = fetch(names) if names else {}, Segments() if known is None else known
+    if topped:
+        known.tops.update(zip(form.messages, form.messages_tops, strict=True))
 
     def part(name: str, digests: list[str], decode: Decode) -> list[Any]:
         items = []
@@ -504,8 +558,12 @@ def _state_of(body: bytes, fetch: Fetch, known: Segments | None,
         return items
 
     state = form.head
-    state.messages = part("messages", form.messages, _messages_decoder.decode)
-    state.messages += form.messages_after
+    if lazy_messages and later is not None:
+        state.messages = later.listed(form.messages, form.messages_tops,  # type: ignore[assignment]
+                                      form.messages_after)
+    else:
+        state.messages = part("messages", form.messages, _messages_decoder.decode)
+        state.messages += form.messages_after
     state.completed = mapping("completed", lazy_completed, form.completed,
                               form.completed_blocks, form.completed_filters,
                               form.completed_after, _completed)
@@ -539,10 +597,12 @@ def _segment(parts: Mapping[str, bytes], digest: str) -> bytes:
 
 
 def decode_snapshot(store: Store, snapshot: Snapshot, known: Segments | None = None,
-            lazy: bool = False) -> tuple[RunState | None, str]:
+            lazy: bool = False, lazy_messages: bool = False) -> tuple[RunState | None, str]:
     """The state ``snapshot`` holds, with its segments (into ``known``); else None and
-    why. ``lazy``: the keyed parts' segments with filters are left undecoded (_Later)."""
-    later = _Later(store, snapshot.run_id, known or Segments()) if lazy else None
+    why. ``lazy``: the keyed parts' segments with filters are left undecoded (_Later);
+    with ``lazy_messages`` the message segments too, if the body says each one's
+    largest seq (for a reader: the messages are then a ``Segmented``, not a list)."""
+    later = _Later(store, snapshot.run_id, known or Segments(), lazy_messages) if lazy else None
     try:
         state = _state_of(snapshot.body, lambda names: store.segments(snapshot.run_id, names),
                           known, later)

@@ -25,6 +25,7 @@ import msgspec
 from ..errors import InvalidRunIdError, JournalError
 from ..events import Event, EventType
 from ..fleet import QueuedRun
+from ..keyed import Segmented
 from ..snapshots import decode_snapshot, gc_paused, refusal
 from ..state import PendingCall, RunState, apply, durable_fields, fold
 from ..store import RunInfo, Store
@@ -500,8 +501,10 @@ def _windowed(state: RunState, events: Sequence[Event], after: int) -> RunState:
     completed = {k for e in events if e.type is E.TOOL_CALL_COMPLETED
                  and (k := e.payload.get("idempotency_key"))}
     started = {k for e in events if e.type is E.TOOL_CALL_STARTED and (k := e.payload.get("key"))}
+    messages = (state.messages.since(after) if isinstance(state.messages, Segmented)
+                else [m for m in state.messages if m.seq > after])
     return msgspec.structs.replace(
-        state, messages=[m for m in state.messages if m.seq > after],
+        state, messages=messages,
         completed={k: c for k in sorted(completed) if (c := state.completed.get(k))},
         attempts={k: n for k in sorted(started) if (n := state.attempts.get(k))})
 
@@ -510,7 +513,8 @@ def _state_at(store: Store, run_id: str, seq: int, *, lazy: bool) -> RunState:
     """The run's state as of ``seq``: its newest snapshot at or before it that is sound
     (checked as ``load_state`` checks one) with the events after it up to ``seq``
     folded in; else a fold from seq 1. ``lazy``: the completed calls and attempts in
-    the snapshot's segments are decoded when looked up (keyed.py)."""
+    the snapshot's segments are decoded when looked up, its messages when read
+    (keyed.py): a window decodes the segments that hold its messages, not the run's."""
     with gc_paused():  # decoding and folding allocate many objects and free none
         for snapshot in store.snapshots(run_id):  # newest first
             state = _sound(store, snapshot, seq, lazy)
@@ -541,7 +545,7 @@ def _sound(store: Store, snapshot: Snapshot, seq: int, lazy: bool) -> RunState |
     checks one); else None."""
     if snapshot.seq > seq or refusal(snapshot, store.quarantined()) is not None:
         return None
-    state, _ = decode_snapshot(store, snapshot, lazy=lazy)
+    state, _ = decode_snapshot(store, snapshot, lazy=lazy, lazy_messages=lazy)
     return state
 
 
