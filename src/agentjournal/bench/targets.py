@@ -192,6 +192,13 @@ def targets(figures: Sequence[Figure], *, peers: bool) -> list[Target]:
                          f"`agentjournal ui` {what}, ms, absolute", on="value")
           for page, what in (("runs_page", "/runs at 10,000 runs"),
                              ("run_page", "a run page of 100,000 events"))),
+        # The first request after start, as issue 44 asks of these.
+        *(_against_floor(f"ui.{page}_cold", get(f"ui.{page}_cold"), limit, "max",
+                         f"`agentjournal ui` {what}, first request, ms, absolute", on="value")
+          for page, limit, what in (
+              ("needs_person", 300, "needs a person at 10,000 runs"),
+              ("time_travel", 300, "time travel to the last seq of 100,000 events"),
+              ("call_page", 50, "a call's page in a run of 100,000 events"))),
         _against_floor("ui.tail", get("ui.tail"), 100, "max",
                        "`agentjournal ui` live tail: append to the event on the stream, ms",
                        on="value"),
