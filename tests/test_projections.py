@@ -20,6 +20,7 @@ from agentjournal.projections import differences, encode, outline
 from agentjournal.store import Store
 from agentjournal.store import postgres as pg_module
 from agentjournal.store import sqlite as sqlite_module
+from agentjournal.store.outlined import projecting
 
 from .conftest import BACKENDS
 from .projection_writer import logs
@@ -185,10 +186,17 @@ def test_a_store_written_before_outlines_is_projected_by_a_writer_s_first_open(
     _as_before_outlines(store_url)
     with open_store(store_url, readonly=True) as reader:  # read-only: folds every run
         assert not reader.projected
+        runs = len(reader.list_runs())
         _assert_outlines_tell_the_truth(reader)
-    with open_store(store_url) as writer:  # a writer's first open projects every run
-        assert writer.projected and _stale(writer) == []
-        _assert_outlines_tell_the_truth(writer)
+    told: list[tuple[int, int]] = []
+    token = projecting.set(lambda done, total: told.append((done, total)))
+    try:
+        with open_store(store_url) as writer:  # a writer's first open projects every run
+            assert writer.projected and _stale(writer) == []
+            _assert_outlines_tell_the_truth(writer)
+    finally:
+        projecting.reset(token)
+    assert told == [(done, runs) for done in range(1, runs + 1)]  # its progress, run by run
 
 
 def _as_before_outlines(store_url: str) -> None:

@@ -47,6 +47,7 @@ from ..fleet import QUEUE_STATES, QueuedRun, queue_of
 from ..state import Status
 from ..store import ENV_VAR, local_path, mask_secrets
 from ..store.base import missing_run
+from ..store.outlined import projecting
 from ..summaries import human_age as human_age  # (the CLI's modules take these from here)
 from ..summaries import short as short
 from ._safe import visible
@@ -257,7 +258,8 @@ class _ReadFirst:
         queue of a store a command writes to, as a decision keeping a run waiting)."""
         if self._writer is None:
             self._reader.close()  # (SQLite: a reader's read-only -shm mapping would be shared)
-            self._writer = open_store(self._url)
+            with projection_shown():
+                self._writer = open_store(self._url)
         return self._writer
 
     def __getattr__(self, name: str) -> Any:
@@ -512,6 +514,30 @@ def progress(message: str) -> Iterator[Callable[[str], None]]:
         return
     with console.status(message) as status:
         yield lambda update: status.update(update)
+
+
+@contextmanager
+def projection_shown() -> Iterator[None]:
+    """While a writer's open projects the runs of a store an older release wrote (once),
+    how far it got, on a line of stderr that a terminal redraws; nothing when there is
+    nothing to project, or stderr is no terminal (the library logs its start there)."""
+    console = Console(stderr=True)
+    shown: list[Any] = []
+
+    def told(done: int, total: int) -> None:
+        if not shown:
+            shown.append(console.status(""))
+            shown[0].start()
+        shown[0].update(f"projecting the runs of a store an older release wrote (once): "
+                        f"{done:,} of {total:,}")
+
+    token = projecting.set(told if console.is_terminal else None)
+    try:
+        yield
+    finally:
+        projecting.reset(token)
+        if shown:
+            shown[0].stop()
 
 
 def _os_user() -> str:

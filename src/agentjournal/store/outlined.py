@@ -10,15 +10,19 @@ program), so what it serves is never stale (``served``).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ..errors import CorruptLogError, JournalError
 from ..events import Event
 from ..projections import OUTLINE_VERSION, advance, decode, encode, needs_a_person
 from ..state import RunState
+
+log = logging.getLogger("agentjournal")
 
 #: Runs whose outline a handle remembers (the most recently appended to).
 REMEMBERED = 4096
@@ -132,5 +136,30 @@ def served(rows: Iterable[Stored], read: Reader, *, attention: bool = False
     return out
 
 
+#: Told (runs done, runs in all) as a writer's open projects the runs of a store an older
+#: release wrote (see project); the CLI shows it as progress. Unset: log lines.
+projecting: ContextVar[Callable[[int, int], None] | None] = ContextVar("projecting",
+                                                                       default=None)
+
+
+def project(url: str, rows: Sequence[Stored], read: Reader,
+            put: Callable[[str, RunState], None]) -> None:
+    """Give each run of ``rows`` (its outline missing, of another version or behind its
+    head) the outline of a fresh fold of its log: a store an older release wrote, at a
+    writer's first open. A damaged log gets none (a read says why). ``put`` stores one
+    run's outline in its own transaction: a crash keeps what was done."""
+    told = projecting.get()
+    if len(rows) > PROGRESS_EVERY:
+        log.warning("%s: projecting %d runs from their logs (once)", url, len(rows))
+    for done, row in enumerate(rows, 1):
+        fresh = served([Stored(row.run_id, row.head, None, None)], read)[row.run_id]
+        if isinstance(fresh, RunState):
+            put(row.run_id, fresh)
+        if told is not None:
+            told(done, len(rows))
+        elif done % PROGRESS_EVERY == 0:
+            log.info("%s: %d of %d runs projected", url, done, len(rows))
+
+
 __all__ = ["OUTLINE_VERSION", "PROGRESS_EVERY", "OutlineCache", "Stored", "base_outline",
-           "outline_after", "served", "UNFOLDABLE"]
+           "outline_after", "project", "projecting", "served", "UNFOLDABLE"]

@@ -117,11 +117,11 @@ from .base import (
 from .group import GroupCommit, Grouper, Pending
 from .outlined import (
     OUTLINE_VERSION,
-    PROGRESS_EVERY,
     OutlineCache,
     Stored,
     base_outline,
     outline_after,
+    project,
     served,
 )
 
@@ -1158,17 +1158,10 @@ class PostgresStore:
                 for r in rows]
 
     def _project(self) -> None:
-        """Give every run whose outline is missing, of another version or behind its head
-        one folded from its log (see SQLiteStore._project)."""
-        rows = self._outline_rows(None, attention=False, stale=True)
-        if len(rows) > PROGRESS_EVERY:
-            log.warning("%s: projecting %d runs from their logs (once)", self.url, len(rows))
-        for done, row in enumerate(rows, 1):
-            fresh = served([Stored(row.run_id, row.head, None, None)], self.read)[row.run_id]
-            if isinstance(fresh, RunState):
-                self.put_outline(row.run_id, fresh)
-            if done % PROGRESS_EVERY == 0:
-                log.info("%s: %d of %d runs projected", self.url, done, len(rows))
+        """Project the runs whose outline is missing, of another version or behind its
+        head (see SQLiteStore._project)."""
+        project(self.url, self._outline_rows(None, attention=False, stale=True), self.read,
+                self.put_outline)
 
     def put_outline(self, run_id: str, state: RunState) -> None:
         """Store ``state`` as the run's outline if its log still ends at its seq."""
