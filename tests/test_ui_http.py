@@ -586,6 +586,45 @@ def test_time_travel_decodes_only_the_message_segments_its_window_shows(
         store.close()
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_verify_catches_message_tops_that_would_hide_messages(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot that says its message segments end earlier than they do (a window
+    would pass over their messages): verify names it and quarantines its fold version,
+    and time travel then shows what the log says."""
+    import hashlib
+    import zlib
+
+    from agentjournal import fold
+    from agentjournal.bench._common import workload
+    from agentjournal.snapshots import _encoder, _form_of, verify, write_snapshot
+    from agentjournal.ui import views
+
+    monkeypatch.setattr(views, "WINDOW", 900)
+    store = open_store(store_url)
+    try:
+        store.append("long", workload("long", 1500), expected_seq=0, epoch=0)
+        log = list(store.read("long"))
+        written = write_snapshot(store, fold(log))
+        assert written is not None
+        form = _form_of(written.body)
+        assert form is not None and len(form.messages_tops) == 3
+        body = zlib.compress(_encoder.encode(msgspec.structs.replace(
+            form, messages_tops=[0] * len(form.messages_tops))))
+        store.put_snapshot(msgspec.structs.replace(
+            written, body=body, digest=hashlib.sha256(body).hexdigest()), keep=1)
+        hidden = views.state_at(store, "long", 1500)
+        expected = [views._message(m) for m in fold(log).messages if m.seq > hidden["after"]]
+        assert hidden["messages"] == expected[-len(hidden["messages"]):] != expected
+        report = verify(store, "long")
+        assert [(m.check, m.fields) for m in report.mismatches] == [
+            ("snapshot", ["messages_tops"])]
+        shown = views.state_at(store, "long", 1500)
+        assert shown["after"] == hidden["after"] and shown["messages"] == expected
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("store_url", ["jsonl", "sqlite", "postgres"], indirect=True)
 def test_a_calls_page_read_from_its_start_is_its_whole_history(
         viewer: tuple[str, TestClient], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,9 +22,10 @@ time travel) decodes only the segments that hold them (keyed.py's ``Segmented``)
 ``verify`` reads the whole log (which checks every event's digest chain),
 folds it twice in lockstep (determinism at every prefix) and checks every
 stored snapshot, plus its tail, against the full replay on every durable
-field; a mismatch quarantines that fold version so its snapshots are never
-loaded again. A damaged log is reported with the first seq that does not
-check out, and then proves nothing about snapshots, so none is judged.
+field (and the largest seqs it keeps against its message segments); a mismatch
+quarantines that fold version so its snapshots are never loaded again. A damaged
+log is reported with the first seq that does not check out, and then proves nothing
+about snapshots, so none is judged.
 """
 
 from __future__ import annotations
@@ -754,6 +755,17 @@ def _check_outline(store: Store, run_id: str, folded: RunState) -> list[Mismatch
     return [Mismatch("outline", folded.last_seq, fields)]
 
 
+def _wrong_tops(body: bytes, messages: list[Message]) -> list[str]:
+    """["messages_tops"] if the body says a message segment's largest seq wrong (a reader
+    of the latest messages would pass over some), else []."""
+    form = _form_of(body)
+    if form is None or not form.messages_tops:
+        return []
+    tops = [max(map(_SEQ, messages[start:start + SEGMENT]))
+            for start in range(0, len(form.messages) * SEGMENT, SEGMENT)]
+    return [] if tops == form.messages_tops else ["messages_tops"]
+
+
 def verify(store: Store, run_id: str) -> VerifyReport:
     """Check the log's digest chain, determinism at every prefix, every snapshot and
     the run's outline against the full replay."""
@@ -780,6 +792,7 @@ def verify(store: Store, run_id: str) -> VerifyReport:
         if state is None or hashlib.sha256(snapshot.body).hexdigest() != snapshot.digest:
             continue  # unreadable snapshots are misses at load time, not wrong folds
         fields = _differing(durable_fields(state), at_seq.get(snapshot.seq, {}))
+        fields += _wrong_tops(snapshot.body, state.messages)
         for event in events[snapshot.seq:]:
             apply(state, event)
         fields += [f"final.{f}" for f in _differing(durable_fields(state), final)]
