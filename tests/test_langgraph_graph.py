@@ -231,6 +231,12 @@ def test_delete_thread_then_gc_archive_restore_and_resume(store: Store, tmp_path
     assert saver.get_tuple(config("deleted")) is None
     again = invoke(graph, {"messages": [HumanMessage("anew")]}, config("deleted"))
     assert again["messages"][0].content == "anew"  # a fresh thread
+    reader = JournalSaver(store)  # (a fresh handle reads the second generation's head)
+    latest = reader.get_tuple(config("deleted"))
+    assert latest is not None and latest.checkpoint["channel_values"]["messages"][
+        0].content == "anew"
+    assert reader._threads["deleted"].run_id == thread_run_id("deleted", 2)
+    reader.close()
 
     invoke(graph, {"messages": [HumanMessage("kept")]}, config("archived"))
     archive = f"file://{tmp_path / 'archive'}"

@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypedDict
 
+import msgspec
 import pytest
 
 pytest.importorskip("langgraph")
@@ -223,6 +224,28 @@ def test_a_view_past_the_end_of_the_log_or_not_decoding_is_reported(store: Store
     assert _read(store) == got  # (a head of another release's format: not read)
     rebuild_thread_index(store, RUN)
     assert check_thread_index(store, RUN) == []
+
+
+def test_a_head_names_the_chunks_its_lists_share_once(tmp_path: Any) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'shared.db'}")
+    _run(store, 40)
+    body = store.view(RUN, HEAD)[1]  # type: ignore[index]
+    fields = msgspec.msgpack.decode(body)
+    rows, joined = fields[9], fields[14]
+    lists = [ref for _, _, _, ref in rows if "l" in ref]
+    assert len(lists) > 5 and "b" not in lists[0] and all("b" in ref for ref in lists[1:])
+    head = decode_index(body)
+    full = [ref["l"] for ref in head.values.values() if "l" in ref]
+    assert sum(len(ref["l"]) for ref in lists) * 3 < sum(len(names) for names in full)
+    assert all(isinstance(array, bytes) for array in joined.values())  # (skipped whole)
+    based = next(n for n, (_, _, _, ref) in enumerate(rows) if "b" in ref)
+    rows[based][3]["b"][0] = based  # (a list based on itself: no earlier list)
+    with pytest.raises(ValueError, match="not a LangGraph index: value"):
+        decode_index(msgspec.msgpack.encode(fields))
+    older = [FORMAT - 1, *fields[1:14], {key: [1, 2] for key in joined}]  # (arrays, then)
+    with pytest.raises(ValueError, match=f"index of format {FORMAT - 1}, not {FORMAT}"):
+        decode_index(msgspec.msgpack.encode(older))
+    store.close()
 
 
 def test_a_run_that_is_no_thread_has_no_views_to_check_or_rebuild(tmp_path: Any) -> None:

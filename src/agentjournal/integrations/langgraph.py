@@ -265,12 +265,14 @@ class JournalSaver(BaseCheckpointSaver[str]):
                 t.absorb(list(self.store.read(t.run_id, after_seq=t.index.last_seq)))
         return t
 
-    def _entry(self, thread_id: str) -> Thread:
-        """The thread as this saver knows it, its log not read."""
+    def _entry(self, thread_id: str, run_id: str | None = None) -> Thread:
+        """The thread as this saver knows it, its log not read (``run_id``: its current
+        run, when the caller knows it)."""
         with self._lock:
             t = self._threads.get(thread_id)
             if t is None:
-                t = self._threads[thread_id] = Thread(thread_id, self._current_run(thread_id))
+                t = self._threads[thread_id] = Thread(
+                    thread_id, run_id or self._current_run(thread_id))
             return t
 
     def _current_run(self, thread_id: str) -> str:
@@ -488,7 +490,18 @@ class JournalSaver(BaseCheckpointSaver[str]):
     def _head(self, thread_id: str) -> GraphIndex | None:
         """The head view of a thread this saver has not read: its newest checkpoints,
         if no checkpoint or write was appended after it (else None: the index answers)."""
+        first = None
+        with self._lock:
+            if thread_id not in self._threads:
+                first = thread_run_id(thread_id)
+        if first is not None and (head := load_head(self.store, first)) is not None:
+            # (its log holds events, so no tombstone replaced it: the thread's current
+            # run, found with no statement asking for its tombstone)
+            self._entry(thread_id, first)
+            return head
         t = self._entry(thread_id)
+        if t.run_id == first:
+            return None  # (read just now)
         with t.lock:
             return None if t.loaded else load_head(self.store, t.run_id)
 
