@@ -87,7 +87,10 @@ class Sidecar:
                 self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
             else:
                 self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-                self._db.execute("PRAGMA journal_mode=WAL")
+                # A rollback journal, not WAL: a read-only handle (mode=ro) then creates
+                # and changes no file, where a WAL's readers write its -shm.
+                with suppress(sqlite3.OperationalError):  # (busy: converted next time)
+                    self._db.execute("PRAGMA journal_mode=DELETE")
                 self._db.execute("PRAGMA synchronous=OFF")  # a cache: rebuilt if lost
                 self._db.executescript(_SCHEMA)
         return self._db
