@@ -239,9 +239,10 @@ def test_a_head_names_the_chunks_its_lists_share_once(tmp_path: Any) -> None:
     assert sum(len(ref["l"]) for ref in lists) * 3 < sum(len(names) for names in full)
     assert all(isinstance(array, bytes) for array in joined.values())  # (skipped whole)
     based = next(n for n, (_, _, _, ref) in enumerate(rows) if "b" in ref)
-    rows[based][3]["b"][0] = based  # (a list based on itself: no earlier list)
-    with pytest.raises(ValueError, match="not a LangGraph index: value"):
-        decode_index(msgspec.msgpack.encode(fields))
+    for wrong in ([based, 1], 7, [0, 10**6]):  # (itself, no pair, more than there is)
+        rows[based][3]["b"] = wrong
+        with pytest.raises(ValueError, match="not a LangGraph index: value"):
+            decode_index(msgspec.msgpack.encode(fields))
     older = [FORMAT - 1, *fields[1:14], {key: [1, 2] for key in joined}]  # (arrays, then)
     with pytest.raises(ValueError, match=f"index of format {FORMAT - 1}, not {FORMAT}"):
         decode_index(msgspec.msgpack.encode(older))

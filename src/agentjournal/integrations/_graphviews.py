@@ -166,7 +166,8 @@ def _longer(rows: list[tuple[str, str, Any, dict[str, Any]]]
     values = {}
     for n, (ns, ch, v, ref) in enumerate(rows):
         if "b" in ref:
-            at, shared = ref.pop("b")
+            found = ref.pop("b")
+            at, shared = found if isinstance(found, list) and len(found) == 2 else (-1, 0)
             base = rows[at][3].get("l") if isinstance(at, int) and 0 <= at < n else None
             rest = ref.get("l")
             if not (isinstance(base, list) and isinstance(rest, list)
