@@ -609,7 +609,7 @@ def test_the_heads_migration_computes_each_run_s_head_from_its_log_once(tmp_path
         assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
         assert store.heads() == {"new": (5, sealed[-1].digest), "old": (2, "")}
         # created before sealing (it holds v3 records): unsealed records are no damage
-        assert raw(path, "SELECT value FROM store_info") == [(3,)]
+        assert raw(path, "SELECT value FROM store_info WHERE name = 'created_schema'") == [(3,)]
         assert [e.seq for e in store.read("old")] == [1, 2]
         assert list(store.read("new")) == sealed
     raw(path, "DELETE FROM events WHERE key = (SELECT (run_no << 32) + 5 FROM run_numbers"
@@ -641,6 +641,23 @@ def test_migration_14_moves_each_outline_into_its_head_s_row_intact(tmp_path: Pa
         assert raw(path, "SELECT name FROM sqlite_schema WHERE name = 'outlines'") == []
         assert raw(path, "SELECT count(*) FROM heads WHERE outline_seq = seq") == [(2,)]
         assert store.outlines() == before
+
+
+def test_a_writer_s_open_projects_the_runs_once_not_at_every_open(tmp_path: Path) -> None:
+    """A writer's open scans the heads for runs to project only until it has done so for
+    this outline version (store_info): an outline lost later (another program's rows) is
+    caught up by each read, not by every open."""
+    path = tmp_path / "j.db"
+    with SQLiteStore(path) as store:
+        store.append("a", workload("a", 7), expected_seq=0, epoch=0)
+        before = store.outlines()
+    raw(path, "UPDATE heads SET outline = NULL")
+    with SQLiteStore(path) as store:
+        assert raw(path, "SELECT outline FROM heads") == [(None,)]  # not projected again
+        assert store.outlines() == before  # a read folds it
+    raw(path, "DELETE FROM store_info WHERE name = 'outlines_projected'")
+    with SQLiteStore(path) as store:  # (as after a migration that changes outlines)
+        assert raw(path, "SELECT count(*) FROM heads WHERE outline IS NOT NULL") == [(1,)]
 
 
 def test_a_row_inserted_by_another_program_moves_no_head(tmp_path: Path) -> None:

@@ -308,6 +308,7 @@ MIGRATIONS: tuple[str, ...] = (
         o.version, o.attention, o.body FROM outlines o WHERE o.run_no = heads.run_no)
         WHERE run_no IN (SELECT run_no FROM outlines);
     DROP TABLE outlines;
+    DELETE FROM store_info WHERE name = 'outlines_projected';
     """,
 )
 log = logging.getLogger("agentjournal")
@@ -315,6 +316,7 @@ log = logging.getLogger("agentjournal")
 _HEADS = 11  # the migration that added heads
 _OUTLINES = 13  # the migration that added outlines
 _OUTLINES_IN_HEADS = 14  # the migration that moved them into the heads rows
+_PROJECTED = "outlines_projected"  # store_info: the OUTLINE_VERSION every run was given
 _ADD_COLUMN = re.compile(r"\s*ALTER TABLE (\w+) ADD COLUMN (\w+)")
 
 
@@ -621,7 +623,7 @@ class SQLiteStore:
             self._db.create_function("aj_staged", 2, lambda key, i: staged.get(
                 key, _UNSTAGED)[i], deterministic=True)
             self._db.execute(_head_trigger(self._projecting))
-            if self._projecting:
+            if self._projecting and self._info(_PROJECTED) != OUTLINE_VERSION:
                 self._project()
         except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
             self._close_quietly()
@@ -1192,9 +1194,19 @@ class SQLiteStore:
 
     def _project(self) -> None:
         """Project the runs whose outline is missing, of another version or behind its
-        head (a store an older release wrote; a run appended to by another program)."""
+        head (a store an older release wrote), then record that it was done for this
+        OUTLINE_VERSION, so a writer's open scans the heads for it once, not each time (a
+        run another program appends to later is caught up by each read)."""
         project(self.url, self._outline_rows(None, attention=False, stale=True), self.read,
                 self.put_outline)
+        with self._tx(light=True) as db:
+            db.execute("INSERT OR REPLACE INTO store_info VALUES (?, ?)",
+                       (_PROJECTED, OUTLINE_VERSION))
+
+    def _info(self, name: str) -> int | None:
+        row = self._db.execute("SELECT value FROM store_info WHERE name = ?", (name,)
+                               ).fetchone()
+        return None if row is None else int(row[0])
 
     def put_outline(self, run_id: str, state: RunState) -> None:
         """Store ``state`` as the run's outline if its log still ends at the outline's
