@@ -586,6 +586,7 @@ class SQLiteStore:
         # Each run's outline after this handle's last append to it.
         self._outlines = OutlineCache()
         self._projecting = False  # whether appends store outlines (a writer's handle)
+        self._armed = False  # whether the head's trigger is created (see _arm)
         # The outlines of the batches about to go in, by their last row's key:
         # (attention, bytes), read by the head's trigger (see _head_trigger).
         self._staged: dict[int, tuple[int, bytes] | tuple[None, None]] = {}
@@ -612,18 +613,18 @@ class SQLiteStore:
                 return
             self._refuse_beside_a_reader()
             self._connect(self.path, busy_timeout)
-            self._check_version(writing=True)
+            version = self._check_version(writing=True)
             self._enable_wal(busy_timeout)
             sync = "FULL" if self.durability is Durability.FSYNC else "NORMAL"
             self._db.execute(f"PRAGMA synchronous={sync}")
-            self._migrate()
+            if version < len(MIGRATIONS):  # (checked again under the write lock)
+                self._migrate()
             self._learn_heads(len(MIGRATIONS))
             self._projecting = self._outlined  # (not in a test's older store)
             staged = self._staged
             self._db.create_function("aj_staged", 2, lambda key, i: staged.get(
                 key, _UNSTAGED)[i], deterministic=True)
-            self._db.execute(_head_trigger(self._projecting))
-            if self._projecting and self._info(_PROJECTED) != OUTLINE_VERSION:
+            if self._projecting and self._store_info.get(_PROJECTED) != OUTLINE_VERSION:
                 self._project()
         except sqlite3.OperationalError as exc:  # the OS's or a lock's doing
             self._close_quietly()
@@ -752,9 +753,9 @@ class SQLiteStore:
                 f"its migration count ({version}) is older than the heads (migration "
                 f"{_HEADS}), yet it holds the {_tables(tables)} that "
                 "migration makes: the count was turned back"))
-        self._sealed = self._heads and self._db.execute(
-            "SELECT value FROM store_info WHERE name = 'created_schema'"
-        ).fetchone()[0] >= SEALED_SINCE
+        self._store_info = dict(self._db.execute("SELECT name, value FROM store_info")
+                                ) if self._heads else {}
+        self._sealed = self._heads and self._store_info["created_schema"] >= SEALED_SINCE
         # Whether it keeps outlines in its heads (a read-only handle on an older file
         # folds every run).
         self._outlined = version >= _OUTLINES_IN_HEADS
@@ -937,6 +938,7 @@ class SQLiteStore:
         refused on its own gets its error, and the commit's error is every one's (then
         nothing of the group was committed). A lone warm append tries one statement
         first (see _append_alone)."""
+        self._arm()
         try:
             if (len(group) == 1 and self.group_commit is not GroupCommit.ALWAYS
                     and self._append_alone(group[0].item)):
@@ -957,6 +959,15 @@ class SQLiteStore:
                 self._known.pop(pending.item.run_id, None)
                 self._outlines.drop(pending.item.run_id)
             raise
+
+    def _arm(self) -> None:
+        """Create the head's trigger (see _head_trigger) before this handle's first
+        insert: a handle that only reads (a LangGraph thread's fresh handle, most CLI
+        commands) never compiles it."""
+        if not self._armed and not self.readonly:  # (a reader's append is refused later)
+            with self._lock:
+                self._db.execute(_head_trigger(self._projecting))
+                self._armed = True
 
     def _append_alone(self, one: _Append) -> bool:
         """A warm append as one statement that is its own transaction: it inserts only
@@ -1202,11 +1213,6 @@ class SQLiteStore:
         with self._tx(light=True) as db:
             db.execute("INSERT OR REPLACE INTO store_info VALUES (?, ?)",
                        (_PROJECTED, OUTLINE_VERSION))
-
-    def _info(self, name: str) -> int | None:
-        row = self._db.execute("SELECT value FROM store_info WHERE name = ?", (name,)
-                               ).fetchone()
-        return None if row is None else int(row[0])
 
     def put_outline(self, run_id: str, state: RunState) -> None:
         """Store ``state`` as the run's outline if its log still ends at the outline's
@@ -1475,6 +1481,7 @@ class SQLiteStore:
         if not records:
             raise ValueError("restore_run needs the records of a whole log")
         events = check_records(run_id, records)
+        self._arm()
         with self._tx() as db:
             row = db.execute("SELECT digest FROM tombstones WHERE run_id = ?",
                              (run_id,)).fetchone()
