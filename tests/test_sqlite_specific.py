@@ -625,6 +625,7 @@ def test_migration_14_moves_each_outline_into_its_head_s_row_intact(tmp_path: Pa
     with SQLiteStore(path) as store:
         for run_id in ("a", "b"):
             store.append(run_id, workload(run_id, 7), expected_seq=0, epoch=0)
+        store.put_view("a", "v", 7, b"view")  # views came with migration 13
         before = store.outlines()
     raw(path, "CREATE TABLE outlines (run_no INTEGER PRIMARY KEY, seq INTEGER NOT NULL,"
         " version INTEGER NOT NULL, status TEXT NOT NULL, agent TEXT, attention INTEGER"
@@ -636,6 +637,7 @@ def test_migration_14_moves_each_outline_into_its_head_s_row_intact(tmp_path: Pa
     raw(path, f"PRAGMA user_version = {sqlite_module._OUTLINES_IN_HEADS - 1}")
     with SQLiteStore(path, readonly=True) as reader:  # unmigrated: read by folding
         assert not reader.projected and reader.outlines() == before
+        assert reader.view("a", "v") == (7, b"view")
     with SQLiteStore(path) as store:
         assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
         assert raw(path, "SELECT name FROM sqlite_schema WHERE name = 'outlines'") == []

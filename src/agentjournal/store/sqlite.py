@@ -396,7 +396,7 @@ _ERRNO = {sqlite3.SQLITE_FULL: errno.ENOSPC, sqlite3.SQLITE_READONLY: errno.EROF
           sqlite3.SQLITE_PERM: errno.EACCES, sqlite3.SQLITE_CANTOPEN: errno.EACCES}
 
 
-def _readonly_uri(path: Path) -> str:
+def _readonly_uri(path: Path, header: bytes | None) -> str:
     """How to open ``path`` for reading without creating or changing any file.
 
     A rollback-journal database is read with ``mode=ro``: that creates nothing. A
@@ -410,8 +410,8 @@ def _readonly_uri(path: Path) -> str:
     write): the ``-wal`` and ``-shm`` it makes hold nothing and the last connection to
     close removes them. On a read-only directory (a backup, a forensic mount) it is
     opened ``immutable``: nothing can change the file there, so no locks, no ``-shm``.
+    ``header``: the file's first 100 bytes (None: a store of this process has it open).
     """
-    header = _peek(path, 100)
     quoted = sqlite3_path(path)
     in_wal = header is None or (len(header) >= 20 and header[18] == 2)  # 18: read version
     if not in_wal:  # (None: open here already, by a store, and writable stores use WAL)
@@ -598,6 +598,7 @@ class SQLiteStore:
                                 "first run or by `agentjournal init`")
         #: A 0-byte file: a store whose creation did not finish (see _refuse_foreign_file).
         self.unfinished = False
+        self._header: bytes | None = None  # the file's first bytes, read before it opens
         try:
             self.unfinished = self._refuse_foreign_file()
             if readonly and self.unfinished:
@@ -659,7 +660,7 @@ class SQLiteStore:
 
     def _readonly_target(self) -> str:
         try:
-            return _readonly_uri(self.path)
+            return _readonly_uri(self.path, self._header)
         except OSError as exc:
             raise StoreUrlError(self.url, f"cannot read the file ({exc.strerror})") from None
 
@@ -714,18 +715,18 @@ class SQLiteStore:
         finish (SQLite writes nothing before its first write, so a process killed in
         between leaves 0 bytes). Every handle takes it as a store with nothing in it yet:
         a writer completes it, a reader reads it as empty and changes nothing."""
-        try:
-            head = _peek(self.path, len(_HEADER))
+        try:  # (the first 100 bytes: _readonly_uri reads the journal mode there)
+            self._header = _peek(self.path, 100)
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise StoreUrlError(self.url, f"cannot read the file ({exc.strerror})") from None
-        if head is None:
+        if self._header is None:
             return False  # open in this process already: a store
-        if not head:
+        if not self._header:
             wal = Path(f"{self.path}-wal")
             return not (wal.exists() and wal.stat().st_size)
-        if head != _HEADER:
+        if self._header[:len(_HEADER)] != _HEADER:
             raise NotAStoreError(str(self.path.absolute()),
                                  "it is not an SQLite database")
         return False
@@ -759,6 +760,7 @@ class SQLiteStore:
         # Whether it keeps outlines in its heads (a read-only handle on an older file
         # folds every run).
         self._outlined = version >= _OUTLINES_IN_HEADS
+        self._views = version >= _OUTLINES
 
     def _connect_unfinished(self) -> None:
         """Read an unfinished store as what its creation would have made: an empty store
@@ -773,16 +775,9 @@ class SQLiteStore:
     def _check_version(self, *, writing: bool) -> int:
         """Refuse another program's database, and one from a newer release; the
         number of migrations that ran."""
-        self._db.execute("BEGIN")  # one snapshot: a concurrent first migration is all or none
-        try:
-            (version,) = self._db.execute("PRAGMA user_version").fetchone()
-            tables = self._db.execute(
-                "SELECT group_concat(name, ', ') FROM (SELECT name FROM sqlite_master"
-                " WHERE type = 'table' ORDER BY name LIMIT 5)").fetchone()[0]
-        finally:
-            if self._db.in_transaction:  # (an error may have rolled it back: keep that one)
-                self._db.execute("COMMIT")
-        if version == 0:
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if version == 0:  # (a count once set is never 0 again: only then is there more to see)
+            version, tables = self._count_and_tables()
             where = str(self.path.absolute())
             if tables:
                 raise NotAStoreError(where, f"an SQLite database of another program, with "
@@ -792,6 +787,20 @@ class SQLiteStore:
         elif version > len(MIGRATIONS):
             raise UnsupportedVersionError(f"store {self.url}", version, len(MIGRATIONS))
         return int(version)
+
+    def _count_and_tables(self) -> tuple[int, str | None]:
+        """The migration count and the first few tables, in one snapshot: a concurrent
+        first migration is all or none."""
+        self._db.execute("BEGIN")
+        try:
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            tables = self._db.execute(
+                "SELECT group_concat(name, ', ') FROM (SELECT name FROM sqlite_master"
+                " WHERE type = 'table' ORDER BY name LIMIT 5)").fetchone()[0]
+        finally:
+            if self._db.in_transaction:  # (an error may have rolled it back: keep that one)
+                self._db.execute("COMMIT")
+        return int(version), tables
 
     def _translated(self, exc: sqlite3.OperationalError, action: str) -> JournalError:
         """SQLite's operational failure as one of ours: a lock held past the busy timeout
@@ -1237,7 +1246,7 @@ class SQLiteStore:
 
     def view(self, run_id: str, name: str) -> tuple[int, bytes] | None:
         validate_run_id(run_id)
-        if not self._outlined:  # (an old file read without migrating it)
+        if not self._views:  # (an old file read without migrating it)
             return None
         with self._reading():
             row = self._db.execute(
