@@ -20,10 +20,12 @@ from agentjournal import SCHEMA_VERSION, EventType, LeaseHeldError, make_events
 from agentjournal.bench._common import workload
 from agentjournal.errors import ConflictError, CorruptLogError, DurabilityError, FencedError
 from agentjournal.events import Event, seal
+from agentjournal.projections import differences, outline
 from agentjournal.snapshots import load_state, write_snapshot
-from agentjournal.state import durable_fields, fold
+from agentjournal.state import RunState, durable_fields, fold
 from agentjournal.store import sqlite as sqlite_module
 from agentjournal.store.base import host_clock
+from agentjournal.store.outlined import LAG
 from agentjournal.store.sqlite import MAX_SEQ, SQLiteStore
 
 from . import powercut
@@ -618,31 +620,24 @@ def test_the_heads_migration_computes_each_run_s_head_from_its_log_once(tmp_path
         list(store.read("new"))
 
 
-def test_migration_14_moves_each_outline_into_its_head_s_row_intact(tmp_path: Path) -> None:
-    """A store as migration 13 left it (outlines in a table of their own): its outlines
-    are moved into the heads and read as before."""
-    path = tmp_path / "old.db"
+def test_an_outline_is_stored_when_due_and_read_exact_in_between(tmp_path: Path) -> None:
+    """A run in flight stores its outline with its first append, when its status
+    changes, and every LAG events: not a page per commit. Every read in between is the
+    outline of a fresh fold (the events after the stored one folded in)."""
+    path = tmp_path / "j.db"
+    events = workload("a", 2 + 3 * 20)  # opening, then 20 steps: the status stays running
+    stored = []
     with SQLiteStore(path) as store:
-        for run_id in ("a", "b"):
-            store.append(run_id, workload(run_id, 7), expected_seq=0, epoch=0)
-        store.put_view("a", "v", 7, b"view")  # views came with migration 13
-        before = store.outlines()
-    raw(path, "CREATE TABLE outlines (run_no INTEGER PRIMARY KEY, seq INTEGER NOT NULL,"
-        " version INTEGER NOT NULL, status TEXT NOT NULL, agent TEXT, attention INTEGER"
-        " NOT NULL, body BLOB NOT NULL)")
-    raw(path, "INSERT INTO outlines SELECT run_no, outline_seq, outline_version, 'x', NULL,"
-        " attention, outline FROM heads")
-    for column in ("outline_seq", "outline_version", "attention", "outline"):
-        raw(path, f"ALTER TABLE heads DROP COLUMN {column}")
-    raw(path, f"PRAGMA user_version = {sqlite_module._OUTLINES_IN_HEADS - 1}")
-    with SQLiteStore(path, readonly=True) as reader:  # unmigrated: read by folding
-        assert not reader.projected and reader.outlines() == before
-        assert reader.view("a", "v") == (7, b"view")
-    with SQLiteStore(path) as store:
-        assert raw(path, "PRAGMA user_version") == [(len(sqlite_module.MIGRATIONS),)]
-        assert raw(path, "SELECT name FROM sqlite_schema WHERE name = 'outlines'") == []
-        assert raw(path, "SELECT count(*) FROM heads WHERE outline_seq = seq") == [(2,)]
-        assert store.outlines() == before
+        for e in events:
+            store.append("a", [e], expected_seq=e.seq - 1, epoch=0)
+            stored.append(raw(path, "SELECT seq FROM outlines")[0][0])
+            served = store.outlines()["a"]
+            assert isinstance(served, RunState)
+            assert differences(served, outline(fold(events[:e.seq]))) == []
+        assert sorted(set(stored)) == list(range(1, len(events) + 1, LAG))
+        finished = make_events("a", len(events), 0, [(EventType.RUN_FINISHED, {"outcome": "ok"})])
+        store.append("a", finished, expected_seq=len(events), epoch=0)
+        assert raw(path, "SELECT seq, status FROM outlines") == [(len(events) + 1, "finished")]
 
 
 def test_a_writer_s_open_projects_the_runs_once_not_at_every_open(tmp_path: Path) -> None:
@@ -653,13 +648,13 @@ def test_a_writer_s_open_projects_the_runs_once_not_at_every_open(tmp_path: Path
     with SQLiteStore(path) as store:
         store.append("a", workload("a", 7), expected_seq=0, epoch=0)
         before = store.outlines()
-    raw(path, "UPDATE heads SET outline = NULL")
+    raw(path, "DELETE FROM outlines")
     with SQLiteStore(path) as store:
-        assert raw(path, "SELECT outline FROM heads") == [(None,)]  # not projected again
+        assert raw(path, "SELECT count(*) FROM outlines") == [(0,)]  # not projected again
         assert store.outlines() == before  # a read folds it
     raw(path, "DELETE FROM store_info WHERE name = 'outlines_projected'")
     with SQLiteStore(path) as store:  # (as after a migration that changes outlines)
-        assert raw(path, "SELECT count(*) FROM heads WHERE outline IS NOT NULL") == [(1,)]
+        assert raw(path, "SELECT count(*) FROM outlines") == [(1,)]
 
 
 def test_a_row_inserted_by_another_program_moves_no_head(tmp_path: Path) -> None:

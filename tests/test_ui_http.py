@@ -661,8 +661,8 @@ def test_a_run_whose_log_cannot_be_read_is_named_and_the_others_shown(
         db.execute("UPDATE events SET body = CAST(replace(CAST(body AS TEXT), 'read', 'READ')"
                    " AS BLOB) WHERE key = (SELECT (run_no << 32) + 1 FROM run_numbers"
                    " WHERE run_id = 'markup')")
-        db.execute("UPDATE heads SET outline = NULL WHERE run_no = (SELECT run_no"
-                   " FROM run_numbers WHERE run_id = 'markup')")
+        db.execute("DELETE FROM outlines WHERE run_no = (SELECT run_no FROM run_numbers"
+                   " WHERE run_id = 'markup')")
     v = Viewer(store_url)
     try:
         client = TestClient(v.app, base_url=BASE)

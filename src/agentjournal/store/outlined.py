@@ -41,19 +41,43 @@ class Stored:
     body: bytes | None
 
 
+#: The seq and status of the outline a store holds for a run, as a handle knows it.
+Kept = tuple[int, str]
+
+#: How many events a stored outline may lag behind its run's head where a store writes
+#: outlines only when due (SQLite, see ``due``); a read folds the events after it.
+LAG = 16
+
+
+def due(kept: Kept | None, state: RunState) -> bool:
+    """Whether a writer stores the outline ``state`` with its append: when it does not
+    know what the store holds, when the status changes (a run that stops is stored as it
+    stopped), or ``LAG`` events after the stored one. In between, the stored outline
+    lags: a page written per append for a run in full flight saves a reader a fold of at
+    most ``LAG`` events."""
+    return kept is None or kept[1] != state.status or state.last_seq - kept[0] >= LAG
+
+
 class OutlineCache:
-    """The outline each run had after this handle's last append to it: (seq, bytes)."""
+    """The outline each run had after this handle's last append to it (seq, bytes), and
+    the seq and status of the one the store holds, if known."""
 
     def __init__(self) -> None:
-        self._runs: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self._runs: OrderedDict[str, tuple[int, bytes, Kept | None]] = OrderedDict()
 
     def get(self, run_id: str, seq: int) -> bytes | None:
         found = self._runs.get(run_id)
         return found[1] if found is not None and found[0] == seq else None
 
-    def put(self, run_id: str, seq: int, body: bytes) -> None:
+    def kept(self, run_id: str, seq: int) -> Kept | None:
+        """What the store holds of the run, known when its outline at ``seq`` is here."""
+        found = self._runs.get(run_id)
+        return found[2] if found is not None and found[0] == seq else None
+
+    def put(self, run_id: str, seq: int, body: bytes, kept: Kept | None = None) -> None:
+        """``kept``: what the store holds of the run (None: not known)."""
         self._runs.pop(run_id, None)
-        self._runs[run_id] = (seq, body)
+        self._runs[run_id] = (seq, body, kept)
         if len(self._runs) > REMEMBERED:
             self._runs.popitem(last=False)
 
@@ -161,5 +185,6 @@ def project(url: str, rows: Sequence[Stored], read: Reader,
             log.info("%s: %d of %d runs projected", url, done, len(rows))
 
 
-__all__ = ["OUTLINE_VERSION", "PROGRESS_EVERY", "OutlineCache", "Stored", "base_outline",
-           "outline_after", "project", "projecting", "served", "UNFOLDABLE"]
+__all__ = ["LAG", "OUTLINE_VERSION", "PROGRESS_EVERY", "Kept", "OutlineCache", "Stored",
+           "UNFOLDABLE", "base_outline", "due", "outline_after", "project", "projecting",
+           "served"]

@@ -86,9 +86,11 @@ from .base import (
 from .group import GroupCommit, Grouper, Pending
 from .outlined import (
     OUTLINE_VERSION,
+    Kept,
     OutlineCache,
     Stored,
     base_outline,
+    due,
     outline_after,
     project,
     served,
@@ -268,12 +270,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE queue ADD COLUMN pin_version TEXT;
     """,
-    # Each run's outline (projections.py), written by the statement that appends (see
-    # _head_trigger); filled from the logs once, when a writer first opens an older
-    # store (SQLiteStore._project). No index on `attention`: a step flips it (a call
-    # opens, then completes), and the index's page would be one more page each commit
-    # writes; the needs-a-person page scans the table instead. And per-run views: caches
-    # a reader of one kind of run keeps beside its log (a LangGraph thread's head).
+    # Each run's outline (projections.py), written by the statement that appends when
+    # due (see _head_trigger, outlined.due); filled from the logs once, when a writer
+    # first opens an older store (SQLiteStore._project). No index on `attention`: a step
+    # flips it (a call opens, then completes); the needs-a-person page scans the table.
+    # And per-run views: caches a reader of one kind of run keeps beside its log (a
+    # LangGraph thread's head).
     """
     CREATE TABLE IF NOT EXISTS outlines (
         run_no INTEGER PRIMARY KEY,
@@ -292,30 +294,11 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run_no, name)
     ) WITHOUT ROWID;
     """,
-    # Each run's outline moves into its heads row, a page every commit writes anyway: in
-    # a table of its own it was one more page each commit wrote (4.96 WAL frames per
-    # synced step became 6.96). Status and agent go: nothing here filters on them.
-    # (IF NOT EXISTS: a file whose migration count was turned back past this one has
-    # no outlines table; its heads keep what they hold.)
-    """
-    ALTER TABLE heads ADD COLUMN outline_seq INTEGER;
-    ALTER TABLE heads ADD COLUMN outline_version INTEGER;
-    ALTER TABLE heads ADD COLUMN attention INTEGER;
-    ALTER TABLE heads ADD COLUMN outline BLOB;
-    CREATE TABLE IF NOT EXISTS outlines (run_no INTEGER PRIMARY KEY, seq, version, attention,
-        body);
-    UPDATE heads SET (outline_seq, outline_version, attention, outline) = (SELECT o.seq,
-        o.version, o.attention, o.body FROM outlines o WHERE o.run_no = heads.run_no)
-        WHERE run_no IN (SELECT run_no FROM outlines);
-    DROP TABLE outlines;
-    DELETE FROM store_info WHERE name = 'outlines_projected';
-    """,
 )
 log = logging.getLogger("agentjournal")
 
 _HEADS = 11  # the migration that added heads
 _OUTLINES = 13  # the migration that added outlines
-_OUTLINES_IN_HEADS = 14  # the migration that moved them into the heads rows
 _PROJECTED = "outlines_projected"  # store_info: the OUTLINE_VERSION every run was given
 _ADD_COLUMN = re.compile(r"\s*ALTER TABLE (\w+) ADD COLUMN (\w+)")
 
@@ -329,29 +312,35 @@ def _tables(names: set[str]) -> str:
 # trigger: it lives only in this process's connection, so a row inserted by anyone else
 # (the sqlite3 tool, say) moves no head, and the log no longer ends where its head says.
 #
-# Projecting, it also stores the outline of each batch (computed in Python and staged by
-# the key of the batch's last row, see SQLiteStore._stage) in the head's row when that
-# row goes in: no statement and no page of its own. A row inserted by anyone else stores
-# none (the outline is then behind its head, and a read catches it up from the log).
+# Projecting, it also stores the outline of a batch that is due one (computed in Python
+# and staged by the key of the batch's last row, see SQLiteStore._stage) when that row
+# goes in: no statement of its own. A row inserted by anyone else stores none (the
+# outline is then behind its head, and a read catches it up from the log).
+def _kept_after(kept: Kept | None, state: RunState | None) -> Kept | None:
+    """What the store holds of a run once a batch whose outline is ``state`` is in:
+    that outline when it is due (see outlined.due), else what it held (None: a log that
+    does not fold, or what it holds is not known)."""
+    if state is None:
+        return kept
+    return (state.last_seq, state.status) if due(kept, state) else kept
+
+
 def _head_trigger(projecting: bool) -> str:
     outline = f"""
-        UPDATE heads SET outline_seq = NEW.key & {0xFFFFFFFF},
-            outline_version = {OUTLINE_VERSION}, attention = aj_staged(NEW.key, 0),
-            outline = aj_staged(NEW.key, 1)
-            WHERE run_no = NEW.key >> 32 AND aj_staged(NEW.key, 1) IS NOT NULL;"""
+        INSERT OR REPLACE INTO outlines SELECT NEW.key >> 32, NEW.key & {0xFFFFFFFF},
+            {OUTLINE_VERSION}, aj_staged(NEW.key, 0), aj_staged(NEW.key, 1),
+            aj_staged(NEW.key, 2), aj_staged(NEW.key, 3)
+            WHERE aj_staged(NEW.key, 3) IS NOT NULL;"""
     return f"""
     CREATE TEMP TRIGGER IF NOT EXISTS move_head AFTER INSERT ON main.events BEGIN
-        INSERT INTO heads (run_no, seq, digest) VALUES (NEW.key >> 32,
-            NEW.key & {0xFFFFFFFF}, {_digest_of("NEW.body")})
-            ON CONFLICT (run_no) DO UPDATE SET seq = excluded.seq, digest = excluded.digest;
+        INSERT OR REPLACE INTO heads VALUES (NEW.key >> 32, NEW.key & {0xFFFFFFFF},
+            {_digest_of("NEW.body")});
         {outline if projecting else ""}
     END
 """
 
 
-#: A heads row's outline is one this release reads (an SQL condition, never NULL).
-_KEPT = f"(h.outline_version IS {OUTLINE_VERSION} AND h.outline IS NOT NULL)"
-_UNSTAGED = (None, None)
+_UNSTAGED = (None, None, None, None)
 
 # A read-only handle cannot migrate a store an older release wrote: on a file from
 # before migration _KEYED_EVENTS, temporary views (which shadow the file's tables and
@@ -587,9 +576,9 @@ class SQLiteStore:
         self._outlines = OutlineCache()
         self._projecting = False  # whether appends store outlines (a writer's handle)
         self._armed = False  # whether the head's trigger is created (see _arm)
-        # The outlines of the batches about to go in, by their last row's key:
-        # (attention, bytes), read by the head's trigger (see _head_trigger).
-        self._staged: dict[int, tuple[int, bytes] | tuple[None, None]] = {}
+        # The outlines of the batches about to go in, by their last row's key: (status,
+        # agent, attention, bytes), read by the head's trigger (see _head_trigger).
+        self._staged: dict[int, tuple[str, str | None, int, bytes]] = {}
         where = str(self.path.absolute())
         if self.path.is_dir():
             raise StoreUrlError(where, "the path is a directory, not a database file")
@@ -757,10 +746,9 @@ class SQLiteStore:
         self._store_info = dict(self._db.execute("SELECT name, value FROM store_info")
                                 ) if self._heads else {}
         self._sealed = self._heads and self._store_info["created_schema"] >= SEALED_SINCE
-        # Whether it keeps outlines in its heads (a read-only handle on an older file
-        # folds every run).
-        self._outlined = version >= _OUTLINES_IN_HEADS
-        self._views = version >= _OUTLINES
+        # Whether it keeps outlines and views (a read-only handle on an older file folds
+        # every run).
+        self._outlined = version >= _OUTLINES
 
     def _connect_unfinished(self) -> None:
         """Read an unfinished store as what its creation would have made: an empty store
@@ -959,8 +947,8 @@ class SQLiteStore:
             if len(self._known) > _DIGESTS:  # a hint, not a record: start again
                 self._known.clear()
             self._known.update(ends)
-            for run_id, (seq, _, body) in outlines.items():
-                self._outlines.put(run_id, seq, body)
+            for run_id, (seq, _, body, kept) in outlines.items():
+                self._outlines.put(run_id, seq, body, kept)
         except _AllRefused:
             pass
         except BaseException:
@@ -1002,18 +990,22 @@ class SQLiteStore:
         with self._lock:
             if self._broken:
                 raise DurabilityError(self._broken)
+            kept = self._outlines.kept(one.run_id, one.expected_seq)
             state, body = outline_after(
                 lambda: self._outline_at(one.run_id, base, one.expected_seq), events)
-            self._stage({base >> 32: (state, body)})
+            kept = _kept_after(kept, state)
+            self._stage({base >> 32: (state, body)} if kept is not None
+                        and kept[0] == events[-1].seq else {})
             inserted = self._commit(_alone(len(events), one.alone_in is not None), params,
                                     alone=True)
         if inserted:
             self._known[one.run_id] = (base, digest)
         if inserted == len(events):
-            self._outlines.put(one.run_id, events[-1].seq, body)
+            self._outlines.put(one.run_id, events[-1].seq, body, kept)
         return inserted == len(events)
 
-    def _base_in_group(self, outlines: Mapping[str, tuple[int, RunState | None, bytes]],
+    def _base_in_group(self, outlines: Mapping[str, tuple[int, RunState | None, bytes,
+                                                          Kept | None]],
                        run_id: str, base: int, expected_seq: int) -> RunState | None:
         """The run's outline at ``expected_seq``: after the group's earlier append to it,
         if any (None there: the log does not fold), else as _outline_at finds it."""
@@ -1027,8 +1019,8 @@ class SQLiteStore:
         """The run's outline at ``expected_seq`` (see outlined.base_outline); the caller
         holds the lock."""
         def stored() -> tuple[int, bytes] | None:
-            row = self._db.execute(f"SELECT outline_seq, outline FROM heads h"
-                                   f" WHERE run_no = ? AND {_KEPT}", (base >> 32,)).fetchone()
+            row = self._db.execute("SELECT seq, body FROM outlines WHERE run_no = ?"
+                                   " AND version = ?", (base >> 32, OUTLINE_VERSION)).fetchone()
             return (int(row[0]), bytes(row[1])) if row else None
 
         return base_outline(run_id, expected_seq, self._outlines.get(run_id, expected_seq),
@@ -1044,20 +1036,21 @@ class SQLiteStore:
         for run_no, (state, body) in outlines.items():
             if state is not None:
                 self._staged[(run_no << 32) + state.last_seq] = (
-                    int(needs_a_person(state)), body)
+                    state.status, state.agent, int(needs_a_person(state)), body)
 
     def _insert(self, db: sqlite3.Connection, group: list[Pending]
                 ) -> tuple[dict[str, tuple[int, str]],
-                           dict[str, tuple[int, RunState | None, bytes]]]:
+                           dict[str, tuple[int, RunState | None, bytes, Kept | None]]]:
         """Check each append against its run's end (under the write lock, so nothing
         moves it but this group), then insert every accepted row in one statement, with
-        each run's outline. A refused append gets its error and takes no other down.
-        Returns each run's key base and last digest (empty: all refused, nothing
-        written), and each run's new outline: (seq, outline, bytes)."""
+        each run's outline when due. A refused append gets its error and takes no other
+        down. Returns each run's key base and last digest (empty: all refused, nothing
+        written), and each run's new outline: (seq, outline, bytes, what the store then
+        holds of it)."""
         run_ids = list({pending.item.run_id: None for pending in group})
         _number(db, [run_id for run_id in run_ids if run_id not in self._known])
         ends = _ends(db, run_ids)
-        outlines: dict[str, tuple[int, RunState | None, bytes]] = {}
+        outlines: dict[str, tuple[int, RunState | None, bytes, Kept | None]] = {}
         rows = []
         for pending in group:
             one: _Append = pending.item
@@ -1072,6 +1065,8 @@ class SQLiteStore:
                 if one.alone_in is not None and db.execute(
                         _SHARED, {"scope": one.alone_in, "run": run_id}).fetchone():
                     raise ScopeSharedError(run_id, one.alone_in)
+                kept = (outlines[run_id][3] if run_id in outlines
+                        else self._outlines.kept(run_id, one.expected_seq))
                 state, outline_body = outline_after(functools.partial(
                     self._base_in_group, outlines, run_id, end.base, one.expected_seq), events)
                 bodies, end.digest = seal(events, end.digest)
@@ -1079,7 +1074,7 @@ class SQLiteStore:
                 pending.error = exc
                 continue
             end.last = events[-1].seq
-            outlines[run_id] = (end.last, state, outline_body)
+            outlines[run_id] = (end.last, state, outline_body, _kept_after(kept, state))
             rows += [(end.base + e.seq, stamp, body)
                      for e, stamp, body in zip(events, _stamps(events), bodies, strict=True)]
             if (scope := scope_started(events)) is not None:
@@ -1087,7 +1082,8 @@ class SQLiteStore:
         if not rows:
             return {}, {}
         self._stage({ends[run_id].base >> 32: (state, body)
-                     for run_id, (_, state, body) in outlines.items()})
+                     for run_id, (seq, state, body, kept) in outlines.items()
+                     if kept is not None and kept[0] == seq})
         db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
         return {run_id: (end.base, end.digest) for run_id, end in ends.items()}, outlines
 
@@ -1191,17 +1187,19 @@ class SQLiteStore:
             return [Stored(i.run_id, i.last_seq, None, None) for i in self.list_runs()
                     if run_ids is None or i.run_id in run_ids]
         projected = self._outlined
-        sql = ("SELECT n.run_id, h.seq, " + (
-            f"iif({_KEPT}, h.outline_seq, NULL), iif({_KEPT}, h.outline, NULL)" if projected
-            else "NULL, NULL") + " FROM heads h JOIN run_numbers n USING (run_no) WHERE 1")
+        sql = ("SELECT n.run_id, h.seq, " + ("o.seq, o.body" if projected else "NULL, NULL")
+               + " FROM heads h JOIN run_numbers n USING (run_no)"
+               + (f" LEFT JOIN outlines o ON o.run_no = h.run_no AND o.version = "
+                  f"{OUTLINE_VERSION}" if projected else "")
+               + " WHERE 1")
         params: list[Any] = []
         if run_ids is not None:
             sql += " AND n.run_id IN (SELECT value FROM json_each(?))"
             params.append(json.dumps(list(run_ids)))
         if attention and projected:  # (a stale one must be caught up to be judged)
-            sql += f" AND (h.attention OR NOT {_KEPT} OR h.outline_seq != h.seq)"
+            sql += " AND (o.attention OR o.seq IS NULL OR o.seq != h.seq)"
         if stale and projected:
-            sql += f" AND (NOT {_KEPT} OR h.outline_seq != h.seq)"
+            sql += " AND (o.seq IS NULL OR o.seq != h.seq)"
         with self._reading(), self._snapshot():
             found = self._db.execute(sql, params).fetchall()
         return [Stored(r[0], int(r[1]), r[2], None if r[3] is None else bytes(r[3]))
@@ -1229,10 +1227,10 @@ class SQLiteStore:
         body = encode_outline(state)
         with self._tx(light=True) as db:  # (a cache: the log says it again)
             db.execute(
-                "UPDATE heads SET outline_seq = seq, outline_version = ?, attention = ?,"
-                " outline = ? WHERE run_no = (SELECT run_no FROM run_numbers WHERE run_id = ?)"
-                " AND seq = ?", (OUTLINE_VERSION, int(needs_a_person(state)), body, run_id,
-                                 state.last_seq))
+                "INSERT OR REPLACE INTO outlines SELECT h.run_no, ?, ?, ?, ?, ?, ? FROM heads h"
+                " JOIN run_numbers n USING (run_no) WHERE n.run_id = ? AND h.seq = ?",
+                (state.last_seq, OUTLINE_VERSION, state.status, state.agent,
+                 int(needs_a_person(state)), body, run_id, state.last_seq))
         self._outlines.drop(run_id)
 
     # --- views: caches a reader keeps beside a run's log -----------------------------
@@ -1246,7 +1244,7 @@ class SQLiteStore:
 
     def view(self, run_id: str, name: str) -> tuple[int, bytes] | None:
         validate_run_id(run_id)
-        if not self._views:  # (an old file read without migrating it)
+        if not self._outlined:  # (an old file read without migrating it)
             return None
         with self._reading():
             row = self._db.execute(
@@ -1460,8 +1458,9 @@ class SQLiteStore:
                        " WHERE run_id = ?)", (run_id,))
             for table in ("snapshots", "segments", "scopes", "queue"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-            db.execute("DELETE FROM views WHERE run_no = (SELECT run_no FROM run_numbers"
-                       " WHERE run_id = ?)", (run_id,))
+            for table in ("outlines", "views"):
+                db.execute(f"DELETE FROM {table} WHERE run_no = (SELECT run_no FROM"
+                           " run_numbers WHERE run_id = ?)", (run_id,))
             db.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?)",
                        (run_id, tombstone.last_seq, tombstone.digest, tombstone.archive,
                         tombstone.deleted_at.isoformat()))
