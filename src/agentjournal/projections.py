@@ -9,8 +9,9 @@ session's items) stay empty. No field an outline keeps is computed from one it d
 rules of ``state.apply`` gives exactly the outline of the full fold: one definition of
 what a run's state means, never a second copy of its rules.
 
-The store keeps each run's outline up to date in the append's own transaction (SQLite,
-PostgreSQL) or catches a sidecar up from the log before answering (JSONL). An outline
+The store keeps each run's outline in the append's own transaction (PostgreSQL at each
+append, SQLite when due: ``store.outlined.due``) or catches a sidecar up from the log
+before answering (JSONL). An outline
 records the seq it is folded to; a read never serves one behind the log's head: it
 folds the events after it first (``store.outlined.served``). Outlines are rebuildable
 from the log (``agentjournal reindex``) and checked against a fresh fold (``agentjournal
