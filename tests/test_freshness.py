@@ -37,6 +37,7 @@ from .test_crash_models import Receiver
 
 E = EventType
 FRESH_FOR = 0.3  # seconds
+HOLDS = 2.0  # seconds: a freshness a test's quick resume must stay within
 
 
 class World:
@@ -284,7 +285,9 @@ def test_the_receiver_sees_one_re_read_after_a_long_pause(store_url: str) -> Non
     try:
         http_json("PUT", f"{receiver.url}/facts/cash", {"balance": 100})
 
-        @tool(effect="read_only", fresh_for=FRESH_FOR)
+        # Fresh long enough that the quick resume below stays within it on a loaded
+        # machine (approving and resuming a JSONL run there took over 0.3 s).
+        @tool(effect="read_only", fresh_for=HOLDS)
         def balance(account: str) -> dict[str, Any]:
             status, body = http_json("GET", f"{receiver.url}/facts/{account}")
             assert status == 200, body
@@ -312,7 +315,7 @@ def test_the_receiver_sees_one_re_read_after_a_long_pause(store_url: str) -> Non
             assert reads() == 1
             approve_all(store, "r1")
             http_json("PUT", f"{receiver.url}/facts/cash", {"balance": 55})
-            time.sleep(FRESH_FOR + 0.1)  # the run is down longer than the balance holds
+            time.sleep(HOLDS + 0.1)  # the run is down longer than the balance holds
             agent.run(store, "r1")
             assert reads() == 2  # re-read once, before turn 3
             assert requests[2].messages[-1].content.endswith('to {"balance":55}')
