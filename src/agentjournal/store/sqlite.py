@@ -763,9 +763,8 @@ class SQLiteStore:
     def _check_version(self, *, writing: bool) -> int:
         """Refuse another program's database, and one from a newer release; the
         number of migrations that ran."""
-        (version,) = self._db.execute("PRAGMA user_version").fetchone()
-        if version == 0:  # (a count once set is never 0 again: only then is there more to see)
-            version, tables = self._count_and_tables()
+        version, tables = self._count_and_tables()
+        if version == 0:
             where = str(self.path.absolute())
             if tables:
                 raise NotAStoreError(where, f"an SQLite database of another program, with "
@@ -778,7 +777,8 @@ class SQLiteStore:
 
     def _count_and_tables(self) -> tuple[int, str | None]:
         """The migration count and the first few tables, in one snapshot: a concurrent
-        first migration is all or none."""
+        first migration is all or none. (The count read alone first, outside it, let a
+        process racing another's first migration see the tables and no count.)"""
         self._db.execute("BEGIN")
         try:
             (version,) = self._db.execute("PRAGMA user_version").fetchone()
