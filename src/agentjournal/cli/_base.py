@@ -522,22 +522,20 @@ def projection_shown() -> Iterator[None]:
     how far it got, on a line of stderr that a terminal redraws; nothing when there is
     nothing to project, or stderr is no terminal (the library logs its start there)."""
     console = Console(stderr=True)
-    shown: list[Any] = []
+    status = console.status("")  # started by the first run projected
 
     def told(done: int, total: int) -> None:
-        if not shown:
-            shown.append(console.status(""))
-            shown[0].start()
-        shown[0].update(f"projecting the runs of a store an older release wrote (once): "
-                        f"{done:,} of {total:,}")
+        if done == 1:
+            status.start()
+        status.update(f"projecting the runs of a store an older release wrote (once): "
+                      f"{done:,} of {total:,}")
 
     token = projecting.set(told if console.is_terminal else None)
     try:
         yield
     finally:
         projecting.reset(token)
-        if shown:
-            shown[0].stop()
+        status.stop()
 
 
 def _os_user() -> str:

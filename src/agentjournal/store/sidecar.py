@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from ..projections import OUTLINE_VERSION, columns, encode
@@ -95,16 +96,32 @@ class Sidecar:
                 self._db.executescript(_SCHEMA)
         return self._db
 
-    def rows(self) -> dict[str, tuple[int, bytes, bool]]:
-        """Each run's outline as stored: (seq, bytes, whether a person may be asked)."""
+    def _select(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        """The rows ``sql`` finds; none while there is no sidecar, or it is damaged,
+        foreign or of an older release (a cache lost, never an error)."""
         with self._lock:
             db = self._connect()
-            found = []
-            if db is not None:
-                with suppress(sqlite3.DatabaseError):  # damaged or foreign: a cache lost
-                    found = db.execute("SELECT run_id, seq, body, attention FROM outlines"
-                                       " WHERE version = ?", (OUTLINE_VERSION,)).fetchall()
-            rows = {r[0]: (int(r[1]), bytes(r[2]), bool(r[3])) for r in found}
+            if db is None:
+                return []
+            with suppress(sqlite3.DatabaseError):
+                return db.execute(sql, params).fetchall()
+            return []
+
+    def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
+            return
+        with self._lock:
+            db = self._connect(create=True)
+            assert db is not None
+            with db:
+                db.executemany(sql, rows)
+
+    def rows(self) -> dict[str, tuple[int, bytes, bool]]:
+        """Each run's outline as stored: (seq, bytes, whether a person may be asked)."""
+        found = self._select("SELECT run_id, seq, body, attention FROM outlines"
+                             " WHERE version = ?", (OUTLINE_VERSION,))
+        rows = {r[0]: (int(r[1]), bytes(r[2]), bool(r[3])) for r in found}
+        with self._lock:
             return rows | self._held
 
     def put(self, outlines: Iterable[tuple[str, RunState]]) -> None:
@@ -114,23 +131,13 @@ class Sidecar:
             with self._lock:
                 self._held.update({r[0]: (r[1], r[4], r[3]) for r in rows})
             return
-        if not rows:
-            return
-        with self._lock:
-            db = self._connect(create=True)
-            assert db is not None
-            with db:
-                db.executemany("INSERT OR REPLACE INTO outlines VALUES (?, ?, ?, ?, ?)", rows)
+        self._write("INSERT OR REPLACE INTO outlines VALUES (?, ?, ?, ?, ?)", rows)
 
     def tails(self) -> dict[str, tuple[Stamp, Listed]]:
         """What listing each run read from its log, and the stamp its file had then."""
+        found = self._select("SELECT * FROM tails")
+        tails = {r[0]: ((r[1], r[2], r[3]), (r[6], r[0], r[4], r[5])) for r in found}
         with self._lock:
-            db = self._connect()
-            found = []
-            if db is not None:
-                with suppress(sqlite3.DatabaseError):  # (an older sidecar has no tails)
-                    found = db.execute("SELECT * FROM tails").fetchall()
-            tails = {r[0]: ((r[1], r[2], r[3]), (r[6], r[0], r[4], r[5])) for r in found}
             return tails | self._held_tails
 
     def put_tails(self, tails: Iterable[tuple[Stamp, Listed]]) -> None:
@@ -139,15 +146,9 @@ class Sidecar:
             with self._lock:
                 self._held_tails.update({row[1]: (stamp, row) for stamp, row in found})
             return
-        if not found:
-            return
-        with self._lock:
-            db = self._connect(create=True)
-            assert db is not None
-            with db:
-                db.executemany("INSERT OR REPLACE INTO tails VALUES (?, ?, ?, ?, ?, ?, ?)", [
-                    (run_id, *stamp, last_seq, created, updated)
-                    for stamp, (updated, run_id, last_seq, created) in found])
+        self._write("INSERT OR REPLACE INTO tails VALUES (?, ?, ?, ?, ?, ?, ?)", [
+            (run_id, *stamp, last_seq, created, updated)
+            for stamp, (updated, run_id, last_seq, created) in found])
 
     def drop(self, run_id: str) -> None:
         if self.readonly or not self.path.exists():

@@ -61,8 +61,8 @@ from ..errors import (
     UnsupportedVersionError,
 )
 from ..events import HEADS_SINCE, SCHEMA_VERSION, SEALED_SINCE, Event, now, seal, stored_digest
+from ..projections import columns
 from ..projections import encode as encode_outline
-from ..projections import needs_a_person
 from ..state import RunState
 from .base import (
     Durability,
@@ -1035,8 +1035,9 @@ class SQLiteStore:
             return
         for run_no, (state, body) in outlines.items():
             if state is not None:
+                cols = columns(state)
                 self._staged[(run_no << 32) + state.last_seq] = (
-                    state.status, state.agent, int(needs_a_person(state)), body)
+                    cols["status"], cols["agent"], int(cols["attention"]), body)
 
     def _insert(self, db: sqlite3.Connection, group: list[Pending]
                 ) -> tuple[dict[str, tuple[int, str]],
@@ -1225,12 +1226,13 @@ class SQLiteStore:
         """Store ``state`` as the run's outline if its log still ends at the outline's
         seq (reindex, and a writer projecting an older store)."""
         body = encode_outline(state)
+        cols = columns(state)
         with self._tx(light=True) as db:  # (a cache: the log says it again)
             db.execute(
                 "INSERT OR REPLACE INTO outlines SELECT h.run_no, ?, ?, ?, ?, ?, ? FROM heads h"
                 " JOIN run_numbers n USING (run_no) WHERE n.run_id = ? AND h.seq = ?",
-                (state.last_seq, OUTLINE_VERSION, state.status, state.agent,
-                 int(needs_a_person(state)), body, run_id, state.last_seq))
+                (state.last_seq, OUTLINE_VERSION, cols["status"], cols["agent"],
+                 int(cols["attention"]), body, run_id, state.last_seq))
         self._outlines.drop(run_id)
 
     # --- views: caches a reader keeps beside a run's log -----------------------------
